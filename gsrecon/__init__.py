@@ -1,0 +1,1 @@
+"""gsrecon: 3D Gaussian Splatting training."""

@@ -1,0 +1,202 @@
+"""The ``gsrecon`` command line: thin argument parsing over the library.
+
+Errors a user can fix (bad config, missing files, bad data) print one red line and exit with 2;
+``--debug`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable, Sequence
+
+from rich.console import Console
+
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+_console = Console(stderr=True, soft_wrap=True)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from gsrecon.engine.trainer import build_trainer
+
+    trainer = build_trainer(args.config, args.overrides, resume=True if args.resume else None,
+                            overwrite=args.overwrite)
+    trainer.train()
+    if trainer.stop_reason:
+        _console.print(f"[yellow]{trainer.stop_reason}; continue with: gsrecon train --config "
+                       f"{trainer.exp_dir / 'config.yaml'} --resume[/yellow]")
+        return EXIT_INTERRUPTED
+    summary = ", ".join(f"{k} {v:.4f}" for k, v in trainer.val_metrics.items() if v is not None)
+    print(f"finished {trainer.step} steps{': ' + summary if summary else ''}")
+    print(f"outputs: {trainer.exp_dir}")
+    return 0
+
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train a scene from a YAML config",
+                       description="Train a scene. Overrides are key=value pairs, e.g. max_steps=200 "
+                                   "model.sh_degree=1 hooks.0.log_interval=10.")
+    p.add_argument("--config", required=True, help="YAML config file")
+    p.add_argument("overrides", nargs="*", help="key=value overrides of the config")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint of exp_dir")
+    p.add_argument("--overwrite", action="store_true", help="replace a previous run in exp_dir")
+    p.set_defaults(func=_train)
+
+
+def _add_source_args(p: argparse.ArgumentParser) -> None:
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--checkpoint", help="a training checkpoint (.pt)")
+    source.add_argument("--exp-dir", help="a training run folder (uses checkpoints/last.pt)")
+    source.add_argument("--ply", help="a 3DGS .ply (needs --config for the dataset)")
+    p.add_argument("--config", help="YAML config to use instead of the checkpoint's")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("overrides", nargs="*", help="key=value overrides of the config, e.g. data.path=...")
+
+
+def _load_scene(args: argparse.Namespace):
+    from gsrecon.engine.inference import load_trained_scene
+
+    return load_trained_scene(args.checkpoint, args.exp_dir, args.ply, args.config, args.overrides)
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from gsrecon.engine.inference import evaluate
+
+    scene = _load_scene(args)
+    out = args.out or args.exp_dir or "."
+    result = evaluate(scene, out, device=args.device)
+    mean = ", ".join(f"{k} {v:.4f}" for k, v in result["mean"].items() if v is not None)
+    print(f"{len(result['views'])} test views: {mean}; {result['render_fps']:.1f} FPS on {result['device']}")
+    print(f"wrote {out}/metrics.json, {out}/renders/test/, {out}/gt/")
+    return 0
+
+
+def _add_eval(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("eval", help="render the test split and compute PSNR / SSIM / LPIPS and FPS")
+    _add_source_args(p)
+    p.add_argument("--out", help="output folder (default: --exp-dir, else the current folder)")
+    p.set_defaults(func=_eval)
+
+
+def _render(args: argparse.Namespace) -> int:
+    from gsrecon.engine.inference import render_path_video
+
+    paths = render_path_video(_load_scene(args), args.out, args.path, args.frames, args.fps, args.depth,
+                              device=args.device)
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def _add_render(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("render", help="render a video along a camera path fitted to the training cameras")
+    _add_source_args(p)
+    p.add_argument("--path", default="ellipse", choices=["ellipse", "spiral", "interp"])
+    p.add_argument("--frames", type=int, default=120)
+    p.add_argument("--fps", type=int, default=30)
+    p.add_argument("--depth", action="store_true", help="also write a depth video (<out>_depth.mp4)")
+    p.add_argument("--out", required=True, help="output .mp4")
+    p.set_defaults(func=_render)
+
+
+def _export(args: argparse.Namespace) -> int:
+    from gsrecon.engine.inference import export
+
+    path = export(_load_scene(args), args.out, args.format)
+    print(f"wrote {path}")
+    return 0
+
+
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="write the Gaussians as a 3DGS .ply or a web-viewer .splat")
+    _add_source_args(p)
+    p.add_argument("--format", default="ply", choices=["ply", "splat"])
+    p.add_argument("--out", required=True, help="output file")
+    p.set_defaults(func=_export)
+
+
+def _weights(args: argparse.Namespace) -> int:
+    from gsrecon.lpips_weights import fetch_lpips_weights
+
+    for net, path in fetch_lpips_weights(force=args.force).items():
+        print(f"LPIPS {net} backbone: {path}")
+    return 0
+
+
+def _add_weights(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("weights", help="fetch model weights into the user cache")
+    p.add_argument("what", choices=["lpips"], help="lpips: the AlexNet/VGG backbones LPIPS uses")
+    p.add_argument("--force", action="store_true", help="fetch again even when cached")
+    p.set_defaults(func=_weights)
+
+
+def _data_colmap(args: argparse.Namespace) -> int:
+    from gsrecon.data.sfm import run_sfm
+
+    report = run_sfm(args.images, args.out, camera_model=args.camera_model, matcher=args.matcher,
+                     use_gpu=not args.cpu)
+    print(f"registered {report.num_registered} of {report.num_images} images, {report.num_points} points")
+    if report.unregistered:
+        print("not registered: " + ", ".join(report.unregistered))
+    print(f"scene folder: {report.scene_dir} (train with data.dataset=colmap data.path={report.scene_dir})")
+    return 0
+
+
+def _add_data(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("data", help="prepare datasets")
+    data_sub = p.add_subparsers(dest="data_command", required=True)
+    c = data_sub.add_parser("colmap", help="structure-from-motion on unposed photos with pycolmap")
+    c.add_argument("--images", required=True, help="folder of photos")
+    c.add_argument("--out", required=True, help="scene folder to write (images/ + sparse/0/)")
+    c.add_argument("--camera-model", default="SIMPLE_RADIAL", help="COLMAP camera model to fit")
+    c.add_argument("--matcher", default="exhaustive", choices=["exhaustive", "sequential"],
+                   help="exhaustive for photo sets, sequential for video frames")
+    c.add_argument("--cpu", action="store_true", help="do not use a GPU for SIFT")
+    c.set_defaults(func=_data_colmap)
+
+
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_train, _add_eval, _add_render, _add_export,
+                                                                  _add_weights, _add_data]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gsrecon", description="Train 3D Gaussian Splatting scenes.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in COMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    debug = args.debug or "--debug" in (argv if argv is not None else sys.argv[1:])
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        _console.print("[red]interrupted[/red]")
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # one clear line for the user; --debug for the traceback
+        if debug:
+            raise
+        _console.print(f"[bold red]error:[/bold red] {_message(exc)}", highlight=False, markup=True)
+        return EXIT_USAGE if _is_user_error(exc) else 1
+
+
+def _is_user_error(exc: BaseException) -> bool:
+    from gsrecon.hooks.invalid_loss_hook import InvalidLossError
+
+    root = exc.__cause__ or exc
+    return isinstance(root, (ValueError, KeyError, OSError, InvalidLossError)) or isinstance(exc, (ValueError, OSError))
+
+
+def _message(exc: BaseException) -> str:
+    from rich.markup import escape
+
+    return escape(str(exc) or type(exc).__name__)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Datasets: cameras, readers (COLMAP, Blender, synthetic) and the training datapipeline."""

@@ -1,0 +1,457 @@
+"""COLMAP sparse models (cameras, images, points3D) in binary (.bin) and text (.txt): read and write.
+
+The layout follows COLMAP's documented output format. Poses are COLMAP's: ``qvec`` (w, x, y, z) and
+``tvec`` map world to camera in the OpenCV convention. Malformed files raise :class:`DatasetError`
+naming the file and what is wrong.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from gsrecon.data.errors import DatasetError
+
+# COLMAP camera model id -> (name, number of parameters).
+CAMERA_MODELS: dict[int, tuple[str, int]] = {
+    0: ("SIMPLE_PINHOLE", 3),
+    1: ("PINHOLE", 4),
+    2: ("SIMPLE_RADIAL", 4),
+    3: ("RADIAL", 5),
+    4: ("OPENCV", 8),
+    5: ("OPENCV_FISHEYE", 8),
+    6: ("FULL_OPENCV", 12),
+    7: ("FOV", 5),
+    8: ("SIMPLE_RADIAL_FISHEYE", 4),
+    9: ("RADIAL_FISHEYE", 5),
+    10: ("THIN_PRISM_FISHEYE", 12),
+    11: ("RAD_TAN_THIN_PRISM_FISHEYE", 16),
+    12: ("SIMPLE_DIVISION", 4),
+    13: ("DIVISION", 5),
+    14: ("SIMPLE_FISHEYE", 3),
+    15: ("FISHEYE", 4),
+    16: ("EUCM", 6),
+    17: ("EQUIRECTANGULAR", 2),
+}
+MODEL_IDS: dict[str, int] = {name: model_id for model_id, (name, _) in CAMERA_MODELS.items()}
+MODEL_NUM_PARAMS: dict[str, int] = {name: n for name, n in CAMERA_MODELS.values()}
+
+_POINT2D_DTYPE = np.dtype([("x", "<f8"), ("y", "<f8"), ("id", "<i8")])  # one images.bin keypoint
+_POINT3D_MIN_BYTES = struct.calcsize("<Q3d3BdQ")  # one points3D.bin point with an empty track
+
+
+@dataclass
+class ColmapCamera:
+    """One COLMAP camera (intrinsics shared by the images that reference it)."""
+
+    id: int
+    model: str  # e.g. "PINHOLE", "OPENCV"
+    width: int
+    height: int
+    params: np.ndarray  # [P] float64, in the order COLMAP defines for `model`
+
+
+@dataclass
+class ColmapImage:
+    """One registered image: pose, camera and 2D keypoints."""
+
+    id: int
+    qvec: np.ndarray  # [4] float64, world-to-camera rotation quaternion (w, x, y, z)
+    tvec: np.ndarray  # [3] float64, world-to-camera translation
+    camera_id: int
+    name: str  # path relative to the images folder
+    xys: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))  # [K, 2] float64 pixel coordinates
+    point3D_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [K] int64, -1 if none
+
+    def viewmat(self) -> np.ndarray:
+        """World-to-camera 4x4 matrix (OpenCV), float64."""
+        mat = np.eye(4)
+        mat[:3, :3] = qvec_to_rotmat(self.qvec)
+        mat[:3, 3] = self.tvec
+        return mat
+
+
+@dataclass
+class ColmapPoints:
+    """The sparse point cloud, as parallel arrays."""
+
+    ids: np.ndarray  # [P] int64
+    xyz: np.ndarray  # [P, 3] float64
+    rgb: np.ndarray  # [P, 3] uint8
+    errors: np.ndarray  # [P] float64, mean reprojection error
+    tracks: list[np.ndarray]  # P arrays [T, 2] int64 of (image_id, point2D_idx)
+
+    @staticmethod
+    def empty() -> ColmapPoints:
+        return ColmapPoints(np.zeros(0, np.int64), np.zeros((0, 3)), np.zeros((0, 3), np.uint8), np.zeros(0), [])
+
+    def __len__(self) -> int:
+        return int(self.ids.shape[0])
+
+
+@dataclass
+class SparseModel:
+    """A COLMAP sparse reconstruction: cameras and images keyed by id, and the points."""
+
+    cameras: dict[int, ColmapCamera]
+    images: dict[int, ColmapImage]
+    points: ColmapPoints
+
+
+def qvec_to_rotmat(qvec: np.ndarray) -> np.ndarray:
+    """Rotation matrix [3, 3] of a (w, x, y, z) quaternion (normalised first)."""
+    w, x, y, z = np.asarray(qvec, np.float64) / np.linalg.norm(qvec)
+    return np.array(
+        [
+            [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
+            [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
+            [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
+        ]
+    )
+
+
+def rotmat_to_qvec(R: np.ndarray) -> np.ndarray:
+    """Unit (w, x, y, z) quaternion [4] with w >= 0 of a rotation matrix [3, 3]."""
+    # Eigenvector of the symmetric 4x4 matrix K3 (Bar-Itzhack), robust near 180 degrees.
+    Rxx, Ryx, Rzx, Rxy, Ryy, Rzy, Rxz, Ryz, Rzz = np.asarray(R, np.float64).flat
+    K = (
+        np.array(
+            [
+                [Rxx - Ryy - Rzz, 0, 0, 0],
+                [Ryx + Rxy, Ryy - Rxx - Rzz, 0, 0],
+                [Rzx + Rxz, Rzy + Ryz, Rzz - Rxx - Ryy, 0],
+                [Ryz - Rzy, Rzx - Rxz, Rxy - Ryx, Rxx + Ryy + Rzz],
+            ]
+        )
+        / 3.0
+    )
+    eigvals, eigvecs = np.linalg.eigh(K)
+    qvec = eigvecs[[3, 0, 1, 2], np.argmax(eigvals)]
+    return -qvec if qvec[0] < 0 else qvec
+
+
+def find_sparse_dir(scene_dir: str | Path) -> Path:
+    """The folder holding the model: ``sparse/0/`` if it has cameras.bin/.txt, else ``sparse/``."""
+    scene_dir = Path(scene_dir)
+    for candidate in (scene_dir / "sparse" / "0", scene_dir / "sparse"):
+        if any((candidate / f"cameras{ext}").is_file() for ext in (".bin", ".txt")):
+            return candidate
+    raise DatasetError(
+        f"{scene_dir}: no COLMAP model found (expected sparse/0/ or sparse/ holding "
+        "cameras, images and points3D as .bin or .txt)"
+    )
+
+
+def read_model(sparse_dir: str | Path) -> SparseModel:
+    """Read cameras, images and points3D from ``sparse_dir``, binary if present, else text."""
+    sparse_dir = Path(sparse_dir)
+    for ext, readers in ((".bin", _BIN_READERS), (".txt", _TXT_READERS)):
+        if (sparse_dir / f"cameras{ext}").is_file():
+            paths = [sparse_dir / f"{stem}{ext}" for stem in ("cameras", "images", "points3D")]
+            for path in paths:
+                if not path.is_file():
+                    raise DatasetError(f"{path}: missing (the COLMAP model in {sparse_dir} is incomplete)")
+            cameras, images, points = (read(path) for read, path in zip(readers, paths))
+            return SparseModel(cameras, images, points)
+    raise DatasetError(f"{sparse_dir}: no cameras.bin or cameras.txt")
+
+
+def write_model(model: SparseModel, sparse_dir: str | Path, ext: str = ".bin") -> None:
+    """Write ``model`` as cameras/images/points3D ``ext`` (".bin" or ".txt") into ``sparse_dir``."""
+    if ext not in (".bin", ".txt"):
+        raise ValueError(f"ext must be '.bin' or '.txt', got {ext!r}")
+    sparse_dir = Path(sparse_dir)
+    sparse_dir.mkdir(parents=True, exist_ok=True)
+    binary = ext == ".bin"
+    (write_cameras_bin if binary else write_cameras_txt)(model.cameras, sparse_dir / f"cameras{ext}")
+    (write_images_bin if binary else write_images_txt)(model.images, sparse_dir / f"images{ext}")
+    (write_points3D_bin if binary else write_points3D_txt)(model.points, sparse_dir / f"points3D{ext}")
+
+
+# ---------------------------------------------------------------------------------------------- binary
+
+
+class _BinaryReader:
+    """Little-endian reads from a whole file with bounds checks that raise DatasetError."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.data = path.read_bytes()
+        self.pos = 0
+
+    def _need(self, size: int, what: str) -> None:
+        if self.pos + size > len(self.data):
+            raise DatasetError(
+                f"{self.path}: truncated or corrupt: needs {size} more bytes at offset {self.pos} "
+                f"for {what}, but the file has {len(self.data)} bytes"
+            )
+
+    def unpack(self, fmt: str, what: str) -> tuple:
+        size = struct.calcsize("<" + fmt)
+        self._need(size, what)
+        values = struct.unpack_from("<" + fmt, self.data, self.pos)
+        self.pos += size
+        return values
+
+    def array(self, dtype: np.dtype | str, count: int, what: str) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        self._need(dtype.itemsize * count, what)
+        values = np.frombuffer(self.data, dtype, count, self.pos).copy()
+        self.pos += dtype.itemsize * count
+        return values
+
+    def cstring(self, what: str) -> str:
+        end = self.data.find(b"\0", self.pos)
+        if end < 0:
+            raise DatasetError(f"{self.path}: truncated or corrupt: unterminated {what} at offset {self.pos}")
+        raw, self.pos = self.data[self.pos : end], end + 1
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise DatasetError(f"{self.path}: corrupt: {what} at offset {end - len(raw)} is not UTF-8") from err
+
+    def finish(self) -> None:
+        if self.pos != len(self.data):
+            raise DatasetError(
+                f"{self.path}: corrupt: {len(self.data) - self.pos} unexpected trailing bytes after offset "
+                f"{self.pos} (the record count in the header does not match the content)"
+            )
+
+
+def read_cameras_bin(path: str | Path) -> dict[int, ColmapCamera]:
+    """Read a COLMAP ``cameras.bin``."""
+    reader = _BinaryReader(Path(path))
+    (count,) = reader.unpack("Q", "the number of cameras")
+    cameras = {}
+    for i in range(count):
+        camera_id, model_id, width, height = reader.unpack("iiQQ", f"camera #{i}")
+        if model_id not in CAMERA_MODELS:
+            raise DatasetError(f"{path}: camera {camera_id} has unknown camera model id {model_id}")
+        model, num_params = CAMERA_MODELS[model_id]
+        params = reader.array("<f8", num_params, f"the parameters of camera {camera_id}")
+        cameras[camera_id] = ColmapCamera(camera_id, model, width, height, params)
+    reader.finish()
+    return cameras
+
+
+def read_images_bin(path: str | Path) -> dict[int, ColmapImage]:
+    """Read a COLMAP ``images.bin``."""
+    reader = _BinaryReader(Path(path))
+    (count,) = reader.unpack("Q", "the number of images")
+    images = {}
+    for i in range(count):
+        image_id, *pose, camera_id = reader.unpack("I7di", f"image #{i}")
+        name = reader.cstring(f"the name of image {image_id}")
+        (num_points2D,) = reader.unpack("Q", f"the number of 2D points of image {image_id}")
+        points2D = reader.array(_POINT2D_DTYPE, num_points2D, f"the 2D points of image {image_id}")
+        xys = np.stack([points2D["x"], points2D["y"]], axis=-1)  # [K, 2]
+        images[image_id] = ColmapImage(
+            image_id, np.array(pose[:4]), np.array(pose[4:]), camera_id, name, xys, points2D["id"].copy()
+        )
+    reader.finish()
+    return images
+
+
+def read_points3D_bin(path: str | Path) -> ColmapPoints:
+    """Read a COLMAP ``points3D.bin``."""
+    reader = _BinaryReader(Path(path))
+    (count,) = reader.unpack("Q", "the number of points")
+    if count * _POINT3D_MIN_BYTES > len(reader.data) - reader.pos:
+        raise DatasetError(
+            f"{path}: truncated or corrupt: the header claims {count} points in {len(reader.data)} bytes"
+        )
+    ids, errors = np.empty(count, np.int64), np.empty(count)
+    xyz, rgb = np.empty((count, 3)), np.empty((count, 3), np.uint8)
+    tracks = []
+    for i in range(count):
+        fields = reader.unpack("Q3d3BdQ", f"point #{i}")
+        ids[i], xyz[i], rgb[i], errors[i] = fields[0], fields[1:4], fields[4:7], fields[7]
+        track = reader.array("<i4", 2 * fields[8], f"the track of point {ids[i]}")
+        tracks.append(track.reshape(-1, 2).astype(np.int64))
+    reader.finish()
+    return ColmapPoints(ids, xyz, rgb, errors, tracks)
+
+
+def write_cameras_bin(cameras: dict[int, ColmapCamera], path: str | Path) -> None:
+    """Write a COLMAP ``cameras.bin``."""
+    chunks = [struct.pack("<Q", len(cameras))]
+    for cam in cameras.values():
+        params = _checked_params(cam)
+        chunks.append(struct.pack("<iiQQ", cam.id, MODEL_IDS[cam.model], cam.width, cam.height))
+        chunks.append(params.astype("<f8").tobytes())
+    Path(path).write_bytes(b"".join(chunks))
+
+
+def write_images_bin(images: dict[int, ColmapImage], path: str | Path) -> None:
+    """Write a COLMAP ``images.bin``."""
+    chunks = [struct.pack("<Q", len(images))]
+    for img in images.values():
+        chunks.append(struct.pack("<I7di", img.id, *img.qvec, *img.tvec, img.camera_id))
+        chunks.append(img.name.encode("utf-8") + b"\0")
+        points2D = np.empty(len(img.point3D_ids), _POINT2D_DTYPE)
+        points2D["x"], points2D["y"], points2D["id"] = img.xys[:, 0], img.xys[:, 1], img.point3D_ids
+        chunks.append(struct.pack("<Q", len(points2D)) + points2D.tobytes())
+    Path(path).write_bytes(b"".join(chunks))
+
+
+def write_points3D_bin(points: ColmapPoints, path: str | Path) -> None:
+    """Write a COLMAP ``points3D.bin``."""
+    chunks = [struct.pack("<Q", len(points))]
+    for i in range(len(points)):
+        track = np.asarray(points.tracks[i], np.int64).reshape(-1, 2)
+        chunks.append(
+            struct.pack("<Q3d3BdQ", points.ids[i], *points.xyz[i], *points.rgb[i], points.errors[i], len(track))
+        )
+        chunks.append(track.astype("<i4").tobytes())
+    Path(path).write_bytes(b"".join(chunks))
+
+
+# ------------------------------------------------------------------------------------------------ text
+
+
+def _data_lines(path: Path) -> list[tuple[int, str]]:
+    """(line number, text) of the non-comment lines of a text file, blank lines kept."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise DatasetError(f"{path}: not a UTF-8 text file") from err
+    return [(n, line.strip()) for n, line in enumerate(text.splitlines(), 1) if not line.startswith("#")]
+
+
+def _parse_error(path: Path, line_no: int, what: str, line: str) -> DatasetError:
+    return DatasetError(f"{path}:{line_no}: cannot parse {what} from {line[:120]!r}")
+
+
+def read_cameras_txt(path: str | Path) -> dict[int, ColmapCamera]:
+    """Read a COLMAP ``cameras.txt`` (CAMERA_ID MODEL WIDTH HEIGHT PARAMS[])."""
+    path = Path(path)
+    cameras = {}
+    for line_no, line in _data_lines(path):
+        if not line:
+            continue
+        tokens = line.split()
+        try:
+            camera_id, model, width, height = int(tokens[0]), tokens[1], int(tokens[2]), int(tokens[3])
+            params = np.array([float(t) for t in tokens[4:]])
+        except (IndexError, ValueError) as err:
+            raise _parse_error(path, line_no, "a camera", line) from err
+        if model not in MODEL_NUM_PARAMS:
+            raise DatasetError(f"{path}:{line_no}: camera {camera_id} has unknown camera model {model!r}")
+        if len(params) != MODEL_NUM_PARAMS[model]:
+            raise DatasetError(
+                f"{path}:{line_no}: camera {camera_id} ({model}) needs {MODEL_NUM_PARAMS[model]} parameters, "
+                f"got {len(params)}"
+            )
+        cameras[camera_id] = ColmapCamera(camera_id, model, width, height, params)
+    return cameras
+
+
+def read_images_txt(path: str | Path) -> dict[int, ColmapImage]:
+    """Read a COLMAP ``images.txt``: per image, a pose line and a (possibly empty) 2D points line."""
+    path = Path(path)
+    lines = _data_lines(path)
+    while lines and not lines[-1][1]:  # trailing blank lines, except one per image without points
+        lines.pop()
+    if len(lines) % 2:
+        lines.append((lines[-1][0] + 1, ""))  # the last image's empty points line was cut off
+    images = {}
+    for (line_no, header), (points_no, points_line) in zip(lines[::2], lines[1::2]):
+        tokens = header.split()
+        try:
+            image_id, camera_id = int(tokens[0]), int(tokens[8])
+            pose = np.array([float(t) for t in tokens[1:8]])
+            name = " ".join(tokens[9:])
+        except (IndexError, ValueError) as err:
+            raise _parse_error(
+                path, line_no, "an image (IMAGE_ID QW QX QY QZ TX TY TZ CAMERA_ID NAME)", header
+            ) from err
+        if not name or len(pose) != 7:
+            raise _parse_error(path, line_no, "an image (IMAGE_ID QW QX QY QZ TX TY TZ CAMERA_ID NAME)", header)
+        try:
+            values = np.array([float(t) for t in points_line.split()]).reshape(-1, 3)  # [K, 3]
+        except ValueError as err:
+            raise _parse_error(
+                path, points_no, f"the 2D points (X Y POINT3D_ID) of image {image_id}", points_line
+            ) from err
+        images[image_id] = ColmapImage(
+            image_id, pose[:4], pose[4:], camera_id, name, values[:, :2], values[:, 2].astype(np.int64)
+        )
+    return images
+
+
+def read_points3D_txt(path: str | Path) -> ColmapPoints:
+    """Read a COLMAP ``points3D.txt`` (POINT3D_ID X Y Z R G B ERROR TRACK[])."""
+    path = Path(path)
+    ids, xyz, rgb, errors, tracks = [], [], [], [], []
+    for line_no, line in _data_lines(path):
+        if not line:
+            continue
+        tokens = line.split()
+        try:
+            if len(tokens) < 8 or (len(tokens) - 8) % 2:
+                raise ValueError("wrong number of fields")
+            ids.append(int(tokens[0]))
+            xyz.append([float(t) for t in tokens[1:4]])
+            rgb.append([int(t) for t in tokens[4:7]])
+            errors.append(float(tokens[7]))
+            tracks.append(np.array([int(t) for t in tokens[8:]], np.int64).reshape(-1, 2))
+        except ValueError as err:
+            raise _parse_error(path, line_no, "a point (POINT3D_ID X Y Z R G B ERROR TRACK[])", line) from err
+    if not ids:
+        return ColmapPoints.empty()
+    rgb_array = np.array(rgb)
+    if rgb_array.min() < 0 or rgb_array.max() > 255:
+        raise DatasetError(f"{path}: point colours must be integers in [0, 255]")
+    return ColmapPoints(np.array(ids, np.int64), np.array(xyz), rgb_array.astype(np.uint8), np.array(errors), tracks)
+
+
+def write_cameras_txt(cameras: dict[int, ColmapCamera], path: str | Path) -> None:
+    """Write a COLMAP ``cameras.txt``."""
+    lines = ["# Camera list with one line of data per camera:", "#   CAMERA_ID, MODEL, WIDTH, HEIGHT, PARAMS[]"]
+    for cam in cameras.values():
+        params = _checked_params(cam)
+        lines.append(" ".join([str(cam.id), cam.model, str(cam.width), str(cam.height), *map(repr, params.tolist())]))
+    Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def write_images_txt(images: dict[int, ColmapImage], path: str | Path) -> None:
+    """Write a COLMAP ``images.txt``."""
+    lines = [
+        "# Image list with two lines of data per image:",
+        "#   IMAGE_ID, QW, QX, QY, QZ, TX, TY, TZ, CAMERA_ID, NAME",
+        "#   POINTS2D[] as (X, Y, POINT3D_ID)",
+    ]
+    for img in images.values():
+        pose = [*np.asarray(img.qvec).tolist(), *np.asarray(img.tvec).tolist()]
+        lines.append(" ".join([str(img.id), *map(repr, pose), str(img.camera_id), img.name]))
+        lines.append(" ".join(f"{x!r} {y!r} {pid}" for (x, y), pid in zip(img.xys.tolist(), img.point3D_ids.tolist())))
+    Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def write_points3D_txt(points: ColmapPoints, path: str | Path) -> None:
+    """Write a COLMAP ``points3D.txt``."""
+    lines = [
+        "# 3D point list with one line of data per point:",
+        "#   POINT3D_ID, X, Y, Z, R, G, B, ERROR, TRACK[] as (IMAGE_ID, POINT2D_IDX)",
+    ]
+    for i in range(len(points)):
+        track = np.asarray(points.tracks[i], np.int64).reshape(-1).tolist()
+        fields = [str(points.ids[i]), *map(repr, points.xyz[i].tolist()), *map(str, points.rgb[i].tolist())]
+        lines.append(" ".join([*fields, repr(float(points.errors[i])), *map(str, track)]))
+    Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _checked_params(cam: ColmapCamera) -> np.ndarray:
+    if cam.model not in MODEL_NUM_PARAMS:
+        raise ValueError(f"camera {cam.id}: unknown camera model {cam.model!r}")
+    params = np.asarray(cam.params, np.float64).reshape(-1)
+    if len(params) != MODEL_NUM_PARAMS[cam.model]:
+        raise ValueError(f"camera {cam.id} ({cam.model}) needs {MODEL_NUM_PARAMS[cam.model]} params, got {len(params)}")
+    return params
+
+
+_BIN_READERS = (read_cameras_bin, read_images_bin, read_points3D_bin)
+_TXT_READERS = (read_cameras_txt, read_images_txt, read_points3D_txt)

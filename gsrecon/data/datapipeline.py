@@ -1,0 +1,147 @@
+"""The training datapipeline: loads a scene by dataset name, caches its images and serves batches.
+
+Camera sampling is a pure function of (seed, step, rank): each epoch is a fresh seeded permutation
+of the training views, the global batch of a step is ``batch_size × world_size`` consecutive views
+of that sequence and rank ``r`` takes its own slice. Resuming at any step therefore continues the
+exact same sequence, and ranks always see disjoint views within a step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+from torch import Tensor
+
+from gsrecon.data.cameras import Frame, Scene
+from gsrecon.data.synthetic import SyntheticConfig, load_synthetic
+from gsrecon.registry import DATASET_REGISTRY
+
+BACKGROUNDS = ("black", "white", "random")
+
+
+@dataclass
+class Batch:
+    """Views rendered together in one step."""
+
+    images: Tensor  # [B, H, W, 3] float in [0, 1], composited over ``backgrounds`` where RGBA
+    viewmats: Tensor  # [B, 4, 4]
+    Ks: Tensor  # [B, 3, 3]
+    backgrounds: Tensor  # [B, 3]
+    names: list[str]
+    width: int
+    height: int
+
+
+class DataPipeline:
+    """Owns the :class:`Scene` and turns its frames into :class:`Batch` es on the training device."""
+
+    @dataclass
+    class Config:
+        dataset: str = "synthetic"  # a DATASET_REGISTRY name: synthetic | colmap | blender | your own
+        path: str = ""  # scene folder (colmap, blender)
+        factor: int = 1  # image downscale factor: 1, 2, 4 or 8
+        eval_split: str = "every_8"  # every_8 | none | dataset
+        max_images: int = 0  # > 0: use at most this many images (quick runs)
+        background: str = "black"  # black | white | random (per step, for RGBA images)
+        cache: str = "device"  # keep uint8 images on the training device, or on the cpu
+        batch_size: int = 1  # views per step and process
+        synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+
+    def __init__(self, cfg: Config, device: torch.device, seed: int = 0, rank: int = 0, world_size: int = 1) -> None:
+        if cfg.background not in BACKGROUNDS:
+            raise ValueError(f"data.background must be one of {', '.join(BACKGROUNDS)}; got '{cfg.background}'")
+        if cfg.cache not in ("device", "cpu"):
+            raise ValueError(f"data.cache must be 'device' or 'cpu'; got '{cfg.cache}'")
+        if cfg.batch_size < 1:
+            raise ValueError(f"data.batch_size must be >= 1, got {cfg.batch_size}")
+        self.cfg = cfg
+        self.device = device
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+        self.scene: Scene = DATASET_REGISTRY.get(cfg.dataset)(cfg)
+        if not self.scene.train:
+            raise ValueError(f"dataset '{cfg.dataset}' ({cfg.path or 'built-in'}) has no training images")
+        if cfg.batch_size > 1 and len({(f.width, f.height) for f in self.scene.train}) > 1:
+            raise ValueError("data.batch_size > 1 needs training images of one size; this scene mixes sizes")
+        cache_device = device if cfg.cache == "device" else torch.device("cpu")
+        self._train = [_to_device(f, cache_device) for f in self.scene.train]
+        self._test = [_to_device(f, cache_device) for f in self.scene.test]
+
+    @property
+    def num_train(self) -> int:
+        return len(self._train)
+
+    @property
+    def num_val(self) -> int:
+        return len(self._test)
+
+    def train_indices(self, step: int) -> list[int]:
+        """Indices of the training views this rank renders at ``step``."""
+        n, b = len(self._train), self.cfg.batch_size
+        start = (step * self.world_size + self.rank) * b
+        indices = []
+        for position in range(start, start + b):
+            epoch, offset = divmod(position, n)
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            indices.append(int(torch.randperm(n, generator=generator)[offset]))
+        return indices
+
+    def next_train(self, step: int) -> Batch:
+        """The training batch of ``step`` (deterministic in seed, step and rank)."""
+        frames = [self._train[i] for i in self.train_indices(step)]
+        if self.cfg.background == "random":
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + 7919 * step + self.rank)
+            backgrounds = torch.rand(len(frames), 3, generator=generator)
+        else:
+            backgrounds = self.fixed_background().expand(len(frames), 3)
+        return self._batch(frames, backgrounds.to(self.device))
+
+    def val_batches(self) -> Iterator[Batch]:
+        """One batch per validation view, over the fixed background (black for ``random``)."""
+        for frame in self._test:
+            yield self._batch([frame], self.fixed_background().to(self.device)[None])
+
+    def fixed_background(self) -> Tensor:
+        """The background colour used where it is not random, [3]."""
+        return torch.ones(3) if self.cfg.background == "white" else torch.zeros(3)
+
+    def _batch(self, frames: list[Frame], backgrounds: Tensor) -> Batch:
+        images = torch.stack([f.image.to(self.device) for f in frames]).float() / 255.0  # [B, H, W, 3|4]
+        if images.shape[-1] == 4:
+            alpha = images[..., 3:]
+            images = images[..., :3] * alpha + backgrounds[:, None, None, :] * (1.0 - alpha)
+        return Batch(
+            images=images,
+            viewmats=torch.stack([f.viewmat for f in frames]).to(self.device),
+            Ks=torch.stack([f.K for f in frames]).to(self.device),
+            backgrounds=backgrounds,
+            names=[f.name for f in frames],
+            width=frames[0].width,
+            height=frames[0].height,
+        )
+
+
+def _to_device(frame: Frame, device: torch.device) -> Frame:
+    return Frame(frame.name, frame.viewmat.float(), frame.K.float(), frame.image.to(device))
+
+
+@DATASET_REGISTRY.register("synthetic")
+def _load_synthetic(cfg: DataPipeline.Config) -> Scene:
+    return load_synthetic(cfg.synthetic)
+
+
+@DATASET_REGISTRY.register("colmap")
+def _load_colmap(cfg: DataPipeline.Config) -> Scene:
+    from gsrecon.data.colmap import load_colmap
+
+    return load_colmap(cfg.path, cfg.factor, cfg.eval_split, cfg.max_images)
+
+
+@DATASET_REGISTRY.register("blender")
+def _load_blender(cfg: DataPipeline.Config) -> Scene:
+    from gsrecon.data.blender import load_blender
+
+    return load_blender(cfg.path, cfg.factor, cfg.eval_split, cfg.max_images)

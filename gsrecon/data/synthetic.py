@@ -1,0 +1,523 @@
+"""A built-in analytic scene, ray-cast without any Gaussian renderer, for demos and tests.
+
+The scene (world z up, units of metres) is a checkered ground disc of radius 3 at z = 0 with
+four textured objects near the origin: a striped sphere, a sphere whose colour follows its
+normal, a checkered cube and a pillar with a vertical colour gradient. It is lit by a
+directional light (Lambertian, with cast shadows) plus ambient light; rays that miss
+everything see a plain background colour (or get alpha 0 with ``SyntheticConfig.alpha``).
+
+Cameras orbit the look-at point at a fixed radius, alternating between elevations; every
+``val_every``-th view goes to the test split. An "SfM-like" point cloud is sampled on the
+surfaces the cameras see (area-proportionally), jittered and coloured with the shaded colour.
+
+Images are supersampled for anti-aliased edges, deterministic for a given config, and cached
+as an ``.npz`` file keyed by a hash of the config and ``GENERATOR_VERSION``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+
+from gsrecon.atomic import atomic_path
+from gsrecon.cache import cache_dir
+from gsrecon.data.cameras import Frame, Scene
+
+GENERATOR_VERSION = 1  # bump whenever the generated images, cameras or points change
+
+Array = NDArray[np.float64]
+
+_GROUND_RADIUS = 3.0  # the scene's half-size; `point_noise` is relative to it
+_LIGHT_DIR = np.array([-0.45, -0.3, 0.84])
+_LIGHT_DIR /= np.linalg.norm(_LIGHT_DIR)  # unit vector towards the (infinitely far) light
+_AMBIENT = 0.35
+_EPS = 1e-6
+_CHUNK = 8192  # rays traced at once (keeps the working set in cache)
+
+
+@dataclass
+class SyntheticConfig:
+    """Parameters of the synthetic scene; every field except ``cache_dir`` changes the data."""
+
+    num_views: int = 24
+    width: int = 64
+    height: int = 48
+    val_every: int = 8  # views 0, val_every, 2*val_every, ... are test views; 0 = no test views
+    num_points: int = 2000
+    point_noise: float = 0.02  # std of the point jitter, relative to the scene half-size (3 m)
+    seed: int = 0  # drives the point cloud (images and cameras do not depend on it)
+    fov_deg: float = 50.0  # horizontal field of view; pixels are square
+    orbit_radius: float = 4.0  # camera distance from `look_at`
+    elevations_deg: tuple[float, ...] = (25.0, 45.0)  # view i uses elevations_deg[i % len]
+    look_at: tuple[float, float, float] = (0.0, 0.0, 0.35)  # orbit centre, projects to image centre
+    supersample: int = 3  # samples per pixel along each axis
+    background: tuple[float, float, float] = (0.0, 0.0, 0.0)  # sky colour in [0, 1]
+    alpha: bool = False  # True: RGBA images with alpha 0 where the sky shows, RGB unpremultiplied
+    cache_dir: str | None = None  # None: gsrecon's cache root / synthetic (see `cache_path`)
+
+    def __post_init__(self) -> None:
+        positive = {
+            "num_views": self.num_views,
+            "width": self.width,
+            "height": self.height,
+            "num_points": self.num_points,
+            "fov_deg": self.fov_deg,
+            "orbit_radius": self.orbit_radius,
+            "supersample": self.supersample,
+        }
+        for name, value in positive.items():
+            if value <= 0:
+                raise ValueError(f"SyntheticConfig.{name} must be > 0, got {value!r}")
+        if self.val_every < 0:
+            raise ValueError(f"SyntheticConfig.val_every must be >= 0, got {self.val_every!r}")
+        if not 0.0 < self.fov_deg < 180.0:
+            raise ValueError(f"SyntheticConfig.fov_deg must be in (0, 180), got {self.fov_deg!r}")
+        if self.point_noise < 0.0:
+            raise ValueError(f"SyntheticConfig.point_noise must be >= 0, got {self.point_noise!r}")
+        if not self.elevations_deg or not all(0.0 < e < 90.0 for e in self.elevations_deg):
+            raise ValueError(
+                "SyntheticConfig.elevations_deg must be a non-empty list of angles in (0, 90), "
+                f"got {self.elevations_deg!r}"
+            )
+        if len(self.look_at) != 3 or len(self.background) != 3:
+            raise ValueError("SyntheticConfig.look_at and .background must have 3 entries each")
+        if not all(0.0 <= c <= 1.0 for c in self.background):
+            raise ValueError(
+                f"SyntheticConfig.background must be in [0, 1], got {self.background!r}"
+            )
+
+
+# ----------------------------------------------------------------------------- primitives
+
+
+def _rotation_z(angle_deg: float) -> Array:
+    """[3, 3] rotation about the world z axis."""
+    c, s = math.cos(math.radians(angle_deg)), math.sin(math.radians(angle_deg))
+    return np.array([[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]])
+
+
+def _soft_stripes(x: Array, sharpness: float = 2.0) -> Array:
+    """Stripes of unit width in [0, 1] with softened edges: coordinates [R] -> [R]."""
+    return np.clip(0.5 + sharpness * np.sin(math.pi * x), 0.0, 1.0)
+
+
+def _soft_checker(x: Array, sharpness: float = 2.0) -> Array:
+    """Checkerboard of unit cells in [0, 1] with softened edges: coordinates [R, D] -> [R]."""
+    return np.clip(0.5 + sharpness * np.prod(np.sin(math.pi * x), axis=-1), 0.0, 1.0)
+
+
+def _mix(a: tuple[float, float, float], b: tuple[float, float, float], w: Array) -> Array:
+    """Per-ray blend (1 - w) * a + w * b; w [R] -> [R, 3]."""
+    return np.asarray(a) + w[:, None] * (np.asarray(b) - np.asarray(a))
+
+
+class _Sphere:
+    """A sphere; `texture` is "stripes" (latitude bands) or "normal" (colour from the normal)."""
+
+    def __init__(self, center: tuple[float, float, float], radius: float, texture: str) -> None:
+        self.center, self.radius, self.texture = np.asarray(center), radius, texture
+        self.area = 4.0 * math.pi * radius**2
+
+    def intersect(self, origins: Array, dirs: Array) -> Array:
+        """[R] distance along unit rays to the first hit in front of the origin, inf on a miss."""
+        oc = origins - self.center  # [R, 3]
+        b = np.einsum("rk,rk->r", oc, dirs)
+        disc = b * b - (np.einsum("rk,rk->r", oc, oc) - self.radius**2)
+        t = -b - np.sqrt(np.maximum(disc, 0.0))
+        return np.where((disc > 0.0) & (t > _EPS), t, np.inf)
+
+    def normal(self, points: Array) -> Array:
+        """[R, 3] outward unit normal at points on the surface."""
+        return (points - self.center) / self.radius
+
+    def albedo(self, points: Array) -> Array:
+        """[R, 3] surface colour at points on the sphere."""
+        local = (points - self.center) / self.radius  # [R, 3] unit normals
+        if self.texture == "stripes":
+            bands = _soft_stripes(local[:, 2] * self.radius / 0.2)
+            return _mix((0.85, 0.18, 0.12), (0.96, 0.9, 0.74), bands)
+        return 0.5 + 0.42 * local * np.array([1.0, -1.0, 1.0])
+
+    def distance(self, points: Array) -> Array:
+        """[P] unsigned distance from points to the surface."""
+        return np.abs(np.linalg.norm(points - self.center, axis=-1) - self.radius)
+
+    def sample(self, rng: np.random.Generator, n: int) -> Array:
+        """[n, 3] points uniform on the surface."""
+        d = rng.standard_normal((n, 3))
+        return self.center + self.radius * d / np.linalg.norm(d, axis=-1, keepdims=True)
+
+
+class _Box:
+    """A box rotated about z by `yaw_deg`; `texture` is "checker" (3D checker) or "gradient"."""
+
+    def __init__(
+        self,
+        center: tuple[float, float, float],
+        half: tuple[float, float, float],
+        yaw_deg: float,
+        texture: str,
+    ) -> None:
+        self.center, self.half, self.texture = np.asarray(center), np.asarray(half), texture
+        self.rot = _rotation_z(yaw_deg)  # local -> world
+        hx, hy, hz = half
+        self.face_areas = 4.0 * np.array([hy * hz, hy * hz, hx * hz, hx * hz, hx * hy, hx * hy])
+        self.area = float(self.face_areas.sum())
+
+    def _to_local(self, points: Array) -> Array:
+        """[R, 3] world points in the box frame (centred, axis-aligned)."""
+        return (points - self.center) @ self.rot
+
+    def intersect(self, origins: Array, dirs: Array) -> Array:
+        """[R] distance along unit rays to the first hit in front of the origin, inf on a miss."""
+        o, d = self._to_local(origins), dirs @ self.rot  # [R, 3]
+        d = np.where(np.abs(d) < 1e-12, 1e-12, d)
+        t1, t2 = (-self.half - o) / d, (self.half - o) / d  # [R, 3] slab entry / exit
+        t_in, t_out = np.minimum(t1, t2).max(-1), np.maximum(t1, t2).min(-1)  # [R]
+        return np.where((t_in <= t_out) & (t_in > _EPS), t_in, np.inf)
+
+    def normal(self, points: Array) -> Array:
+        """[R, 3] outward unit normal at points on the surface."""
+        local = self._to_local(points) / self.half  # [R, 3], +-1 along the face axis
+        rows, axis = np.arange(len(points)), np.abs(local).argmax(-1)
+        normal = np.zeros_like(points)
+        normal[rows, axis] = np.sign(local[rows, axis])
+        return normal @ self.rot.T
+
+    def albedo(self, points: Array) -> Array:
+        """[R, 3] surface colour at points on the box."""
+        local = self._to_local(points)
+        if self.texture == "checker":
+            cell = 2.0 * self.half[0] / 3.0
+            return _mix((0.16, 0.55, 0.28), (0.95, 0.84, 0.3), _soft_checker(local / cell))
+        height = np.clip((local[:, 2] + self.half[2]) / (2.0 * self.half[2]), 0, 1)
+        return _mix((0.4, 0.18, 0.6), (0.98, 0.62, 0.18), height)
+
+    def distance(self, points: Array) -> Array:
+        """[P] unsigned distance from points to the surface."""
+        q = np.abs(self._to_local(points)) - self.half  # [P, 3]
+        outside = np.linalg.norm(np.maximum(q, 0.0), axis=-1)
+        return np.abs(outside + np.minimum(q.max(-1), 0.0))
+
+    def sample(self, rng: np.random.Generator, n: int) -> Array:
+        """[n, 3] points uniform on the surface."""
+        face = rng.choice(6, size=n, p=self.face_areas / self.area)  # [n]
+        local = (2.0 * rng.random((n, 3)) - 1.0) * self.half
+        axis, sign = face // 2, np.where(face % 2 == 0, -1.0, 1.0)
+        local[np.arange(n), axis] = sign * self.half[axis]
+        return local @ self.rot.T + self.center
+
+
+class _Ground:
+    """The checkered disc z = 0, radius `_GROUND_RADIUS`, seen from above."""
+
+    cell = 0.6
+    area = math.pi * _GROUND_RADIUS**2
+
+    def intersect(self, origins: Array, dirs: Array) -> Array:
+        """[R] distance along unit rays to the first hit in front of the origin, inf on a miss."""
+        down = dirs[:, 2] < 0.0  # the disc is seen from above only
+        t = np.where(down, -origins[:, 2] / np.where(down, dirs[:, 2], -1.0), np.inf)
+        xy = origins[:, :2] + np.where(down, t, 0.0)[:, None] * dirs[:, :2]
+        inside = down & (t > _EPS) & (np.einsum("rk,rk->r", xy, xy) <= _GROUND_RADIUS**2)
+        return np.where(inside, t, np.inf)
+
+    def normal(self, points: Array) -> Array:
+        """[R, 3] outward unit normal at points on the surface."""
+        return np.broadcast_to(np.array([0.0, 0.0, 1.0]), points.shape).copy()
+
+    def albedo(self, points: Array) -> Array:
+        """[R, 3] surface colour at points on the ground."""
+        checker = _soft_checker(points[:, :2] / self.cell, sharpness=4.0)
+        r = np.linalg.norm(points[:, :2], axis=-1)
+        fade = np.clip((_GROUND_RADIUS - 0.1 - r) / 0.8, 0.0, 1.0)  # plain at the rim
+        return _mix((0.82, 0.78, 0.68), (0.36, 0.42, 0.5), 0.5 + fade * (checker - 0.5))
+
+    def distance(self, points: Array) -> Array:
+        """[P] unsigned distance from points to the surface."""
+        beyond = np.maximum(np.linalg.norm(points[:, :2], axis=-1) - _GROUND_RADIUS, 0.0)
+        return np.hypot(beyond, points[:, 2])
+
+    def sample(self, rng: np.random.Generator, n: int) -> Array:
+        """[n, 3] points uniform on the surface."""
+        r = _GROUND_RADIUS * np.sqrt(rng.random(n))
+        phi = 2.0 * math.pi * rng.random(n)
+        return np.stack([r * np.cos(phi), r * np.sin(phi), np.zeros(n)], axis=-1)
+
+
+_PRIMITIVES = (
+    _Ground(),
+    _Sphere((-0.65, -0.35, 0.55), 0.55, "stripes"),
+    _Sphere((0.75, 0.45, 0.42), 0.42, "normal"),
+    _Box((0.35, -0.75, 0.35), (0.35, 0.35, 0.35), 30.0, "checker"),
+    _Box((-0.35, 0.8, 0.6), (0.15, 0.15, 0.6), -20.0, "gradient"),
+)
+
+
+# ----------------------------------------------------------------------------- ray casting
+
+
+def _trace(origins: Array, dirs: Array) -> tuple[Array, Array]:
+    """First hit along unit rays: distance [R] (inf on a miss), primitive index [R] (-1: miss)."""
+    t_best = np.full(len(origins), np.inf)
+    index = np.full(len(origins), -1)
+    for i, prim in enumerate(_PRIMITIVES):
+        t = prim.intersect(origins, dirs)
+        closer = t < t_best
+        t_best, index = np.where(closer, t, t_best), np.where(closer, i, index)
+    return t_best, index
+
+
+def _surface(points: Array, index: Array) -> tuple[Array, Array]:
+    """Albedo [R, 3] and outward normal [R, 3] at points on the primitives `index` (all >= 0)."""
+    albedo, normals = np.zeros_like(points), np.zeros_like(points)
+    for i, prim in enumerate(_PRIMITIVES):
+        sel = index == i
+        if sel.any():
+            albedo[sel], normals[sel] = prim.albedo(points[sel]), prim.normal(points[sel])
+    return albedo, normals
+
+
+def _shade(points: Array, index: Array) -> Array:
+    """[R, 3] Lambertian colour in [0, 1] at surface points: ambient + shadowed sunlight."""
+    albedo, normals = _surface(points, index)
+    lambert = np.maximum(normals @ _LIGHT_DIR, 0.0)  # [R]
+    lit = np.flatnonzero(lambert > 0.0)
+    shadow_origins = points[lit] + 1e-4 * normals[lit]
+    occluded = np.isfinite(
+        _trace(shadow_origins, np.broadcast_to(_LIGHT_DIR, shadow_origins.shape))[0]
+    )
+    lambert[lit[occluded]] = 0.0
+    return np.clip(albedo * (_AMBIENT + (1.0 - _AMBIENT) * lambert)[:, None], 0.0, 1.0)
+
+
+def _radiance(origins: Array, dirs: Array) -> tuple[Array, Array]:
+    """Colour seen along unit rays [R, 3] (0 on a miss) and whether they hit the scene [R]."""
+    dist, index = _trace(origins, dirs)
+    hit = np.isfinite(dist)
+    color = np.zeros_like(dirs)
+    color[hit] = _shade(origins[hit] + dist[hit, None] * dirs[hit], index[hit])
+    return color, hit
+
+
+def surface_distance(points: torch.Tensor) -> torch.Tensor:
+    """Distance from world points [P, 3] to the nearest surface of the synthetic scene, [P]."""
+    p = points.detach().cpu().double().numpy()
+    dist = np.min([prim.distance(p) for prim in _PRIMITIVES], axis=0)
+    return torch.from_numpy(dist).to(points.dtype)
+
+
+# ----------------------------------------------------------------------------- cameras
+
+
+def _intrinsics(cfg: SyntheticConfig) -> Array:
+    """[3, 3] pinhole K with square pixels and the principal point at the image centre."""
+    focal = 0.5 * cfg.width / math.tan(math.radians(cfg.fov_deg) / 2.0)
+    return np.array(
+        [[focal, 0.0, cfg.width / 2.0], [0.0, focal, cfg.height / 2.0], [0.0, 0.0, 1.0]]
+    )
+
+
+def _viewmats(cfg: SyntheticConfig) -> Array:
+    """[N, 4, 4] OpenCV world-to-camera matrices on the orbit, each looking at `look_at`."""
+    target = np.asarray(cfg.look_at, dtype=np.float64)
+    viewmats = np.zeros((cfg.num_views, 4, 4))
+    for i in range(cfg.num_views):
+        azimuth = 2.0 * math.pi * i / cfg.num_views
+        elevation = math.radians(cfg.elevations_deg[i % len(cfg.elevations_deg)])
+        horizontal = math.cos(elevation)
+        offset = np.array(
+            [horizontal * math.cos(azimuth), horizontal * math.sin(azimuth), math.sin(elevation)]
+        )
+        eye = target + cfg.orbit_radius * offset
+        forward = -offset
+        right = np.cross(forward, [0.0, 0.0, 1.0])
+        right /= np.linalg.norm(right)
+        down = np.cross(forward, right)
+        R = np.stack([right, down, forward])  # rows: camera x, y, z axes in world coordinates
+        viewmats[i, :3, :3], viewmats[i, :3, 3], viewmats[i, 3, 3] = R, -R @ eye, 1.0
+    return viewmats
+
+
+def _render(viewmat: Array, K: Array, cfg: SyntheticConfig) -> NDArray[np.uint8]:
+    """[H, W, 3|4] uint8 image of the scene from one camera, box-filtered over s x s samples."""
+    s, H, W = cfg.supersample, cfg.height, cfg.width
+    sub = (np.arange(s) + 0.5) / s
+    u = (np.arange(W)[:, None] + sub).reshape(-1)  # [W*s] pixel x coordinates of the samples
+    v = (np.arange(H)[:, None] + sub).reshape(-1)  # [H*s]
+    uu, vv = np.meshgrid(u, v)  # [H*s, W*s]
+    cam = np.stack([(uu - K[0, 2]) / K[0, 0], (vv - K[1, 2]) / K[1, 1], np.ones_like(uu)], -1)
+    R, t = viewmat[:3, :3], viewmat[:3, 3]
+    dirs = cam.reshape(-1, 3) @ R  # [S, 3] world directions (R^T applied to each)
+    dirs /= np.linalg.norm(dirs, axis=-1, keepdims=True)
+    origins = np.broadcast_to(-R.T @ t, dirs.shape)
+    color, hit = np.zeros_like(dirs), np.zeros(len(dirs), dtype=bool)  # [S, 3], [S]
+    for start in range(0, len(dirs), _CHUNK):
+        rays = slice(start, start + _CHUNK)
+        color[rays], hit[rays] = _radiance(origins[rays], dirs[rays])
+    coverage = hit.astype(np.float64).reshape(H, s, W, s).mean((1, 3))  # [H, W]
+    color = color.reshape(H, s, W, s, 3).mean((1, 3))  # [H, W, 3], sky samples count as 0
+    background = np.asarray(cfg.background)
+    if cfg.alpha:
+        rgb = np.where(
+            coverage[..., None] > 0.0, color / np.maximum(coverage, _EPS)[..., None], background
+        )
+        image = np.concatenate([rgb, coverage[..., None]], axis=-1)
+    else:
+        image = color + (1.0 - coverage[..., None]) * background
+    return np.round(np.clip(image, 0.0, 1.0) * 255.0).astype(np.uint8)
+
+
+# ----------------------------------------------------------------------------- point cloud
+
+
+def _visible(
+    points: Array, normals: Array, viewmats: Array, K: Array, cfg: SyntheticConfig
+) -> Array:
+    """[P] bool: the surface point faces some camera and is seen unoccluded inside its image."""
+    seen = np.zeros(len(points), dtype=bool)
+    for viewmat in viewmats:
+        R, t = viewmat[:3, :3], viewmat[:3, 3]
+        cam = points @ R.T + t  # [P, 3]
+        z = np.maximum(cam[:, 2], _EPS)
+        u, v = K[0, 0] * cam[:, 0] / z + K[0, 2], K[1, 1] * cam[:, 1] / z + K[1, 2]  # [P]
+        eye = -R.T @ t
+        to_point = points - eye  # [P, 3]
+        length = np.linalg.norm(to_point, axis=-1)
+        facing = np.einsum("pk,pk->p", normals, to_point) < 0.0
+        in_image = (cam[:, 2] > _EPS) & (u >= 0) & (u < cfg.width) & (v >= 0) & (v < cfg.height)
+        cand = np.flatnonzero(in_image & facing & ~seen)
+        dirs = to_point[cand] / length[cand, None]
+        dist = _trace(np.broadcast_to(eye, dirs.shape), dirs)[0]
+        seen[cand[dist > length[cand] - 1e-4]] = True
+    return seen
+
+
+def _point_cloud(viewmats: Array, K: Array, cfg: SyntheticConfig) -> tuple[Array, Array]:
+    """`num_points` jittered visible surface points [P, 3] and their noisy shaded colours [P, 3]."""
+    rng = np.random.default_rng(cfg.seed)
+    areas = np.array([prim.area for prim in _PRIMITIVES])
+    points, index = [], []
+    count = 0
+    while count < cfg.num_points:  # rejection sampling: area-proportional over the visible surface
+        per_prim = rng.multinomial(2 * cfg.num_points, areas / areas.sum())
+        for i, (prim, n) in enumerate(zip(_PRIMITIVES, per_prim, strict=True)):
+            p = prim.sample(rng, int(n))  # [n, 3]
+            keep = _visible(p, prim.normal(p), viewmats, K, cfg)
+            points.append(p[keep])
+            index.append(np.full(int(keep.sum()), i))
+        found = sum(len(p) for p in points)
+        if found == count:
+            raise ValueError(
+                f"SyntheticConfig: no camera sees the scene (look_at={cfg.look_at!r}, "
+                f"orbit_radius={cfg.orbit_radius!r}, fov_deg={cfg.fov_deg!r})"
+            )
+        count = found
+    pick = rng.permutation(count)[: cfg.num_points]
+    p_all, i_all = np.concatenate(points)[pick], np.concatenate(index)[pick]
+    colors = _shade(p_all, i_all) + 0.02 * rng.standard_normal(p_all.shape)
+    jitter = cfg.point_noise * _GROUND_RADIUS * rng.standard_normal(p_all.shape)
+    return p_all + jitter, np.clip(colors, 0.0, 1.0)
+
+
+# ----------------------------------------------------------------------------- loading + cache
+
+
+def cache_path(cfg: SyntheticConfig) -> Path:
+    """Where `load_synthetic` caches `cfg`'s data: named by a hash of it and GENERATOR_VERSION.
+
+    The folder is ``cfg.cache_dir`` or else ``synthetic/`` under gsrecon's cache root
+    (``$GSRECON_CACHE``, ``$XDG_CACHE_HOME/gsrecon`` or ``~/.cache/gsrecon``).
+    """
+    fields = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "cache_dir"}
+    key = json.dumps({"version": GENERATOR_VERSION, **fields}, sort_keys=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    root = Path(cfg.cache_dir).expanduser() if cfg.cache_dir is not None else cache_dir("synthetic")
+    return root / f"synthetic_v{GENERATOR_VERSION}_{digest}.npz"
+
+
+_ARRAYS = ("images", "viewmats", "Ks", "points", "colors")
+
+
+def _generate(cfg: SyntheticConfig) -> dict[str, np.ndarray]:
+    """Scene arrays: images [N, H, W, C] uint8, viewmats [N, 4, 4], Ks [N, 3, 3], points, colors."""
+    K = _intrinsics(cfg)
+    viewmats = _viewmats(cfg)
+    images = np.stack([_render(viewmat, K, cfg) for viewmat in viewmats])
+    points, colors = _point_cloud(viewmats, K, cfg)
+    return {
+        "images": images,
+        "viewmats": viewmats.astype(np.float32),
+        "Ks": np.broadcast_to(K, (cfg.num_views, 3, 3)).astype(np.float32),
+        "points": points.astype(np.float32),
+        "colors": colors.astype(np.float32),
+    }
+
+
+def _read_cache(path: Path, cfg: SyntheticConfig) -> dict[str, np.ndarray] | None:
+    """The cached arrays, or None when the file is missing, unreadable or of the wrong shape."""
+    channels = 4 if cfg.alpha else 3
+    expected = {
+        "images": (cfg.num_views, cfg.height, cfg.width, channels),
+        "viewmats": (cfg.num_views, 4, 4),
+        "Ks": (cfg.num_views, 3, 3),
+        "points": (cfg.num_points, 3),
+        "colors": (cfg.num_points, 3),
+    }
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {name: npz[name] for name in _ARRAYS}
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        return None
+    if any(arrays[name].shape != shape for name, shape in expected.items()):
+        return None
+    if arrays["images"].dtype != np.uint8:
+        return None
+    return arrays
+
+
+def _write_cache(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Write the arrays atomically; an unwritable cache is skipped (it only saves time)."""
+    try:
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+    except OSError:
+        return
+
+
+def load_synthetic(cfg: SyntheticConfig) -> Scene:
+    """The synthetic scene for `cfg`, from the cache when present, else generated (and cached).
+
+    Train frames are the views whose index is not a multiple of ``cfg.val_every``; images are
+    uint8 ``[H, W, 3]`` (``[H, W, 4]`` with ``cfg.alpha``); the point cloud has ``cfg.num_points``
+    points with colours in [0, 1]. The same config always gives bitwise-identical data.
+    """
+    path = cache_path(cfg)
+    arrays = _read_cache(path, cfg)
+    if arrays is None:
+        arrays = _generate(cfg)
+        _write_cache(path, arrays)
+    train, test = [], []
+    for i in range(cfg.num_views):
+        frame = Frame(
+            name=f"view_{i:03d}",
+            viewmat=torch.from_numpy(arrays["viewmats"][i].copy()),
+            K=torch.from_numpy(arrays["Ks"][i].copy()),
+            image=torch.from_numpy(arrays["images"][i].copy()),
+        )
+        (test if cfg.val_every > 0 and i % cfg.val_every == 0 else train).append(frame)
+    return Scene(
+        train=train,
+        test=test,
+        points=torch.from_numpy(arrays["points"]),
+        colors=torch.from_numpy(arrays["colors"]),
+    )

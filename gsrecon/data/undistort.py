@@ -1,0 +1,144 @@
+"""Lens distortion: camera models to pinhole intrinsics, and undistortion of images to a pinhole camera.
+
+Pixel coordinates follow COLMAP: the centre of pixel ``(i, j)`` is at ``(i + 0.5, j + 0.5)``. Distortion is
+OpenCV's radial-tangential model on normalised coordinates ``(x, y) = ((u - cx) / fx, (v - cy) / fy)``::
+
+    r2 = x^2 + y^2,  radial = 1 + k1 r2 + k2 r2^2 + k3 r2^3
+    xd = x radial + 2 p1 x y + p2 (r2 + 2 x^2)
+    yd = y radial + p1 (r2 + 2 y^2) + 2 p2 x y
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gsrecon.data.colmap_format import ColmapCamera
+from gsrecon.data.errors import DatasetError
+
+SUPPORTED_MODELS = ("SIMPLE_PINHOLE", "PINHOLE", "SIMPLE_RADIAL", "RADIAL", "OPENCV")
+
+
+@dataclass(frozen=True)
+class Distortion:
+    """OpenCV radial-tangential distortion coefficients (all zero: a pinhole camera)."""
+
+    k1: float = 0.0
+    k2: float = 0.0
+    k3: float = 0.0
+    p1: float = 0.0
+    p2: float = 0.0
+
+    @property
+    def is_zero(self) -> bool:
+        return not any((self.k1, self.k2, self.k3, self.p1, self.p2))
+
+
+def intrinsics_matrix(fx: float, fy: float, cx: float, cy: float) -> np.ndarray:
+    """Pinhole K [3, 3] float64."""
+    return np.array([[fx, 0.0, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]])
+
+
+def camera_intrinsics(camera: ColmapCamera, source: str) -> tuple[np.ndarray, Distortion]:
+    """(K [3, 3], distortion) of a COLMAP camera; ``source`` (the file it came from) names it in errors."""
+    p = [float(v) for v in camera.params]
+    if camera.model == "SIMPLE_PINHOLE":
+        return intrinsics_matrix(p[0], p[0], p[1], p[2]), Distortion()
+    if camera.model == "PINHOLE":
+        return intrinsics_matrix(*p), Distortion()
+    if camera.model == "SIMPLE_RADIAL":
+        return intrinsics_matrix(p[0], p[0], p[1], p[2]), Distortion(k1=p[3])
+    if camera.model == "RADIAL":
+        return intrinsics_matrix(p[0], p[0], p[1], p[2]), Distortion(k1=p[3], k2=p[4])
+    if camera.model == "OPENCV":
+        return intrinsics_matrix(*p[:4]), Distortion(k1=p[4], k2=p[5], p1=p[6], p2=p[7])
+    raise DatasetError(
+        f"{source}: camera {camera.id} uses the {camera.model} camera model, which gsrecon cannot undistort "
+        f"(supported: {', '.join(SUPPORTED_MODELS)}); undistort the images first, e.g. with "
+        "`colmap image_undistorter`, and use its output folder"
+    )
+
+
+def distort(x: np.ndarray, y: np.ndarray, dist: Distortion) -> tuple[np.ndarray, np.ndarray]:
+    """Distorted normalised coordinates of undistorted ones (any equal shapes)."""
+    r2 = x * x + y * y
+    radial = 1.0 + r2 * (dist.k1 + r2 * (dist.k2 + r2 * dist.k3))
+    xd = x * radial + 2.0 * dist.p1 * x * y + dist.p2 * (r2 + 2.0 * x * x)
+    yd = y * radial + dist.p1 * (r2 + 2.0 * y * y) + 2.0 * dist.p2 * x * y
+    return xd, yd
+
+
+def undistort_points(
+    xd: np.ndarray, yd: np.ndarray, dist: Distortion, iters: int = 30
+) -> tuple[np.ndarray, np.ndarray]:
+    """Undistorted normalised coordinates of distorted ones (fixed-point inversion of :func:`distort`)."""
+    x, y = xd.copy(), yd.copy()
+    for _ in range(iters):
+        r2 = x * x + y * y
+        radial = 1.0 + r2 * (dist.k1 + r2 * (dist.k2 + r2 * dist.k3))
+        dx = 2.0 * dist.p1 * x * y + dist.p2 * (r2 + 2.0 * x * x)
+        dy = dist.p1 * (r2 + 2.0 * y * y) + 2.0 * dist.p2 * x * y
+        x, y = (xd - dx) / radial, (yd - dy) / radial
+    return x, y
+
+
+def undistorted_intrinsics(K: np.ndarray, dist: Distortion, width: int, height: int) -> np.ndarray:
+    """Pinhole K [3, 3] for the undistorted image of a ``width`` x ``height`` distorted camera.
+
+    Same size and principal point as ``K``; the focal lengths are scaled up (never down) by the smallest
+    common factor that makes every undistorted pixel fall inside the distorted image, so that the
+    undistorted image has no blank border.
+    """
+    fx, fy, cx, cy = K[0, 0], K[1, 1], K[0, 2], K[1, 2]
+    edges = {  # the distorted image's outermost pixel centres: (u [256], v [256]) per side
+        "left": (np.full(256, 0.5), np.linspace(0.5, height - 0.5, 256)),
+        "right": (np.full(256, width - 0.5), np.linspace(0.5, height - 0.5, 256)),
+        "top": (np.linspace(0.5, width - 0.5, 256), np.full(256, 0.5)),
+        "bottom": (np.linspace(0.5, width - 0.5, 256), np.full(256, height - 0.5)),
+    }
+    bounds = {}
+    for side, (u, v) in edges.items():
+        x, y = undistort_points((u - cx) / fx, (v - cy) / fy, dist)
+        # The innermost undistorted point of each side bounds the rectangle the output must fit in.
+        bounds[side] = {"left": x.max(), "right": x.min(), "top": y.max(), "bottom": y.min()}[side]
+    needed = [
+        (0.5 - cx) / fx / bounds["left"] if bounds["left"] < 0 else np.inf,
+        (width - 0.5 - cx) / fx / bounds["right"] if bounds["right"] > 0 else np.inf,
+        (0.5 - cy) / fy / bounds["top"] if bounds["top"] < 0 else np.inf,
+        (height - 0.5 - cy) / fy / bounds["bottom"] if bounds["bottom"] > 0 else np.inf,
+    ]
+    scale = max(1.0, *needed)
+    if not np.isfinite(scale):
+        raise ValueError(f"distortion {dist} is too strong to undistort a {width}x{height} image with K={K.tolist()}")
+    return intrinsics_matrix(fx * scale, fy * scale, cx, cy)
+
+
+def undistort_image(image: np.ndarray, K: np.ndarray, dist: Distortion, K_new: np.ndarray) -> np.ndarray:
+    """Resample a distorted uint8 image [H, W, C] (intrinsics ``K``) to the pinhole camera ``K_new``.
+
+    Each output pixel centre is mapped through the forward model to the distorted image and sampled
+    bilinearly (edge-clamped); the output has the same size and dtype.
+    """
+    height, width = image.shape[:2]
+    u, v = np.meshgrid(np.arange(width) + 0.5, np.arange(height) + 0.5)  # [H, W] each
+    xd, yd = distort((u - K_new[0, 2]) / K_new[0, 0], (v - K_new[1, 2]) / K_new[1, 1], dist)
+    src_u = xd * K[0, 0] + K[0, 2] - 0.5  # [H, W] source column, pixel-index units
+    src_v = yd * K[1, 1] + K[1, 2] - 0.5
+    return _bilinear(image, src_u, src_v)
+
+
+def _bilinear(image: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Sample ``image`` [H, W, C] at fractional indices (u: column, v: row) [h, w], clamped at the edges."""
+    height, width = image.shape[:2]
+    u = np.clip(u, 0.0, width - 1.0)
+    v = np.clip(v, 0.0, height - 1.0)
+    u0 = np.clip(np.floor(u).astype(np.int64), 0, max(width - 2, 0))
+    v0 = np.clip(np.floor(v).astype(np.int64), 0, max(height - 2, 0))
+    u1, v1 = np.minimum(u0 + 1, width - 1), np.minimum(v0 + 1, height - 1)
+    wu, wv = (u - u0)[..., None], (v - v0)[..., None]  # [h, w, 1]
+    src = image.astype(np.float32)
+    top = src[v0, u0] * (1 - wu) + src[v0, u1] * wu
+    bottom = src[v1, u0] * (1 - wu) + src[v1, u1] * wu
+    out = top * (1 - wv) + bottom * wv
+    return np.clip(np.rint(out), 0, 255).astype(image.dtype)

@@ -1,0 +1,1 @@
+"""The training engine: DefaultTrainer and its loop."""

@@ -1,0 +1,204 @@
+"""Using a trained scene: load it (checkpoint, run folder or PLY), evaluate the test split,
+render camera-path videos and export PLY / .splat files."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import Tensor
+
+import gsrecon.render.renderers  # noqa: F401  (registers the built-in renderers)
+from gsrecon.atomic import atomic_path, write_json
+from omegaconf import OmegaConf
+
+from gsrecon.config import apply_overrides, load_config, parse_structured
+from gsrecon.data.datapipeline import DataPipeline
+from gsrecon.distributed import DistributedContext
+from gsrecon.engine.trainer import (DefaultTrainer, latest_checkpoint, load_checkpoint_file, resolve_device,
+                                    resolve_renderer_entry)
+from gsrecon.logging.console import Logger
+from gsrecon.metrics import ImageMetrics
+from gsrecon.model.ply import load_ply, save_ply, save_splat
+from gsrecon.plugins import import_plugins
+from gsrecon.registry import RENDERER_REGISTRY
+from gsrecon.render.base import Renderer
+from gsrecon.render.camera_path import ellipse_path, interp_path, spiral_path
+from gsrecon.render.video import depth_to_rgb, write_video
+
+CAMERA_PATHS = {"ellipse": ellipse_path, "spiral": spiral_path, "interp": interp_path}
+
+
+@dataclass
+class TrainedScene:
+    """A trained model with the config it was trained with."""
+
+    cfg: DefaultTrainer.Config
+    params: dict[str, Tensor]  # pre-activation Gaussian parameters
+    step: int | None  # training step of the checkpoint (None for a PLY)
+    source: str  # where it was loaded from
+
+    @property
+    def sh_degree(self) -> int:
+        return int(round((self.params["shN"].shape[1] + 1) ** 0.5)) - 1
+
+
+def load_trained_scene(checkpoint: str | None = None, exp_dir: str | None = None, ply: str | None = None,
+                       config: str | None = None, overrides: Sequence[str] = ()) -> TrainedScene:
+    """Load from exactly one of ``checkpoint``, ``exp_dir`` (its ``last.pt``) or ``ply``.
+
+    The config comes from the checkpoint, or from ``config`` (required with ``ply``; optional
+    otherwise, where it replaces the checkpoint's); ``overrides`` apply on top (e.g. ``data.path=...``).
+    """
+    given = [x for x in (checkpoint, exp_dir, ply) if x]
+    if len(given) != 1:
+        raise ValueError("give exactly one of --checkpoint, --exp-dir or --ply")
+    if exp_dir:
+        found = latest_checkpoint(Path(exp_dir) / "checkpoints")
+        if found is None:
+            raise FileNotFoundError(f"no checkpoint in {Path(exp_dir) / 'checkpoints'}")
+        checkpoint = str(found)
+    if ply:
+        if not config:
+            raise ValueError("--ply needs --config: the YAML that says which dataset to evaluate on")
+        raw, source, params, step = load_config(config, overrides), config, load_ply(ply), None
+    else:
+        ckpt = load_checkpoint_file(checkpoint, "cpu")
+        if config:
+            raw = load_config(config, overrides)
+        else:
+            raw = apply_overrides(OmegaConf.create(ckpt["config"]), overrides)
+        source, params, step = config or checkpoint, ckpt["params"], int(ckpt["step"])
+    import_plugins(list(raw.get("imports", []) or []), str(source))
+    cfg = parse_structured(DefaultTrainer.Config, raw, source=str(source))
+    return TrainedScene(cfg, {k: v.float() for k, v in params.items()}, step, str(ply or checkpoint))
+
+
+def build_renderer(scene: TrainedScene, device: torch.device, logger: Logger) -> Renderer:
+    """The renderer the scene was trained with (``auto`` resolved for ``device``)."""
+    renderer = RENDERER_REGISTRY.build(resolve_renderer_entry(scene.cfg.renderer, device, "config"))
+    renderer.setup(logger)
+    return renderer
+
+
+def evaluate(scene: TrainedScene, out_dir: str | Path, device: str = "auto", logger: Logger | None = None,
+             fps_repeats: int = 3) -> dict[str, Any]:
+    """Render the test split; write ``renders/test/<name>.png``, ``gt/<name>.png`` and ``metrics.json``.
+
+    ``metrics.json`` holds PSNR, SSIM and LPIPS per image and their means, the LPIPS network and
+    version, the resolution, the number of Gaussians and the rendering speed (frames per second,
+    the median over ``fps_repeats`` renders of the whole split, after one warm-up pass).
+    """
+    logger = logger or Logger()
+    out_dir = Path(out_dir)
+    torch_device = resolve_device(device if device != "auto" else scene.cfg.device, DistributedContext())
+    pipeline = DataPipeline(scene.cfg.data, torch_device, scene.cfg.seed)
+    if pipeline.num_val == 0:
+        raise ValueError(f"{scene.source}: the dataset has no test views (data.eval_split is "
+                         f"'{scene.cfg.data.eval_split}'); set data.eval_split=every_8")
+    renderer = build_renderer(scene, torch_device, logger)
+    params = {k: v.to(torch_device) for k, v in scene.params.items()}
+    metrics = ImageMetrics(lpips_net=scene.cfg.metrics.lpips_net, device=torch_device)
+    batches = list(pipeline.val_batches())
+    views: list[dict[str, Any]] = []
+    with torch.no_grad():
+        for batch in batches:
+            out = renderer.render(params, batch.viewmats, batch.Ks, batch.width, batch.height, scene.sh_degree,
+                                  batch.backgrounds)
+            render = out.image[0].clamp(0.0, 1.0)
+            name = batch.names[0]
+            _save_png(render, out_dir / "renders" / "test" / f"{name}.png")
+            _save_png(batch.images[0], out_dir / "gt" / f"{name}.png")
+            views.append({"name": name, **metrics(render, batch.images[0])})
+        fps = _measure_fps(renderer, params, batches, scene.sh_degree, torch_device, fps_repeats)
+    mean = {k: (None if any(v[k] is None for v in views) else float(np.mean([v[k] for v in views])))
+            for k in ("psnr", "ssim", "lpips")}
+    result = {
+        "source": scene.source,
+        "step": scene.step,
+        "num_gaussians": int(scene.params["means"].shape[0]),
+        "resolution": sorted({f"{b.width}x{b.height}" for b in batches}),
+        "mean": mean,
+        "views": views,
+        "lpips": metrics.lpips_info,
+        "render_fps": fps,
+        "device": str(torch_device),
+    }
+    write_json(out_dir / "metrics.json", result)
+    return result
+
+
+def render_path_video(scene: TrainedScene, out: str | Path, path: str = "ellipse", frames: int = 120,
+                      fps: int = 30, depth: bool = False, device: str = "auto",
+                      logger: Logger | None = None) -> list[Path]:
+    """Render a smooth camera path fitted to the training cameras into ``out`` (mp4).
+
+    The frames use the intrinsics and size of the first training view. With ``depth`` a depth
+    video is also written beside it (``<out stem>_depth.mp4``). Returns the written paths.
+    """
+    if path not in CAMERA_PATHS:
+        raise ValueError(f"unknown camera path '{path}'; use one of {', '.join(CAMERA_PATHS)}")
+    if frames < 2:
+        raise ValueError(f"--frames must be at least 2, got {frames}")
+    logger = logger or Logger()
+    torch_device = resolve_device(device if device != "auto" else scene.cfg.device, DistributedContext())
+    pipeline = DataPipeline(scene.cfg.data, torch_device, scene.cfg.seed)
+    train = pipeline.scene.train
+    viewmats = CAMERA_PATHS[path](torch.stack([f.viewmat for f in train]).float(), frames).to(torch_device)
+    K, width, height = train[0].K.float().to(torch_device), train[0].width, train[0].height
+    renderer = build_renderer(scene, torch_device, logger)
+    params = {k: v.to(torch_device) for k, v in scene.params.items()}
+    background = pipeline.fixed_background().to(torch_device)[None]
+    colour_frames, depth_frames = [], []
+    with torch.no_grad():
+        for viewmat in viewmats:
+            out = renderer.render(params, viewmat[None], K[None], width, height, scene.sh_degree, background)
+            colour_frames.append((out.image[0].clamp(0, 1) * 255).round().byte().cpu().numpy())
+            if depth:
+                depth_frames.append(depth_to_rgb(out.depth[0, ..., 0].cpu().numpy(), out.alpha[0, ..., 0].cpu().numpy()))
+    out = Path(out)
+    written = [out]
+    write_video(out, colour_frames, fps)
+    if depth:
+        depth_path = out.with_name(f"{out.stem}_depth{out.suffix}")
+        write_video(depth_path, depth_frames, fps)
+        written.append(depth_path)
+    return written
+
+
+def export(scene: TrainedScene, out: str | Path, fmt: str = "ply") -> Path:
+    """Write the Gaussians as a reference-layout ``.ply`` or a web-viewer ``.splat``."""
+    writers = {"ply": save_ply, "splat": save_splat}
+    if fmt not in writers:
+        raise ValueError(f"unknown export format '{fmt}'; use ply or splat")
+    writers[fmt](out, scene.params)
+    return Path(out)
+
+
+def _save_png(image: Tensor, path: Path) -> None:
+    array = (image.clamp(0, 1) * 255).round().byte().cpu().numpy()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        Image.fromarray(array).save(tmp, format="PNG")
+
+
+def _measure_fps(renderer: Renderer, params: dict[str, Tensor], batches: list, sh_degree: int,
+                 device: torch.device, repeats: int) -> float:
+    def render_all() -> None:
+        for b in batches:
+            renderer.render(params, b.viewmats, b.Ks, b.width, b.height, sh_degree, b.backgrounds)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    render_all()
+    times = []
+    for _ in range(max(1, repeats)):
+        start = time.perf_counter()
+        render_all()
+        times.append(time.perf_counter() - start)
+    return float(len(batches) / np.median(times))

@@ -1,0 +1,113 @@
+"""CheckPointHook: periodic, best, final and on-interrupt checkpoints, written atomically."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from gsrecon.atomic import atomic_path
+from gsrecon.hooks.base import Hook, Priority
+from gsrecon.registry import HOOK_REGISTRY
+
+if TYPE_CHECKING:
+    from gsrecon.engine.trainer import DefaultTrainer
+
+
+@HOOK_REGISTRY.register()
+class CheckPointHook(Hook):
+    """Saves ``<out_dir>/step_<NNNNNN>.pt`` every ``interval`` steps and keeps ``last.pt`` pointing at the newest.
+
+    When to save: after a training step whose count is a multiple of ``interval``; after a validation
+    that improves ``save_best`` (``best.pt``); at the end of training and after Ctrl-C (final
+    checkpoint). After a failure (e.g. a non-finite loss) nothing is written, so the last good
+    checkpoint stays. Only the main process writes.
+    """
+
+    priority = Priority.VERY_LOW
+
+    @dataclass
+    class Config:
+        interval: int = 1000  # steps between checkpoints; <= 0 saves only the final one
+        max_keep: int = 3  # step_*.pt files kept (oldest deleted first); <= 0 keeps all
+        save_best: str = ""  # "" (off) | auto (the first validation metric) | a metric name, e.g. psnr
+        rule: str = "greater"  # greater | less: which values of save_best are better
+        out_dir: str = "checkpoints"  # relative to exp_dir (or absolute)
+        save_last: bool = True  # save after the last step and after Ctrl-C
+
+    def __init__(self, cfg: Config) -> None:
+        if cfg.rule not in ("greater", "less"):
+            raise ValueError(f"CheckPointHook rule must be 'greater' or 'less', got '{cfg.rule}'")
+        self.cfg = cfg
+        self.best_value: float | None = None
+        self.best_step: int | None = None
+
+    def checkpoint_dir(self, trainer: DefaultTrainer) -> Path:
+        return trainer.exp_dir / self.cfg.out_dir
+
+    def after_train_iter(self, trainer: DefaultTrainer) -> None:
+        if self.cfg.interval > 0 and trainer.step % self.cfg.interval == 0:
+            self.save(trainer)
+
+    def after_val(self, trainer: DefaultTrainer) -> None:
+        if not self.cfg.save_best or not trainer.val_metrics:
+            return
+        metric = next(iter(trainer.val_metrics)) if self.cfg.save_best == "auto" else self.cfg.save_best
+        if metric not in trainer.val_metrics:
+            raise ValueError(f"save_best metric '{metric}' is not a validation metric "
+                             f"({', '.join(trainer.val_metrics)})")
+        value = trainer.val_metrics[metric]
+        if value is None or not math.isfinite(value):
+            return
+        better = self.best_value is None or (value > self.best_value if self.cfg.rule == "greater"
+                                             else value < self.best_value)
+        if better:
+            self.best_value, self.best_step = float(value), trainer.step
+            if trainer.is_main:
+                self._write(trainer.checkpoint(), self.checkpoint_dir(trainer) / "best.pt")
+            trainer.logger.info(f"new best {metric} {value:.4f} at step {trainer.step}")
+
+    def after_train(self, trainer: DefaultTrainer) -> None:
+        if trainer.failed or not self.cfg.save_last:
+            return
+        path = self.checkpoint_dir(trainer) / f"step_{trainer.step:06d}.pt"
+        if not path.exists():
+            self.save(trainer)
+
+    def save(self, trainer: DefaultTrainer) -> Path:
+        """Write ``step_<NNNNNN>.pt`` and ``last.pt`` for the current step, then rotate old ones."""
+        directory = self.checkpoint_dir(trainer)
+        path = directory / f"step_{trainer.step:06d}.pt"
+        if not trainer.is_main:
+            return path
+        checkpoint = trainer.checkpoint()
+        self._write(checkpoint, path)
+        with atomic_path(directory / "last.pt") as tmp:
+            try:
+                os.link(path, tmp)
+            except OSError:
+                torch.save(checkpoint, tmp)
+        self._rotate(directory)
+        trainer.logger.info(f"saved checkpoint {path}")
+        return path
+
+    def _write(self, checkpoint: dict[str, Any], path: Path) -> None:
+        with atomic_path(path) as tmp:
+            torch.save(checkpoint, tmp)
+
+    def _rotate(self, directory: Path) -> None:
+        if self.cfg.max_keep <= 0:
+            return
+        for old in sorted(directory.glob("step_*.pt"))[: -self.cfg.max_keep]:
+            old.unlink()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best_value": self.best_value, "best_step": self.best_step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best_value = state.get("best_value")
+        self.best_step = state.get("best_step")

@@ -1,0 +1,124 @@
+"""LogHook: EMA loss, the progress bar, training scalars, validation metrics/images and metrics.json."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from gsrecon.atomic import write_json
+from gsrecon.hooks.base import Hook, Priority
+from gsrecon.logging.console import ProgressLogger
+from gsrecon.registry import HOOK_REGISTRY
+
+if TYPE_CHECKING:
+    from gsrecon.engine.trainer import DefaultTrainer
+
+
+@HOOK_REGISTRY.register()
+class LogHook(Hook):
+    """Reports training through the trainer's writers and console.
+
+    - every step: updates the EMA of the loss (``ema = f·loss + (1 - f)·ema``) and the progress bar;
+    - every ``log_interval`` steps: ``train/loss``, ``train/ema_loss``, ``train/l1``, ``train/ssim``,
+      ``train/num_gaussians``, ``train/sh_degree`` and ``train/lr/<group>``;
+    - every ``histogram_interval`` steps (0: never): histograms of opacities and log-scales;
+    - after each validation: ``val/<metric>`` scalars, render | ground truth | depth images of the
+      first ``num_val_images`` views, a console line, and ``<exp_dir>/metrics.json`` (per view and mean).
+    """
+
+    priority = Priority.BELOW_NORMAL
+
+    @dataclass
+    class Config:
+        log_interval: int = 10
+        ema_factor: float = 0.4  # weight of the newest loss in the EMA
+        progress: bool = True  # draw the progress bar (on interactive terminals)
+        num_val_images: int = 4  # validation views written as images
+        histogram_interval: int = 0
+        metrics_file: str = "metrics.json"
+
+    def __init__(self, cfg: Config) -> None:
+        if cfg.log_interval < 1:
+            raise ValueError(f"LogHook log_interval must be >= 1, got {cfg.log_interval}")
+        if not 0 < cfg.ema_factor <= 1:
+            raise ValueError(f"LogHook ema_factor must be in (0, 1], got {cfg.ema_factor}")
+        self.cfg = cfg
+        self.ema_loss: float | None = None
+        self._progress: ProgressLogger | None = None
+
+    def before_train(self, trainer: DefaultTrainer) -> None:
+        trainer.logger.info(
+            f"training {trainer.model.num_gaussians} Gaussians on {trainer.datapipeline.num_train} views "
+            f"({trainer.datapipeline.num_val} for validation) on {trainer.device}, "
+            f"{torch.get_num_threads()} CPU threads; output in {trainer.exp_dir}"
+        )
+        if self.cfg.progress and trainer.is_main:
+            self._progress = ProgressLogger(trainer.max_steps, trainer.logger.console)
+            self._progress.start(trainer.step)
+
+    def after_train_iter(self, trainer: DefaultTrainer) -> None:
+        out = trainer.outputs
+        loss = float(out["loss"])
+        if math.isfinite(loss):
+            f = self.cfg.ema_factor
+            self.ema_loss = loss if self.ema_loss is None else f * loss + (1.0 - f) * self.ema_loss
+        if self._progress is not None:
+            ema = "-" if self.ema_loss is None else f"{self.ema_loss:.4f}"
+            self._progress.update(trainer.step, loss=ema, num_gaussians=out["num_gaussians"])
+        step = trainer.step
+        if step % self.cfg.log_interval == 0:
+            trainer.write_scalar("train/loss", loss)
+            if self.ema_loss is not None:
+                trainer.write_scalar("train/ema_loss", self.ema_loss)
+            trainer.write_scalar("train/l1", float(out["l1"]))
+            trainer.write_scalar("train/ssim", float(out["ssim"]))
+            trainer.write_scalar("train/num_gaussians", out["num_gaussians"])
+            trainer.write_scalar("train/sh_degree", out["sh_degree"])
+            for name, optimizer in trainer.optimizers.items():
+                trainer.write_scalar(f"train/lr/{name}", optimizer.param_groups[0]["lr"])
+        if self.cfg.histogram_interval > 0 and step % self.cfg.histogram_interval == 0:
+            params = trainer.model.params
+            trainer.write_histogram("gaussians/opacity", torch.sigmoid(params["opacities"].detach()))
+            trainer.write_histogram("gaussians/log_scale", params["scales"].detach().flatten())
+
+    def after_val_iter(self, trainer: DefaultTrainer, index: int, outputs: dict[str, Any]) -> None:
+        if index >= self.cfg.num_val_images:
+            return
+        from gsrecon.render.video import depth_to_rgb
+
+        depth = torch.from_numpy(depth_to_rgb(outputs["depth"][..., 0].cpu().numpy(),
+                                              outputs["alpha"][..., 0].cpu().numpy())).float() / 255.0
+        panel = torch.cat([outputs["render"].cpu(), outputs["gt"].cpu(), depth], dim=1)  # [H, 3W, 3]
+        trainer.write_image(f"val/{outputs['name']}", panel)
+
+    def after_val(self, trainer: DefaultTrainer) -> None:
+        metrics = trainer.val_metrics
+        for name, value in metrics.items():
+            if value is not None:
+                trainer.write_scalar(f"val/{name}", value)
+        text = ", ".join(f"{k} {v:.4f}" if v is not None else f"{k} n/a" for k, v in metrics.items())
+        trainer.logger.info(f"step {trainer.step}: validation {text} ({len(trainer.val_results)} views)")
+        if trainer.is_main:
+            write_json(trainer.exp_dir / self.cfg.metrics_file, {
+                "step": trainer.step,
+                "num_gaussians": trainer.model.num_gaussians,
+                "mean": metrics,
+                "views": trainer.val_results,
+                "lpips": trainer.metrics.lpips_info,
+            })
+        for writer in trainer.writers:
+            writer.flush()
+
+    def after_train(self, trainer: DefaultTrainer) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"ema_loss": self.ema_loss}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.ema_loss = state.get("ema_loss")

@@ -1,0 +1,1 @@
+"""Writers (TensorBoard, JSONL) and the rich console logger."""

@@ -1,0 +1,81 @@
+"""Console output of a run: a rich :class:`Logger` for messages and a :class:`ProgressLogger` bar.
+
+Library code reports through the trainer's ``Logger``; nothing else prints.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+
+class Logger:
+    """Timestamped messages on a rich console, optionally mirrored to a plain-text log file."""
+
+    def __init__(self, console: Console | None = None, log_file: str | Path | None = None) -> None:
+        self.console = console or Console(stderr=True, log_path=False, soft_wrap=True)
+        self._file = open(log_file, "a") if log_file else None
+
+    def _emit(self, style: str, level: str, message: str) -> None:
+        self.console.log(f"[{style}]{level}[/{style}] {message}" if level else message, markup=True, highlight=False)
+        if self._file:
+            self._file.write(f"{level or 'INFO'} {message}\n")
+            self._file.flush()
+
+    def info(self, message: str) -> None:
+        self._emit("", "", message)
+
+    def warning(self, message: str) -> None:
+        self._emit("yellow", "WARNING", message)
+
+    def error(self, message: str) -> None:
+        self._emit("bold red", "ERROR", message)
+
+    def set_log_file(self, path: str | Path) -> None:
+        """Mirror later messages to ``path`` (appending)."""
+        if self._file:
+            self._file.close()
+        self._file = open(path, "a")
+
+    def close(self) -> None:
+        if self._file:
+            self._file.close()
+            self._file = None
+
+
+class ProgressLogger:
+    """A training progress bar: step, EMA loss, number of Gaussians, it/s and ETA.
+
+    It draws only on an interactive terminal (or when ``force`` is set); elsewhere it is silent.
+    """
+
+    def __init__(self, total: int, console: Console, force: bool = False) -> None:
+        self._progress = Progress(
+            TextColumn("[bold blue]train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}"),
+            TextColumn("#GS {task.fields[num_gaussians]}"),
+            TextColumn("{task.fields[speed]} it/s"),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=console,
+            disable=not (force or console.is_terminal),
+            refresh_per_second=5,
+        )
+        self._task = self._progress.add_task("train", total=total, loss="-", num_gaussians="-", speed="-")
+
+    def start(self, completed: int) -> None:
+        self._progress.update(self._task, completed=completed)
+        self._progress.start()
+
+    def update(self, completed: int, **fields: Any) -> None:
+        """Move the bar to ``completed`` steps and refresh the text fields (loss, num_gaussians, speed)."""
+        self._progress.update(self._task, completed=completed, **{k: str(v) for k, v in fields.items()})
+
+    def stop(self) -> None:
+        self._progress.stop()

@@ -1,0 +1,110 @@
+"""Image quality metrics for evaluation: PSNR, SSIM and LPIPS, as reported by the 3DGS papers."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import math
+import pickle
+import warnings
+from pathlib import Path
+
+import lpips
+import torch
+import torchvision
+from torch import Tensor
+from torchmetrics.functional.image import structural_similarity_index_measure
+
+from gsrecon.lpips_weights import LPIPS_NETS, lpips_backbone_path
+
+_TORCHVISION_WEIGHTS = {
+    "alex": torchvision.models.AlexNet_Weights.IMAGENET1K_V1,
+    "vgg": torchvision.models.VGG16_Weights.IMAGENET1K_V1,
+}
+_warned_no_lpips = False
+
+
+def psnr(pred: Tensor, gt: Tensor) -> float:
+    """Peak signal-to-noise ratio in dB of ``pred`` against ``gt`` (same shape, data range 1).
+
+    Identical images give ``math.inf``.
+    """
+    mse = torch.mean((pred.double() - gt.double()) ** 2).item()
+    return math.inf if mse == 0 else -10.0 * math.log10(mse)
+
+
+class ImageMetrics:
+    """PSNR, SSIM and LPIPS of a rendered image against its ground truth.
+
+    SSIM is torchmetrics' (Gaussian window 11, sigma 1.5, data range 1). LPIPS is ``lpips`` v0.1 with
+    the ``lpips_net`` backbone; its ImageNet backbone comes from the gsrecon cache (see
+    ``gsrecon weights lpips``) or else from torchvision's own download cache. With neither, LPIPS is
+    reported as None and a warning (once per process) says how to get the weights.
+    ``lpips_net="none"`` turns LPIPS off (reported as None, no warning).
+    """
+
+    def __init__(self, lpips_net: str = "alex", device: str | torch.device = "cpu") -> None:
+        if lpips_net not in (*LPIPS_NETS, "none"):
+            raise ValueError(f"LPIPS network must be one of {(*LPIPS_NETS, 'none')}, got {lpips_net!r}")
+        self.device = torch.device(device)
+        self._lpips_net = lpips_net
+        self._lpips, self._lpips_weights = (None, None) if lpips_net == "none" else _build_lpips(lpips_net)
+        if self._lpips is not None:
+            self._lpips.to(self.device)
+
+    @property
+    def lpips_info(self) -> dict[str, str | None]:
+        """Where the LPIPS numbers come from: network, ``lpips`` version, backbone weights file (None if absent)."""
+        return {
+            "net": self._lpips_net,
+            "lpips_version": importlib.metadata.version("lpips"),
+            "weights": self._lpips_weights,
+        }
+
+    @torch.no_grad()
+    def __call__(self, pred: Tensor, gt: Tensor) -> dict[str, float | None]:
+        """Metrics of ``pred`` against ``gt``, both float ``[H, W, 3]`` images in [0, 1] (values are clamped).
+
+        Returns ``{"psnr": dB, "ssim": ..., "lpips": ... or None}``.
+        """
+        if pred.shape != gt.shape or pred.ndim != 3 or pred.shape[-1] != 3:
+            raise ValueError(
+                f"expected two [H, W, 3] images of the same shape, got {tuple(pred.shape)} and {tuple(gt.shape)}"
+            )
+        pred = pred.to(self.device, torch.float32).clamp(0, 1).permute(2, 0, 1)[None]  # [1, 3, H, W]
+        gt = gt.to(self.device, torch.float32).clamp(0, 1).permute(2, 0, 1)[None]  # [1, 3, H, W]
+        ssim = structural_similarity_index_measure(pred, gt, data_range=1.0)
+        lpips_value = None if self._lpips is None else self._lpips(pred * 2 - 1, gt * 2 - 1).item()
+        return {"psnr": psnr(pred, gt), "ssim": float(ssim), "lpips": lpips_value}
+
+
+def _build_lpips(net: str) -> tuple[lpips.LPIPS | None, str | None]:
+    """``lpips.LPIPS`` with ImageNet backbone weights found on disk, and their file; (None, None) if there are none."""
+    global _warned_no_lpips
+    path = lpips_backbone_path(net)
+    from_torchvision = not path.is_file()
+    if from_torchvision:
+        path = Path(torch.hub.get_dir()) / "checkpoints" / Path(_TORCHVISION_WEIGHTS[net].url).name
+    if not path.is_file():
+        if not _warned_no_lpips:
+            _warned_no_lpips = True
+            warnings.warn(
+                f"LPIPS is disabled: no ImageNet weights for its '{net}' backbone. "
+                "Run `gsrecon weights lpips` once to fetch them.",
+                stacklevel=3,
+            )
+        return None, None
+    with warnings.catch_warnings():  # lpips builds torchvision models through the deprecated `pretrained=`
+        warnings.simplefilter("ignore", UserWarning)
+        model = lpips.LPIPS(net=net, pnet_rand=True, verbose=False)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        if from_torchvision:
+            # lpips' backbone keeps torchvision's `features` indices: `sliceK.<i>.*` is `features.<i>.*`
+            state = {key: state["features." + key.split(".", 1)[1]] for key in model.net.state_dict()}
+        model.net.load_state_dict(state, strict=True)
+    except (RuntimeError, KeyError, EOFError, pickle.UnpicklingError) as e:
+        raise ValueError(
+            f"{path}: not usable as LPIPS '{net}' backbone weights ({type(e).__name__}); "
+            "delete it or run `gsrecon weights lpips --force`"
+        ) from e
+    return model.eval(), str(path)

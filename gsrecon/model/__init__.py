@@ -1,0 +1,1 @@
+"""Gaussian model, densification strategies and optimisation."""

@@ -1,0 +1,125 @@
+"""The Gaussian point-cloud model: parameters, initialisation and the SH-degree schedule.
+
+Parameters are stored pre-activation, as in 3DGS and gsplat's ``simple_trainer``:
+``means [N, 3]``, ``scales [N, 3]`` (log), ``quats [N, 4]`` (w, x, y, z; unnormalised),
+``opacities [N]`` (logit), ``sh0 [N, 1, 3]`` and ``shN [N, (D+1)^2 - 1, 3]`` (D = ``sh_degree``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from scipy.spatial import cKDTree
+from torch import Tensor
+
+from gsrecon.data.cameras import Scene
+from gsrecon.render.sh import rgb_to_sh
+
+PARAM_NAMES = ("means", "scales", "quats", "opacities", "sh0", "shN")
+
+
+class GaussianModel(torch.nn.Module):
+    """A set of 3D Gaussians held in ``self.params`` (a ParameterDict keyed by :data:`PARAM_NAMES`)."""
+
+    @dataclass
+    class Config:
+        sh_degree: int = 3  # maximum SH degree (0..3)
+        sh_degree_interval: int = 1000  # the active degree grows by one every this many steps
+        init: str = "sfm"  # sfm (the dataset's points) | random (points in a box) | ply (init_path)
+        init_path: str = ""  # .ply for init: ply
+        init_num_points: int = 100_000  # for init: random
+        init_extent: float = 3.0  # random points fill a cube of half-size init_extent × scene extent
+        init_opacity: float = 0.1
+        init_scale: float = 1.0  # multiplier on the initial scales (mean distance to the 3 nearest points)
+
+    def __init__(self, cfg: Config, params: dict[str, Tensor]) -> None:
+        super().__init__()
+        if not 0 <= cfg.sh_degree <= 3:
+            raise ValueError(f"model.sh_degree must be between 0 and 3, got {cfg.sh_degree}")
+        if cfg.sh_degree_interval < 1:
+            raise ValueError(f"model.sh_degree_interval must be >= 1, got {cfg.sh_degree_interval}")
+        self.cfg = cfg
+        self.params = torch.nn.ParameterDict({k: torch.nn.Parameter(params[k]) for k in PARAM_NAMES})
+
+    @classmethod
+    def from_scene(cls, cfg: Config, scene: Scene, seed: int = 0) -> "GaussianModel":
+        """Initialise from the scene's point cloud, random points in its bounds, or a PLY (``cfg.init``)."""
+        generator = torch.Generator().manual_seed(seed)
+        if cfg.init == "ply":
+            from gsrecon.model.ply import load_ply
+
+            if not cfg.init_path:
+                raise ValueError("model.init is 'ply' but model.init_path is empty; set it to a .ply file")
+            params = load_ply(cfg.init_path)
+            return cls(cfg, _with_sh_degree(params, cfg.sh_degree))
+        if cfg.init == "sfm":
+            if scene.points.shape[0] == 0:
+                raise ValueError("model.init is 'sfm' but the dataset has no points; use model.init=random")
+            points, colors = scene.points.float(), scene.colors.float()
+        elif cfg.init == "random":
+            if cfg.init_num_points < 1:
+                raise ValueError(f"model.init_num_points must be >= 1, got {cfg.init_num_points}")
+            center = _scene_center(scene)
+            half = cfg.init_extent * scene.extent
+            points = center + (torch.rand(cfg.init_num_points, 3, generator=generator) * 2 - 1) * half
+            colors = torch.rand(cfg.init_num_points, 3, generator=generator)
+        else:
+            raise ValueError(f"model.init must be one of sfm, random, ply; got '{cfg.init}'")
+        return cls(cfg, init_params(points, colors, cfg.sh_degree, cfg.init_opacity, cfg.init_scale))
+
+    @property
+    def num_gaussians(self) -> int:
+        return int(self.params["means"].shape[0])
+
+    def active_sh_degree(self, step: int) -> int:
+        """SH degree in use at training ``step``: one more every ``sh_degree_interval`` steps."""
+        return min(step // self.cfg.sh_degree_interval, self.cfg.sh_degree)
+
+
+def init_params(points: Tensor, colors: Tensor, sh_degree: int, opacity: float, scale_mult: float) -> dict[str, Tensor]:
+    """Pre-activation parameters for Gaussians at ``points`` [N, 3] with ``colors`` [N, 3] in [0, 1].
+
+    Scales are isotropic: the mean distance to the 3 nearest neighbours; rotations are identity.
+    """
+    n = points.shape[0]
+    dist = nearest_neighbor_distance(points, k=3).clamp_min(1e-7)  # [N]
+    num_rest = (sh_degree + 1) ** 2 - 1
+    return {
+        "means": points.clone(),
+        "scales": torch.log(dist * scale_mult)[:, None].repeat(1, 3),
+        "quats": torch.tensor([1.0, 0.0, 0.0, 0.0]).repeat(n, 1),
+        "opacities": torch.logit(torch.full((n,), opacity)),
+        "sh0": rgb_to_sh(colors)[:, None, :],
+        "shN": torch.zeros(n, num_rest, 3),
+    }
+
+
+def nearest_neighbor_distance(points: Tensor, k: int = 3) -> Tensor:
+    """Mean Euclidean distance of each point [N, 3] to its ``k`` nearest other points, [N]."""
+    n = points.shape[0]
+    if n < 2:
+        return torch.ones(n)
+    k = min(k, n - 1)
+    pts = points.detach().cpu().double().numpy()
+    dist, _ = cKDTree(pts).query(pts, k=k + 1)  # the first neighbour is the point itself
+    return torch.from_numpy(np.asarray(dist)[:, 1:].mean(axis=1)).float()
+
+
+def _scene_center(scene: Scene) -> Tensor:
+    frames = scene.train + scene.test
+    if not frames:
+        return torch.zeros(3)
+    return torch.stack([f.camera_center for f in frames]).mean(0)
+
+
+def _with_sh_degree(params: dict[str, Tensor], sh_degree: int) -> dict[str, Tensor]:
+    """Pad or truncate ``shN`` to the configured SH degree."""
+    num_rest = (sh_degree + 1) ** 2 - 1
+    shN = params["shN"]
+    if shN.shape[1] >= num_rest:
+        shN = shN[:, :num_rest]
+    else:
+        shN = torch.cat([shN, shN.new_zeros(shN.shape[0], num_rest - shN.shape[1], 3)], dim=1)
+    return {**params, "shN": shN.contiguous()}

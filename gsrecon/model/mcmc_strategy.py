@@ -1,0 +1,174 @@
+"""3D Gaussian Splatting as Markov Chain Monte Carlo (Kheradmand et al. 2024), on any device.
+
+Dead Gaussians (opacity <= ``min_opacity``) are relocated onto live ones sampled by opacity, new
+ones are added the same way up to ``cap_max``, the means receive opacity-gated noise shaped by each
+Gaussian's covariance, and opacity and scale are L1-regularised. The relocation update (Eq. 9 of
+the paper) is computed here in PyTorch: gsplat's version is a CUDA-only kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+from gsplat.utils import normalized_quat_to_rotmat
+from torch import Tensor
+
+from gsrecon.model.strategy import Strategy
+from gsrecon.registry import STRATEGY_REGISTRY
+
+if TYPE_CHECKING:
+    from gsrecon.engine.trainer import DefaultTrainer
+
+N_MAX = 51  # largest number of copies one relocation step accounts for (as gsplat)
+
+
+@STRATEGY_REGISTRY.register("mcmc")
+class MCMCStrategy(Strategy):
+    """MCMC densification: a fixed budget of Gaussians that moves to where it is needed.
+
+    Every ``refine_every`` steps in (``refine_start``, ``refine_stop``): relocate dead Gaussians,
+    then add ``min(cap_max, grow_rate × N) - N`` new ones. Every step: noise on the means
+    (``noise_lr`` × the means' learning rate). The number of Gaussians never exceeds ``cap_max``.
+    """
+
+    @dataclass
+    class Config:
+        cap_max: int = 1_000_000
+        noise_lr: float = 5e5
+        refine_start: int = 500
+        refine_stop: int = 25_000
+        refine_every: int = 100
+        min_opacity: float = 0.005
+        grow_rate: float = 1.05
+        opacity_reg: float = 0.01
+        scale_reg: float = 0.01
+
+    def __init__(self, cfg: Config) -> None:
+        super().__init__(cfg)
+        if cfg.cap_max < 1:
+            raise ValueError(f"strategy.cap_max must be >= 1, got {cfg.cap_max}")
+        if cfg.refine_every < 1:
+            raise ValueError(f"strategy.refine_every must be >= 1, got {cfg.refine_every}")
+        self.binoms = binomial_table(N_MAX)
+
+    def initialize(self, trainer: DefaultTrainer) -> None:
+        if trainer.model.num_gaussians > self.cfg.cap_max:
+            raise ValueError(f"the model starts with {trainer.model.num_gaussians} Gaussians, more than "
+                             f"strategy.cap_max={self.cfg.cap_max}; raise cap_max or start from fewer points")
+
+    def regularization(self, trainer: DefaultTrainer, info: dict[str, Any]) -> Tensor | None:
+        params = trainer.model.params
+        return (self.cfg.opacity_reg * torch.sigmoid(params["opacities"]).mean()
+                + self.cfg.scale_reg * torch.exp(params["scales"]).mean())
+
+    @torch.no_grad()
+    def step_post_backward(self, trainer: DefaultTrainer, info: dict[str, Any]) -> None:
+        cfg, step = self.cfg, trainer.step
+        params, optimizers = trainer.model.params, trainer.optimizers
+        if cfg.refine_start < step < cfg.refine_stop and step % cfg.refine_every == 0:
+            self._relocate_dead(params, optimizers)
+            n = params["means"].shape[0]
+            self._add(params, optimizers, max(0, min(cfg.cap_max, int(cfg.grow_rate * n)) - n))
+        inject_position_noise(params, optimizers["means"].param_groups[0]["lr"] * cfg.noise_lr)
+
+    def _relocate_dead(self, params: torch.nn.ParameterDict, optimizers: dict) -> None:
+        opacities = torch.sigmoid(params["opacities"])
+        dead = opacities <= self.cfg.min_opacity
+        alive = (~dead).nonzero(as_tuple=True)[0]
+        dead = dead.nonzero(as_tuple=True)[0]
+        if len(dead) == 0 or len(alive) == 0:
+            return
+        sources = alive[torch.multinomial(opacities[alive], len(dead), replacement=True)]
+        self._split_sources(params, sources)
+
+        def param_fn(name: str, p: Tensor) -> Tensor:
+            p[dead] = p[sources]
+            return p
+
+        def optimizer_fn(key: str, v: Tensor) -> Tensor:
+            v[sources] = 0
+            v[dead] = 0
+            return v
+
+        update_params(params, optimizers, param_fn, optimizer_fn)
+
+    def _add(self, params: torch.nn.ParameterDict, optimizers: dict, n: int) -> None:
+        if n <= 0:
+            return
+        opacities = torch.sigmoid(params["opacities"])
+        sources = torch.multinomial(opacities, n, replacement=True)
+        self._split_sources(params, sources)
+        update_params(params, optimizers, lambda name, p: torch.cat([p, p[sources]]),
+                      lambda key, v: torch.cat([v, v.new_zeros((n, *v.shape[1:]))]))
+
+    def _split_sources(self, params: torch.nn.ParameterDict, sources: Tensor) -> None:
+        """Give each sampled source the opacity and scale of one of its (1 + #samples) copies."""
+        ratios = torch.bincount(sources, minlength=params["means"].shape[0])[sources] + 1  # [S]
+        new_opacities, new_scales = relocation_update(
+            torch.sigmoid(params["opacities"][sources]), torch.exp(params["scales"][sources]), ratios,
+            self.binoms.to(sources.device))
+        eps = torch.finfo(torch.float32).eps
+        params["opacities"].data[sources] = torch.logit(new_opacities.clamp(self.cfg.min_opacity, 1.0 - eps))
+        params["scales"].data[sources] = torch.log(new_scales)
+
+
+def binomial_table(n_max: int) -> Tensor:
+    """``table[n, k] = C(n, k)`` for 0 <= k <= n < n_max (float64), [n_max, n_max]."""
+    table = torch.zeros(n_max, n_max, dtype=torch.float64)
+    for n in range(n_max):
+        for k in range(n + 1):
+            table[n, k] = math.comb(n, k)
+    return table
+
+
+def relocation_update(opacities: Tensor, scales: Tensor, ratios: Tensor, binoms: Tensor) -> tuple[Tensor, Tensor]:
+    """Opacity and scale for each of ``ratios`` copies of a Gaussian, so the copies together match it.
+
+    ``opacities`` [S] and ``scales`` [S, 3] are activated values, ``ratios`` [S] the number of
+    copies (clamped to [1, n_max]). Implements Eq. 9 of Kheradmand et al. (2024) as gsplat's
+    ``compute_relocation`` kernel does, in float64: ``o' = 1 - (1 - o)^(1/n)`` and
+    ``s' = s · o / Σ_{i=1..n} Σ_{k=0..i-1} C(i-1, k) (-1)^k o'^(k+1) / sqrt(k+1)``.
+    """
+    n_max = binoms.shape[0]
+    n = ratios.clamp(1, n_max).to(torch.float64)  # [S]
+    o = opacities.to(torch.float64)
+    new_o = 1.0 - torch.pow(1.0 - o, 1.0 / n)  # [S]
+    k = torch.arange(n_max, dtype=torch.float64, device=o.device)
+    signs = torch.where(k % 2 == 0, 1.0, -1.0) / torch.sqrt(k + 1)  # [K]
+    terms = binoms.to(o.device) * signs  # [I, K]: row i-1 holds C(i-1, k)(-1)^k/sqrt(k+1)
+    powers = new_o[:, None] ** (k + 1)  # [S, K]
+    per_i = powers @ terms.T  # [S, I]
+    upto_n = torch.arange(1, n_max + 1, device=o.device)[None, :] <= n[:, None]  # [S, I]
+    denom = (per_i * upto_n).sum(-1)  # [S]
+    new_scales = scales.to(torch.float64) * (o / denom)[:, None]
+    return new_o.to(opacities.dtype), new_scales.to(scales.dtype)
+
+
+def inject_position_noise(params: torch.nn.ParameterDict, scale: float) -> None:
+    """Add noise ~ N(0, Σ) · gate(1 - opacity) · ``scale`` to the means (Eq. 10 of the paper)."""
+    opacities = torch.sigmoid(params["opacities"])
+    scales = torch.exp(params["scales"])
+    rotmats = normalized_quat_to_rotmat(torch.nn.functional.normalize(params["quats"], dim=-1))  # [N, 3, 3]
+    covars = rotmats @ torch.diag_embed(scales**2) @ rotmats.transpose(1, 2)  # [N, 3, 3]
+    gate = torch.sigmoid(100.0 * ((1.0 - opacities) - 0.995))  # ~1 only for nearly transparent Gaussians
+    noise = torch.randn_like(params["means"]) * gate[:, None] * scale
+    params["means"].data.add_(torch.einsum("nij,nj->ni", covars, noise))
+
+
+def update_params(params: torch.nn.ParameterDict, optimizers: dict[str, torch.optim.Optimizer],
+                  param_fn: Callable[[str, Tensor], Tensor], optimizer_fn: Callable[[str, Tensor], Tensor]) -> None:
+    """Replace every parameter by ``param_fn(name, data)`` and every Adam moment by ``optimizer_fn``."""
+    for name in list(params.keys()):
+        optimizer = optimizers[name]
+        old = params[name]
+        new = torch.nn.Parameter(param_fn(name, old.data), requires_grad=old.requires_grad)
+        state = optimizer.state.pop(old, {})
+        for key, value in state.items():
+            if key != "step" and isinstance(value, Tensor):
+                state[key] = optimizer_fn(key, value)
+        optimizer.param_groups[0]["params"] = [new]
+        optimizer.state[new] = state
+        params[name] = new

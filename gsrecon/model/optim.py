@@ -1,0 +1,69 @@
+"""Per-parameter-group Adam optimisers and their learning-rate schedules.
+
+One Adam per parameter (as in gsplat): densification strategies grow and shrink each parameter
+with its optimiser state independently.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from gsrecon.model.gaussians import PARAM_NAMES
+
+
+@dataclass
+class OptimizerConfig:
+    """Adam learning rates of the 3DGS paper. ``means`` is multiplied by the scene extent."""
+
+    means: float = 1.6e-4
+    scales: float = 5e-3
+    quats: float = 1e-3
+    opacities: float = 5e-2
+    sh0: float = 2.5e-3
+    shN: float = 2.5e-3 / 20
+    eps: float = 1e-15
+
+
+@dataclass
+class SchedulerConfig:
+    """Exponential decay per group: the learning rate reaches ``final_factor[group]`` × its start at max_steps.
+
+    Groups not listed keep a constant rate.
+    """
+
+    final_factor: dict[str, float] = field(default_factory=lambda: {"means": 0.01})
+
+
+Optimizers = dict[str, torch.optim.Optimizer]
+Schedulers = dict[str, torch.optim.lr_scheduler.LRScheduler]
+
+
+def build_optimizers(params: torch.nn.ParameterDict, cfg: OptimizerConfig, scene_extent: float,
+                     batch_size: int = 1) -> Optimizers:
+    """One Adam per parameter; rates scale with sqrt(batch_size) (and betas/eps adapt), as in gsplat."""
+    scale = math.sqrt(batch_size)
+    optimizers: Optimizers = {}
+    for name in PARAM_NAMES:
+        lr = getattr(cfg, name) * (scene_extent if name == "means" else 1.0)
+        optimizers[name] = torch.optim.Adam(
+            [{"params": [params[name]], "lr": lr * scale, "name": name}],
+            eps=cfg.eps / scale,
+            betas=(1 - batch_size * (1 - 0.9), 1 - batch_size * (1 - 0.999)),
+        )
+    return optimizers
+
+
+def build_schedulers(optimizers: Optimizers, cfg: SchedulerConfig, max_steps: int) -> Schedulers:
+    """Exponential learning-rate decay for the groups named in ``cfg.final_factor``."""
+    schedulers: Schedulers = {}
+    for name, factor in cfg.final_factor.items():
+        if name not in optimizers:
+            raise ValueError(f"scheduler.final_factor names unknown group '{name}'; groups: {', '.join(optimizers)}")
+        if not 0 < factor <= 1:
+            raise ValueError(f"scheduler.final_factor.{name} must be in (0, 1], got {factor}")
+        gamma = factor ** (1.0 / max_steps)
+        schedulers[name] = torch.optim.lr_scheduler.ExponentialLR(optimizers[name], gamma=gamma)
+    return schedulers

@@ -1,0 +1,43 @@
+"""Importing user code named in the YAML ``imports:`` list, so it can register hooks, writers, datasets."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+
+from gsrecon.config import ConfigError
+
+
+def import_plugins(entries: list[str], source: str = "config") -> None:
+    """Import each entry: a dotted module name, or a ``.py`` file (relative to the working directory).
+
+    Importing twice is a no-op, so registrations inside a plugin run once per process.
+    """
+    for entry in entries:
+        if entry.endswith(".py"):
+            _import_file(Path(entry), source)
+            continue
+        try:
+            importlib.import_module(entry)
+        except ImportError as exc:
+            raise ConfigError(f"{source}: key 'imports': cannot import module '{entry}': {exc}") from None
+
+
+def _import_file(path: Path, source: str) -> None:
+    path = path.resolve()
+    if not path.is_file():
+        raise ConfigError(f"{source}: key 'imports': file not found: {path}")
+    module_name = f"gsrecon_plugin_{path.stem}_{abs(hash(str(path))):x}"
+    if module_name in sys.modules:
+        return
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception:
+        del sys.modules[module_name]
+        raise

@@ -1,0 +1,1 @@
+"""Renderers: turn Gaussian parameters and cameras into images (see `base.Renderer`)."""

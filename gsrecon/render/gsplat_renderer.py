@@ -1,0 +1,133 @@
+"""The gsplat CUDA renderer: a thin wrapper over ``gsplat.rasterization`` (gsplat >= 1.5).
+
+gsplat compiles its CUDA kernels on first use (minutes); :meth:`GsplatRenderer.setup` says so
+before it happens and fails with an actionable message when CUDA or its toolkit is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from gsrecon.logging.console import Logger
+from gsrecon.render.base import Renderer, RenderOutput, check_render_inputs
+
+
+class GsplatUnavailableError(RuntimeError):
+    """gsplat cannot run here (no CUDA device, no CUDA toolkit, or gsplat not installed)."""
+
+
+class GsplatRenderer(Renderer):
+    """Rasterizes with gsplat's CUDA kernels; same inputs and outputs as the torch renderer."""
+
+    @dataclass
+    class Config:
+        near_plane: float = 0.01
+        far_plane: float = 1e10
+        eps2d: float = 0.3  # screen-space dilation (pixels^2 added to the 2D covariance)
+        tile_size: int = 16
+        packed: bool = False  # packed intersections: less memory for large scenes
+        antialiased: bool = False  # Mip-Splatting style opacity compensation ("antialiased" mode)
+        absgrad: bool = False  # also accumulate |grad| of means2d (AbsGS; strategy absgrad)
+        sparse_grad: bool = False  # sparse gradients (needs packed and a sparse-aware optimizer)
+        radius_clip: float = 0.0  # skip Gaussians whose screen radius is at most this (pixels)
+
+    def __init__(self, cfg: Config) -> None:
+        if cfg.sparse_grad and not cfg.packed:
+            raise ValueError("renderer.sparse_grad needs renderer.packed: true")
+        self.cfg = cfg
+        self._rasterization = None
+
+    def setup(self, logger: Logger) -> None:
+        """Check CUDA, set build variables when unset, and build (or load) gsplat's kernels."""
+        if not torch.cuda.is_available():
+            raise GsplatUnavailableError("renderer 'gsplat' needs a CUDA GPU; use renderer.name=torch on this machine")
+        try:
+            import gsplat  # noqa: F401  (pure-Python import; kernels load below)
+        except ImportError:
+            raise GsplatUnavailableError(
+                "renderer 'gsplat' needs the gsplat package: pip install -e .[gsplat] (or use renderer.name=torch)"
+            ) from None
+        configure_cuda_build_env()
+        if not _kernels_built():
+            logger.info("gsplat: compiling its CUDA kernels on first use; this takes a few minutes "
+                        f"(cached in {_build_dir()})")
+        from gsplat.cuda._backend import _C
+
+        if _C is None:
+            raise GsplatUnavailableError(
+                "gsplat could not build its CUDA kernels: no CUDA toolkit (nvcc) was found. Install the CUDA "
+                "toolkit matching torch.version.cuda and set CUDA_HOME, or use renderer.name=torch"
+            )
+        from gsplat import rasterization
+
+        self._rasterization = rasterization
+
+    def render(self, params: Mapping[str, Tensor], viewmats: Tensor, Ks: Tensor, width: int, height: int,
+               sh_degree: int, backgrounds: Tensor) -> RenderOutput:
+        check_render_inputs(params, viewmats, Ks, width, height, sh_degree, backgrounds)
+        if self._rasterization is None:
+            raise GsplatUnavailableError("GsplatRenderer.setup() must run before render()")
+        cfg = self.cfg
+        colors = torch.cat([params["sh0"], params["shN"]], dim=1)  # [N, K, 3]
+        render_colors, render_alphas, info = self._rasterization(
+            means=params["means"],
+            quats=params["quats"],
+            scales=torch.exp(params["scales"]),
+            opacities=torch.sigmoid(params["opacities"]),
+            colors=colors,
+            viewmats=viewmats,
+            Ks=Ks,
+            width=width,
+            height=height,
+            near_plane=cfg.near_plane,
+            far_plane=cfg.far_plane,
+            radius_clip=cfg.radius_clip,
+            eps2d=cfg.eps2d,
+            sh_degree=sh_degree,
+            packed=cfg.packed,
+            tile_size=cfg.tile_size,
+            backgrounds=backgrounds,
+            render_mode="RGB+ED",
+            sparse_grad=cfg.sparse_grad,
+            absgrad=cfg.absgrad,
+            rasterize_mode="antialiased" if cfg.antialiased else "classic",
+        )
+        return RenderOutput(image=render_colors[..., :3], alpha=render_alphas, depth=render_colors[..., 3:4],
+                            info=info)
+
+
+def configure_cuda_build_env() -> None:
+    """Set ``TORCH_CUDA_ARCH_LIST`` (this GPU's architecture) and ``CUDA_HOME`` (from nvcc) when unset."""
+    if not os.environ.get("TORCH_CUDA_ARCH_LIST") and torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        os.environ["TORCH_CUDA_ARCH_LIST"] = f"{major}.{minor}"
+    if not os.environ.get("CUDA_HOME"):
+        nvcc = shutil.which("nvcc")
+        candidates = [Path(nvcc).resolve().parent.parent] if nvcc else []
+        candidates.append(Path("/usr/local/cuda"))
+        for home in candidates:
+            if (home / "bin" / "nvcc").is_file():
+                os.environ["CUDA_HOME"] = str(home)
+                break
+
+
+def _build_dir() -> Path:
+    from torch.utils.cpp_extension import _get_build_directory
+
+    return Path(_get_build_directory("gsplat_cuda", verbose=False))
+
+
+def _kernels_built() -> bool:
+    try:
+        from gsplat import csrc  # noqa: F401  (a prebuilt wheel)
+
+        return True
+    except ImportError:
+        return any(_build_dir().glob("gsplat_cuda*.so"))

@@ -1,0 +1,530 @@
+"""Pure-PyTorch 3D Gaussian Splatting renderer (CPU or GPU), the reference renderer of gsrecon.
+
+It implements the forward model of 3DGS as gsplat 1.5 does (pinhole EWA splatting, classic
+mode without opacity compensation) and is differentiable end to end. Compositing runs on
+screen tiles: each tile composites, sorted by depth, only the Gaussians whose alpha can reach
+1/255 in it, so no ``N x H x W`` tensor is ever built and the image does not depend on the tile
+size. Compositing has a hand-written backward (`_BlendTiles`); everything else is
+differentiated by autograd.
+
+The implementation is tuned for one CPU core (the training engine where no GPU is available):
+tensors are processed in cache-sized chunks, gathers are 1-D ``index_select`` calls, and masks
+use ``threshold``/``sign`` rather than comparisons, all several times faster than the obvious
+alternatives on CPU.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from gsrecon.render.base import Renderer, RenderOutput, check_render_inputs
+from gsrecon.render.sh import sh_to_color
+
+ALPHA_MIN = 1.0 / 255.0  # a Gaussian with alpha below this is skipped at a pixel
+TRANSMITTANCE_MIN = 1e-4  # a pixel stops before the Gaussian that would take T to or below this
+BBOX_SIGMAS = 3.33  # bounding boxes never extend past this many standard deviations
+N_FEATURES = 5  # composited per Gaussian: r, g, b, depth, 1 (the last accumulates alpha)
+_SKIP = 1e4  # quadratic offset of padding slots: exp(-1e4) is exactly 0
+_LOG2_E = 1.0 / math.log(2.0)
+
+
+def quat_scale_to_factor(quats: Tensor, scales: Tensor) -> Tensor:
+    """Factor ``M = R(q) diag(s)`` of the 3D covariance ``M M^T``, [N, 3, 3].
+
+    Args:
+        quats: rotations (w, x, y, z), any non-zero norm, [N, 4].
+        scales: activated (positive) scales, [N, 3].
+    """
+    w, x, y, z = F.normalize(quats, dim=-1).unbind(-1)
+    rot = torch.stack(
+        [
+            1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
+            2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
+            2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y),
+        ],
+        dim=-1,
+    ).reshape(-1, 3, 3)  # fmt: skip
+    return rot * scales[:, None, :]
+
+
+class Projection(NamedTuple):
+    """Screen-space Gaussians for ``C`` cameras (see `project_gaussians`)."""
+
+    means2d: Tensor  # [C, N, 2] pixel coordinates of the centres
+    conics: Tensor  # [C, N, 3] inverse 2D covariance (xx, xy, yy)
+    depths: Tensor  # [C, N] camera-space z
+    radii: Tensor  # [C, N, 2] int32 bounding-box half extents in pixels, 0 = culled
+
+
+def project_gaussians(
+    means: Tensor,  # [N, 3]
+    factors: Tensor,  # [N, 3, 3] covariance factors (`quat_scale_to_factor`)
+    opacities: Tensor,  # [N] activated
+    viewmats: Tensor,  # [C, 4, 4]
+    Ks: Tensor,  # [C, 3, 3]
+    width: int,
+    height: int,
+    near_plane: float,
+    far_plane: float,
+    eps2d: float,
+) -> Projection:
+    """EWA projection of 3D Gaussians into pinhole cameras, with culling.
+
+    The 2D covariance is ``J W Sigma W^T J^T + eps2d * I`` with the perspective Jacobian ``J``
+    evaluated at the centre, its x/z and y/z clamped to 1.3x the half field of view (as gsplat
+    and 3DGS do). The bounding box is opacity-aware as in gsplat 1.5: per axis,
+    ``ceil(e * sqrt(cov_ii))`` with ``e = min(3.33, sqrt(2 ln(255 * opacity)))``, which encloses
+    every pixel where the Gaussian's alpha reaches 1/255. Radii are 0 for Gaussians outside
+    (near_plane, far_plane), with opacity < 1/255, or whose box misses the image.
+    """
+    rot, trans = viewmats[:, :3, :3], viewmats[:, :3, 3]  # [C, 3, 3], [C, 3]
+    means_c = torch.matmul(means, rot.transpose(1, 2)) + trans[:, None, :]  # [C, N, 3]
+    x, y, z = means_c.unbind(-1)  # [C, N] each
+    in_depth = (z > near_plane) & (z < far_plane)
+    z = torch.where(in_depth, z, torch.ones_like(z))  # keeps culled Gaussians finite
+    fx, fy = Ks[:, 0, 0, None], Ks[:, 1, 1, None]  # [C, 1]
+    cx, cy = Ks[:, 0, 2, None], Ks[:, 1, 2, None]
+    u, v = x / z, y / z
+    means2d = torch.stack([fx * u + cx, fy * v + cy], dim=-1)  # [C, N, 2]
+
+    margin_x, margin_y = 0.15 * width / fx, 0.15 * height / fy  # 0.3 * tan(fov / 2)
+    u = torch.clamp(u, -(cx / fx + margin_x), (width - cx) / fx + margin_x)
+    v = torch.clamp(v, -(cy / fy + margin_y), (height - cy) / fy + margin_y)
+    # Rows of J @ R_cam: the Jacobian of pixel coordinates w.r.t. world position.
+    jr_x = (fx / z)[..., None] * (rot[:, None, 0, :] - u[..., None] * rot[:, None, 2, :])
+    jr_y = (fy / z)[..., None] * (rot[:, None, 1, :] - v[..., None] * rot[:, None, 2, :])
+    b = torch.matmul(torch.stack([jr_x, jr_y], dim=-2), factors)  # [C, N, 2, 3], cov2d = b b^T
+    cov_xx = (b[..., 0, :] * b[..., 0, :]).sum(-1) + eps2d  # [C, N]
+    cov_xy = (b[..., 0, :] * b[..., 1, :]).sum(-1)
+    cov_yy = (b[..., 1, :] * b[..., 1, :]).sum(-1) + eps2d
+    det = cov_xx * cov_yy - cov_xy * cov_xy
+    valid = in_depth & (det > 0)
+    det = torch.where(valid, det, torch.ones_like(det))
+    conics = torch.stack([cov_yy / det, -cov_xy / det, cov_xx / det], dim=-1)  # [C, N, 3]
+
+    with torch.no_grad():
+        ops = opacities.detach().expand_as(det)  # [C, N]
+        extent = torch.sqrt(2.0 * torch.log(ops * 255.0).clamp_min(0.0)).clamp_max(BBOX_SIGMAS)
+        radii = torch.stack(
+            [torch.ceil(extent * cov_xx.sqrt()), torch.ceil(extent * cov_yy.sqrt())], dim=-1
+        )  # [C, N, 2]
+        m = means2d.detach()
+        inside = (
+            (m[..., 0] + radii[..., 0] > 0)
+            & (m[..., 0] - radii[..., 0] < width)
+            & (m[..., 1] + radii[..., 1] > 0)
+            & (m[..., 1] - radii[..., 1] < height)
+        )
+        visible = valid & inside & (ops >= ALPHA_MIN) & (radii > 0).any(-1)
+        radii = torch.where(visible[..., None], radii, 0.0).int()
+    return Projection(means2d, conics, means_c[..., 2], radii)
+
+
+class TileIntersections(NamedTuple):
+    """(tile, Gaussian) pairs, grouped by tile and sorted front to back within each tile."""
+
+    gauss_ids: Tensor  # [P] flat camera * N + gaussian index
+    tile_ids: Tensor  # [P] flat camera * tiles_per_image + tile index, non-decreasing
+    tile_offsets: Tensor  # [C * tiles_per_image] first pair of each tile
+    tile_counts: Tensor  # [C * tiles_per_image] number of pairs of each tile
+
+
+def _min_sigma_over_tiles(
+    x0: Tensor, y0: Tensor, x1: Tensor, y1: Tensor, a: Tensor, b: Tensor, c: Tensor
+) -> Tensor:
+    """Minimum of ``sigma(dx, dy) = (a dx^2 + 2 b dx dy + c dy^2) / 2`` over ``[x0, x1] x [y0, y1]``.
+
+    All arguments are [P]: the rectangle is a tile's pixel centres relative to a Gaussian's
+    centre, ``(a, b, c)`` its conic. Returns [P].
+    """
+    edges = []
+    for x in x0, x1:  # vertical edges: best dy for this dx
+        dy = torch.minimum(torch.maximum(b * x / -c, y0), y1)
+        edges.append((a * x * x + c * dy * dy) * 0.5 + b * x * dy)
+    for y in y0, y1:  # horizontal edges: best dx for this dy
+        dx = torch.minimum(torch.maximum(b * y / -a, x0), x1)
+        edges.append((a * dx * dx + c * y * y) * 0.5 + b * dx * y)
+    sigma = torch.minimum(torch.minimum(edges[0], edges[1]), torch.minimum(edges[2], edges[3]))
+    inside = (x0 <= 0) & (x1 >= 0) & (y0 <= 0) & (y1 >= 0)
+    return sigma.masked_fill_(inside, 0.0)
+
+
+@torch.no_grad()
+def intersect_tiles(
+    means2d: Tensor,  # [C, N, 2]
+    conics: Tensor,  # [C, N, 3]
+    log_opacities: Tensor,  # [N]
+    radii: Tensor,  # [C, N, 2]
+    depths: Tensor,  # [C, N]
+    tile_size: int,
+    tiles_x: int,
+    tiles_y: int,
+) -> TileIntersections:
+    """List, for every tile of every camera, the visible Gaussians that reach alpha 1/255 in it.
+
+    Candidates are the tiles overlapping a Gaussian's bounding box; of those, tiles where the
+    Gaussian's alpha stays below 1/255 at every pixel centre (the ellipse misses the tile) are
+    dropped, which does not change the image. Within a tile, pairs are sorted by depth (as
+    float32; ties keep Gaussian order).
+    """
+    n_cams, n = depths.shape
+    device = depths.device
+    vis = (radii > 0).any(-1).flatten().nonzero().squeeze(1)  # [V] flat ids
+    # Per visible Gaussian, 1-D contiguous columns: ops on strided columns are slow on CPU.
+    cx, cy = (v.detach().reshape(-1).index_select(0, vis) for v in means2d.unbind(-1))  # [V]
+    rx, ry = (v.reshape(-1).index_select(0, vis).to(cx.dtype) for v in radii.unbind(-1))
+    lo_x = torch.floor((cx - rx) / tile_size).clamp_(0, tiles_x)
+    lo_y = torch.floor((cy - ry) / tile_size).clamp_(0, tiles_y)
+    width = torch.ceil((cx + rx) / tile_size).clamp_(0, tiles_x) - lo_x
+    height = torch.ceil((cy + ry) / tile_size).clamp_(0, tiles_y) - lo_y
+    counts = (width * height).long()  # [V]
+    # Enumerate candidate tiles in float arithmetic (exact for these small integers; fast on CPU).
+    src = torch.repeat_interleave(torch.arange(len(vis), device=device), counts)  # [P0]
+    first = torch.cumsum(counts, 0) - counts
+    local = (torch.arange(len(src), device=device) - first.index_select(0, src)).to(cx.dtype)
+    width = width.index_select(0, src)
+    row = torch.floor(local / width)
+    tile_x = lo_x.index_select(0, src) + local - row * width  # [P0]
+    tile_y = lo_y.index_select(0, src) + row
+
+    flat_ids = vis.index_select(0, src)
+    x0 = tile_x * tile_size + 0.5 - cx.index_select(0, src)
+    y0 = tile_y * tile_size + 0.5 - cy.index_select(0, src)
+    a, b, c = (v.detach().reshape(-1).index_select(0, flat_ids) for v in conics.unbind(-1))
+    min_sigma = _min_sigma_over_tiles(x0, y0, x0 + (tile_size - 1), y0 + (tile_size - 1), a, b, c)
+    log_alpha_max = log_opacities.detach().repeat(n_cams).index_select(0, flat_ids) - min_sigma
+    # The small margin guarantees that no pair whose alpha reaches 1/255 is dropped.
+    reach = (log_alpha_max >= math.log(ALPHA_MIN) - 1e-4).nonzero().squeeze(1)
+    src, flat_ids = src.index_select(0, reach), flat_ids.index_select(0, reach)
+    tile_x, tile_y = tile_x.index_select(0, reach).long(), tile_y.index_select(0, reach).long()
+
+    tiles_per_image = tiles_x * tiles_y
+    cams = torch.div(vis, n, rounding_mode="floor").index_select(0, src)
+    tile_ids = cams * tiles_per_image + tile_y * tiles_x + tile_x
+    # Bits of positive float32 depths sort like the depths: one integer sort orders both keys.
+    depth_bits = depths.detach().float().reshape(-1).index_select(0, vis).view(torch.int32).long()
+    order = torch.sort(tile_ids * 2**32 + depth_bits.index_select(0, src), stable=True)[1]
+    tile_ids = tile_ids.index_select(0, order)
+    tile_counts = torch.bincount(tile_ids, minlength=n_cams * tiles_per_image)
+    return TileIntersections(
+        gauss_ids=flat_ids.index_select(0, order),
+        tile_ids=tile_ids,
+        tile_offsets=torch.cumsum(tile_counts, 0) - tile_counts,
+        tile_counts=tile_counts,
+    )
+
+
+class _Chunk(NamedTuple):
+    """Tiles ``tile_start : tile_start + n_tiles`` of a `_Layout`, each with ``n_slots`` slots."""
+
+    tile_start: int
+    n_tiles: int
+    n_slots: int
+    slot_start: int  # first slot of the chunk in the flat slot list
+
+
+class _Layout(NamedTuple):
+    """Non-empty tiles in chunks; every tile of a chunk is padded to the chunk's longest list."""
+
+    tiles: Tensor  # [T] tile ids, in chunk order
+    slot_gauss: Tensor  # [E] flat Gaussian id of each slot (tile-major, front to back); 0 if padding
+    slot_tile: Tensor  # [E] tile id of each slot
+    padding: Tensor  # [E] bool, True for padding slots
+    chunks: list[_Chunk]
+
+
+def _plan_layout(isect: TileIntersections, tile_pixels: int, max_elements: int) -> _Layout:
+    """Group non-empty tiles (longest lists first) into chunks of at most ``max_elements``
+    slot-pixel entries, or one tile where a single tile exceeds that."""
+    counts, tiles = torch.sort(isect.tile_counts, descending=True, stable=True)
+    n_nonempty = int((counts > 0).sum())
+    counts_list = counts[:n_nonempty].tolist()
+    chunks, slots_per_tile = [], []
+    start, n_slots = 0, 0
+    while start < n_nonempty:
+        k = counts_list[start]  # the longest list of the chunk
+        n_tiles = min(n_nonempty - start, max(1, max_elements // (k * tile_pixels)))
+        chunks.append(_Chunk(start, n_tiles, k, n_slots))
+        slots_per_tile += [k] * n_tiles
+        start += n_tiles
+        n_slots += n_tiles * k
+    tiles = tiles[:n_nonempty]
+    device = tiles.device
+    slots_per_tile = torch.tensor(slots_per_tile, dtype=torch.long, device=device)
+    tile_of_slot = torch.repeat_interleave(tiles, slots_per_tile)  # [E]
+    first_slot = torch.cumsum(slots_per_tile, 0) - slots_per_tile
+    rank = torch.arange(n_slots, device=device) - torch.repeat_interleave(first_slot, slots_per_tile)
+    padding = rank >= isect.tile_counts.index_select(0, tile_of_slot)
+    pair = (isect.tile_offsets.index_select(0, tile_of_slot) + rank).masked_fill_(padding, 0)
+    return _Layout(tiles, isect.gauss_ids.index_select(0, pair), tile_of_slot, padding, chunks)
+
+
+def _pixel_basis(tile_size: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """Monomials ``[1, x, y, x^2, xy, y^2]`` of a tile's pixel centres, relative to the tile
+    centre (small values keep the expanded quadratic accurate in float32), [6, S]."""
+    c = torch.arange(tile_size, dtype=dtype, device=device) + 0.5 - tile_size / 2
+    y, x = torch.meshgrid(c, c, indexing="ij")
+    x, y = x.flatten(), y.flatten()
+    return torch.stack([torch.ones_like(x), x, y, x * x, x * y, y * y])
+
+
+def _slot_quadratics(
+    means2d: Tensor,  # [C, N, 2]
+    conics: Tensor,  # [C, N, 3]
+    log_opacities: Tensor,  # [N]
+    layout: _Layout,
+    tile_size: int,
+    tiles_x: int,
+    tiles_y: int,
+) -> Tensor:
+    """Per slot, coefficients ``q`` with ``-ln(alpha) = q . basis`` at its tile's pixels, [E, 6].
+
+    ``q . basis`` at a pixel is ``sigma - ln(opacity)`` with ``sigma = d^T conic d / 2`` and
+    ``d`` the offset of the pixel centre from the Gaussian centre (see `_pixel_basis`); padding
+    slots get a huge offset so that their alpha is exactly 0. Gathers are 1-D ``index_select``
+    calls, several times faster than row gathers on CPU.
+    """
+    n_cams = means2d.shape[0]
+    g, dtype = layout.slot_gauss, means2d.dtype
+    tile = torch.arange(tiles_x * tiles_y, device=means2d.device)
+    centre_x = ((tile % tiles_x).to(dtype) * tile_size + tile_size / 2).repeat(n_cams)  # [C * tiles]
+    centre_y = ((tile // tiles_x).to(dtype) * tile_size + tile_size / 2).repeat(n_cams)
+    mx, my = (v.reshape(-1).index_select(0, g) for v in means2d.unbind(-1))  # [E] each
+    mx = mx - centre_x.index_select(0, layout.slot_tile)  # relative to the tile centre
+    my = my - centre_y.index_select(0, layout.slot_tile)
+    a, b, c = (v.reshape(-1).index_select(0, g) for v in conics.unbind(-1))
+    log_op = log_opacities.repeat(n_cams).index_select(0, g)
+    ax_by = a * mx + b * my
+    bx_cy = b * mx + c * my
+    q0 = 0.5 * (ax_by * mx + bx_cy * my) - log_op + layout.padding.to(dtype) * _SKIP
+    return torch.stack([q0, -ax_by, -bx_cy, 0.5 * a, b, 0.5 * c], dim=-1)
+
+
+def _slot_features(colors: Tensor, depths: Tensor, layout: _Layout) -> Tensor:
+    """Per slot, the composited features ``[r, g, b, depth, 1]``, [E, 5]."""
+    g = layout.slot_gauss
+    columns = [v.reshape(-1).index_select(0, g) for v in (*colors.unbind(-1), depths)]
+    return torch.stack([*columns, torch.ones_like(columns[0])], dim=-1)
+
+
+def _blend(quads: Tensor, log2_basis: Tensor, alpha_max: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Alpha, 1 - alpha and blend weights of a chunk of tiles, each [T, K, S].
+
+    Args:
+        quads: [T, K, 6] quadratic coefficients, slots sorted front to back.
+        log2_basis: [6, S] pixel monomials times ``-log2(e)``, so ``alpha = 2^(quads @ log2_basis)``.
+
+    Alpha is 0 where below 1/255 (skipped). Weights are ``alpha_i * prod_{j<i} (1 - alpha_j)``,
+    and 0 from the slot that would take the transmittance to 1e-4 or below onwards. Masks are
+    built with threshold/sign rather than comparisons, which are several times slower on CPU.
+    """
+    alpha = torch.matmul(quads, log2_basis).exp2_().clamp_max_(alpha_max)
+    F.threshold_(alpha, ALPHA_MIN, 0.0)
+    t, k, s = alpha.shape
+    one_minus = torch.empty((t, k + 1, s), dtype=alpha.dtype, device=alpha.device)
+    one_minus[:, 0] = 1.0
+    torch.sub(1.0, alpha, out=one_minus[:, 1:])
+    trans = torch.cumprod(one_minus, dim=1)  # [T, K + 1, S]: trans[:, i] is T before slot i
+    weights = alpha * trans[:, :-1]
+    weights.mul_(F.threshold(trans[:, 1:], TRANSMITTANCE_MIN, 0.0).sign_())
+    return alpha, one_minus[:, 1:], weights
+
+
+class _BlendTiles(torch.autograd.Function):
+    """Front-to-back compositing of slot features over the tiles of a `_Layout`.
+
+    Forward: ``out[tile, :, pixel] = sum_i w_i f_i`` over the tile's slots. Backward uses
+    ``d out / d ln(alpha_i) = w_i f_i - alpha_i / (1 - alpha_i) * sum_{j>i} w_j f_j``, which
+    never divides by a transmittance, so gradients stay finite at the 0.99 clamp and the cutoff.
+    With ``keep=True`` the per-pixel alphas and weights are kept for backward; otherwise backward
+    recomputes them chunk by chunk, so memory stays bounded by one chunk.
+    """
+
+    @staticmethod
+    def forward(ctx, quads, feats, chunks, basis, alpha_max, keep):
+        # quads [E, 6], feats [E, F] per slot; basis [6, S] -> out [T, F, S]
+        log2_basis = basis * -_LOG2_E
+        n_tiles = sum(ch.n_tiles for ch in chunks)
+        out = feats.new_empty(n_tiles, feats.shape[1], basis.shape[1])
+        kept = []
+        for ch in chunks:
+            q, f, t0, _ = _chunk_views(quads, feats, ch)
+            alpha, _, weights = _blend(q, log2_basis, alpha_max)
+            torch.matmul(f.transpose(1, 2), weights, out=out[t0 : t0 + ch.n_tiles])
+            if keep:
+                kept.append((alpha, weights))
+        ctx.save_for_backward(quads, feats, basis)
+        ctx.chunks, ctx.alpha_max, ctx.kept = chunks, alpha_max, kept
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        quads, feats, basis = ctx.saved_tensors
+        log2_basis = basis * -_LOG2_E
+        grad_out = grad_out.contiguous()
+        grad_q, grad_f = torch.empty_like(quads), torch.empty_like(feats)
+        for i, ch in enumerate(ctx.chunks):
+            q, f, t0, s0 = _chunk_views(quads, feats, ch)
+            s1 = s0 + ch.n_tiles * ch.n_slots
+            g = grad_out[t0 : t0 + ch.n_tiles]  # [T, F, S]
+            if ctx.kept:
+                alpha, weights = ctx.kept[i]
+                one_minus = 1.0 - alpha
+            else:
+                alpha, one_minus, weights = _blend(q, log2_basis, ctx.alpha_max)
+            contrib = weights * torch.matmul(f, g)  # [T, K, S]: w_i (f_i . g)
+            behind = torch.cumsum(contrib, dim=1)
+            behind = behind[:, -1:] - behind  # sum over slots j > i
+            unclamped = F.threshold_(ctx.alpha_max - alpha, 0.0, 0.0).sign_()  # clamped: no grad
+            behind.mul_(alpha.div(one_minus))
+            grad_log_alpha = contrib.sub_(behind).mul_(unclamped).view(-1, basis.shape[1])
+            # ln(alpha) = -q . basis; the transposed products are the fast ones on CPU.
+            grad_q[s0:s1] = torch.matmul(basis, grad_log_alpha.T).T.neg_()
+            grad_f[s0:s1] = torch.matmul(g, weights.transpose(1, 2)).transpose(1, 2).flatten(0, 1)
+        ctx.kept = None
+        return grad_q, grad_f, None, None, None, None
+
+
+def _chunk_views(quads: Tensor, feats: Tensor, ch: _Chunk) -> tuple[Tensor, Tensor, int, int]:
+    """``[T, K, 6]`` and ``[T, K, F]`` views of a chunk's slots, and its first tile and slot."""
+    s1 = ch.slot_start + ch.n_tiles * ch.n_slots
+    q = quads[ch.slot_start : s1].view(ch.n_tiles, ch.n_slots, -1)
+    f = feats[ch.slot_start : s1].view(ch.n_tiles, ch.n_slots, -1)
+    return q, f, ch.tile_start, ch.slot_start
+
+
+def rasterize_tiles(
+    means2d: Tensor,  # [C, N, 2]
+    conics: Tensor,  # [C, N, 3]
+    log_opacities: Tensor,  # [N]
+    colors: Tensor,  # [C, N, 3]
+    depths: Tensor,  # [C, N]
+    radii: Tensor,  # [C, N, 2]
+    width: int,
+    height: int,
+    tile_size: int,
+    alpha_max: float,
+    max_chunk_elements: int,
+    max_kept_elements: int,
+) -> Tensor:
+    """Composite visible Gaussians front to back into ``[C, H, W, 5]``.
+
+    Channels are ``sum_i w_i f_i`` for ``f = [r, g, b, depth, 1]``: premultiplied colour,
+    accumulated depth and alpha (``1 - T``), without background.
+    """
+    n_cams = depths.shape[0]
+    tiles_x, tiles_y = math.ceil(width / tile_size), math.ceil(height / tile_size)
+    isect = intersect_tiles(means2d, conics, log_opacities, radii, depths, tile_size, tiles_x, tiles_y)
+    layout = _plan_layout(isect, tile_size * tile_size, max_chunk_elements)
+    quads = _slot_quadratics(means2d, conics, log_opacities, layout, tile_size, tiles_x, tiles_y)
+    feats = _slot_features(colors, depths, layout)  # [E, 5]
+    basis = _pixel_basis(tile_size, quads.dtype, quads.device)  # [6, S]
+    keep = (
+        torch.is_grad_enabled()
+        and (quads.requires_grad or feats.requires_grad)
+        and quads.shape[0] * basis.shape[1] <= max_kept_elements
+    )
+    blended = _BlendTiles.apply(quads, feats, layout.chunks, basis, alpha_max, keep)  # [T, 5, S]
+
+    n_tiles = n_cams * tiles_x * tiles_y
+    out = blended.new_zeros(n_tiles, N_FEATURES, tile_size * tile_size)
+    out = out.index_copy(0, layout.tiles, blended)  # empty tiles stay 0
+    out = out.reshape(n_cams, tiles_y, tiles_x, N_FEATURES, tile_size, tile_size)
+    out = out.permute(0, 1, 4, 2, 5, 3).reshape(n_cams, tiles_y * tile_size, tiles_x * tile_size, -1)
+    return out[:, :height, :width]
+
+
+class TorchRenderer(Renderer):
+    """Reference 3DGS renderer in pure PyTorch; see the module docstring."""
+
+    @dataclass
+    class Config:
+        near_plane: float = 0.01  # Gaussians with camera z at or below this are culled
+        far_plane: float = 1e10  # ... and at or above this
+        eps2d: float = 0.3  # px^2 added to the 2D covariance (low-pass filter of 3DGS)
+        tile_size: int = 8  # px; compositing works on tile_size x tile_size pixel blocks
+        alpha_max: float = 0.99  # per-Gaussian alpha clamp (3DGS: 0.99; gsplat 1.5: 0.999)
+        max_chunk_elements: int = 1 << 16  # (slot x pixel) entries composited at once (cache-sized)
+        # Up to this many (slot x pixel) entries per render, forward keeps alphas and weights for
+        # backward (8 bytes each); above it, backward recomputes them (slower, bounded memory).
+        max_kept_elements: int = 1 << 24
+
+        def __post_init__(self) -> None:
+            if not 0.0 < self.near_plane < self.far_plane:
+                raise ValueError(
+                    f"renderer near_plane={self.near_plane} / far_plane={self.far_plane}: "
+                    "need 0 < near_plane < far_plane"
+                )
+            if self.eps2d < 0.0:
+                raise ValueError(f"renderer eps2d={self.eps2d} must be >= 0")
+            if self.tile_size < 1:
+                raise ValueError(f"renderer tile_size={self.tile_size} must be >= 1")
+            if not ALPHA_MIN < self.alpha_max < 1.0:
+                raise ValueError(f"renderer alpha_max={self.alpha_max} must be in (1/255, 1)")
+            if self.max_chunk_elements < 1:
+                raise ValueError(
+                    f"renderer max_chunk_elements={self.max_chunk_elements} must be >= 1"
+                )
+            if self.max_kept_elements < 0:
+                raise ValueError(
+                    f"renderer max_kept_elements={self.max_kept_elements} must be >= 0"
+                )
+
+    def __init__(self, cfg: TorchRenderer.Config | None = None) -> None:
+        self.cfg = cfg if cfg is not None else TorchRenderer.Config()
+
+    def render(
+        self,
+        params: Mapping[str, Tensor],
+        viewmats: Tensor,
+        Ks: Tensor,
+        width: int,
+        height: int,
+        sh_degree: int,
+        backgrounds: Tensor,
+    ) -> RenderOutput:
+        check_render_inputs(params, viewmats, Ks, width, height, sh_degree, backgrounds)
+        cfg = self.cfg
+        means = params["means"]
+        factors = quat_scale_to_factor(params["quats"], torch.exp(params["scales"]))
+        opacities = torch.sigmoid(params["opacities"])
+        proj = project_gaussians(
+            means, factors, opacities, viewmats, Ks, width, height,
+            cfg.near_plane, cfg.far_plane, cfg.eps2d,
+        )  # fmt: skip
+        means2d = proj.means2d
+        if means2d.requires_grad:
+            means2d.retain_grad()
+
+        cam_centres = -torch.matmul(
+            viewmats[:, :3, :3].transpose(1, 2), viewmats[:, :3, 3:]
+        ).squeeze(-1)  # [C, 3]
+        dirs = F.normalize(means[None] - cam_centres[:, None], dim=-1)  # [C, N, 3]
+        coeffs = torch.cat([params["sh0"], params["shN"]], dim=1)  # [N, K, 3]
+        colors = sh_to_color(sh_degree, dirs, coeffs[None])  # [C, N, 3]
+
+        out = rasterize_tiles(
+            means2d, proj.conics, F.logsigmoid(params["opacities"]), colors, proj.depths,
+            proj.radii, width, height, cfg.tile_size, cfg.alpha_max, cfg.max_chunk_elements,
+            cfg.max_kept_elements,
+        )  # fmt: skip  # [C, H, W, 5]
+        alpha = out[..., 4:5]
+        image = out[..., :3] + (1.0 - alpha) * backgrounds[:, None, None, :]
+        depth = torch.where(alpha > 0, out[..., 3:4] / alpha.clamp_min(1e-10), 0.0)
+        info = {
+            "means2d": means2d,
+            "radii": proj.radii,
+            "depths": proj.depths,
+            "width": width,
+            "height": height,
+            "n_cameras": viewmats.shape[0],
+            "gaussian_ids": None,  # gsplat's key for packed mode; gsplat.strategy requires it
+        }
+        return RenderOutput(image=image, alpha=alpha, depth=depth, info=info)

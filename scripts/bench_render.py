@@ -1,0 +1,126 @@
+"""Benchmark the pure-PyTorch renderer: forward, forward+backward, and one full training step.
+
+Scenes are random Gaussian clouds in front of a pinhole camera whose footprints are a few pixels
+wide (screen-space sigma 0.5-4 px), with SH degree 3. Prints a markdown table (median ms).
+
+    python scripts/bench_render.py --threads 1 --device cpu --repeats 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from gsrecon.render.sh import rgb_to_sh
+from gsrecon.render.torch_renderer import TorchRenderer
+
+SIZES = [(64, 48, 2_000), (128, 96, 10_000), (256, 192, 50_000)]
+STEP_SIZE = (159, 89, 5_000)
+SH_DEGREE = 3
+
+
+def make_scene(n: int, width: int, height: int, device: torch.device, seed: int = 0):
+    """Random Gaussians filling the view frustum at depths 2-6, and one camera looking at them."""
+    g = torch.Generator().manual_seed(seed)
+    focal = 0.8 * max(width, height)
+    depth = 2.0 + 4.0 * torch.rand(n, generator=g)
+    px = torch.rand(n, generator=g) * width
+    py = torch.rand(n, generator=g) * height
+    means = torch.stack(
+        [(px - width / 2) / focal * depth, (py - height / 2) / focal * depth, depth], dim=-1
+    )
+    sigma_px = 0.5 + 3.5 * torch.rand(n, 3, generator=g)
+    params = {
+        "means": means,
+        "scales": torch.log(sigma_px * depth[:, None] / focal),
+        "quats": torch.randn(n, 4, generator=g),
+        "opacities": torch.empty(n).uniform_(-2.0, 4.0, generator=g),
+        "sh0": rgb_to_sh(torch.rand(n, 1, 3, generator=g)),
+        "shN": 0.05 * torch.randn(n, (SH_DEGREE + 1) ** 2 - 1, 3, generator=g),
+    }
+    params = {k: v.to(device).requires_grad_(True) for k, v in params.items()}
+    K = torch.tensor([[focal, 0.0, width / 2], [0.0, focal, height / 2], [0.0, 0.0, 1.0]])
+    return params, torch.eye(4, device=device)[None], K.to(device)[None]
+
+
+def median_ms(fn: Callable[[], None], repeats: int, device: torch.device) -> float:
+    """Median wall time of ``fn`` in ms after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def bench_render(renderer: TorchRenderer, size, device: torch.device, repeats: int) -> tuple[float, float]:
+    width, height, n = size
+    params, viewmats, Ks = make_scene(n, width, height, device)
+    bg = torch.zeros(1, 3, device=device)
+
+    def forward() -> None:
+        with torch.no_grad():
+            renderer.render(params, viewmats, Ks, width, height, SH_DEGREE, bg)
+
+    def forward_backward() -> None:
+        out = renderer.render(params, viewmats, Ks, width, height, SH_DEGREE, bg)
+        out.image.sum().backward()
+
+    return median_ms(forward, repeats, device), median_ms(forward_backward, repeats, device)
+
+
+def bench_step(renderer: TorchRenderer, device: torch.device, repeats: int) -> float:
+    """Render + L1 loss + backward + Adam step over all parameters (3DGS learning rates)."""
+    width, height, n = STEP_SIZE
+    params, viewmats, Ks = make_scene(n, width, height, device)
+    target = torch.rand(1, height, width, 3, device=device)
+    bg = torch.zeros(1, 3, device=device)
+    lrs = {"means": 1.6e-4, "scales": 5e-3, "quats": 1e-3, "opacities": 5e-2, "sh0": 2.5e-3, "shN": 1.25e-4}
+    optimizer = torch.optim.Adam([{"params": [params[k]], "lr": lr} for k, lr in lrs.items()], eps=1e-15)
+
+    def step() -> None:
+        out = renderer.render(params, viewmats, Ks, width, height, SH_DEGREE, bg)
+        loss = (out.image - target).abs().mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    return median_ms(step, repeats, device)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    parser.add_argument("--repeats", type=int, default=10, help="timed repetitions per case")
+    parser.add_argument("--tile-size", type=int, default=TorchRenderer.Config.tile_size)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    renderer = TorchRenderer(TorchRenderer.Config(tile_size=args.tile_size))
+
+    print(
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}, device {device}, "
+        f"tile {args.tile_size}, SH degree {SH_DEGREE}, median of {args.repeats}\n"
+    )
+    print("| case | forward ms | forward+backward ms |")
+    print("|---|---:|---:|")
+    for size in SIZES:
+        fwd, fwd_bwd = bench_render(renderer, size, device, args.repeats)
+        print(f"| {size[0]}x{size[1]}, {size[2]} Gaussians | {fwd:.1f} | {fwd_bwd:.1f} |")
+    step = bench_step(renderer, device, args.repeats)
+    w, h, n = STEP_SIZE
+    print(f"\nfull step (render + L1 + backward + Adam), {w}x{h}, {n} Gaussians: {step:.1f} ms")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""Checkpoints: rotation, best, atomicity, exact resume, Ctrl-C, non-finite losses."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from gsrecon.engine.trainer import HookError, load_checkpoint_file
+from gsrecon.hooks import Hook
+from gsrecon.registry import HOOK_REGISTRY
+
+from conftest import read_scalars
+
+
+@HOOK_REGISTRY.register()
+class SigintAtStepHook(Hook):
+    """Sends this process a real SIGINT (as Ctrl-C does) after a given step (test helper)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def after_train_iter(self, trainer) -> None:
+        if trainer.step == self.step:
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+@HOOK_REGISTRY.register()
+class PoisonAtStepHook(Hook):
+    """Makes the model's colours NaN before a given step, so that step's loss is NaN (test helper)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def before_train_iter(self, trainer) -> None:
+        if trainer.step + 1 == self.step:
+            with torch.no_grad():
+                trainer.model.params["sh0"].fill_(float("nan"))
+
+
+def _hooks(interval: int, **ckpt) -> list[dict]:
+    return [{"name": "CheckInvalidLossHook"}, {"name": "LogHook", "progress": False, "log_interval": 1},
+            {"name": "CheckPointHook", "interval": interval, **ckpt}]
+
+
+def test_rotation_keeps_newest_and_last_points_at_newest(make_trainer) -> None:
+    trainer = make_trainer(max_steps=7, hooks=_hooks(2, max_keep=2, save_best="psnr"))
+    trainer.train()
+    ckpt_dir = trainer.exp_dir / "checkpoints"
+    assert sorted(p.name for p in ckpt_dir.glob("step_*.pt")) == ["step_000006.pt", "step_000007.pt"]
+    last = load_checkpoint_file(ckpt_dir / "last.pt")
+    assert last["step"] == 7
+    assert not list(ckpt_dir.glob(".*tmp*")), "temporary files must not be left behind"
+    best = load_checkpoint_file(ckpt_dir / "best.pt")
+    hook = trainer.hooks[-1]
+    assert best["step"] == hook.best_step and hook.best_value is not None
+    psnr = {r: v for r, v in read_scalars(trainer.exp_dir, "val/psnr").items()}
+    assert hook.best_value == pytest.approx(max(psnr.values()))
+
+
+def test_best_with_rule_less(make_trainer) -> None:
+    trainer = make_trainer(max_steps=6, hooks=_hooks(0, save_best="psnr", rule="less"))
+    trainer.train()
+    psnr = read_scalars(trainer.exp_dir, "val/psnr")
+    hook = trainer.hooks[-1]
+    assert hook.best_value == pytest.approx(min(psnr.values()))
+    assert hook.best_step == min(psnr, key=psnr.get)
+
+
+def _final_params(exp_dir: Path) -> dict[str, torch.Tensor]:
+    return load_checkpoint_file(exp_dir / "checkpoints" / "last.pt")["params"]
+
+
+def test_ctrl_c_then_resume_matches_the_uninterrupted_run(make_trainer) -> None:
+    steps = 8
+    reference = make_trainer("full", max_steps=steps, hooks=_hooks(4))
+    reference.train()
+    assert reference.stop_reason is None
+
+    interrupted = make_trainer("split", max_steps=steps, hooks=[*_hooks(100), {"name": "SigintAtStepHook", "step": 3}])
+    interrupted.train()
+    assert interrupted.stop_reason == "interrupted at step 3"
+    assert load_checkpoint_file(interrupted.exp_dir / "checkpoints" / "last.pt")["step"] == 3
+
+    resumed = make_trainer("split", max_steps=steps, hooks=_hooks(100), resume=True)
+    resumed.train()
+    assert resumed.step == steps
+
+    ref_loss = read_scalars(reference.exp_dir, "train/loss")
+    res_loss = read_scalars(resumed.exp_dir, "train/loss")
+    assert set(res_loss) == set(range(1, steps + 1))
+    for step in range(1, steps + 1):
+        assert res_loss[step] == pytest.approx(ref_loss[step], rel=1e-5, abs=1e-7), step
+    # The EMA in LogHook survived the resume too.
+    assert read_scalars(resumed.exp_dir, "train/ema_loss")[steps] == pytest.approx(
+        read_scalars(reference.exp_dir, "train/ema_loss")[steps], rel=1e-5)
+    for name, value in _final_params(reference.exp_dir).items():
+        torch.testing.assert_close(_final_params(resumed.exp_dir)[name], value, rtol=1e-5, atol=1e-6)
+
+
+def test_resume_from_an_explicit_checkpoint_path(make_trainer) -> None:
+    first = make_trainer("a", max_steps=6, hooks=_hooks(3))
+    first.train()
+    path = first.exp_dir / "checkpoints" / "step_000003.pt"
+    again = make_trainer("b", max_steps=6, hooks=_hooks(3), resume=str(path))
+    again.train()
+    assert read_scalars(again.exp_dir, "train/loss").keys() == {4, 5, 6}
+    torch.testing.assert_close(_final_params(again.exp_dir)["means"], _final_params(first.exp_dir)["means"])
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(make_trainer) -> None:
+    trainer = make_trainer(max_steps=8, hooks=[*_hooks(2), {"name": "PoisonAtStepHook", "step": 5}])
+    with pytest.raises(HookError, match=r"CheckInvalidLossHook.*loss is nan at step 5"):
+        trainer.train()
+    ckpt_dir = trainer.exp_dir / "checkpoints"
+    assert sorted(p.name for p in ckpt_dir.glob("step_*.pt")) == ["step_000002.pt", "step_000004.pt"]
+    last = load_checkpoint_file(ckpt_dir / "last.pt")
+    assert last["step"] == 4 and torch.isfinite(last["params"]["sh0"]).all()
+
+
+def test_broken_checkpoint_files_give_clear_errors(tmp_path: Path, make_trainer) -> None:
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="bad.pt is not a readable gsrecon checkpoint"):
+        load_checkpoint_file(bad)
+    with pytest.raises(FileNotFoundError, match="missing.pt"):
+        make_trainer(resume=str(tmp_path / "missing.pt")).train()

@@ -1,0 +1,78 @@
+"""The command line: one red line and exit code 2 for bad input; training and reproducing a run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gsrecon.cli import main
+
+from conftest import write_yaml
+
+
+def _run(capsys, *argv: str) -> tuple[int, str]:
+    code = main(list(argv))
+    err = capsys.readouterr().err
+    return code, err
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["max_steps=0"], "max_steps"),
+    (["model.sh_degre=1"], "model.sh_degre"),
+    (["max_steps=many"], "max_steps"),
+    (["hooks.0.name=NoSuchHook"], "unknown hook 'NoSuchHook'"),
+    (["writers.0.name=NoSuchWriter"], "known writers: JsonlWriter, TensorboardWriter"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, make_config, tmp_path: Path, overrides, message) -> None:
+    config = write_yaml(tmp_path / "c.yaml", make_config())
+    code, err = _run(capsys, "train", "--config", str(config), *overrides)
+    assert code == 2
+    assert message in err and "c.yaml" in err or message in err
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) <= 2  # one message (rich may wrap it)
+
+
+def test_missing_config(capsys, tmp_path: Path) -> None:
+    code, err = _run(capsys, "train", "--config", str(tmp_path / "nope.yaml"))
+    assert code == 2 and "config file not found" in err and "nope.yaml" in err
+
+
+def test_refuses_to_clobber_a_run_unless_overwrite(capsys, make_config, tmp_path: Path) -> None:
+    config = write_yaml(tmp_path / "c.yaml", make_config(max_steps=2))
+    assert _run(capsys, "train", "--config", str(config))[0] == 0
+    metrics = (tmp_path / "run" / "metrics.json").read_text()
+    code, err = _run(capsys, "train", "--config", str(config))
+    assert code == 2 and "already holds a run" in err and "--resume" in err
+    assert (tmp_path / "run" / "metrics.json").read_text() == metrics  # nothing lost
+    assert _run(capsys, "train", "--config", str(config), "--overwrite")[0] == 0
+
+
+def test_resume_flag_continues_and_config_yaml_reproduces_the_run(capsys, make_config, tmp_path: Path) -> None:
+    config = write_yaml(tmp_path / "c.yaml", make_config(max_steps=4))
+    assert _run(capsys, "train", "--config", str(config))[0] == 0
+    code, _ = _run(capsys, "train", "--config", str(config), "max_steps=6", "--resume")
+    assert code == 0
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["step"] == 6
+
+    first = write_yaml(tmp_path / "d.yaml", make_config("orig", max_steps=4))
+    assert _run(capsys, "train", "--config", str(first))[0] == 0
+    resolved = tmp_path / "orig" / "config.yaml"
+    assert _run(capsys, "train", "--config", str(resolved), f"exp_dir={tmp_path / 'copy'}")[0] == 0
+    original = json.loads((tmp_path / "orig" / "metrics.json").read_text())
+    copy = json.loads((tmp_path / "copy" / "metrics.json").read_text())
+    assert copy["mean"] == original["mean"]
+
+
+def test_python_dash_m_entry_point(make_config, tmp_path: Path) -> None:
+    config = write_yaml(tmp_path / "c.yaml", make_config(max_steps=1))
+    result = subprocess.run([sys.executable, "-m", "gsrecon", "train", "--config", str(config)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "finished 1 steps" in result.stdout
+    bad = subprocess.run([sys.executable, "-m", "gsrecon", "train", "--config", str(config), "seed=x"],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "seed" in bad.stderr and "Traceback" not in bad.stderr

@@ -1,0 +1,105 @@
+"""YAML loading, _base_ includes, overrides and validation errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gsrecon.config import ConfigError, load_config, parse_structured
+from gsrecon.engine.trainer import DefaultTrainer
+
+from conftest import write_yaml
+
+
+def test_base_include_and_overrides(tmp_path: Path) -> None:
+    (tmp_path / "base").mkdir()
+    write_yaml(tmp_path / "base" / "defaults.yaml", {"max_steps": 100, "seed": 3, "model": {"sh_degree": 2}})
+    child = write_yaml(tmp_path / "child.yaml", {"_base_": "base/defaults.yaml", "seed": 4,
+                                                 "hooks": [{"name": "LogHook", "log_interval": 5}]})
+    raw = load_config(child, ["max_steps=200", "model.sh_degree=1", "hooks.0.log_interval=10", "resume=ckpt.pt"])
+    cfg = parse_structured(DefaultTrainer.Config, raw, source=str(child))
+    assert cfg.max_steps == 200 and isinstance(cfg.max_steps, int)
+    assert cfg.seed == 4
+    assert cfg.model.sh_degree == 1
+    assert cfg.hooks[0]["log_interval"] == 10
+    assert cfg.resume == "ckpt.pt"
+    assert cfg.data.dataset == "synthetic"  # defaults fill what the files leave out
+
+
+def test_unknown_key_names_key_and_file(tmp_path: Path) -> None:
+    path = write_yaml(tmp_path / "bad.yaml", {"model": {"sh_degre": 2}})
+    with pytest.raises(ConfigError, match=r"bad\.yaml.*model\.sh_degre"):
+        parse_structured(DefaultTrainer.Config, load_config(path), source=str(path))
+
+
+def test_wrong_type_names_key(tmp_path: Path) -> None:
+    path = write_yaml(tmp_path / "c.yaml", {})
+    with pytest.raises(ConfigError, match=r"c\.yaml.*'max_steps'.*abc"):
+        parse_structured(DefaultTrainer.Config, load_config(path, ["max_steps=abc"]), source=str(path))
+
+
+def test_override_of_unknown_nested_key_is_an_error(tmp_path: Path) -> None:
+    path = write_yaml(tmp_path / "c.yaml", {})
+    with pytest.raises(ConfigError, match=r"data\.pathh"):
+        parse_structured(DefaultTrainer.Config, load_config(path, ["data.pathh=/x"]), source=str(path))
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "not found"),
+    ("a: [1, 2", "invalid YAML"),
+    ("- 1\n- 2\n", "must be a mapping"),
+    ("_base_: self.yaml\n", "circular"),
+])
+def test_unreadable_configs(tmp_path: Path, content: str | None, message: str) -> None:
+    path = tmp_path / "self.yaml"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(ConfigError, match=message):
+        load_config(path)
+
+
+def test_malformed_override(tmp_path: Path) -> None:
+    path = write_yaml(tmp_path / "c.yaml", {})
+    with pytest.raises(ConfigError, match="key=value"):
+        load_config(path, ["max_steps"])
+
+
+def test_hook_arguments_are_validated_against_the_hook_config(make_trainer) -> None:
+    with pytest.raises(ConfigError, match=r"hooks\.0\.bogus"):
+        make_trainer(hooks=[{"name": "LogHook", "bogus": 1}])
+    with pytest.raises(ConfigError, match=r"hooks\.0\.log_interval"):
+        make_trainer(hooks=[{"name": "LogHook", "log_interval": "often"}])
+
+
+def test_unknown_names_list_the_known_ones(make_trainer) -> None:
+    with pytest.raises(ConfigError, match=r"hooks\.0\.name.*unknown hook 'LogHok'.*LogHook"):
+        make_trainer(hooks=[{"name": "LogHok"}])
+    with pytest.raises(ConfigError, match=r"unknown writer 'Tensorboard'.*TensorboardWriter"):
+        make_trainer(writers=[{"name": "Tensorboard"}])
+    with pytest.raises(ConfigError, match=r"unknown renderer 'cuda'.*torch"):
+        make_trainer(renderer={"name": "cuda"})
+
+
+@pytest.mark.parametrize("top, message", [
+    ({"max_steps": 0}, "max_steps"),
+    ({"val_interval": 0}, "val_interval"),
+    ({"device": "tpu"}, "device"),
+    ({"hooks": [{"name": "LogHook", "priority": "SOMETIMES"}]}, r"hooks\.0\.priority"),
+    ({"hooks": [{"name": "LogHook", "priority": 101}]}, r"hooks\.0\.priority"),
+])
+def test_invalid_values(make_trainer, top: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        make_trainer(**top)
+
+
+def test_resolved_config_is_written_and_complete(make_trainer) -> None:
+    trainer = make_trainer()
+    import yaml
+
+    written = yaml.safe_load((trainer.exp_dir / "config.yaml").read_text())
+    log_hook = next(h for h in written["hooks"] if h["name"] == "LogHook")
+    assert log_hook["ema_factor"] == 0.4  # defaults of each hook are filled in
+    assert written["renderer"]["name"] == "torch" and "eps2d" in written["renderer"]
+    assert written["data"]["synthetic"]["width"] == 32
+    assert "resume" not in written

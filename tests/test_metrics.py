@@ -1,0 +1,145 @@
+"""PSNR / SSIM / LPIPS: known values, and LPIPS agreeing with torchmetrics on the converted backbone."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from importlib.metadata import version
+from pathlib import Path
+
+import lpips
+import pytest
+import torch
+import torchvision
+from torchmetrics.image.lpip import LearnedPerceptualImagePatchSimilarity
+
+from gsrecon import metrics
+from gsrecon.lpips_weights import lpips_backbone_path
+from gsrecon.metrics import ImageMetrics, psnr
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def alex_backbone() -> dict[str, torch.Tensor]:
+    """The converted AlexNet backbone from the user's gsrecon cache (never downloaded by tests)."""
+    path = lpips_backbone_path("alex")
+    if not path.is_file():
+        pytest.skip(f"LPIPS weights not in {path.parent}: run `gsrecon weights lpips` first")
+    return torch.load(path, weights_only=True)
+
+
+def _image_pair(sigma: float = 0.08) -> tuple[torch.Tensor, torch.Tensor]:
+    """A noisy copy (Gaussian noise, std ``sigma``) of a smooth 64x64 pattern, and the pattern; [64, 64, 3] in [0, 1]."""
+    y, x = torch.meshgrid(torch.linspace(0, 1, 64), torch.linspace(0, 1, 64), indexing="ij")
+    gt = torch.stack([0.5 + 0.5 * torch.sin(12 * x), 0.5 + 0.5 * torch.cos(9 * y), x * y], dim=-1)
+    noise = torch.randn(gt.shape, generator=torch.Generator().manual_seed(0))
+    return (gt + sigma * noise).clamp(0, 1), gt
+
+
+def _tensor_nchw(image: torch.Tensor) -> torch.Tensor:
+    return image.permute(2, 0, 1)[None]
+
+
+def test_psnr_identical_is_inf():
+    image = torch.rand(8, 8, 3)
+    assert psnr(image, image.clone()) == math.inf
+
+
+def test_psnr_known_noise():
+    gt = torch.full((16, 16, 3), 0.5)
+    signs = torch.ones(16, 16, 3)
+    signs[::2] = -1
+    assert psnr(gt + 0.1 * signs, gt) == pytest.approx(20.0, abs=1e-4)  # MSE 0.01 -> 20 dB
+    assert psnr(gt + 0.01 * signs, gt) == pytest.approx(40.0, abs=1e-3)
+
+
+def test_image_metrics_psnr_ssim():
+    compute = ImageMetrics(lpips_net="none")
+    pred, gt = _image_pair()
+    same = compute(gt, gt.clone())
+    assert same == {"psnr": math.inf, "ssim": pytest.approx(1.0, abs=1e-6), "lpips": None}
+    noisy = compute(pred, gt)
+    assert noisy["psnr"] == pytest.approx(psnr(pred, gt))
+    assert 15 < noisy["psnr"] < 30
+    assert 0 < noisy["ssim"] < 0.95
+    with pytest.raises(ValueError, match="same shape"):
+        compute(pred, gt[:32])
+
+
+def test_missing_lpips_weights_warn_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("GSRECON_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    monkeypatch.setattr(metrics, "_warned_no_lpips", False)  # the once-per-process state, fresh for this test
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first, second = ImageMetrics("alex"), ImageMetrics("alex")
+    hints = [w for w in caught if "gsrecon weights lpips" in str(w.message)]
+    assert len(hints) == 1
+    pred, gt = _image_pair()
+    assert first(pred, gt)["lpips"] is None
+    assert second.lpips_info == {"net": "alex", "lpips_version": version("lpips"), "weights": None}
+
+
+def test_unknown_lpips_net():
+    with pytest.raises(ValueError, match="squeeze"):
+        ImageMetrics("squeeze")
+
+
+def test_broken_lpips_weights_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("GSRECON_CACHE", str(tmp_path))
+    lpips_backbone_path("alex").write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="lpips_alex_backbone.pt.*gsrecon weights lpips --force"):
+        ImageMetrics("alex")
+
+
+def test_lpips_matches_torchmetrics(alex_backbone, tmp_path, monkeypatch):
+    pred, gt = _image_pair()
+    ours = ImageMetrics("alex")
+    value = ours(pred, gt)["lpips"]
+    assert ours.lpips_info["weights"] == str(lpips_backbone_path("alex"))
+
+    # torchmetrics builds its AlexNet through torchvision's download cache: put the same backbone there
+    # (classifier as stride-0 zeros, which LPIPS does not use) so it loads without a download.
+    torch_home = tmp_path / "torch"
+    checkpoint = torch_home / "hub" / "checkpoints" / Path(torchvision.models.AlexNet_Weights.IMAGENET1K_V1.url).name
+    checkpoint.parent.mkdir(parents=True)
+    features = {"features." + key.split(".", 1)[1]: tensor for key, tensor in alex_backbone.items()}
+    full = {
+        key: features.get(key, torch.zeros(1).expand(tensor.shape))
+        for key, tensor in torchvision.models.alexnet(weights=None).state_dict().items()
+    }
+    torch.save(full, checkpoint)
+    monkeypatch.setenv("TORCH_HOME", str(torch_home))
+    reference = LearnedPerceptualImagePatchSimilarity(net_type="alex", normalize=True)
+    assert reference(_tensor_nchw(pred), _tensor_nchw(gt)).item() == pytest.approx(value, rel=1e-4)
+
+    # ImageMetrics falls back to the same torchvision cache when the gsrecon cache is empty.
+    monkeypatch.setenv("GSRECON_CACHE", str(tmp_path / "empty"))
+    fallback = ImageMetrics("alex")
+    assert fallback.lpips_info["weights"] == str(checkpoint)
+    assert fallback(pred, gt)["lpips"] == pytest.approx(value, rel=1e-6)
+
+    # A random backbone gives a clearly different number: the ImageNet weights are in effect.
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        random_net = lpips.LPIPS(net="alex", pnet_rand=True, verbose=False)
+    random_value = random_net(_tensor_nchw(pred) * 2 - 1, _tensor_nchw(gt) * 2 - 1).item()
+    assert abs(random_value - value) > 0.5 * value
+    assert ours(gt, gt.clone())["lpips"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_lpips_vgg_backbone():
+    path = lpips_backbone_path("vgg")
+    if not path.is_file():
+        pytest.skip(f"LPIPS weights not in {path.parent}: run `gsrecon weights lpips` first")
+    pred, gt = _image_pair()
+    compute = ImageMetrics("vgg")
+    value = compute(pred, gt)["lpips"]
+    noisier = compute(*_image_pair(sigma=0.3))["lpips"]
+    assert 0.05 < value < noisier < 1.0
+    assert compute(gt, gt.clone())["lpips"] == pytest.approx(0.0, abs=1e-6)

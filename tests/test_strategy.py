@@ -1,0 +1,192 @@
+"""Densification strategies: equivalence with gsplat, caps, optimizer state, resume, quality."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from gsplat.strategy import DefaultStrategy as GsplatDefaultStrategy
+
+from gsrecon.distributed import DistributedContext
+from gsrecon.engine.trainer import load_checkpoint_file
+from gsrecon.hooks import Hook
+from gsrecon.model.default_strategy import DefaultStrategy
+from gsrecon.model.gaussians import PARAM_NAMES
+from gsrecon.model.mcmc_strategy import MCMCStrategy, binomial_table, relocation_update
+from gsrecon.model.optim import OptimizerConfig, build_optimizers
+from gsrecon.registry import HOOK_REGISTRY
+
+from conftest import read_scalars
+
+COUNTS: list[int] = []
+
+
+@HOOK_REGISTRY.register()
+class CountGaussiansHook(Hook):
+    """Records the number of Gaussians after every step (test helper)."""
+
+    def after_train_iter(self, trainer) -> None:
+        COUNTS.append(trainer.model.num_gaussians)
+
+
+def _random_params(n: int, generator: torch.Generator) -> torch.nn.ParameterDict:
+    return torch.nn.ParameterDict({
+        "means": torch.randn(n, 3, generator=generator),
+        "scales": torch.log(torch.rand(n, 3, generator=generator) * 0.05 + 0.001),
+        "quats": torch.randn(n, 4, generator=generator),
+        "opacities": torch.logit(torch.rand(n, generator=generator) * 0.98 + 0.01),
+        "sh0": torch.randn(n, 1, 3, generator=generator),
+        "shN": torch.randn(n, 3, 3, generator=generator),
+    })
+
+
+class _FakeTrainer:
+    """The attributes DefaultStrategy reads from a trainer (no training involved)."""
+
+    def __init__(self, params: torch.nn.ParameterDict) -> None:
+        self.model = type("M", (), {"params": params, "num_gaussians": property(lambda s: len(s.params["means"]))})()
+        self.optimizers = build_optimizers(params, OptimizerConfig(), scene_extent=1.0)
+        self.dist = DistributedContext()
+        self.scene_extent = 1.0
+        self.renderer_cfg = {"name": "torch"}
+        self.step = 0
+
+
+def _fake_info(n: int, generator: torch.Generator) -> dict:
+    means2d = torch.zeros(2, n, 2, requires_grad=True)
+    means2d.grad = torch.randn(2, n, 2, generator=generator) * 4e-4
+    radii = (torch.rand(2, n, 1, generator=generator) > 0.2).int().repeat(1, 1, 2) * 3
+    return {"means2d": means2d, "radii": radii, "width": 64, "height": 48, "n_cameras": 2, "gaussian_ids": None}
+
+
+def test_default_strategy_matches_gsplat_default_strategy() -> None:
+    """Same inputs and seeds: the same Gaussians, statistics and optimizer state as gsplat 1.5's
+    DefaultStrategy (its opacity reset never runs, so reset_every is set beyond the test)."""
+    generator = torch.Generator().manual_seed(0)
+    ours_params = _random_params(400, generator)
+    theirs_params = torch.nn.ParameterDict({k: v.detach().clone() for k, v in ours_params.items()})
+    trainer = _FakeTrainer(ours_params)
+    theirs_optimizers = build_optimizers(theirs_params, OptimizerConfig(), scene_extent=1.0)
+    kwargs = dict(refine_start=2, refine_every=3, reset_every=10_000, refine_stop=100)
+    ours = DefaultStrategy(DefaultStrategy.Config(**kwargs))
+    ours.initialize(trainer)
+    theirs = GsplatDefaultStrategy(refine_start_iter=2, refine_every=3, reset_every=10_000, refine_stop_iter=100)
+    theirs_state = theirs.initialize_state(scene_scale=1.0)
+    for name in PARAM_NAMES:  # one identical Adam step, so there are moments to carry along
+        grad = torch.randn(ours_params[name].shape, generator=generator)
+        ours_params[name].grad, theirs_params[name].grad = grad.clone(), grad.clone()
+        trainer.optimizers[name].step()
+        theirs_optimizers[name].step()
+    info_generator = torch.Generator().manual_seed(1)
+    for step in range(10):
+        n = len(ours_params["means"])
+        assert n == len(theirs_params["means"])
+        info = _fake_info(n, info_generator)
+        trainer.step = step
+        torch.manual_seed(step)
+        ours.step_post_backward(trainer, info)
+        torch.manual_seed(step)
+        theirs.step_post_backward(theirs_params, theirs_optimizers, theirs_state, step, info)
+    assert len(ours_params["means"]) != 400, "the test must exercise growth or pruning"
+    for name in PARAM_NAMES:
+        torch.testing.assert_close(ours_params[name], theirs_params[name])
+        ours_moments = trainer.optimizers[name].state[ours_params[name]]
+        theirs_moments = theirs_optimizers[name].state[theirs_params[name]]
+        torch.testing.assert_close(ours_moments["exp_avg"], theirs_moments["exp_avg"])
+        torch.testing.assert_close(ours_moments["exp_avg_sq"], theirs_moments["exp_avg_sq"])
+    torch.testing.assert_close(ours.state["grad2d"], theirs_state["grad2d"])
+    torch.testing.assert_close(ours.state["count"], theirs_state["count"])
+
+
+def test_default_strategy_cap_max_keeps_highest_gradients() -> None:
+    generator = torch.Generator().manual_seed(0)
+    params = _random_params(300, generator)
+    trainer = _FakeTrainer(params)
+    strategy = DefaultStrategy(DefaultStrategy.Config(refine_start=0, refine_every=1, grow_grad2d=0.0,
+                                                      prune_opa=0.0, cap_max=320))
+    strategy.initialize(trainer)
+    for step in range(1, 4):
+        trainer.step = step
+        strategy.step_post_backward(trainer, _fake_info(len(params["means"]), generator))
+        assert len(params["means"]) <= 320
+    assert len(params["means"]) == 320
+
+
+def test_default_strategy_resets_opacity() -> None:
+    generator = torch.Generator().manual_seed(0)
+    params = _random_params(50, generator)
+    trainer = _FakeTrainer(params)
+    strategy = DefaultStrategy(DefaultStrategy.Config(refine_start=1000, reset_every=5))
+    strategy.initialize(trainer)
+    trainer.step = 5
+    strategy.step_post_backward(trainer, _fake_info(50, generator))
+    assert torch.sigmoid(params["opacities"]).max() <= 0.01 + 1e-6
+
+
+def test_relocation_update_preserves_the_gaussian() -> None:
+    binoms = binomial_table(51)
+    opacities = torch.tensor([0.3, 0.3, 0.9, 0.05])
+    scales = torch.rand(4, 3) + 0.1
+    ratios = torch.tensor([1, 3, 5, 2])
+    new_o, new_s = relocation_update(opacities, scales, ratios, binoms)
+    torch.testing.assert_close(new_o[0], opacities[0])  # one copy: unchanged
+    torch.testing.assert_close(new_s[0], scales[0])
+    # n copies at the same place composite to the original peak opacity: 1 - (1 - o')^n = o.
+    torch.testing.assert_close(1 - (1 - new_o) ** ratios, opacities)
+    # Copies are more transparent and no larger than the original.
+    assert (new_o[1:] < opacities[1:]).all() and (new_s[1:] <= scales[1:]).all()
+    # Eq. 9 for n = 2 by hand: denom = o' + (o' - o'^2 / sqrt 2).
+    o2 = new_o[3].double()
+    expected = 0.05 / (o2 + (o2 - o2**2 / math.sqrt(2)))
+    torch.testing.assert_close(new_s[3].double(), scales[3].double() * expected, rtol=1e-6, atol=0)
+
+
+def test_mcmc_respects_cap_max_exactly(make_trainer) -> None:
+    COUNTS.clear()
+    strategy = {"name": "mcmc", "cap_max": 340, "refine_start": 0, "refine_every": 2, "grow_rate": 1.05}
+    trainer = make_trainer(max_steps=14, strategy=strategy,
+                           hooks=[{"name": "CountGaussiansHook"}, {"name": "LogHook", "progress": False}])
+    trainer.train()
+    assert max(COUNTS) == 340 and COUNTS[-1] == 340
+    assert COUNTS[0] == 300
+    assert all(b >= a for a, b in zip(COUNTS, COUNTS[1:]))
+    for name, param in trainer.model.params.items():
+        assert trainer.optimizers[name].state[param]["exp_avg"].shape == param.shape
+
+
+def test_mcmc_relocates_dead_gaussians(make_trainer) -> None:
+    trainer = make_trainer(max_steps=3, strategy={"name": "mcmc", "cap_max": 300, "refine_start": 0,
+                                                  "refine_every": 2, "noise_lr": 0.0})
+    with torch.no_grad():
+        trainer.model.params["opacities"][:100] = -20.0  # dead
+    trainer.train()
+    opacities = torch.sigmoid(trainer.model.params["opacities"])
+    assert trainer.model.num_gaussians == 300
+    assert (opacities > 0.005).all(), "dead Gaussians were moved onto live ones"
+
+
+def test_strategy_start_above_cap_is_an_error(make_trainer) -> None:
+    with pytest.raises(ValueError, match="cap_max=100"):
+        make_trainer(strategy={"name": "mcmc", "cap_max": 100})
+
+
+def test_resume_restores_strategy_state(make_trainer) -> None:
+    strategy = {"name": "default", "refine_start": 1, "refine_every": 2, "grow_grad2d": 1e-5, "reset_every": 5}
+    hooks = [{"name": "LogHook", "progress": False, "log_interval": 1}, {"name": "CheckPointHook", "interval": 3}]
+    full = make_trainer("full", max_steps=8, strategy=strategy, hooks=hooks)
+    full.train()
+    checkpoint = load_checkpoint_file(full.exp_dir / "checkpoints" / "step_000003.pt")
+    assert checkpoint["strategy"]["grad2d"].shape[0] == checkpoint["params"]["means"].shape[0]
+    resumed = make_trainer("resumed", max_steps=8, strategy=strategy, hooks=hooks,
+                           resume=str(full.exp_dir / "checkpoints" / "step_000003.pt"))
+    resumed.train()
+    assert resumed.model.num_gaussians == full.model.num_gaussians != 300
+    ref, res = read_scalars(full.exp_dir, "train/loss"), read_scalars(resumed.exp_dir, "train/loss")
+    for step in range(4, 9):
+        assert res[step] == pytest.approx(ref[step], rel=1e-5)
+
+
+def test_absgrad_needs_a_renderer_that_provides_it(make_trainer) -> None:
+    with pytest.raises(ValueError, match="absgrad"):
+        make_trainer(strategy={"name": "default", "absgrad": True})

@@ -1,0 +1,40 @@
+"""Writers: TensorBoard event files and JSONL scalars read back."""
+
+from __future__ import annotations
+
+import json
+
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+
+def test_tensorboard_writer_records_scalars_and_images(make_trainer) -> None:
+    trainer = make_trainer(writers=[{"name": "TensorboardWriter"}])
+    trainer.train()
+    events = EventAccumulator(str(trainer.exp_dir / "tb"), size_guidance={"images": 0, "scalars": 0})
+    events.Reload()
+    scalars = set(events.Tags()["scalars"])
+    expected = {"train/loss", "train/l1", "train/ssim", "train/num_gaussians", "train/lr/means", "train/lr/shN",
+                "time/step_s", "val/psnr", "val/ssim"}
+    assert expected <= scalars
+    assert "val/lpips" not in scalars  # lpips_net: none in the tiny config
+    assert [e.step for e in events.Scalars("train/loss")] == list(range(1, 7))
+    assert [e.step for e in events.Scalars("val/psnr")] == [3, 6]
+    lr = [e.value for e in events.Scalars("train/lr/means")]
+    assert lr[-1] < lr[0]  # the means' learning rate decays
+    images = events.Tags()["images"]
+    assert images and all(tag.startswith("val/") for tag in images)
+    image = events.Images(images[0])[-1]
+    assert (image.width, image.height) == (32 * 3, 24)  # render | ground truth | depth
+    assert "config" in "".join(events.Tags()["tensors"])
+
+
+def test_jsonl_writer_appends_records(make_trainer) -> None:
+    trainer = make_trainer(max_steps=3, writers=[{"name": "JsonlWriter", "filename": "s.jsonl"}])
+    trainer.train()
+    records = [json.loads(line) for line in (trainer.exp_dir / "s.jsonl").read_text().splitlines()]
+    names = {r["name"] for r in records}
+    assert {"train/loss", "val/psnr", "time/step_s"} <= names
+    assert all(set(r) == {"name", "value", "step"} for r in records)
+    metrics = json.loads((trainer.exp_dir / "metrics.json").read_text())
+    assert metrics["step"] == 3 and len(metrics["views"]) == 2
+    assert metrics["mean"]["psnr"] == sum(v["psnr"] for v in metrics["views"]) / 2
