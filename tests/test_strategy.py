@@ -190,3 +190,19 @@ def test_resume_restores_strategy_state(make_trainer) -> None:
 def test_absgrad_needs_a_renderer_that_provides_it(make_trainer) -> None:
     with pytest.raises(ValueError, match="absgrad"):
         make_trainer(strategy={"name": "default", "absgrad": True})
+
+
+def test_default_strategy_beats_no_densification_by_2db(make_trainer) -> None:
+    """From a sparse point cloud, adaptive density control must clearly help at equal steps (CPU)."""
+    steps = 1500
+    data = {"dataset": "synthetic", "synthetic": {"width": 64, "height": 48, "num_views": 17, "num_points": 200}}
+    common = dict(max_steps=steps, val_interval=steps, data=data, model={"sh_degree": 1, "sh_degree_interval": 200},
+                  hooks=[{"name": "LogHook", "progress": False, "log_interval": 100}])
+    plain = make_trainer("none", strategy={"name": "none"}, **common)
+    plain.train()
+    densified = make_trainer("default", strategy={"name": "default", "refine_start": 100, "refine_every": 100,
+                                                  "refine_stop": steps - 100}, **common)
+    densified.train()
+    assert densified.model.num_gaussians > 2 * plain.model.num_gaussians
+    assert densified.val_metrics["psnr"] >= plain.val_metrics["psnr"] + 2.0, (
+        plain.val_metrics["psnr"], densified.val_metrics["psnr"])

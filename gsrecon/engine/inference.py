@@ -157,10 +157,10 @@ def render_path_video(scene: TrainedScene, out: str | Path, path: str = "ellipse
     colour_frames, depth_frames = [], []
     with torch.no_grad():
         for viewmat in viewmats:
-            out = renderer.render(params, viewmat[None], K[None], width, height, scene.sh_degree, background)
-            colour_frames.append((out.image[0].clamp(0, 1) * 255).round().byte().cpu().numpy())
+            frame = renderer.render(params, viewmat[None], K[None], width, height, scene.sh_degree, background)
+            colour_frames.append((frame.image[0].clamp(0, 1) * 255).round().byte().cpu().numpy())
             if depth:
-                depth_frames.append(depth_to_rgb(out.depth[0, ..., 0].cpu().numpy(), out.alpha[0, ..., 0].cpu().numpy()))
+                depth_frames.append(depth_to_rgb(frame.depth[0, ..., 0], frame.alpha[0, ..., 0]))
     out = Path(out)
     written = [out]
     write_video(out, colour_frames, fps)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import torch
+from rich.console import Console
 
 from gsrecon.config import ConfigError, parse_structured, resolved_entry, save_yaml, to_container
 from gsrecon.data.datapipeline import DataPipeline
@@ -95,10 +96,10 @@ class DefaultTrainer:
                  logger: Logger | None = None) -> None:
         self.cfg = cfg
         self.source = source
-        self.logger = logger or Logger()
         import_plugins(cfg.imports, source)
         _check_top_level(cfg, source)
         self.dist = DistributedContext.from_env()
+        self.logger = logger or Logger(console=None if self.dist.rank == 0 else Console(quiet=True))
         self.device = resolve_device(cfg.device, self.dist)
         if cfg.num_threads > 0:
             torch.set_num_threads(cfg.num_threads)
@@ -217,7 +218,7 @@ class DefaultTrainer:
             with self._deferred_interrupt():
                 while self.step < self.max_steps and not self._stop_requested:
                     self.run_step()
-                    if self.step % self.cfg.val_interval == 0 or self.step == self.max_steps:
+                    if self.is_main and (self.step % self.cfg.val_interval == 0 or self.step == self.max_steps):
                         self.validation()
             if self._stop_requested:
                 self.stop_reason = f"interrupted at step {self.step}"

@@ -12,6 +12,7 @@ import torch
 
 from gsrecon.atomic import atomic_path
 from gsrecon.hooks.base import Hook, Priority
+from gsrecon.model.ply import save_ply
 from gsrecon.registry import HOOK_REGISTRY
 
 if TYPE_CHECKING:
@@ -24,7 +25,7 @@ class CheckPointHook(Hook):
 
     When to save: after a training step whose count is a multiple of ``interval``; after a validation
     that improves ``save_best`` (``best.pt``); at the end of training and after Ctrl-C (final
-    checkpoint). After a failure (e.g. a non-finite loss) nothing is written, so the last good
+    checkpoint, plus the model as a reference 3DGS ``.ply`` in ``exp_dir``). After a failure (e.g. a non-finite loss) nothing is written, so the last good
     checkpoint stays. Only the main process writes.
     """
 
@@ -38,6 +39,7 @@ class CheckPointHook(Hook):
         rule: str = "greater"  # greater | less: which values of save_best are better
         out_dir: str = "checkpoints"  # relative to exp_dir (or absolute)
         save_last: bool = True  # save after the last step and after Ctrl-C
+        export_ply: str = "point_cloud.ply"  # reference-layout PLY written after training ("" = none)
 
     def __init__(self, cfg: Config) -> None:
         if cfg.rule not in ("greater", "less"):
@@ -77,6 +79,9 @@ class CheckPointHook(Hook):
         path = self.checkpoint_dir(trainer) / f"step_{trainer.step:06d}.pt"
         if not path.exists():
             self.save(trainer)
+        if self.cfg.export_ply and trainer.is_main:
+            save_ply(trainer.exp_dir / self.cfg.export_ply, trainer.model.params)
+            trainer.logger.info(f"wrote {trainer.exp_dir / self.cfg.export_ply} ({trainer.model.num_gaussians} Gaussians)")
 
     def save(self, trainer: DefaultTrainer) -> Path:
         """Write ``step_<NNNNNN>.pt`` and ``last.pt`` for the current step, then rotate old ones."""

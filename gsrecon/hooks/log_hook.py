@@ -89,8 +89,7 @@ class LogHook(Hook):
             return
         from gsrecon.render.video import depth_to_rgb
 
-        depth = torch.from_numpy(depth_to_rgb(outputs["depth"][..., 0].cpu().numpy(),
-                                              outputs["alpha"][..., 0].cpu().numpy())).float() / 255.0
+        depth = torch.from_numpy(depth_to_rgb(outputs["depth"][..., 0], outputs["alpha"][..., 0])).float() / 255.0
         panel = torch.cat([outputs["render"].cpu(), outputs["gt"].cpu(), depth], dim=1)  # [H, 3W, 3]
         trainer.write_image(f"val/{outputs['name']}", panel)
 

@@ -5,10 +5,12 @@ Library code reports through the trainer's ``Logger``; nothing else prints.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 
@@ -16,11 +18,12 @@ class Logger:
     """Timestamped messages on a rich console, optionally mirrored to a plain-text log file."""
 
     def __init__(self, console: Console | None = None, log_file: str | Path | None = None) -> None:
-        self.console = console or Console(stderr=True, log_path=False, soft_wrap=True)
+        self.console = console or Console(stderr=True)
         self._file = open(log_file, "a") if log_file else None
 
     def _emit(self, style: str, level: str, message: str) -> None:
-        self.console.log(f"[{style}]{level}[/{style}] {message}" if level else message, markup=True, highlight=False)
+        prefix = f"[dim]{time.strftime('%H:%M:%S')}[/dim] " + (f"[{style}]{level}[/{style}] " if level else "")
+        self.console.print(prefix + escape(message), soft_wrap=True, highlight=False)
         if self._file:
             self._file.write(f"{level or 'INFO'} {message}\n")
             self._file.flush()
