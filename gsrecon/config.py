@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import yaml
 from omegaconf import DictConfig, OmegaConf

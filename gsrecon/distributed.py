@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 
@@ -19,7 +20,7 @@ class DistributedContext:
     local_rank: int = 0
 
     @classmethod
-    def from_env(cls) -> "DistributedContext":
+    def from_env(cls) -> DistributedContext:
         """Read ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` (set by torchrun) and join the process group."""
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
         ctx = cls(int(os.environ.get("RANK", "0")), world_size, int(os.environ.get("LOCAL_RANK", "0")))

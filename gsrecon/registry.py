@@ -7,7 +7,8 @@ has one. Users add entries from their own modules (loaded through the YAML ``imp
 
 from __future__ import annotations
 
-from typing import Any, Callable, Generic, Mapping, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 

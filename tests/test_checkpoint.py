@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import read_scalars
 
 from gsrecon.engine.trainer import HookError, load_checkpoint_file
 from gsrecon.hooks import Hook
 from gsrecon.registry import HOOK_REGISTRY
-
-from conftest import read_scalars
 
 
 @HOOK_REGISTRY.register()

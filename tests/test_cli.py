@@ -8,10 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import write_yaml
 
 from gsrecon.cli import main
-
-from conftest import write_yaml
 
 
 def _run(capsys, *argv: str) -> tuple[int, str]:
@@ -31,7 +30,7 @@ def test_bad_input_is_one_line_and_exit_2(capsys, make_config, tmp_path: Path, o
     config = write_yaml(tmp_path / "c.yaml", make_config())
     code, err = _run(capsys, "train", "--config", str(config), *overrides)
     assert code == 2
-    assert message in err and "c.yaml" in err or message in err
+    assert (message in err and "c.yaml" in err) or message in err
     assert "Traceback" not in err
     assert len(err.strip().splitlines()) <= 2  # one message (rich may wrap it)
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import write_yaml
 
 from gsrecon.config import ConfigError, load_config, parse_structured
 from gsrecon.engine.trainer import DefaultTrainer
-
-from conftest import write_yaml
 
 
 def test_base_include_and_overrides(tmp_path: Path) -> None:

@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import write_yaml
 
 from gsrecon.config import parse_structured
 from gsrecon.engine.trainer import DefaultTrainer
 from gsrecon.metrics import psnr
-
-from conftest import write_yaml
 
 PLUGIN = '''
 import torch
@@ -34,9 +33,10 @@ def _config(make_config, tmp_path: Path, name: str, batch_size: int) -> dict:
     # grow_grad2d = 0: every visible Gaussian grows, so no decision hinges on the last bit of a sum
     # (one process and two processes add the same gradients in a different order).
     strategy = {"name": "default", "refine_start": 1, "refine_every": 4, "grow_grad2d": 0.0}
-    cfg = make_config(name, max_steps=10, val_interval=10, num_threads=1, imports=[str(tmp_path / "rank_params_hook.py")],
-                      strategy=strategy, hooks=[{"name": "SaveRankParamsHook"}, {"name": "LogHook", "progress": False},
-                                                {"name": "CheckPointHook", "interval": 5}])
+    cfg = make_config(name, max_steps=10, val_interval=10, num_threads=1,
+                      imports=[str(tmp_path / "rank_params_hook.py")], strategy=strategy,
+                      hooks=[{"name": "SaveRankParamsHook"}, {"name": "LogHook", "progress": False},
+                             {"name": "CheckPointHook", "interval": 5}])
     cfg["data"]["batch_size"] = batch_size
     return cfg
 

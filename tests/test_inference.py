@@ -9,13 +9,12 @@ import imageio.v3 as iio
 import numpy as np
 import pytest
 import torch
+from conftest import write_yaml
 
 from gsrecon.cli import main
 from gsrecon.config import parse_structured
 from gsrecon.engine.trainer import DefaultTrainer, load_checkpoint_file
 from gsrecon.model.ply import load_ply
-
-from conftest import write_yaml
 
 
 @pytest.fixture

@@ -33,7 +33,10 @@ def alex_backbone() -> dict[str, torch.Tensor]:
 
 
 def _image_pair(sigma: float = 0.08) -> tuple[torch.Tensor, torch.Tensor]:
-    """A noisy copy (Gaussian noise, std ``sigma``) of a smooth 64x64 pattern, and the pattern; [64, 64, 3] in [0, 1]."""
+    """A noisy copy (Gaussian noise, std ``sigma``) of a smooth 64x64 pattern, and the pattern.
+
+    Both are [64, 64, 3] in [0, 1].
+    """
     y, x = torch.meshgrid(torch.linspace(0, 1, 64), torch.linspace(0, 1, 64), indexing="ij")
     gt = torch.stack([0.5 + 0.5 * torch.sin(12 * x), 0.5 + 0.5 * torch.cos(9 * y), x * y], dim=-1)
     noise = torch.randn(gt.shape, generator=torch.Generator().manual_seed(0))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import SHARED_DATA
 
 STATUETTE = SHARED_DATA / "statuette_colmap"

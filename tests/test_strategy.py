@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
 import torch
+from conftest import read_scalars
 from gsplat.strategy import DefaultStrategy as GsplatDefaultStrategy
 
 from gsrecon.distributed import DistributedContext
@@ -13,11 +15,9 @@ from gsrecon.engine.trainer import load_checkpoint_file
 from gsrecon.hooks import Hook
 from gsrecon.model.default_strategy import DefaultStrategy
 from gsrecon.model.gaussians import PARAM_NAMES
-from gsrecon.model.mcmc_strategy import MCMCStrategy, binomial_table, relocation_update
+from gsrecon.model.mcmc_strategy import binomial_table, relocation_update
 from gsrecon.model.optim import OptimizerConfig, build_optimizers
 from gsrecon.registry import HOOK_REGISTRY
-
-from conftest import read_scalars
 
 COUNTS: list[int] = []
 
@@ -150,7 +150,7 @@ def test_mcmc_respects_cap_max_exactly(make_trainer) -> None:
     trainer.train()
     assert max(COUNTS) == 340 and COUNTS[-1] == 340
     assert COUNTS[0] == 300
-    assert all(b >= a for a, b in zip(COUNTS, COUNTS[1:]))
+    assert all(b >= a for a, b in itertools.pairwise(COUNTS))
     for name, param in trainer.model.params.items():
         assert trainer.optimizers[name].state[param]["exp_avg"].shape == param.shape
 

@@ -8,8 +8,8 @@ exact same sequence, and ranks always see disjoint views within a step.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import torch
 from torch import Tensor

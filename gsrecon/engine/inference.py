@@ -4,24 +4,29 @@ render camera-path videos and export PLY / .splat files."""
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
+from omegaconf import OmegaConf
 from PIL import Image
 from torch import Tensor
 
 import gsrecon.render.renderers  # noqa: F401  (registers the built-in renderers)
 from gsrecon.atomic import atomic_path, write_json
-from omegaconf import OmegaConf
-
 from gsrecon.config import apply_overrides, load_config, parse_structured
 from gsrecon.data.datapipeline import DataPipeline
 from gsrecon.distributed import DistributedContext
-from gsrecon.engine.trainer import (DefaultTrainer, latest_checkpoint, load_checkpoint_file, resolve_device,
-                                    resolve_renderer_entry)
+from gsrecon.engine.trainer import (
+    DefaultTrainer,
+    latest_checkpoint,
+    load_checkpoint_file,
+    resolve_device,
+    resolve_renderer_entry,
+)
 from gsrecon.logging.console import Logger
 from gsrecon.metrics import ImageMetrics
 from gsrecon.model.ply import load_ply, save_ply, save_splat
@@ -45,7 +50,7 @@ class TrainedScene:
 
     @property
     def sh_degree(self) -> int:
-        return int(round((self.params["shN"].shape[1] + 1) ** 0.5)) - 1
+        return round((self.params["shN"].shape[1] + 1) ** 0.5) - 1
 
 
 def load_trained_scene(checkpoint: str | None = None, exp_dir: str | None = None, ply: str | None = None,
@@ -69,10 +74,7 @@ def load_trained_scene(checkpoint: str | None = None, exp_dir: str | None = None
         raw, source, params, step = load_config(config, overrides), config, load_ply(ply), None
     else:
         ckpt = load_checkpoint_file(checkpoint, "cpu")
-        if config:
-            raw = load_config(config, overrides)
-        else:
-            raw = apply_overrides(OmegaConf.create(ckpt["config"]), overrides)
+        raw = load_config(config, overrides) if config else apply_overrides(OmegaConf.create(ckpt["config"]), overrides)
         source, params, step = config or checkpoint, ckpt["params"], int(ckpt["step"])
     import_plugins(list(raw.get("imports", []) or []), str(source))
     cfg = parse_structured(DefaultTrainer.Config, raw, source=str(source))

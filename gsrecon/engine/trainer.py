@@ -10,23 +10,24 @@ import random
 import shutil
 import signal
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from rich.console import Console
 
+import gsrecon.hooks
+import gsrecon.logging.writers
+import gsrecon.model.default_strategy
+import gsrecon.model.mcmc_strategy
+import gsrecon.model.strategy
+import gsrecon.render.renderers  # noqa: F401  (registers the built-in renderers)
 from gsrecon.config import ConfigError, parse_structured, resolved_entry, save_yaml, to_container
 from gsrecon.data.datapipeline import DataPipeline
 from gsrecon.distributed import DistributedContext
-import gsrecon.hooks  # noqa: F401  (registers the built-in hooks)
-import gsrecon.logging.writers  # noqa: F401  (registers the built-in writers)
-import gsrecon.model.default_strategy  # noqa: F401  (registers the built-in strategies)
-import gsrecon.model.mcmc_strategy  # noqa: F401
-import gsrecon.model.strategy  # noqa: F401
-import gsrecon.render.renderers  # noqa: F401  (registers the built-in renderers)
 from gsrecon.hooks.base import Hook, get_priority
 from gsrecon.logging.console import Logger
 from gsrecon.losses import photometric_loss
@@ -465,7 +466,8 @@ def _check_top_level(cfg: DefaultTrainer.Config, source: str) -> None:
     if not (cfg.resume is None or isinstance(cfg.resume, (bool, str))):
         raise ConfigError(f"{source}: key 'resume': must be true, false or a checkpoint path, got {cfg.resume!r}")
     if cfg.metrics.lpips_net not in ("alex", "vgg", "none"):
-        raise ConfigError(f"{source}: key 'metrics.lpips_net': must be alex, vgg or none, got '{cfg.metrics.lpips_net}'")
+        raise ConfigError(f"{source}: key 'metrics.lpips_net': must be alex, vgg or none, "
+                          f"got '{cfg.metrics.lpips_net}'")
 
 
 def resolve_device(name: str, dist: DistributedContext) -> torch.device:

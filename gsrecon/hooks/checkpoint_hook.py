@@ -25,7 +25,8 @@ class CheckPointHook(Hook):
 
     When to save: after a training step whose count is a multiple of ``interval``; after a validation
     that improves ``save_best`` (``best.pt``); at the end of training and after Ctrl-C (final
-    checkpoint, plus the model as a reference 3DGS ``.ply`` in ``exp_dir``). After a failure (e.g. a non-finite loss) nothing is written, so the last good
+    checkpoint, plus the model as a reference 3DGS ``.ply`` in ``exp_dir``). After a failure (e.g. a
+    non-finite loss) nothing is written, so the last good
     checkpoint stays. Only the main process writes.
     """
 
@@ -35,7 +36,7 @@ class CheckPointHook(Hook):
     class Config:
         interval: int = 1000  # steps between checkpoints; <= 0 saves only the final one
         max_keep: int = 3  # step_*.pt files kept (oldest deleted first); <= 0 keeps all
-        save_best: str = ""  # "" (off) | auto (the first validation metric) | a metric name, e.g. psnr
+        save_best: str = ""  # "" (off) | auto (the first validation metric) | a metric name
         rule: str = "greater"  # greater | less: which values of save_best are better
         out_dir: str = "checkpoints"  # relative to exp_dir (or absolute)
         save_last: bool = True  # save after the last step and after Ctrl-C
@@ -81,7 +82,8 @@ class CheckPointHook(Hook):
             self.save(trainer)
         if self.cfg.export_ply and trainer.is_main:
             save_ply(trainer.exp_dir / self.cfg.export_ply, trainer.model.params)
-            trainer.logger.info(f"wrote {trainer.exp_dir / self.cfg.export_ply} ({trainer.model.num_gaussians} Gaussians)")
+            ply = trainer.exp_dir / self.cfg.export_ply
+            trainer.logger.info(f"wrote {ply} ({trainer.model.num_gaussians} Gaussians)")
 
     def save(self, trainer: DefaultTrainer) -> Path:
         """Write ``step_<NNNNNN>.pt`` and ``last.pt`` for the current step, then rotate old ones."""

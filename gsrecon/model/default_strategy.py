@@ -86,7 +86,7 @@ class DefaultStrategy(Strategy):
                 step % cfg.reset_every >= cfg.pause_refine_after_reset:
             self._grow(params, optimizers, step)
             self._prune(params, optimizers, step)
-            for key, value in self.state.items():
+            for value in self.state.values():
                 if value is not None:
                     value.zero_()
         if step > 0 and step % cfg.reset_every == 0:

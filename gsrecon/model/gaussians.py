@@ -44,7 +44,7 @@ class GaussianModel(torch.nn.Module):
         self.params = torch.nn.ParameterDict({k: torch.nn.Parameter(params[k]) for k in PARAM_NAMES})
 
     @classmethod
-    def from_scene(cls, cfg: Config, scene: Scene, seed: int = 0) -> "GaussianModel":
+    def from_scene(cls, cfg: Config, scene: Scene, seed: int = 0) -> GaussianModel:
         """Initialise from the scene's point cloud, random points in its bounds, or a PLY (``cfg.init``)."""
         generator = torch.Generator().manual_seed(seed)
         if cfg.init == "ply":

@@ -9,8 +9,9 @@ the paper) is computed here in PyTorch: gsplat's version is a CUDA-only kernel.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 from gsplat.utils import normalized_quat_to_rotmat

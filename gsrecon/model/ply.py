@@ -35,7 +35,7 @@ def ply_property_names(num_rest: int) -> list[str]:
     """The reference 3DGS property names, in file order, for ``num_rest`` rest SH coefficients per channel."""
     names = ["x", "y", "z", "nx", "ny", "nz", "f_dc_0", "f_dc_1", "f_dc_2"]
     names += [f"f_rest_{i}" for i in range(3 * num_rest)]
-    return names + ["opacity", "scale_0", "scale_1", "scale_2", "rot_0", "rot_1", "rot_2", "rot_3"]
+    return [*names, "opacity", "scale_0", "scale_1", "scale_2", "rot_0", "rot_1", "rot_2", "rot_3"]
 
 
 def save_ply(path: str | os.PathLike, params: Mapping[str, Tensor]) -> None:

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# On a machine with an NVIDIA GPU: install the carried wheels (.whl/, from scripts/gpu_wheels.sh) if
+# present, build gsplat's CUDA kernels once (cached in .torch_extensions/), run the GPU tests and a
+# training benchmark. Extra arguments go to bench_train.py.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH="/tmp/site:$PWD"
+else
+  python3 -m pip install -q -e '.[dev]'
+fi
+export TORCH_EXTENSIONS_DIR="$PWD/.torch_extensions" PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py
+python3 scripts/bench_train.py --config configs/synthetic.yaml --device cuda "$@"

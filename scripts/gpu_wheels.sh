@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Download, into .whl/ (git-ignored), the wheels the GPU machine lacks (its Python is 3.12 and it has
+# torch, rich, tensorboard, torchmetrics, scipy, imageio, jaxtyping and ninja already).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p .whl
+platforms=(--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
+for spec in gsplat==1.5.3 plyfile==1.1.5 omegaconf==2.3.0 antlr4-python3-runtime==4.9.3 lpips==0.1.4 pyyaml==6.0.3; do
+  python3 -m pip download -q --no-deps --python-version 3.12 --implementation cp "${platforms[@]}" \
+    --only-binary=:all: -d .whl "$spec" || python3 -m pip download -q --no-deps -d .whl "$spec"
+done
+ls -la .whl
