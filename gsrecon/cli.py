@@ -170,9 +170,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv  # accepted anywhere, also after the subcommand
     parser = build_parser()
-    args = parser.parse_args(argv)
-    debug = args.debug or "--debug" in (argv if argv is not None else sys.argv[1:])
+    args, extra = parser.parse_known_args([a for a in argv if a != "--debug"])
+    # key=value overrides may stand anywhere, also after flags (`--resume max_steps=10`).
+    unknown = [t for t in extra if t.startswith("-") or "=" not in t or not hasattr(args, "overrides")]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
     try:
         return args.func(args)
     except KeyboardInterrupt:

@@ -35,6 +35,19 @@ def test_bad_input_is_one_line_and_exit_2(capsys, make_config, tmp_path: Path, o
     assert len(err.strip().splitlines()) <= 2  # one message (rich may wrap it)
 
 
+def test_unknown_flags_are_still_rejected(capsys, make_config, tmp_path: Path) -> None:
+    config = write_yaml(tmp_path / "c.yaml", make_config())
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--config", str(config), "--bogus"])
+    assert info.value.code == 2 and "unrecognized arguments: --bogus" in capsys.readouterr().err
+
+
+def test_debug_shows_the_traceback(make_config, tmp_path: Path) -> None:
+    config = write_yaml(tmp_path / "c.yaml", make_config())
+    with pytest.raises(ValueError, match="max_steps"):
+        main(["train", "--config", str(config), "max_steps=0", "--debug"])
+
+
 def test_missing_config(capsys, tmp_path: Path) -> None:
     code, err = _run(capsys, "train", "--config", str(tmp_path / "nope.yaml"))
     assert code == 2 and "config file not found" in err and "nope.yaml" in err
@@ -53,7 +66,7 @@ def test_refuses_to_clobber_a_run_unless_overwrite(capsys, make_config, tmp_path
 def test_resume_flag_continues_and_config_yaml_reproduces_the_run(capsys, make_config, tmp_path: Path) -> None:
     config = write_yaml(tmp_path / "c.yaml", make_config(max_steps=4))
     assert _run(capsys, "train", "--config", str(config))[0] == 0
-    code, _ = _run(capsys, "train", "--config", str(config), "max_steps=6", "--resume")
+    code, _ = _run(capsys, "train", "--config", str(config), "--resume", "max_steps=6")  # overrides after flags
     assert code == 0
     assert json.loads((tmp_path / "run" / "metrics.json").read_text())["step"] == 6
 

@@ -174,6 +174,6 @@ def test_save_rejects_bad_params(tmp_path):
         save_ply(tmp_path / "scene.ply", params)
     params = _params(n=5)
     del params["shN"]
-    with pytest.raises(ValueError, match="lack \\['shN'\\]"):
+    with pytest.raises(ValueError, match="missing \\['shN'\\]"):
         save_splat(tmp_path / "scene.splat", params)
     assert list(tmp_path.iterdir()) == []

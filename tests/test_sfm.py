@@ -129,3 +129,17 @@ def test_missing_pycolmap_tells_how_to_install(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setitem(sys.modules, "pycolmap", None)  # makes `import pycolmap` fail
     with pytest.raises(ImportError, match=r"pip install -e \.\[sfm\]"):
         run_sfm(str(tmp_path), str(tmp_path / "out"))
+
+
+@needs_pycolmap
+def test_cli_data_colmap_reports_too_few_images_in_one_line(tmp_path: Path, capsys) -> None:
+    from gsrecon.cli import main
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    rng = np.random.default_rng(1)
+    for i in range(3):
+        Image.fromarray(rng.integers(0, 256, (60, 80, 3), dtype=np.uint8)).save(photos / f"{i}.png")
+    assert main(["data", "colmap", "--images", str(photos), "--out", str(tmp_path / "scene"), "--cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "of 3" in err and "Traceback" not in err

@@ -8,9 +8,11 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 
 def test_tensorboard_writer_records_scalars_and_images(make_trainer) -> None:
-    trainer = make_trainer(writers=[{"name": "TensorboardWriter"}])
+    hooks = [{"name": "IterTimerHook", "log_interval": 1},
+             {"name": "LogHook", "log_interval": 1, "histogram_interval": 3}]
+    trainer = make_trainer(writers=[{"name": "TensorboardWriter"}], hooks=hooks)
     trainer.train()
-    events = EventAccumulator(str(trainer.exp_dir / "tb"), size_guidance={"images": 0, "scalars": 0})
+    events = EventAccumulator(str(trainer.exp_dir / "tb"), size_guidance={"images": 0, "scalars": 0, "histograms": 0})
     events.Reload()
     scalars = set(events.Tags()["scalars"])
     expected = {"train/loss", "train/l1", "train/ssim", "train/num_gaussians", "train/lr/means", "train/lr/shN",
@@ -26,6 +28,8 @@ def test_tensorboard_writer_records_scalars_and_images(make_trainer) -> None:
     image = events.Images(images[0])[-1]
     assert (image.width, image.height) == (32 * 3, 24)  # render | ground truth | depth
     assert "config" in "".join(events.Tags()["tensors"])
+    assert {"gaussians/opacity", "gaussians/log_scale"} <= set(events.Tags()["histograms"])
+    assert [e.step for e in events.Histograms("gaussians/opacity")] == [3, 6]
 
 
 def test_jsonl_writer_appends_records(make_trainer) -> None:

@@ -29,6 +29,7 @@ from gsrecon.engine.trainer import (
 )
 from gsrecon.logging.console import Logger
 from gsrecon.metrics import ImageMetrics
+from gsrecon.model.gaussians import check_params
 from gsrecon.model.ply import load_ply, save_ply, save_splat
 from gsrecon.plugins import import_plugins
 from gsrecon.registry import RENDERER_REGISTRY
@@ -50,7 +51,7 @@ class TrainedScene:
 
     @property
     def sh_degree(self) -> int:
-        return round((self.params["shN"].shape[1] + 1) ** 0.5) - 1
+        return check_params(self.params)
 
 
 def load_trained_scene(checkpoint: str | None = None, exp_dir: str | None = None, ply: str | None = None,

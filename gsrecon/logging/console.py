@@ -11,7 +11,17 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.text import Text
 
 
 class Logger:
@@ -49,6 +59,13 @@ class Logger:
             self._file = None
 
 
+class _StepsPerSecondColumn(ProgressColumn):
+    """Training speed as rich estimates it from recent progress."""
+
+    def render(self, task: Task) -> Text:
+        return Text("- it/s" if task.speed is None else f"{task.speed:.1f} it/s")
+
+
 class ProgressLogger:
     """A training progress bar: step, EMA loss, number of Gaussians, it/s and ETA.
 
@@ -62,7 +79,7 @@ class ProgressLogger:
             MofNCompleteColumn(),
             TextColumn("loss {task.fields[loss]}"),
             TextColumn("#GS {task.fields[num_gaussians]}"),
-            TextColumn("{task.fields[speed]} it/s"),
+            _StepsPerSecondColumn(),
             TimeElapsedColumn(),
             TextColumn("ETA"),
             TimeRemainingColumn(),
@@ -70,14 +87,14 @@ class ProgressLogger:
             disable=not (force or console.is_terminal),
             refresh_per_second=5,
         )
-        self._task = self._progress.add_task("train", total=total, loss="-", num_gaussians="-", speed="-")
+        self._task = self._progress.add_task("train", total=total, loss="-", num_gaussians="-")
 
     def start(self, completed: int) -> None:
         self._progress.update(self._task, completed=completed)
         self._progress.start()
 
     def update(self, completed: int, **fields: Any) -> None:
-        """Move the bar to ``completed`` steps and refresh the text fields (loss, num_gaussians, speed)."""
+        """Move the bar to ``completed`` steps and refresh the text fields (loss, num_gaussians)."""
         self._progress.update(self._task, completed=completed, **{k: str(v) for k, v in fields.items()})
 
     def stop(self) -> None:

@@ -7,6 +7,7 @@ Parameters are stored pre-activation, as in 3DGS and gsplat's ``simple_trainer``
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -76,6 +77,35 @@ class GaussianModel(torch.nn.Module):
     def active_sh_degree(self, step: int) -> int:
         """SH degree in use at training ``step``: one more every ``sh_degree_interval`` steps."""
         return min(step // self.cfg.sh_degree_interval, self.cfg.sh_degree)
+
+
+def sh_degree_of(num_rest: int) -> int | None:
+    """The SH degree D with ``(D+1)^2 - 1 == num_rest`` rest coefficients per channel, or None."""
+    degree = round((num_rest + 1) ** 0.5) - 1
+    return degree if degree >= 0 and (degree + 1) ** 2 - 1 == num_rest else None
+
+
+def check_params(params: Mapping[str, Tensor]) -> int:
+    """Check that ``params`` holds the six Gaussian tensors with consistent shapes; return their SH degree.
+
+    Raises ValueError naming the missing key or the tensor whose shape is wrong.
+    """
+    missing = [k for k in PARAM_NAMES if k not in params]
+    if missing:
+        raise ValueError(f"Gaussian parameters are missing {missing}; expected keys {list(PARAM_NAMES)}")
+    n = params["means"].shape[0]
+    shN = params["shN"]
+    num_rest = shN.shape[1] if shN.dim() == 3 else -1
+    expected = {"means": (n, 3), "scales": (n, 3), "quats": (n, 4), "opacities": (n,), "sh0": (n, 1, 3),
+                "shN": (n, num_rest, 3)}
+    for key, shape in expected.items():
+        if tuple(params[key].shape) != shape:
+            raise ValueError(f"Gaussian parameter '{key}' has shape {tuple(params[key].shape)}, expected {shape}")
+    degree = sh_degree_of(num_rest)
+    if degree is None:
+        raise ValueError(f"Gaussian parameter 'shN' has {num_rest} coefficients per channel, "
+                         f"not (D+1)^2 - 1 for any SH degree D")
+    return degree
 
 
 def init_params(points: Tensor, colors: Tensor, sh_degree: int, opacity: float, scale_mult: float) -> dict[str, Tensor]:

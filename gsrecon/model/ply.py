@@ -24,10 +24,10 @@ from plyfile import PlyData, PlyElement, PlyParseError
 from torch import Tensor
 
 from gsrecon.atomic import atomic_path
+from gsrecon.model.gaussians import PARAM_NAMES, check_params, sh_degree_of
 
 SH_C0 = 0.28209479177387814  # degree-0 real spherical harmonic, 1 / (2 sqrt(pi))
 
-_PLY_KEYS = ("means", "scales", "quats", "opacities", "sh0", "shN")
 _F_REST = re.compile(r"f_rest_(\d+)")
 
 
@@ -140,26 +140,8 @@ def save_splat(path: str | os.PathLike, params: Mapping[str, Tensor]) -> None:
 
 def _numpy_params(params: Mapping[str, Tensor]) -> dict[str, np.ndarray]:
     """Validate the shapes of the six Gaussian tensors and return them as float32 numpy arrays."""
-    missing = [key for key in _PLY_KEYS if key not in params]
-    if missing:
-        raise ValueError(f"Gaussian parameters lack {missing}; got keys {sorted(params)}")
-    arrays = {key: params[key].detach().to("cpu", torch.float32).numpy() for key in _PLY_KEYS}
-    n = arrays["means"].shape[0]
-    num_rest = arrays["shN"].shape[1] if arrays["shN"].ndim == 3 else 0
-    expected = {
-        "means": (n, 3),
-        "scales": (n, 3),
-        "quats": (n, 4),
-        "opacities": (n,),
-        "sh0": (n, 1, 3),
-        "shN": (n, num_rest, 3),
-    }
-    for key, shape in expected.items():
-        if arrays[key].shape != shape:
-            raise ValueError(f"Gaussian parameter {key!r} has shape {tuple(arrays[key].shape)}, expected {shape}")
-    if _sh_degree(num_rest) is None:
-        raise ValueError(f"Gaussian parameter 'shN' has {num_rest} coefficients per channel, not (D+1)^2-1 for any D")
-    return arrays
+    check_params(params)
+    return {key: params[key].detach().to("cpu", torch.float32).numpy() for key in PARAM_NAMES}
 
 
 def _num_rest_coeffs(path: Path, names: set[str]) -> int:
@@ -167,12 +149,7 @@ def _num_rest_coeffs(path: Path, names: set[str]) -> int:
     indices = sorted(int(match[1]) for name in names if (match := _F_REST.fullmatch(name)))
     if indices != list(range(len(indices))):
         raise ValueError(f"{path}: f_rest_* properties must be numbered f_rest_0, f_rest_1, ...; got indices {indices}")
-    if len(indices) % 3 or _sh_degree(len(indices) // 3) is None:
+    if len(indices) % 3 or sh_degree_of(len(indices) // 3) is None:
         raise ValueError(f"{path}: {len(indices)} f_rest_* properties is not 3*((D+1)^2-1) for any SH degree D")
     return len(indices) // 3
 
-
-def _sh_degree(num_rest: int) -> int | None:
-    """The SH degree D with ``(D+1)^2 - 1 == num_rest``, or None if there is none."""
-    degree = round((num_rest + 1) ** 0.5) - 1
-    return degree if (degree + 1) ** 2 - 1 == num_rest else None

@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
+from gsrecon.model.gaussians import check_params
+
 if TYPE_CHECKING:
     from gsrecon.logging.console import Logger
 
-PARAM_KEYS = ("means", "scales", "quats", "opacities", "sh0", "shN")
 
 
 @dataclass
@@ -33,7 +34,7 @@ class RenderOutput:
 
 
 class Renderer(abc.ABC):
-    """Renders Gaussians given in pre-activation form (see `PARAM_KEYS`).
+    """Renders Gaussians given in pre-activation form (see `gsrecon.model.gaussians`).
 
     ``params`` maps ``means`` [N, 3], ``scales`` [N, 3] (log), ``quats`` [N, 4] (w, x, y, z, not
     necessarily unit), ``opacities`` [N] (logit), ``sh0`` [N, 1, 3] and ``shN`` [N, K-1, 3]; the
@@ -71,29 +72,9 @@ def check_render_inputs(
     backgrounds: Tensor,
 ) -> None:
     """Raise ValueError naming the offending input if shapes or sizes are inconsistent."""
-    missing = [k for k in PARAM_KEYS if k not in params]
-    if missing:
-        raise ValueError(f"Gaussian parameters are missing {missing}; expected keys {list(PARAM_KEYS)}")
-    n = params["means"].shape[0]
-    expected = {
-        "means": (n, 3),
-        "scales": (n, 3),
-        "quats": (n, 4),
-        "opacities": (n,),
-        "sh0": (n, 1, 3),
-    }
-    for key, shape in expected.items():
-        if tuple(params[key].shape) != shape:
-            raise ValueError(f"params['{key}'] has shape {tuple(params[key].shape)}, expected {shape}")
-    shn = params["shN"]
-    if shn.dim() != 3 or shn.shape[0] != n or shn.shape[2] != 3:
-        raise ValueError(f"params['shN'] has shape {tuple(shn.shape)}, expected ({n}, K, 3)")
-    n_coeffs = 1 + shn.shape[1]
-    if sh_degree < 0 or (sh_degree + 1) ** 2 > n_coeffs:
-        raise ValueError(
-            f"sh_degree={sh_degree} needs {(sh_degree + 1) ** 2} SH coefficients per channel but the "
-            f"model has {n_coeffs} (sh0 + shN)"
-        )
+    model_degree = check_params(params)
+    if not 0 <= sh_degree <= model_degree:
+        raise ValueError(f"sh_degree={sh_degree} is not between 0 and the model's SH degree {model_degree}")
     c = viewmats.shape[0]
     if tuple(viewmats.shape) != (c, 4, 4):
         raise ValueError(f"viewmats has shape {tuple(viewmats.shape)}, expected (C, 4, 4)")
