@@ -60,6 +60,10 @@ def test_refuses_to_clobber_a_run_unless_overwrite(capsys, make_config, tmp_path
     code, err = _run(capsys, "train", "--config", str(config))
     assert code == 2 and "already holds a run" in err and "--resume" in err
     assert (tmp_path / "run" / "metrics.json").read_text() == metrics  # nothing lost
+    # --overwrite with a config that cannot be built (bad data) keeps the previous run as well.
+    code, err = _run(capsys, "train", "--config", str(config), "--overwrite", "data.synthetic.width=-1")
+    assert code == 2 and "width" in err
+    assert (tmp_path / "run" / "metrics.json").read_text() == metrics
     assert _run(capsys, "train", "--config", str(config), "--overwrite")[0] == 0
 
 

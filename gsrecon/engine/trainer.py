@@ -124,7 +124,7 @@ class DefaultTrainer:
         self.resolved_config = {**to_container(cfg), "renderer": self.renderer_cfg, "strategy": self.strategy_cfg,
                                 "writers": writer_cfgs, "hooks": hook_cfgs}
         self.resolved_config.pop("resume")
-        self._prepare_exp_dir(overwrite)
+        self._check_exp_dir(overwrite)
 
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
@@ -138,8 +138,10 @@ class DefaultTrainer:
         self.schedulers = build_schedulers(self.optimizers, cfg.scheduler, cfg.max_steps)
         self.strategy = STRATEGY_REGISTRY.build(self.strategy_cfg)
         self.strategy.initialize(self)
-        self.writers = [WRITER_REGISTRY.build(w, exp_dir=self.exp_dir) for w in writer_cfgs] if self.is_main else []
         self.hooks = self._build_hooks(hook_cfgs)
+        # Everything is built: only now may a previous run be replaced and outputs be written.
+        self._prepare_exp_dir(overwrite)
+        self.writers = [WRITER_REGISTRY.build(w, exp_dir=self.exp_dir) for w in writer_cfgs] if self.is_main else []
         if self.is_main:
             save_yaml(self.resolved_config, self.exp_dir / "config.yaml")
             for writer in self.writers:
@@ -159,19 +161,23 @@ class DefaultTrainer:
     @property
     def checkpoint_dir(self) -> Path:
         """Where checkpoints of this run live: the first CheckPointHook's folder, else ``<exp_dir>/checkpoints``."""
-        for hook in getattr(self, "hooks", []):
+        for hook in self.hooks:
             if hasattr(hook, "checkpoint_dir"):
                 return hook.checkpoint_dir(self)
         return self.exp_dir / "checkpoints"
 
+    def _holds_previous_run(self) -> bool:
+        return self.is_main and (self.exp_dir / "config.yaml").exists() and self.cfg.resume is False
+
+    def _check_exp_dir(self, overwrite: bool) -> None:
+        if self._holds_previous_run() and not overwrite:
+            raise ConfigError(
+                f"{self.source}: exp_dir '{self.exp_dir}' already holds a run; continue it with --resume, "
+                f"replace it with --overwrite, or set another exp_dir"
+            )
+
     def _prepare_exp_dir(self, overwrite: bool) -> None:
-        previous = self.exp_dir / "config.yaml"
-        if self.is_main and previous.exists() and self.cfg.resume is False:
-            if not overwrite:
-                raise ConfigError(
-                    f"{self.source}: exp_dir '{self.exp_dir}' already holds a run; continue it with --resume, "
-                    f"replace it with --overwrite, or set another exp_dir"
-                )
+        if self._holds_previous_run() and overwrite:
             shutil.rmtree(self.exp_dir)
         self.dist.barrier()
         if self.is_main:
