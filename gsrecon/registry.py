@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
+from gsrecon.config import build_from_config
+
 T = TypeVar("T")
 
 
@@ -52,8 +54,6 @@ class Registry(Generic[T]):
 
     def build(self, cfg: Mapping[str, Any], **extra: Any) -> Any:
         """Construct ``cfg["name"]`` with the remaining keys (plus ``extra``) as arguments."""
-        from gsrecon.config import build_from_config  # local: config imports this module
-
         kwargs = dict(cfg)
         if "name" not in kwargs:
             raise RegistryError(f"a {self.name} entry needs a 'name' key; got keys {sorted(kwargs)}")
