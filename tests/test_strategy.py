@@ -99,6 +99,29 @@ def test_default_strategy_matches_gsplat_default_strategy() -> None:
     torch.testing.assert_close(ours.state["count"], theirs_state["count"])
 
 
+def test_packed_and_dense_render_info_give_the_same_statistics() -> None:
+    """gsplat's packed mode lists only visible (camera, Gaussian) pairs; the statistics must not change."""
+    cfg = DefaultStrategy.Config(refine_start=1000, refine_scale2d_stop=1000)
+    states = []
+    for packed in (False, True):
+        trainer = _FakeTrainer(_random_params(100, torch.Generator().manual_seed(0)))
+        strategy = DefaultStrategy(cfg)
+        strategy.initialize(trainer)
+        info = _fake_info(100, torch.Generator().manual_seed(1))
+        if packed:
+            visible = (info["radii"] > 0).all(-1)
+            camera_ids, gaussian_ids = torch.where(visible)
+            means2d = info["means2d"].detach()[visible].requires_grad_(True)
+            means2d.grad = info["means2d"].grad[visible]
+            info = {**info, "means2d": means2d, "radii": info["radii"][visible], "gaussian_ids": gaussian_ids,
+                    "camera_ids": camera_ids}
+        strategy.step_post_backward(trainer, info)
+        states.append(strategy.state)
+    assert states[0]["count"].sum() > 0
+    for key in ("grad2d", "count", "radii"):
+        torch.testing.assert_close(states[1][key], states[0][key])
+
+
 def test_default_strategy_cap_max_keeps_highest_gradients() -> None:
     generator = torch.Generator().manual_seed(0)
     params = _random_params(300, generator)

@@ -93,19 +93,29 @@ class DefaultStrategy(Strategy):
             reset_opa(params=params, optimizers=optimizers, state=self.state, value=cfg.prune_opa * 2.0)
 
     def _accumulate(self, trainer: DefaultTrainer, info: dict[str, Any]) -> None:
-        """Add this step's normalised 2D gradient norms and visibility counts (summed over ranks)."""
+        """Add this step's normalised 2D gradient norms and visibility counts (summed over ranks).
+
+        ``info`` is dense (``means2d`` / ``radii`` [C, N, 2]) or, from gsplat with ``packed``, one row
+        per visible (camera, Gaussian) pair ([nnz, 2]) with their ``gaussian_ids`` [nnz].
+        """
         means2d = info["means2d"]
-        grads = (means2d.absgrad if self.cfg.absgrad else means2d.grad).clone()  # [C, N, 2]
+        grads = (means2d.absgrad if self.cfg.absgrad else means2d.grad).clone()
         grads[..., 0] *= info["width"] / 2.0 * info["n_cameras"]
         grads[..., 1] *= info["height"] / 2.0 * info["n_cameras"]
-        visible = (info["radii"] > 0).all(dim=-1)  # [C, N]
+        radii = info["radii"]
+        if info.get("gaussian_ids") is not None:
+            ids = info["gaussian_ids"]  # [nnz]
+        else:
+            visible = (radii > 0).all(dim=-1)  # [C, N]
+            ids = torch.where(visible)[1]  # [nnz]
+            grads, radii = grads[visible], radii[visible]  # [nnz, 2]
         n = trainer.model.num_gaussians
-        grad_norm = torch.where(visible, grads.norm(dim=-1), 0.0).sum(0)  # [N]
-        count = visible.float().sum(0)  # [N]
+        grad_norm = grads.new_zeros(n).index_add_(0, ids, grads.norm(dim=-1))  # [N]
+        count = grads.new_zeros(n).index_add_(0, ids, torch.ones_like(ids, dtype=grads.dtype))  # [N]
         increments = [grad_norm, count]
         if self.cfg.refine_scale2d_stop > 0:
-            radii = info["radii"].max(dim=-1).values.float() / float(max(info["width"], info["height"]))
-            increments.append(torch.where(visible, radii, 0.0).amax(0))  # [N]
+            screen = radii.max(dim=-1).values.to(grads.dtype) / float(max(info["width"], info["height"]))
+            increments.append(grads.new_zeros(n).scatter_reduce_(0, ids, screen, "amax"))  # [N]
         trainer.dist.all_reduce_sum(increments[:2])
         if self.state["grad2d"] is None:
             self.state["grad2d"] = torch.zeros(n, device=grads.device)
