@@ -70,5 +70,6 @@ class Registry(Generic[T]):
 HOOK_REGISTRY: Registry = Registry("hook")
 WRITER_REGISTRY: Registry = Registry("writer")
 DATASET_REGISTRY: Registry = Registry("dataset")
+MODEL_REGISTRY: Registry = Registry("model")
 RENDERER_REGISTRY: Registry = Registry("renderer")
 STRATEGY_REGISTRY: Registry = Registry("strategy")

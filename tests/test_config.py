@@ -20,15 +20,15 @@ def test_base_include_and_overrides(tmp_path: Path) -> None:
     cfg = parse_structured(DefaultTrainer.Config, raw, source=str(child))
     assert cfg.max_steps == 200 and isinstance(cfg.max_steps, int)
     assert cfg.seed == 4
-    assert cfg.model.sh_degree == 1
+    assert cfg.model["sh_degree"] == 1 and cfg.model["name"] == "gaussians"  # merged into the default entry
     assert cfg.hooks[0]["log_interval"] == 10
     assert cfg.resume == "ckpt.pt"
     assert cfg.data.dataset == "synthetic"  # defaults fill what the files leave out
 
 
 def test_unknown_key_names_key_and_file(tmp_path: Path) -> None:
-    path = write_yaml(tmp_path / "bad.yaml", {"model": {"sh_degre": 2}})
-    with pytest.raises(ConfigError, match=r"bad\.yaml.*model\.sh_degre"):
+    path = write_yaml(tmp_path / "bad.yaml", {"data": {"factr": 2}})
+    with pytest.raises(ConfigError, match=r"bad\.yaml.*data\.factr"):
         parse_structured(DefaultTrainer.Config, load_config(path), source=str(path))
 
 
@@ -102,3 +102,14 @@ def test_resolved_config_is_written_and_complete(make_trainer) -> None:
     assert written["renderer"]["name"] == "torch" and "eps2d" in written["renderer"]
     assert written["data"]["synthetic"]["width"] == 32
     assert "resume" not in written
+
+
+def test_model_entry_is_validated_and_resolved(make_trainer) -> None:
+    with pytest.raises(ConfigError, match=r"model\.sh_degre"):
+        make_trainer(model={"sh_degre": 2})
+    with pytest.raises(ConfigError, match=r"unknown model 'splats'.*gaussians"):
+        make_trainer(model={"name": "splats"})
+    trainer = make_trainer(model={"sh_degree": 2})
+    assert trainer.resolved_config["model"]["sh_degree"] == 2
+    assert trainer.resolved_config["model"]["init_opacity"] == 0.1  # defaults filled in
+    assert trainer.model.params["shN"].shape[1] == 8

@@ -26,15 +26,23 @@ import gsrecon.model.mcmc_strategy
 import gsrecon.model.strategy
 import gsrecon.render.renderers  # noqa: F401  (registers the built-in renderers)
 from gsrecon.config import ConfigError, parse_structured, resolved_entry, save_yaml, to_container
+from gsrecon.data.cameras import Scene
 from gsrecon.data.datapipeline import DataPipeline
 from gsrecon.distributed import DistributedContext
 from gsrecon.hooks.base import Hook, get_priority
 from gsrecon.logging.console import Logger
 from gsrecon.losses import photometric_loss
-from gsrecon.model.gaussians import PARAM_NAMES, GaussianModel
+from gsrecon.model.gaussians import PARAM_NAMES
 from gsrecon.model.optim import OptimizerConfig, SchedulerConfig, build_optimizers, build_schedulers
 from gsrecon.plugins import import_plugins
-from gsrecon.registry import HOOK_REGISTRY, RENDERER_REGISTRY, STRATEGY_REGISTRY, WRITER_REGISTRY, Registry
+from gsrecon.registry import (
+    HOOK_REGISTRY,
+    MODEL_REGISTRY,
+    RENDERER_REGISTRY,
+    STRATEGY_REGISTRY,
+    WRITER_REGISTRY,
+    Registry,
+)
 from gsrecon.render.base import RenderOutput
 
 CHECKPOINT_VERSION = 1
@@ -83,7 +91,7 @@ class DefaultTrainer:
         resume: Any = False  # false | true (newest checkpoint of exp_dir) | a checkpoint path
         imports: list[str] = field(default_factory=list)  # modules or .py files imported before building
         data: DataPipeline.Config = field(default_factory=DataPipeline.Config)
-        model: GaussianModel.Config = field(default_factory=GaussianModel.Config)
+        model: dict[str, Any] = field(default_factory=lambda: {"name": "gaussians"})
         renderer: dict[str, Any] = field(default_factory=lambda: {"name": "auto"})
         optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
         scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -117,19 +125,20 @@ class DefaultTrainer:
 
         # Resolve every registry entry first: unknown names and bad arguments fail before any work.
         self.renderer_cfg = resolve_renderer_entry(cfg.renderer, self.device, source)
+        self.model_cfg = _resolved_entry(MODEL_REGISTRY, cfg.model, source, "model")
         self.strategy_cfg = _resolved_entry(STRATEGY_REGISTRY, cfg.strategy, source, "strategy")
         writer_cfgs = [_resolved_entry(WRITER_REGISTRY, w, source, f"writers.{i}") for i, w in enumerate(cfg.writers)]
         hook_cfgs = [_resolved_entry(HOOK_REGISTRY, h, source, f"hooks.{i}", extra=("priority",))
                      for i, h in enumerate(cfg.hooks)]
-        self.resolved_config = {**to_container(cfg), "renderer": self.renderer_cfg, "strategy": self.strategy_cfg,
-                                "writers": writer_cfgs, "hooks": hook_cfgs}
+        self.resolved_config = {**to_container(cfg), "model": self.model_cfg, "renderer": self.renderer_cfg,
+                                "strategy": self.strategy_cfg, "writers": writer_cfgs, "hooks": hook_cfgs}
         self.resolved_config.pop("resume")
         self._check_exp_dir(overwrite)
 
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
         self.datapipeline = DataPipeline(cfg.data, self.device, cfg.seed, self.dist.rank, self.dist.world_size)
-        self.model = GaussianModel.from_scene(cfg.model, self.datapipeline.scene, cfg.seed).to(self.device)
+        self.model = build_model(self.model_cfg, self.datapipeline.scene, cfg.seed, source).to(self.device)
         self.dist.broadcast_params(self.model.params)
         self.renderer = RENDERER_REGISTRY.build(self.renderer_cfg)
         self.renderer.setup(self.logger)
@@ -430,6 +439,13 @@ class DefaultTrainer:
     def write_histogram(self, name: str, values: torch.Tensor, step: int | None = None) -> None:
         for writer in self.writers:
             writer.write_histogram(name, values, self.step if step is None else step)
+
+
+def build_model(entry: dict[str, Any], scene: Scene, seed: int, source: str = "config") -> torch.nn.Module:
+    """The ``model:`` entry's class, initialised from ``scene`` with its ``from_scene``."""
+    args = dict(entry)
+    cls = MODEL_REGISTRY.get(args.pop("name"))
+    return cls.from_scene(parse_structured(cls.Config, args, source, "model"), scene, seed)
 
 
 def latest_checkpoint(directory: Path) -> Path | None:

@@ -16,13 +16,19 @@ from scipy.spatial import cKDTree
 from torch import Tensor
 
 from gsrecon.data.cameras import Scene
+from gsrecon.registry import MODEL_REGISTRY
 from gsrecon.render.sh import rgb_to_sh
 
 PARAM_NAMES = ("means", "scales", "quats", "opacities", "sh0", "shN")
 
 
+@MODEL_REGISTRY.register("gaussians")
 class GaussianModel(torch.nn.Module):
-    """A set of 3D Gaussians held in ``self.params`` (a ParameterDict keyed by :data:`PARAM_NAMES`)."""
+    """A set of 3D Gaussians held in ``self.params`` (a ParameterDict keyed by :data:`PARAM_NAMES`).
+
+    Models registered in ``MODEL_REGISTRY`` provide ``from_scene(cfg, scene, seed)``, ``params``,
+    ``num_gaussians`` and ``active_sh_degree(step)``.
+    """
 
     @dataclass
     class Config:
