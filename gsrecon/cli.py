@@ -92,7 +92,9 @@ def _render(args: argparse.Namespace) -> int:
 def _add_render(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("render", help="render a video along a camera path fitted to the training cameras")
     _add_source_args(p)
-    p.add_argument("--path", default="ellipse", choices=["ellipse", "spiral", "interp"])
+    p.add_argument("--path", default="ellipse",
+                   help="ellipse (orbit, for 360 captures), spiral (forward-facing captures) or interp (through "
+                        "the training poses)")
     p.add_argument("--frames", type=int, default=120)
     p.add_argument("--fps", type=int, default=30)
     p.add_argument("--depth", action="store_true", help="also write a depth video (<out>_depth.mp4)")

@@ -1,4 +1,9 @@
-"""Image quality metrics for evaluation: PSNR, SSIM and LPIPS, as reported by the 3DGS papers."""
+"""Image quality metrics for evaluation: PSNR, SSIM and LPIPS.
+
+The protocol is gsplat's: SSIM with an 11x11 Gaussian window (sigma 1.5), LPIPS v0.1 with the
+AlexNet backbone by default. The reference 3DGS code reports LPIPS with VGG: set
+``metrics.lpips_net: vgg`` to compare with its numbers.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +12,14 @@ import math
 import pickle
 import warnings
 from pathlib import Path
+from typing import Any
 
 import lpips
 import torch
 import torchvision
 from torch import Tensor
-from torchmetrics.functional.image import structural_similarity_index_measure
 
+from gsrecon.losses import ssim
 from gsrecon.lpips_weights import LPIPS_NETS, lpips_backbone_path
 
 _TORCHVISION_WEIGHTS = {
@@ -35,7 +41,7 @@ def psnr(pred: Tensor, gt: Tensor) -> float:
 class ImageMetrics:
     """PSNR, SSIM and LPIPS of a rendered image against its ground truth.
 
-    SSIM is torchmetrics' (Gaussian window 11, sigma 1.5, data range 1). LPIPS is ``lpips`` v0.1 with
+    SSIM is the training loss's (Gaussian window 11, sigma 1.5, data range 1). LPIPS is ``lpips`` v0.1 with
     the ``lpips_net`` backbone; its ImageNet backbone comes from the gsrecon cache (see
     ``gsrecon weights lpips``) or else from torchvision's own download cache. With neither, LPIPS is
     reported as None and a warning (once per process) says how to get the weights.
@@ -70,11 +76,21 @@ class ImageMetrics:
             raise ValueError(
                 f"expected two [H, W, 3] images of the same shape, got {tuple(pred.shape)} and {tuple(gt.shape)}"
             )
-        pred = pred.to(self.device, torch.float32).clamp(0, 1).permute(2, 0, 1)[None]  # [1, 3, H, W]
-        gt = gt.to(self.device, torch.float32).clamp(0, 1).permute(2, 0, 1)[None]  # [1, 3, H, W]
-        ssim = structural_similarity_index_measure(pred, gt, data_range=1.0)
-        lpips_value = None if self._lpips is None else self._lpips(pred * 2 - 1, gt * 2 - 1).item()
-        return {"psnr": psnr(pred, gt), "ssim": float(ssim), "lpips": lpips_value}
+        pred = pred.to(self.device, torch.float32).clamp(0, 1)[None]  # [1, H, W, 3]
+        gt = gt.to(self.device, torch.float32).clamp(0, 1)[None]  # [1, H, W, 3]
+        lpips_value = None
+        if self._lpips is not None:
+            lpips_value = self._lpips(pred.permute(0, 3, 1, 2) * 2 - 1, gt.permute(0, 3, 1, 2) * 2 - 1).item()
+        return {"psnr": psnr(pred, gt), "ssim": float(ssim(pred, gt)), "lpips": lpips_value}
+
+
+def mean_metrics(results: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Per-metric means over per-view ``results`` (keys other than ``name``); None if any view lacks it."""
+    means: dict[str, float | None] = {}
+    for key in (k for k in results[0] if k != "name"):
+        values = [r[key] for r in results]
+        means[key] = None if any(v is None for v in values) else float(sum(values) / len(values))
+    return means
 
 
 def _build_lpips(net: str) -> tuple[lpips.LPIPS | None, str | None]:

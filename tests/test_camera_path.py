@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from gsrecon.render.camera_path import camera_centers, ellipse_path, focus_point, interp_path, look_at, spiral_path
+from gsrecon.geometry import camera_centers, look_at, quat_to_rotmat, rotmat_to_quat
+from gsrecon.render.camera_path import ellipse_path, focus_point, interp_path, spiral_path
 
 UP = torch.tensor([0.2, -0.3, 1.0]) / math.sqrt(1.13)  # a world up that is not a coordinate axis
 TARGET = torch.tensor([0.5, -0.2, 1.0])
@@ -125,3 +126,30 @@ def test_interp_path_handles_quaternion_sign_flips():
 def test_interp_path_needs_two_poses():
     with pytest.raises(ValueError, match="at least 2 poses"):
         interp_path(_orbit_cameras()[:1], n_frames=10)
+
+
+def test_forward_facing_capture_focuses_at_the_median_point_depth() -> None:
+    positions = torch.tensor([[x, y, 0.0] for x in (-0.2, 0.0, 0.2) for y in (-0.1, 0.1)])
+    viewmats = look_at(positions, positions + torch.tensor([0.0, 0.0, 1.0]), torch.tensor([0.0, -1.0, 0.0]))
+    with pytest.raises(ValueError, match="parallel"):
+        focus_point(viewmats)
+    points = torch.tensor([[0.0, 0.0, 3.0], [0.1, 0.0, 4.0], [0.0, 0.1, 5.0], [0.0, 0.0, -2.0]])  # one behind
+    focus = focus_point(viewmats, points)
+    torch.testing.assert_close(focus, torch.tensor([0.0, 0.0, 4.0]), atol=1e-5, rtol=0)
+    frames = spiral_path(viewmats, 12, focus=focus)
+    assert torch.isfinite(frames).all()
+
+
+def test_look_at_refuses_a_camera_looking_along_up() -> None:
+    with pytest.raises(ValueError, match="up vector"):
+        look_at(torch.tensor([[0.0, 0.0, 5.0]]), torch.zeros(3), torch.tensor([0.0, 0.0, 1.0]))
+
+
+def test_quaternion_rotation_round_trip() -> None:
+    quats = torch.nn.functional.normalize(torch.randn(100, 4, generator=torch.Generator().manual_seed(0)), dim=-1)
+    quats = quats * quats[:, :1].sign()  # q and -q are the same rotation: compare with w >= 0
+    R = quat_to_rotmat(quats * 3.0)  # any norm
+    torch.testing.assert_close(R @ R.transpose(1, 2), torch.eye(3).expand(100, 3, 3), atol=1e-5, rtol=0)
+    torch.testing.assert_close(torch.linalg.det(R), torch.ones(100), atol=1e-5, rtol=0)
+    back = rotmat_to_quat(R)
+    torch.testing.assert_close(back * back[:, :1].sign(), quats, atol=1e-5, rtol=0)

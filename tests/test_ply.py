@@ -7,7 +7,8 @@ import pytest
 import torch
 from plyfile import PlyData, PlyElement
 
-from gsrecon.model.ply import SH_C0, load_ply, save_ply, save_splat
+from gsrecon.model.ply import load_ply, save_ply, save_splat
+from gsrecon.render.sh import SH_C0
 
 
 def _params(n: int = 50, sh_degree: int = 3, seed: int = 0) -> dict[str, torch.Tensor]:

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from gsrecon.geometry import camera_centers
+
 
 @dataclass
 class Frame:
@@ -33,8 +35,7 @@ class Frame:
     @property
     def camera_center(self) -> Tensor:
         """Camera position in world coordinates, [3]."""
-        R, t = self.viewmat[:3, :3], self.viewmat[:3, 3]
-        return -R.T @ t
+        return camera_centers(self.viewmat)
 
 
 @dataclass
@@ -50,6 +51,12 @@ class Scene:
     def __post_init__(self) -> None:
         if self.extent <= 0.0:
             self.extent = scene_extent(self.train + self.test)
+
+    @property
+    def center(self) -> Tensor:
+        """Mean camera position, [3] (the centre of the sphere ``extent`` measures)."""
+        frames = self.train + self.test
+        return torch.stack([f.camera_center for f in frames]).mean(0) if frames else torch.zeros(3)
 
 
 def scene_extent(frames: list[Frame]) -> float:

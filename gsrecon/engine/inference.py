@@ -4,7 +4,7 @@ render camera-path videos and export PLY / .splat files."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,13 +28,13 @@ from gsrecon.engine.trainer import (
     resolve_renderer_entry,
 )
 from gsrecon.logging.console import Logger
-from gsrecon.metrics import ImageMetrics
+from gsrecon.metrics import ImageMetrics, mean_metrics
 from gsrecon.model.gaussians import check_params
 from gsrecon.model.ply import load_ply, save_ply, save_splat
 from gsrecon.plugins import import_plugins
 from gsrecon.registry import RENDERER_REGISTRY
-from gsrecon.render.base import Renderer
-from gsrecon.render.camera_path import ellipse_path, interp_path, spiral_path
+from gsrecon.render.base import Renderer, RenderOutput
+from gsrecon.render.camera_path import ellipse_path, focus_point, interp_path, spiral_path
 from gsrecon.render.video import depth_to_rgb, write_video
 
 CAMERA_PATHS = {"ellipse": ellipse_path, "spiral": spiral_path, "interp": interp_path}
@@ -119,8 +119,7 @@ def evaluate(scene: TrainedScene, out_dir: str | Path, device: str = "auto", log
             _save_png(batch.images[0], out_dir / "gt" / f"{name}.png")
             views.append({"name": name, **metrics(render, batch.images[0])})
         fps = _measure_fps(renderer, params, batches, scene.sh_degree, torch_device, fps_repeats)
-    mean = {k: (None if any(v[k] is None for v in views) else float(np.mean([v[k] for v in views])))
-            for k in ("psnr", "ssim", "lpips")}
+    mean = mean_metrics(views)
     result = {
         "source": scene.source,
         "step": scene.step,
@@ -152,24 +151,29 @@ def render_path_video(scene: TrainedScene, out: str | Path, path: str = "ellipse
     torch_device = resolve_device(device if device != "auto" else scene.cfg.device, DistributedContext())
     pipeline = DataPipeline(scene.cfg.data, torch_device, scene.cfg.seed)
     train = pipeline.scene.train
-    viewmats = CAMERA_PATHS[path](torch.stack([f.viewmat for f in train]).float(), frames).to(torch_device)
+    train_viewmats = torch.stack([f.viewmat for f in train]).float()  # [N, 4, 4]
+    if path == "interp":
+        viewmats = interp_path(train_viewmats, frames)
+    else:
+        focus = focus_point(train_viewmats, pipeline.scene.points)
+        viewmats = CAMERA_PATHS[path](train_viewmats, frames, focus=focus)
+    viewmats = viewmats.to(torch_device)
     K, width, height = train[0].K.float().to(torch_device), train[0].width, train[0].height
     renderer = build_renderer(scene, torch_device, logger)
     params = {k: v.to(torch_device) for k, v in scene.params.items()}
     background = pipeline.fixed_background().to(torch_device)[None]
-    colour_frames, depth_frames = [], []
-    with torch.no_grad():
+
+    @torch.no_grad()
+    def renders() -> Iterator[RenderOutput]:  # one frame at a time: long videos need not fit in memory
         for viewmat in viewmats:
-            frame = renderer.render(params, viewmat[None], K[None], width, height, scene.sh_degree, background)
-            colour_frames.append((frame.image[0].clamp(0, 1) * 255).round().byte().cpu().numpy())
-            if depth:
-                depth_frames.append(depth_to_rgb(frame.depth[0, ..., 0], frame.alpha[0, ..., 0]))
+            yield renderer.render(params, viewmat[None], K[None], width, height, scene.sh_degree, background)
+
     out = Path(out)
     written = [out]
-    write_video(out, colour_frames, fps)
+    write_video(out, (_to_uint8(r.image[0]) for r in renders()), fps)
     if depth:
         depth_path = out.with_name(f"{out.stem}_depth{out.suffix}")
-        write_video(depth_path, depth_frames, fps)
+        write_video(depth_path, (depth_to_rgb(r.depth[0, ..., 0], r.alpha[0, ..., 0]) for r in renders()), fps)
         written.append(depth_path)
     return written
 
@@ -183,11 +187,14 @@ def export(scene: TrainedScene, out: str | Path, fmt: str = "ply") -> Path:
     return Path(out)
 
 
+def _to_uint8(image: Tensor) -> np.ndarray:
+    return (image.clamp(0, 1) * 255).round().byte().cpu().numpy()
+
+
 def _save_png(image: Tensor, path: Path) -> None:
-    array = (image.clamp(0, 1) * 255).round().byte().cpu().numpy()
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path) as tmp:
-        Image.fromarray(array).save(tmp, format="PNG")
+        Image.fromarray(_to_uint8(image)).save(tmp, format="PNG")
 
 
 def _measure_fps(renderer: Renderer, params: dict[str, Tensor], batches: list, sh_degree: int,

@@ -32,6 +32,8 @@ from gsrecon.distributed import DistributedContext
 from gsrecon.hooks.base import Hook, get_priority
 from gsrecon.logging.console import Logger
 from gsrecon.losses import photometric_loss
+from gsrecon.lpips_weights import LPIPS_NETS
+from gsrecon.metrics import ImageMetrics, mean_metrics
 from gsrecon.model.gaussians import PARAM_NAMES
 from gsrecon.model.optim import OptimizerConfig, SchedulerConfig, build_optimizers, build_schedulers
 from gsrecon.plugins import import_plugins
@@ -328,8 +330,6 @@ class DefaultTrainer:
     def metrics(self):
         """The validation metrics (PSNR, SSIM, LPIPS), built on first use without touching the RNG."""
         if self._metrics is None:
-            from gsrecon.metrics import ImageMetrics
-
             with torch.random.fork_rng(devices=[]):
                 self._metrics = ImageMetrics(lpips_net=self.cfg.metrics.lpips_net, device=self.device)
         return self._metrics
@@ -351,7 +351,7 @@ class DefaultTrainer:
             self.call_hook("after_val_iter", index=index, outputs=outputs)
             results.append({"name": batch.names[0], **metrics})
         self.val_results = results
-        self.val_metrics = _mean_metrics(results)
+        self.val_metrics = mean_metrics(results)
         self.call_hook("after_val")
         return self.val_metrics
 
@@ -469,15 +469,6 @@ def load_checkpoint_file(path: str | Path, device: torch.device | str = "cpu") -
     return checkpoint
 
 
-def _mean_metrics(results: list[dict[str, Any]]) -> dict[str, float | None]:
-    keys = [k for k in results[0] if k != "name"]
-    means: dict[str, float | None] = {}
-    for key in keys:
-        values = [r[key] for r in results]
-        means[key] = None if any(v is None for v in values) else float(sum(values) / len(values))
-    return means
-
-
 def _check_top_level(cfg: DefaultTrainer.Config, source: str) -> None:
     if cfg.max_steps < 1:
         raise ConfigError(f"{source}: key 'max_steps': must be >= 1, got {cfg.max_steps}")
@@ -487,8 +478,8 @@ def _check_top_level(cfg: DefaultTrainer.Config, source: str) -> None:
         raise ConfigError(f"{source}: key 'loss.ssim_lambda': must be in [0, 1], got {cfg.loss.ssim_lambda}")
     if not (cfg.resume is None or isinstance(cfg.resume, (bool, str))):
         raise ConfigError(f"{source}: key 'resume': must be true, false or a checkpoint path, got {cfg.resume!r}")
-    if cfg.metrics.lpips_net not in ("alex", "vgg", "none"):
-        raise ConfigError(f"{source}: key 'metrics.lpips_net': must be alex, vgg or none, "
+    if cfg.metrics.lpips_net not in (*LPIPS_NETS, "none"):
+        raise ConfigError(f"{source}: key 'metrics.lpips_net': must be one of {', '.join(LPIPS_NETS)} or none, "
                           f"got '{cfg.metrics.lpips_net}'")
 
 

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from gsrecon.data.cameras import Scene
 from gsrecon.registry import MODEL_REGISTRY
-from gsrecon.render.sh import rgb_to_sh
+from gsrecon.render.sh import MAX_SH_DEGREE, num_sh_bases, rgb_to_sh, sh_degree_of
 
 PARAM_NAMES = ("means", "scales", "quats", "opacities", "sh0", "shN")
 
@@ -43,8 +43,8 @@ class GaussianModel(torch.nn.Module):
 
     def __init__(self, cfg: Config, params: dict[str, Tensor]) -> None:
         super().__init__()
-        if not 0 <= cfg.sh_degree <= 3:
-            raise ValueError(f"model.sh_degree must be between 0 and 3, got {cfg.sh_degree}")
+        if not 0 <= cfg.sh_degree <= MAX_SH_DEGREE:
+            raise ValueError(f"model.sh_degree must be between 0 and {MAX_SH_DEGREE}, got {cfg.sh_degree}")
         if cfg.sh_degree_interval < 1:
             raise ValueError(f"model.sh_degree_interval must be >= 1, got {cfg.sh_degree_interval}")
         self.cfg = cfg
@@ -68,7 +68,7 @@ class GaussianModel(torch.nn.Module):
         elif cfg.init == "random":
             if cfg.init_num_points < 1:
                 raise ValueError(f"model.init_num_points must be >= 1, got {cfg.init_num_points}")
-            center = _scene_center(scene)
+            center = scene.center
             half = cfg.init_extent * scene.extent
             points = center + (torch.rand(cfg.init_num_points, 3, generator=generator) * 2 - 1) * half
             colors = torch.rand(cfg.init_num_points, 3, generator=generator)
@@ -83,12 +83,6 @@ class GaussianModel(torch.nn.Module):
     def active_sh_degree(self, step: int) -> int:
         """SH degree in use at training ``step``: one more every ``sh_degree_interval`` steps."""
         return min(step // self.cfg.sh_degree_interval, self.cfg.sh_degree)
-
-
-def sh_degree_of(num_rest: int) -> int | None:
-    """The SH degree D with ``(D+1)^2 - 1 == num_rest`` rest coefficients per channel, or None."""
-    degree = round((num_rest + 1) ** 0.5) - 1
-    return degree if degree >= 0 and (degree + 1) ** 2 - 1 == num_rest else None
 
 
 def check_params(params: Mapping[str, Tensor]) -> int:
@@ -121,7 +115,7 @@ def init_params(points: Tensor, colors: Tensor, sh_degree: int, opacity: float, 
     """
     n = points.shape[0]
     dist = nearest_neighbor_distance(points, k=3).clamp_min(1e-7)  # [N]
-    num_rest = (sh_degree + 1) ** 2 - 1
+    num_rest = num_sh_bases(sh_degree) - 1
     return {
         "means": points.clone(),
         "scales": torch.log(dist * scale_mult)[:, None].repeat(1, 3),
@@ -143,16 +137,9 @@ def nearest_neighbor_distance(points: Tensor, k: int = 3) -> Tensor:
     return torch.from_numpy(np.asarray(dist)[:, 1:].mean(axis=1)).float()
 
 
-def _scene_center(scene: Scene) -> Tensor:
-    frames = scene.train + scene.test
-    if not frames:
-        return torch.zeros(3)
-    return torch.stack([f.camera_center for f in frames]).mean(0)
-
-
 def _with_sh_degree(params: dict[str, Tensor], sh_degree: int) -> dict[str, Tensor]:
     """Pad or truncate ``shN`` to the configured SH degree."""
-    num_rest = (sh_degree + 1) ** 2 - 1
+    num_rest = num_sh_bases(sh_degree) - 1
     shN = params["shN"]
     if shN.shape[1] >= num_rest:
         shN = shN[:, :num_rest]

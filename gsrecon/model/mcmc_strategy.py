@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
-from gsplat.utils import normalized_quat_to_rotmat
 from torch import Tensor
 
+from gsrecon.geometry import quat_to_rotmat
 from gsrecon.model.strategy import Strategy
 from gsrecon.registry import STRATEGY_REGISTRY
 
@@ -152,8 +152,8 @@ def inject_position_noise(params: torch.nn.ParameterDict, scale: float) -> None:
     """Add noise ~ N(0, Σ) · gate(1 - opacity) · ``scale`` to the means (Eq. 10 of the paper)."""
     opacities = torch.sigmoid(params["opacities"])
     scales = torch.exp(params["scales"])
-    rotmats = normalized_quat_to_rotmat(torch.nn.functional.normalize(params["quats"], dim=-1))  # [N, 3, 3]
-    covars = rotmats @ torch.diag_embed(scales**2) @ rotmats.transpose(1, 2)  # [N, 3, 3]
+    factors = quat_to_rotmat(params["quats"]) * scales[:, None, :]  # [N, 3, 3] R diag(s)
+    covars = factors @ factors.transpose(1, 2)  # [N, 3, 3]
     gate = torch.sigmoid(100.0 * ((1.0 - opacities) - 0.995))  # ~1 only for nearly transparent Gaussians
     noise = torch.randn_like(params["means"]) * gate[:, None] * scale
     params["means"].data.add_(torch.einsum("nij,nj->ni", covars, noise))

@@ -24,9 +24,8 @@ from plyfile import PlyData, PlyElement, PlyParseError
 from torch import Tensor
 
 from gsrecon.atomic import atomic_path
-from gsrecon.model.gaussians import PARAM_NAMES, check_params, sh_degree_of
-
-SH_C0 = 0.28209479177387814  # degree-0 real spherical harmonic, 1 / (2 sqrt(pi))
+from gsrecon.model.gaussians import PARAM_NAMES, check_params
+from gsrecon.render.sh import SH_C0, sh_degree_of
 
 _F_REST = re.compile(r"f_rest_(\d+)")
 

@@ -10,45 +10,37 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-
-def camera_centers(viewmats: Tensor) -> Tensor:
-    """Camera positions in world coordinates, ``[N, 3]``."""
-    R, t = viewmats[:, :3, :3], viewmats[:, :3, 3]
-    return -(R.transpose(1, 2) @ t[:, :, None])[:, :, 0]
+from gsrecon.geometry import camera_centers, look_at, quat_to_rotmat, rotmat_to_quat
 
 
-def focus_point(viewmats: Tensor) -> Tensor:
-    """The point nearest (least squares) to all camera optical axes, ``[3]``.
+def focus_point(viewmats: Tensor, points: Tensor | None = None) -> Tensor:
+    """The point the cameras look at, ``[3]``: the least-squares nearest point to all optical axes.
+
+    For forward-facing captures, whose optical axes are (nearly) parallel, it is instead the point on
+    the mean viewing axis at the median depth of ``points [P, 3]`` (e.g. the SfM points) in front of
+    the cameras.
 
     Raises:
-        ValueError: the optical axes are (nearly) parallel, so no such point is defined.
+        ValueError: the axes are parallel and no points in front of the cameras were given.
     """
     vm = viewmats.double()
     centers = camera_centers(vm)  # [N, 3]
     dirs = vm[:, 2, :3]  # [N, 3] optical axes (camera z in world)
-    proj = torch.eye(3, dtype=vm.dtype) - dirs[:, :, None] * dirs[:, None, :]  # [N, 3, 3] onto each axis' normal plane
+    proj = torch.eye(3, dtype=vm.dtype, device=vm.device) - dirs[:, :, None] * dirs[:, None, :]  # [N, 3, 3]
     A = proj.sum(0)  # [3, 3]
-    if torch.linalg.eigvalsh(A / len(vm))[0] < 1e-4:
-        raise ValueError("the cameras' optical axes are (nearly) parallel; pass an explicit focus point")
-    b = (proj @ centers[:, :, None]).sum(0)  # [3, 1]
-    return torch.linalg.solve(A, b)[:, 0].to(viewmats.dtype)
-
-
-def look_at(positions: Tensor, targets: Tensor, up: Tensor) -> Tensor:
-    """World-to-camera viewmats ``[F, 4, 4]`` at ``positions [F, 3]`` looking at ``targets [F, 3] | [3]``.
-
-    The image's up direction (-y) is ``up [3]`` projected onto the image plane.
-    """
-    forward = _normalize(targets - positions)  # [F, 3] camera z
-    right = _normalize(torch.linalg.cross(forward, up.expand_as(forward)))  # [F, 3] camera x
-    down = torch.linalg.cross(forward, right)  # [F, 3] camera y
-    R = torch.stack([right, down, forward], dim=1)  # [F, 3, 3] rows are the camera axes in world
-    viewmats = torch.eye(4, dtype=positions.dtype).repeat(len(positions), 1, 1)
-    viewmats[:, :3, :3] = R
-    viewmats[:, :3, 3] = -(R @ positions[:, :, None])[:, :, 0]
-    return viewmats
+    if torch.linalg.eigvalsh(A / len(vm))[0] >= 1e-4:
+        b = (proj @ centers[:, :, None]).sum(0)  # [3, 1]
+        return torch.linalg.solve(A, b)[:, 0].to(viewmats.dtype)
+    mean_center, forward = centers.mean(0), _normalize(dirs.mean(0))
+    depths = (points.to(vm) - mean_center) @ forward if points is not None else vm.new_zeros(0)  # [P]
+    depths = depths[depths > 0]
+    if len(depths) == 0:
+        raise ValueError("the cameras' optical axes are (nearly) parallel and there are no scene points in front "
+                         "of them to place the focus point")
+    return (mean_center + depths.median() * forward).to(viewmats.dtype)
 
 
 def ellipse_path(viewmats: Tensor, n_frames: int = 120, focus: Tensor | None = None) -> Tensor:
@@ -122,14 +114,14 @@ def interp_path(viewmats: Tensor, n_frames: int) -> Tensor:
         raise ValueError(f"interp_path needs at least 2 poses and 2 frames, got {len(viewmats)} and {n_frames}")
     vm = viewmats.detach().cpu().double()
     c2w_rot = vm[:, :3, :3].transpose(1, 2)  # [N, 3, 3]
-    quats = _rotmat_to_quat(c2w_rot)  # [N, 4]
+    quats = rotmat_to_quat(c2w_rot)  # [N, 4]
     for i in range(1, len(quats)):  # q and -q are the same rotation: take the one nearer the previous
         if quats[i] @ quats[i - 1] < 0:
             quats[i] = -quats[i]
     keys = torch.cat([camera_centers(vm), quats], dim=1)  # [N, 7]
     t = torch.arange(n_frames, dtype=vm.dtype) * (len(vm) - 1) / (n_frames - 1)  # [F] exact at integers
     values = _catmull_rom(keys, t)  # [F, 7]
-    rotations = _quat_to_rotmat(_normalize(values[:, 3:])).transpose(1, 2)  # [F, 3, 3] world-to-camera
+    rotations = quat_to_rotmat(values[:, 3:]).transpose(1, 2)  # [F, 3, 3] world-to-camera
     out = torch.eye(4, dtype=vm.dtype).repeat(n_frames, 1, 1)
     out[:, :3, :3] = rotations
     out[:, :3, 3] = -(rotations @ values[:, :3, None])[:, :, 0]
@@ -159,41 +151,4 @@ def _plane_basis(normal: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _normalize(x: Tensor) -> Tensor:
-    return x / x.norm(dim=-1, keepdim=True)
-
-
-def _rotmat_to_quat(R: Tensor) -> Tensor:
-    """Rotation matrices ``[N, 3, 3]`` -> unit quaternions ``[N, 4]`` (w, x, y, z), numerically stable."""
-    diag = R.diagonal(dim1=1, dim2=2)  # [N, 3]
-    squares = torch.stack(  # 4w^2, 4x^2, 4y^2, 4z^2
-        [
-            1 + diag.sum(1),
-            1 + diag[:, 0] - diag[:, 1] - diag[:, 2],
-            1 - diag[:, 0] + diag[:, 1] - diag[:, 2],
-            1 - diag[:, 0] - diag[:, 1] + diag[:, 2],
-        ],
-        dim=1,
-    )  # [N, 4]
-    wx, wy, wz = R[:, 2, 1] - R[:, 1, 2], R[:, 0, 2] - R[:, 2, 0], R[:, 1, 0] - R[:, 0, 1]
-    xy, xz, yz = R[:, 1, 0] + R[:, 0, 1], R[:, 0, 2] + R[:, 2, 0], R[:, 2, 1] + R[:, 1, 2]
-    candidates = torch.stack(  # row k: 4 q_k q, computed from the largest component k
-        [
-            torch.stack([squares[:, 0], wx, wy, wz], dim=1),
-            torch.stack([wx, squares[:, 1], xy, xz], dim=1),
-            torch.stack([wy, xy, squares[:, 2], yz], dim=1),
-            torch.stack([wz, xz, yz, squares[:, 3]], dim=1),
-        ],
-        dim=1,
-    )  # [N, 4, 4]
-    best = squares.argmax(dim=1)  # [N]
-    return _normalize(candidates[torch.arange(len(R)), best])
-
-
-def _quat_to_rotmat(q: Tensor) -> Tensor:
-    """Unit quaternions ``[N, 4]`` (w, x, y, z) -> rotation matrices ``[N, 3, 3]``."""
-    w, x, y, z = q.unbind(-1)
-    return torch.stack(
-        [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
-         2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
-         2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)], dim=-1
-    ).reshape(-1, 3, 3)  # fmt: skip
+    return F.normalize(x, dim=-1)

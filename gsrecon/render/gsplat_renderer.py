@@ -52,7 +52,8 @@ class GsplatRenderer(Renderer):
             import gsplat  # noqa: F401  (pure-Python import; kernels load below)
         except ImportError:
             raise GsplatUnavailableError(
-                "renderer 'gsplat' needs the gsplat package: pip install -e .[gsplat] (or use renderer.name=torch)"
+                "renderer 'gsplat' needs the gsplat package (a dependency of gsrecon: reinstall with "
+                "pip install -e .), or use renderer.name=torch"
             ) from None
         configure_cuda_build_env()
         if not _kernels_built():

@@ -37,6 +37,12 @@ def num_sh_bases(degree: int) -> int:
     return (degree + 1) ** 2
 
 
+def sh_degree_of(num_rest: int) -> int | None:
+    """The degree D whose ``(D+1)^2 - 1`` rest coefficients per channel equal ``num_rest``, or None."""
+    degree = round((num_rest + 1) ** 0.5) - 1
+    return degree if degree >= 0 and num_sh_bases(degree) - 1 == num_rest else None
+
+
 def sh_basis(degree: int, dirs: Tensor) -> Tensor:
     """Values of the first ``(degree+1)^2`` SH basis functions at unit directions ``dirs`` [..., 3].
 

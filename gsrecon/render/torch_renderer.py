@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from gsrecon.geometry import camera_centers, quat_to_rotmat
 from gsrecon.render.base import Renderer, RenderOutput, check_render_inputs
 from gsrecon.render.sh import sh_to_color
 
@@ -42,16 +43,7 @@ def quat_scale_to_factor(quats: Tensor, scales: Tensor) -> Tensor:
         quats: rotations (w, x, y, z), any non-zero norm, [N, 4].
         scales: activated (positive) scales, [N, 3].
     """
-    w, x, y, z = F.normalize(quats, dim=-1).unbind(-1)
-    rot = torch.stack(
-        [
-            1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
-            2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
-            2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y),
-        ],
-        dim=-1,
-    ).reshape(-1, 3, 3)  # fmt: skip
-    return rot * scales[:, None, :]
+    return quat_to_rotmat(quats) * scales[:, None, :]
 
 
 class Projection(NamedTuple):
@@ -503,11 +495,8 @@ class TorchRenderer(Renderer):
         if means2d.requires_grad:
             means2d.retain_grad()
 
-        cam_centres = -torch.matmul(
-            viewmats[:, :3, :3].transpose(1, 2), viewmats[:, :3, 3:]
-        ).squeeze(-1)  # [C, 3]
-        dirs = F.normalize(means[None] - cam_centres[:, None], dim=-1)  # [C, N, 3]
-        coeffs = torch.cat([params["sh0"], params["shN"]], dim=1)  # [N, K, 3]
+        dirs = F.normalize(means[None] - camera_centers(viewmats)[:, None], dim=-1)  # [C, N, 3]
+        coeffs = torch.cat([params["sh0"], params["shN"][:, : (sh_degree + 1) ** 2 - 1]], dim=1)  # [N, K, 3]
         colors = sh_to_color(sh_degree, dirs, coeffs[None])  # [C, N, 3]
 
         out = rasterize_tiles(

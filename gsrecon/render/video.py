@@ -28,8 +28,11 @@ def write_video(path: str | os.PathLike, frames: Iterable[np.ndarray], fps: int 
     is written atomically: on an error ``path`` is left as it was.
 
     Raises:
-        ValueError: a frame is not uint8 ``[H, W, 3]`` of the first frame's size, or there are no frames.
+        ValueError: a frame is not uint8 ``[H, W, 3]`` of the first frame's size, there are no frames,
+            or ``fps`` is not positive.
     """
+    if fps <= 0:
+        raise ValueError(f"video fps must be positive, got {fps}")
     count = 0
     with atomic_path(path) as tmp:
         writer = None
@@ -48,6 +51,7 @@ def write_video(path: str | os.PathLike, frames: Iterable[np.ndarray], fps: int 
                         codec="libx264",
                         pix_fmt_out="yuv420p",
                         macro_block_size=1,
+                        ffmpeg_log_level="error",
                         output_params=["-f", "mp4"],
                     )
                     writer.send(None)  # start ffmpeg
