@@ -42,3 +42,17 @@ def test_jsonl_writer_appends_records(make_trainer) -> None:
     metrics = json.loads((trainer.exp_dir / "metrics.json").read_text())
     assert metrics["step"] == 3 and len(metrics["views"]) == 2
     assert metrics["mean"]["psnr"] == sum(v["psnr"] for v in metrics["views"]) / 2
+
+
+def test_missing_lpips_weights_give_null_and_one_logged_warning(make_trainer, tmp_path, monkeypatch) -> None:
+    import gsrecon.metrics
+
+    monkeypatch.setenv("GSRECON_CACHE", str(tmp_path / "empty_cache"))
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "empty_torch_home"))
+    monkeypatch.setattr(gsrecon.metrics, "_warned_no_lpips", False)  # the warning is once per process
+    trainer = make_trainer(max_steps=6, metrics={"lpips_net": "alex"})
+    trainer.train()
+    metrics = json.loads((trainer.exp_dir / "metrics.json").read_text())
+    assert metrics["mean"]["lpips"] is None and metrics["lpips"]["weights"] is None
+    log = (trainer.exp_dir / "train.log").read_text()
+    assert log.count("LPIPS is disabled") == 1 and "gsrecon weights lpips" in log

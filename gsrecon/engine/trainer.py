@@ -10,6 +10,7 @@ import random
 import shutil
 import signal
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -327,11 +328,14 @@ class DefaultTrainer:
         self.call_hook("after_train_iter")
 
     @property
-    def metrics(self):
+    def metrics(self) -> ImageMetrics:
         """The validation metrics (PSNR, SSIM, LPIPS), built on first use without touching the RNG."""
         if self._metrics is None:
-            with torch.random.fork_rng(devices=[]):
+            with torch.random.fork_rng(devices=[]), warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
                 self._metrics = ImageMetrics(lpips_net=self.cfg.metrics.lpips_net, device=self.device)
+            for warning in caught:  # e.g. missing LPIPS weights: into the console and train.log, once
+                self.logger.warning(str(warning.message))
         return self._metrics
 
     @torch.no_grad()
