@@ -107,13 +107,18 @@ def test_synthetic_dataset_split_keeps_alpha_and_ignores_val(tmp_path: Path) -> 
     assert scene.extent == pytest.approx(3.0 * 1.1, rel=0.1)
 
 
-def test_synthetic_every_8_and_none_use_train_and_test_frames(tmp_path: Path) -> None:
-    _write_synthetic(tmp_path)
+def test_synthetic_every_8_and_none_never_train_on_official_test_images(tmp_path: Path) -> None:
+    pixels = _write_synthetic(tmp_path)
+    train_pixels = [pixels[f"train_r_{i}"] for i in range(5)]
     scene = load_blender(str(tmp_path))
-    assert [f.name for f in scene.test] == ["test_r_0"]  # sorted: test_r_0..2, train_r_0..4
-    assert len(scene.train) == 7
-    assert len(load_blender(str(tmp_path), eval_split="none").train) == 8
-    assert len(_frames(load_blender(str(tmp_path), max_images=3))) == 3
+    assert [f.name for f in scene.test] == ["r_0"] and [f.name for f in scene.train] == ["r_1", "r_2", "r_3", "r_4"]
+    for frame in scene.train + scene.test:
+        np.testing.assert_array_equal(frame.image.numpy(), train_pixels[int(frame.name[2:])])
+    scene = load_blender(str(tmp_path), eval_split="none")
+    assert [f.name for f in scene.train] == [f"r_{i}" for i in range(5)] and scene.test == []
+    assert sorted(_frames(load_blender(str(tmp_path), max_images=3))) == ["r_0", "r_2", "r_4"]
+    (tmp_path / "transforms_test.json").unlink()  # not needed
+    assert len(load_blender(str(tmp_path)).train) == 4
 
 
 def test_opengl_camera_to_world_becomes_opencv_world_to_camera(tmp_path: Path) -> None:
@@ -194,10 +199,45 @@ def test_ngp_dataset_split_needs_filenames(tmp_path: Path) -> None:
     content = _write_ngp(tmp_path)
     with pytest.raises(DatasetError, match=r"transforms\.json: eval_split 'dataset' needs 'test_filenames'"):
         load_blender(str(tmp_path), eval_split="dataset")
-    content["test_filenames"] = ["images/frame_00004.jpg", "./images/frame_00001"]
+    # Frame 1's file_path has no extension; the list may add one, and './'.
+    content["test_filenames"] = ["images/frame_00004.jpg", "./images/frame_00001.jpg", "images/frame_00005"]
     (tmp_path / "transforms.json").write_text(json.dumps(content))
     scene = load_blender(str(tmp_path), eval_split="dataset")
-    assert [f.name for f in scene.test] == ["frame_00001", "frame_00004"] and len(scene.train) == 4
+    assert [f.name for f in scene.test] == ["frame_00001", "frame_00004", "frame_00005"] and len(scene.train) == 3
+
+
+def test_ngp_train_filenames_make_the_rest_test(tmp_path: Path) -> None:
+    content = _write_ngp(tmp_path)
+    content["train_filenames"] = [f"images/frame_{i:05d}.jpg" for i in range(5)]
+    (tmp_path / "transforms.json").write_text(json.dumps(content))
+    scene = load_blender(str(tmp_path), eval_split="dataset", max_images=3)  # frames 0, 2 (or 3), 5
+    assert [f.name for f in scene.test] == ["frame_00005"] and len(scene.train) == 2
+
+
+@pytest.mark.parametrize("key", ["test_filenames", "train_filenames"])
+def test_ngp_filenames_that_match_no_frame_are_an_error(tmp_path: Path, key: str) -> None:
+    content = _write_ngp(tmp_path)
+    content[key] = ["images/frame_00004.jpg", "frame_00002.jpg", "images/frame_00003.png", "rgb/frame_00001.jpg"]
+    (tmp_path / "transforms.json").write_text(json.dumps(content))
+    with pytest.raises(
+        DatasetError,
+        match=rf"transforms\.json '{key}': 2 of 4 entries name no image of the scene: 'frame_00002\.jpg', "
+        r"'rgb/frame_00001\.jpg' \(its images are named like 'images/frame_00000\.jpg'\)",
+    ):
+        load_blender(str(tmp_path), eval_split="dataset")
+    content[key] = "images/frame_00004.jpg"
+    (tmp_path / "transforms.json").write_text(json.dumps(content))
+    with pytest.raises(DatasetError, match=rf"transforms\.json: '{key}' must be a list of image file paths"):
+        load_blender(str(tmp_path), eval_split="dataset")
+
+
+def test_ngp_too_strong_distortion_names_the_image_and_frame(tmp_path: Path) -> None:
+    _write_ngp(tmp_path, k1=-1.0)
+    with pytest.raises(
+        DatasetError,
+        match=r"frame_00000\.jpg: cannot undistort the image of frame 'images/frame_00000\.jpg' of .*transforms\.json",
+    ):
+        load_blender(str(tmp_path), eval_split="none")
 
 
 # ------------------------------------------------------------------------------------------- bad input
@@ -215,22 +255,25 @@ def test_missing_image(tmp_path: Path) -> None:
     _write_synthetic(tmp_path)
     (tmp_path / "test" / "r_1.png").unlink()
     with pytest.raises(DatasetError, match=r"test/r_1: image file is missing \(referenced by .*transforms_test\.json"):
-        load_blender(str(tmp_path))
+        load_blender(str(tmp_path), eval_split="dataset")
 
 
 def test_invalid_json_and_missing_keys(tmp_path: Path) -> None:
     _write_synthetic(tmp_path)
     (tmp_path / "transforms_test.json").write_text('{"frames": [}')
     with pytest.raises(DatasetError, match=r"transforms_test\.json: invalid JSON at line 1"):
-        load_blender(str(tmp_path))
+        load_blender(str(tmp_path), eval_split="dataset")
     (tmp_path / "transforms_test.json").write_text('{"frames": [{"file_path": "./test/r_0"}]}')
     with pytest.raises(DatasetError, match=r"transforms_test\.json: frame 0 needs 'file_path' and 'transform_matrix'"):
-        load_blender(str(tmp_path))
+        load_blender(str(tmp_path), eval_split="dataset")
     (tmp_path / "transforms_test.json").write_text(
         '{"camera_angle_x": 0.7, "frames": [{"file_path": "./test/r_0", "transform_matrix": [[1, 2], [3, 4]]}]}'
     )
     with pytest.raises(DatasetError, match=r"transforms_test\.json: frame './test/r_0': 'transform_matrix' must be"):
-        load_blender(str(tmp_path))
+        load_blender(str(tmp_path), eval_split="dataset")
+    (tmp_path / "transforms_test.json").unlink()
+    with pytest.raises(DatasetError, match=r"transforms_test\.json: missing, and eval_split 'dataset' needs it"):
+        load_blender(str(tmp_path), eval_split="dataset")
 
 
 def test_no_transforms_file(tmp_path: Path) -> None:

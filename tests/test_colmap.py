@@ -1,4 +1,5 @@
-"""COLMAP reader: .bin/.txt equivalence, poses and intrinsics, splits, factors, cache, bad input, a real scene."""
+"""COLMAP reader: .bin/.txt equivalence, poses and intrinsics, splits, factors, cache, image files, bad input,
+a real scene."""
 
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ from gsrecon.data.colmap_format import (
     ColmapPoints,
     SparseModel,
     read_model,
-    rotmat_to_qvec,
     write_model,
 )
 from gsrecon.data.errors import DatasetError
+from gsrecon.data.images import read_image, to_uint8, write_png
+from gsrecon.geometry import rotmat_to_quat
 
 torch.set_num_threads(1)
 
@@ -62,9 +64,8 @@ def _synthetic_model(camera_model: str = "PINHOLE", params: list[float] | None =
         viewmat = _look_at(eye, np.zeros(3))
         cam_points = xyz @ viewmat[:3, :3].T + viewmat[:3, 3]  # [P, 3]
         xys = cam_points[:, :2] / cam_points[:, 2:] * params[:2] + params[2:4]
-        images[i + 1] = ColmapImage(
-            i + 1, rotmat_to_qvec(viewmat[:3, :3]), viewmat[:3, 3], 1, name, xys, np.arange(40, dtype=np.int64)
-        )
+        qvec = rotmat_to_quat(torch.from_numpy(viewmat[None, :3, :3]))[0].numpy()
+        images[i + 1] = ColmapImage(i + 1, qvec, viewmat[:3, 3], 1, name, xys, np.arange(40, dtype=np.int64))
         viewmats[name] = viewmat
     tracks = [np.array([[image_id, p] for image_id in images], np.int64) for p in range(40)]
     points = ColmapPoints(np.arange(40, dtype=np.int64), xyz, rgb, rng.uniform(0, 1, 40), tracks)
@@ -177,9 +178,18 @@ def test_dataset_split_reads_test_or_train_lists(scene_dir: Path) -> None:
     (scene_dir / "test.txt").write_text("img_05.png\n\nimg_07.png\n")
     scene = load_colmap(str(scene_dir), eval_split="dataset")
     assert [f.name for f in scene.test] == ["img_05", "img_07"] and len(scene.train) == NUM_IMAGES - 2
-    (scene_dir / "test.txt").write_text("nope.png\n")
-    with pytest.raises(DatasetError, match=r"test\.txt: names no image of the model: nope\.png"):
+    (scene_dir / "test.txt").write_text("./img_03\nimg_04.png\nnope.png\n")
+    with pytest.raises(DatasetError, match=r"test\.txt: 1 of 3 entries name no image of the scene: 'nope\.png'"):
         load_colmap(str(scene_dir), eval_split="dataset")
+    (scene_dir / "test.txt").write_text("./img_03\nimg_04.png\n")  # './' and the extension are optional
+    assert [f.name for f in load_colmap(str(scene_dir), eval_split="dataset").test] == ["img_03", "img_04"]
+
+
+def test_dataset_split_with_max_images_ignores_listed_images_left_out(scene_dir: Path) -> None:
+    (scene_dir / "test.txt").write_text("img_01.png\nimg_03.png\n")
+    scene = load_colmap(str(scene_dir), eval_split="dataset", max_images=4)  # img_00, 03, 06, 09
+    assert [f.name for f in scene.test] == ["img_03"]
+    assert [f.name for f in scene.train] == ["img_00", "img_06", "img_09"]
 
 
 def test_invalid_arguments_are_rejected(scene_dir: Path) -> None:
@@ -209,7 +219,8 @@ def test_factor_without_prescaled_folder_resizes_and_scales_intrinsics(scene_dir
         frame = scene.train[0]
         mean_full = full[frame.name].image.float().mean((0, 1))
         torch.testing.assert_close(frame.image.float().mean((0, 1)), mean_full, atol=4.0, rtol=0)
-    assert len(list((_cache / "scenes" / "images").glob("*.png"))) == 3 * NUM_IMAGES
+    assert len(list((_cache / "images").glob("images_*.png"))) == 3 * NUM_IMAGES
+    assert sorted(p.suffix for p in (_cache / "images").iterdir()) == [".png"] * 3 * NUM_IMAGES  # no temp files
 
 
 def test_factor_uses_prescaled_folder(scene_dir: Path, _cache: Path) -> None:
@@ -219,7 +230,7 @@ def test_factor_uses_prescaled_folder(scene_dir: Path, _cache: Path) -> None:
     for frame in _frames(scene):
         np.testing.assert_array_equal(frame.image.numpy(), prescaled[frame.name + ".png"])
         np.testing.assert_allclose(frame.K.numpy(), [[29.0, 0, 15.65], [0, 30.5, 12.35], [0, 0, 1]], rtol=1e-6)
-    assert not list((_cache / "scenes" / "images").glob("*.png"))  # nothing to cache
+    assert not (_cache / "images").exists()  # nothing to cache
 
 
 def test_prescaled_folder_with_odd_sizes_scales_intrinsics_by_actual_ratio(tmp_path: Path) -> None:
@@ -246,7 +257,7 @@ def test_cache_is_invalidated_when_the_source_changes(scene_dir: Path, _cache: P
     Image.fromarray(np.zeros((H, W, 3), np.uint8)).save(scene_dir / "images" / "img_00.png")
     after = load_colmap(str(scene_dir), factor=2, eval_split="none").train[0]
     assert before.image.float().mean() > 50 and after.image.float().max() == 0
-    assert len(list((_cache / "scenes" / "images").glob("*.png"))) == NUM_IMAGES + 1
+    assert len(list((_cache / "images").glob("*.png"))) == NUM_IMAGES + 1
 
 
 def test_distorted_camera_is_undistorted_to_pinhole(tmp_path: Path) -> None:
@@ -259,6 +270,91 @@ def test_distorted_camera_is_undistorted_to_pinhole(tmp_path: Path) -> None:
         assert K[0, 2] == pytest.approx(31.3 / 2) and K[1, 2] == pytest.approx(24.7 / 2)
         assert K[0, 0] > 58.0 / 2 and K[0, 0] / K[1, 1] == pytest.approx(58.0 / 61.0)  # zoomed in for k1 > 0
         np.testing.assert_allclose(frame.viewmat.numpy(), truth["viewmats"][frame.name + ".png"], atol=1e-6)
+
+
+def test_unusable_cache_root_only_costs_time(scene_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cached = load_colmap(str(scene_dir), factor=2)
+    blocker = tmp_path / "not_a_folder"
+    blocker.write_text("the cache root cannot be created under a file")
+    monkeypatch.setenv("GSRECON_CACHE", str(blocker / "cache"))
+    uncached = load_colmap(str(scene_dir), factor=2)
+    for a, b in zip(_frames(cached), _frames(uncached)):
+        assert torch.equal(a.image, b.image) and torch.equal(a.K, b.K)
+    assert blocker.read_text() == "the cache root cannot be created under a file"
+
+
+def test_too_strong_distortion_names_the_image_and_camera(tmp_path: Path) -> None:
+    root, _, _ = _make_scene(tmp_path / "s", camera_model="OPENCV", params=[58.0, 61.0, 31.3, 24.7, -1.0, 0, 0, 0])
+    with pytest.raises(
+        DatasetError, match=r"images/img_00\.png: cannot undistort the image of camera 1 of .*cameras\.bin: .*strong"
+    ):
+        load_colmap(str(root))
+
+
+# ----------------------------------------------------------------------------------------- image files
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        (np.array([[0, 255, 256], [4660, 65280, 65535]], np.uint16), [[0, 0, 1], [18, 255, 255]]),  # mode I;16
+        (np.array([[0, 255, 256], [4660, 65280, 65535]], np.int32), [[0, 0, 1], [18, 255, 255]]),  # mode I
+        (np.array([[0.0, 0.5, 1.0], [0.001, 0.999, 0.2]], np.float32), [[0, 128, 255], [0, 255, 51]]),  # mode F
+    ],
+)
+def test_deep_greyscale_images_are_scaled_to_8_bits(tmp_path: Path, values: np.ndarray, expected: list) -> None:
+    path = tmp_path / ("grey.png" if values.dtype == np.uint16 else "grey.tiff")
+    Image.fromarray(values).save(path)
+    pixels = read_image(path)
+    assert pixels.dtype == np.uint8 and pixels.shape == (2, 3, 3)
+    np.testing.assert_array_equal(pixels, np.repeat(np.array(expected, np.uint8)[..., None], 3, axis=-1))
+
+
+def test_16_bit_png_with_a_transparent_value_gets_alpha(tmp_path: Path) -> None:
+    Image.fromarray(np.array([[1000, 5000], [5000, 60000]], np.uint16)).save(tmp_path / "g.png", transparency=5000)
+    pixels = read_image(tmp_path / "g.png")
+    np.testing.assert_array_equal(pixels[..., 3], [[255, 0], [0, 255]])
+    np.testing.assert_array_equal(pixels[..., 0], [[3, 19], [19, 234]])
+
+
+def test_16_bit_scene_images_load_as_their_8_bit_version(scene_dir: Path) -> None:
+    rng = np.random.default_rng(5)
+    deep = rng.integers(0, 65536, (H, W), dtype=np.uint16)
+    Image.fromarray(deep).save(scene_dir / "images" / "img_00.png")
+    frame = next(f for f in load_colmap(str(scene_dir)).test if f.name == "img_00")
+    np.testing.assert_array_equal(frame.image.numpy(), np.repeat((deep >> 8).astype(np.uint8)[..., None], 3, -1))
+
+
+@pytest.mark.parametrize("values", [np.array([[-1, 7]], np.int32), np.array([[0.0, 1.5]], np.float32)])
+def test_greyscale_images_out_of_range_name_the_file_and_mode(tmp_path: Path, values: np.ndarray) -> None:
+    Image.fromarray(values).save(tmp_path / "odd.tiff")
+    mode = "I" if values.dtype == np.int32 else "F"
+    with pytest.raises(DatasetError, match=rf"odd\.tiff: cannot convert a mode {mode} greyscale image"):
+        read_image(tmp_path / "odd.tiff")
+
+
+def test_to_uint8_rounds_and_clips_floats_and_keeps_uint8() -> None:
+    image = np.array([[[0.0, 0.5, 1.0], [-0.2, 1.3, 0.1]]], np.float32)  # [1, 2, 3]
+    expected = [[[0, 128, 255], [0, 255, 26]]]
+    np.testing.assert_array_equal(to_uint8(image), expected)
+    np.testing.assert_array_equal(to_uint8(torch.from_numpy(image).requires_grad_()), expected)
+    np.testing.assert_array_equal(to_uint8(torch.from_numpy(image).to(torch.bfloat16)), expected)
+    as_bytes = np.array([[[1, 2, 3]]], np.uint8)
+    assert to_uint8(as_bytes) is as_bytes
+    with pytest.raises(ValueError, match="int64"):
+        to_uint8(np.zeros((2, 2, 3), np.int64))
+
+
+def test_write_png_creates_the_folder_and_round_trips(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    rgba = rng.integers(0, 256, (5, 7, 4), dtype=np.uint8)
+    write_png(tmp_path / "a" / "b" / "rgba.png", rgba)
+    np.testing.assert_array_equal(read_image(tmp_path / "a" / "b" / "rgba.png"), rgba)
+    write_png(tmp_path / "float.png", torch.full((3, 4, 3), 0.2))
+    np.testing.assert_array_equal(read_image(tmp_path / "float.png"), np.full((3, 4, 3), 51))
+    write_png(tmp_path / "float.png", torch.ones(3, 4, 1))  # replaces the file; [H, W, 1] is greyscale
+    np.testing.assert_array_equal(read_image(tmp_path / "float.png"), np.full((3, 4, 3), 255))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "float.png"]  # no temporary files left
 
 
 # ------------------------------------------------------------------------------------------- bad input
@@ -341,6 +437,17 @@ def test_malformed_txt_line_names_file_and_line(tmp_path: Path) -> None:
     lines[4] = lines[4].replace(lines[4].split()[1], "x1.5", 1)
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(DatasetError, match=r"points3D\.txt:5: cannot parse a point"):
+        load_colmap(str(root))
+
+
+@pytest.mark.parametrize("cut", [1, 2, 9])
+def test_images_txt_line_without_name_or_fields_names_file_and_line(tmp_path: Path, cut: int) -> None:
+    root, _, _ = _make_scene(tmp_path / "s", ".txt")
+    path = root / "sparse" / "0" / "images.txt"
+    lines = path.read_text().splitlines()
+    lines[3] = " ".join(lines[3].split()[:-cut])  # the first image's line, without its name (and more)
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DatasetError, match=r"images\.txt:4: cannot parse an image \(IMAGE_ID QW"):
         load_colmap(str(root))
 
 

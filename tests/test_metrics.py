@@ -94,7 +94,9 @@ def test_unknown_lpips_net():
 
 def test_broken_lpips_weights_file(tmp_path, monkeypatch):
     monkeypatch.setenv("GSRECON_CACHE", str(tmp_path))
-    lpips_backbone_path("alex").write_bytes(b"not a checkpoint")
+    path = lpips_backbone_path("alex")
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match="lpips_alex_backbone.pt.*gsrecon weights lpips --force"):
         ImageMetrics("alex")
 

@@ -125,10 +125,59 @@ def test_sfm_reports_too_few_registered_images(tmp_path: Path) -> None:
         run_sfm(str(photos), str(tmp_path / "out"), use_gpu=False)
 
 
+def _write_noise_photos(folder: Path, count: int = 3) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    paths = [folder / f"{i}.png" for i in range(count)]
+    for path in paths:
+        Image.fromarray(rng.integers(0, 256, (12, 16, 3), dtype=np.uint8)).save(path)
+    return paths
+
+
 def test_missing_pycolmap_tells_how_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pycolmap", None)  # makes `import pycolmap` fail
+    _write_noise_photos(tmp_path / "photos")
     with pytest.raises(ImportError, match=r"pip install -e \.\[sfm\]"):
-        run_sfm(str(tmp_path), str(tmp_path / "out"))
+        run_sfm(str(tmp_path / "photos"), str(tmp_path / "out"))
+
+
+def test_unknown_matcher_is_rejected_before_anything_else(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pycolmap", None)
+    with pytest.raises(ValueError, match=r"matcher must be one of \('exhaustive', 'sequential'\), got 'bogus'"):
+        run_sfm(str(tmp_path / "photos"), str(tmp_path / "out"), matcher="bogus")
+
+
+@pytest.mark.parametrize("photos", ["images", "images/sub", "sparse", "sparse/0", "stereo", "distorted/sparse"])
+def test_photos_inside_the_output_it_replaces_are_refused_untouched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, photos: str
+) -> None:
+    monkeypatch.setitem(sys.modules, "pycolmap", None)  # the refusal comes before any work
+    out = tmp_path / "scene"
+    paths = _write_noise_photos(out / photos)
+    replaced = photos.split("/")[0] if not photos.startswith("distorted") else "distorted"
+    with pytest.raises(
+        DatasetError, match=rf"photos are inside .*scene/{replaced}, which this command deletes.*e\.g\. .*scene/input"
+    ):
+        run_sfm(str(out / photos), str(out))
+    assert all(path.is_file() for path in paths)
+    assert not (out / "distorted" / "database.db").exists()
+
+
+@pytest.mark.parametrize("out", [".", "scene", "scene/deeper"])
+def test_output_inside_the_photos_folder_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, out: str) -> None:
+    monkeypatch.setitem(sys.modules, "pycolmap", None)
+    photos = tmp_path / "photos"
+    paths = _write_noise_photos(photos / "images")  # what `--images scene --out scene` would delete
+    with pytest.raises(DatasetError, match=r"the output folder is, or is inside, the photos folder"):
+        run_sfm(str(photos), str(photos / out))
+    assert all(path.is_file() for path in paths)
+
+
+def test_photos_beside_the_output_folders_are_accepted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pycolmap", None)
+    _write_noise_photos(tmp_path / "scene" / "input")
+    with pytest.raises(ImportError):  # past the folder checks
+        run_sfm(str(tmp_path / "scene" / "input"), str(tmp_path / "scene"))
 
 
 @needs_pycolmap

@@ -1,14 +1,17 @@
-"""The built-in synthetic scene: determinism, cache, splits, cameras, point cloud, images."""
+"""The built-in synthetic scene: determinism, cache (and gsrecon's cache naming), splits, cameras, point cloud,
+images."""
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from torch import Tensor
 
+from gsrecon.cache import cache_dir, cache_file
 from gsrecon.data.cameras import Frame, Scene
 from gsrecon.data.synthetic import SyntheticConfig, cache_path, load_synthetic, surface_distance
 
@@ -89,10 +92,43 @@ def test_cache_key_follows_the_data_fields_and_the_environment(cfg, tmp_path, mo
     assert cache_path(cfg) != cache_path(dataclasses.replace(cfg, seed=7))
     assert cache_path(cfg) != cache_path(dataclasses.replace(cfg, width=65))
     assert cache_path(cfg) != cache_path(dataclasses.replace(cfg, alpha=True))
+    assert cache_path(cfg) == cache_path(dataclasses.replace(cfg, val_every=3))  # the split, not the data
     monkeypatch.setenv("GSRECON_CACHE", str(tmp_path))
     default = dataclasses.replace(cfg, cache_dir=None)
     assert cache_path(default).parent == tmp_path / "synthetic"
     assert cache_path(default).name == cache_path(cfg).name
+
+
+def test_cache_dir_is_not_created(tmp_path, monkeypatch):
+    monkeypatch.setenv("GSRECON_CACHE", str(tmp_path / "root"))
+    assert cache_dir("synthetic") == tmp_path / "root" / "synthetic"
+    assert not (tmp_path / "root").exists()
+
+
+def test_unusable_cache_root_only_costs_time(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("GSRECON_CACHE", str(blocker / "cache"))  # cannot be created
+    small = SyntheticConfig(num_views=2, width=16, height=12, num_points=20)
+    assert load_synthetic(small).train[0].image.shape == (12, 16, 3)
+    assert cache_path(small).parent == blocker / "cache" / "synthetic"
+    unwritable = load_synthetic(dataclasses.replace(small, cache_dir=str(blocker / "folder")))
+    assert unwritable.train[0].image.shape == (12, 16, 3) and blocker.read_text() == ""
+
+
+def test_cache_file_names_are_canonical(tmp_path):
+    key = {"size": (64, 48), "scale": 0.1, "nested": {"b": 1, "a": [0.5, 2.0]}}
+    path = cache_file("images", key, ".png")
+    assert path.parent == cache_dir("images") and path.name.startswith("images_") and path.suffix == ".png"
+    same = {"nested": {"a": np.array([0.5, 2.0]), "b": 1}, "scale": np.float64(0.1), "size": [np.int64(64), 48]}
+    assert cache_file("images", same, ".png") == path  # dict order, numpy numbers and tuples do not matter
+    assert cache_file("images", key | {"scale": 0.1 + 1e-16}, ".png") != path
+    assert cache_file("images", key | {"scale": np.float32(0.1)}, ".png") != path  # a different number
+    assert cache_file("weights", key, ".png").name.split("_")[1] != path.name.split("_")[1]  # kind is hashed too
+    assert cache_file("images", key, ".png", folder=tmp_path) == tmp_path / path.name
+    assert cache_file("images", {"source": Path("/a/b")}, ".png") == cache_file("images", {"source": "/a/b"}, ".png")
+    with pytest.raises(TypeError, match="object"):
+        cache_file("images", {"x": object()}, ".png")
 
 
 def test_split_sizes_and_names(scene, cfg, tmp_path):

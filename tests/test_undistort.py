@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import warnings
+
 import numpy as np
 import pytest
 
@@ -11,6 +14,7 @@ from gsrecon.data.undistort import (
     Distortion,
     camera_intrinsics,
     distort,
+    fov_to_focal,
     intrinsics_matrix,
     undistort_image,
     undistort_points,
@@ -94,6 +98,19 @@ def test_undistorted_intrinsics_keep_principal_point_and_leave_no_blank_border(n
 def test_pincushion_zooms_in_and_barrel_keeps_focal() -> None:
     assert undistorted_intrinsics(K, Distortion(k1=0.2), W, H)[0, 0] > K[0, 0]
     assert undistorted_intrinsics(K, Distortion(k1=-0.2), W, H)[0, 0] == K[0, 0]
+
+
+@pytest.mark.parametrize("dist", [Distortion(k1=-1.0), Distortion(k1=-10.0), Distortion(p1=2.0)])
+def test_too_strong_distortion_is_a_value_error_without_numpy_warnings(dist: Distortion) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match="too strong to undistort a 160x120 image"):
+            undistorted_intrinsics(K, dist, W, H)
+
+
+def test_fov_to_focal() -> None:
+    assert fov_to_focal(math.pi / 2, 100) == pytest.approx(50.0)
+    assert fov_to_focal(2 * math.atan(0.25), 64) == pytest.approx(128.0)
 
 
 def test_undistort_points_inverts_distort() -> None:

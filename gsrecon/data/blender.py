@@ -4,6 +4,7 @@ Two flavours are read:
 
 * nerf_synthetic: ``transforms_train.json`` and ``transforms_test.json`` (``transforms_val.json`` is
   ignored) with a global ``camera_angle_x`` and RGBA PNGs named without extension (``./train/r_0``).
+  The test file is read for eval_split "dataset" only: the other splits divide the train frames.
 * instant-ngp / nerfstudio: one ``transforms.json`` with ``fl_x fl_y cx cy w h`` (or ``camera_angle_x``),
   optional ``k1 k2 k3 p1 p2`` distortion, any of them overridable per frame; file paths with or without
   an extension; ``images_<f>/`` beside ``images/`` used for downscale factor ``f`` when present.
@@ -18,22 +19,29 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from gsrecon.data.cameras import Frame, Scene
 from gsrecon.data.errors import DatasetError
-from gsrecon.data.images import check_factor, load_camera_image, read_image_size
-from gsrecon.data.splits import check_eval_split, evenly_spaced, every_nth_is_test, frame_name
-from gsrecon.data.undistort import Distortion, intrinsics_matrix
+from gsrecon.data.images import IMAGE_EXTENSIONS, check_factor, load_camera_image, read_image_size
+from gsrecon.data.splits import NameList, check_eval_split, evenly_spaced, frame_name, listed_as_test, split_frames
+from gsrecon.data.undistort import SUPPORTED_MODELS, Distortion, fov_to_focal, intrinsics_matrix
 
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".PNG", ".JPG", ".JPEG")
 OPENGL_TO_OPENCV = np.diag([1.0, -1.0, -1.0, 1.0])  # flips the camera's y and z axes
-_PINHOLE_MODELS = ("OPENCV", "PINHOLE", "SIMPLE_PINHOLE")
 _INTRINSIC_KEYS = ("fl_x", "fl_y", "cx", "cy", "w", "h", "camera_angle_x", "camera_angle_y")
 _DISTORTION_KEYS = ("k1", "k2", "k3", "p1", "p2")
+
+
+class _Entry(NamedTuple):
+    """One frame as listed in a transforms file."""
+
+    json_path: Path
+    frame: dict  # the frame's own fields
+    global_fields: dict  # the file's top-level fields (per-frame ones override them)
+    is_test: bool | None  # the dataset's own split; None unless eval_split is "dataset"
 
 
 def load_blender(path: str, factor: int = 1, eval_split: str = "every_8", max_images: int = 0) -> Scene:
@@ -43,41 +51,35 @@ def load_blender(path: str, factor: int = 1, eval_split: str = "every_8", max_im
         path: the folder holding ``transforms_train.json`` (+ ``transforms_test.json``) or ``transforms.json``.
         factor: downscale factor (1, 2, 4 or 8).
         eval_split: ``"every_8"`` (names sorted, index % 8 == 0 is test), ``"none"`` (all train) or
-            ``"dataset"`` (nerf_synthetic's train/test files, or nerfstudio's ``train_filenames`` /
-            ``test_filenames``).
+            ``"dataset"`` (nerf_synthetic's train/test files, or nerfstudio's ``test_filenames`` /
+            ``train_filenames``). nerf_synthetic's ``every_8`` and ``none`` use the train file's frames only,
+            so that no official test image is trained on.
         max_images: if > 0, keep this many evenly spaced frames (in name order) before splitting.
 
     Raises:
         DatasetError: missing or malformed files, missing intrinsics, unsupported cameras, images that
-            disagree with their camera; the message names the file.
+            disagree with their camera, split lists naming unknown frames; the message names the file.
     """
     check_factor(factor)
     check_eval_split(eval_split)
     root = Path(path)
-    entries = _read_entries(root, eval_split)  # (json file, frame dict, global dict, is_test or None)
+    entries = _read_entries(root, eval_split)
     if not entries:
         raise DatasetError(f"{root}: the transforms file(s) list no frames")
-    names = _frame_names([str(frame["file_path"]) for _, frame, _, _ in entries])
+    names = _frame_names([str(entry.frame["file_path"]) for entry in entries])
     seen: dict[str, Path] = {}
-    for (json_path, frame, _, _), name in zip(entries, names):
+    for entry, name in zip(entries, names):
         if name in seen:
-            raise DatasetError(f"{json_path}: frame {frame['file_path']!r} duplicates an image of {seen[name]}")
-        seen[name] = json_path
+            raise DatasetError(
+                f"{entry.json_path}: frame {entry.frame['file_path']!r} duplicates an image of {seen[name]}"
+            )
+        seen[name] = entry.json_path
     order = sorted(range(len(entries)), key=lambda i: names[i])
     order = [order[i] for i in evenly_spaced(len(order), max_images)]
-    if eval_split == "none":
-        is_test = [False] * len(order)
-    elif eval_split == "every_8":
-        is_test = every_nth_is_test(len(order))
-    else:
-        is_test = [bool(entries[i][3]) for i in order]
-    frames = [_frame(root, *entries[i][:3], names[i], factor) for i in order]
-    return Scene(
-        train=[f for f, test in zip(frames, is_test) if not test],
-        test=[f for f, test in zip(frames, is_test) if test],
-        points=torch.zeros(0, 3),
-        colors=torch.zeros(0, 3),
-    )
+    frames = [_frame(root, entries[i], names[i], factor) for i in order]
+    is_test = [bool(entries[i].is_test) for i in order] if eval_split == "dataset" else None
+    train, test = split_frames(frames, eval_split, is_test)
+    return Scene(train=train, test=test, points=torch.zeros(0, 3), colors=torch.zeros(0, 3))
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -95,47 +97,48 @@ def _read_json(path: Path) -> dict[str, Any]:
     return content
 
 
-def _read_entries(root: Path, eval_split: str) -> list[tuple[Path, dict, dict, bool | None]]:
-    """(json file, frame, global fields, is_test per the dataset's own split or None) for every frame."""
+def _read_entries(root: Path, eval_split: str) -> list[_Entry]:
+    """The frames to load: nerf_synthetic's train file (plus its test file for eval_split "dataset"), or
+    the one ``transforms.json``."""
     train_json, test_json, single_json = (
         root / f for f in ("transforms_train.json", "transforms_test.json", "transforms.json")
     )
+    dataset = eval_split == "dataset"
     if train_json.is_file():
-        if eval_split == "dataset" and not test_json.is_file():
-            raise DatasetError(f"{test_json}: missing, and eval_split 'dataset' needs it")
+        files = [(train_json, False)]
+        if dataset:
+            if not test_json.is_file():
+                raise DatasetError(f"{test_json}: missing, and eval_split 'dataset' needs it")
+            files.append((test_json, True))
         entries = []
-        for json_path, is_test in ((train_json, False), (test_json, True)):
-            if json_path.is_file():
-                content = _read_json(json_path)
-                entries += [(json_path, frame, content, is_test) for frame in content["frames"]]
+        for json_path, is_test in files:
+            content = _read_json(json_path)
+            entries += [_Entry(json_path, frame, content, is_test if dataset else None) for frame in content["frames"]]
         return entries
     if single_json.is_file():
         content = _read_json(single_json)
-        test_names = None
-        if eval_split == "dataset":
-            test_names = _listed_test_files(single_json, content)
-        return [
-            (single_json, frame, content, None if test_names is None else _normalise(frame["file_path"]) in test_names)
-            for frame in content["frames"]
-        ]
+        flags = _listed_test(single_json, content) if dataset else [None] * len(content["frames"])
+        return [_Entry(single_json, frame, content, flag) for frame, flag in zip(content["frames"], flags)]
     raise DatasetError(f"{root}: no transforms_train.json or transforms.json found")
 
 
-def _normalise(file_path: str) -> str:
-    return str(PurePosixPath(str(file_path)))
-
-
-def _listed_test_files(json_path: Path, content: dict) -> set[str]:
-    """Test file paths from nerfstudio's ``test_filenames`` (or all frames not in ``train_filenames``)."""
-    if isinstance(content.get("test_filenames"), list):
-        return {_normalise(p) for p in content["test_filenames"]}
-    if isinstance(content.get("train_filenames"), list):
-        train = {_normalise(p) for p in content["train_filenames"]}
-        return {_normalise(f["file_path"]) for f in content["frames"]} - train
-    raise DatasetError(
-        f"{json_path}: eval_split 'dataset' needs 'test_filenames' or 'train_filenames' in this file; "
-        "use eval_split 'every_8' or 'none' otherwise"
-    )
+def _listed_test(json_path: Path, content: dict) -> list[bool]:
+    """Per frame, whether nerfstudio's ``test_filenames`` (or, without it, ``train_filenames``) make it a test one."""
+    lists = {}
+    for kind in ("test", "train"):
+        key = f"{kind}_filenames"
+        if key in content:
+            entries = content[key]
+            if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
+                raise DatasetError(f"{json_path}: '{key}' must be a list of image file paths")
+            lists[kind] = NameList(f"{json_path} '{key}'", tuple(entries))
+    if not lists:
+        raise DatasetError(
+            f"{json_path}: eval_split 'dataset' needs 'test_filenames' or 'train_filenames' in this file; "
+            "use eval_split 'every_8' or 'none' otherwise"
+        )
+    file_paths = [str(frame["file_path"]) for frame in content["frames"]]
+    return listed_as_test(file_paths, lists.get("test"), lists.get("train"))
 
 
 def _frame_names(file_paths: list[str]) -> list[str]:
@@ -150,12 +153,13 @@ def _image_path(root: Path, json_path: Path, file_path: str) -> Path:
     path = root / file_path
     if path.is_file():
         return path
-    for ext in IMAGE_EXTENSIONS:
+    extensions = [case(ext) for ext in IMAGE_EXTENSIONS for case in (str.lower, str.upper)]
+    for ext in extensions:
         candidate = path.with_name(path.name + ext)
         if candidate.is_file():
             return candidate
     raise DatasetError(
-        f"{path}: image file is missing (referenced by {json_path}; also tried {', '.join(IMAGE_EXTENSIONS)})"
+        f"{path}: image file is missing (referenced by {json_path}; also tried adding {', '.join(extensions)})"
     )
 
 
@@ -168,12 +172,15 @@ def _number(fields: dict, key: str, json_path: Path, where: str) -> float | None
     return float(value)
 
 
-def _frame(root: Path, json_path: Path, frame: dict, global_fields: dict, name: str, factor: int) -> Frame:
+def _frame(root: Path, entry: _Entry, name: str, factor: int) -> Frame:
+    json_path, frame = entry.json_path, entry.frame
     where = f"frame {str(frame['file_path'])!r}"
-    fields = {k: v for k, v in global_fields.items() if k != "frames"} | frame  # per-frame values win
+    fields = {k: v for k, v in entry.global_fields.items() if k != "frames"} | frame  # per-frame values win
     path = _image_path(root, json_path, str(frame["file_path"]))
     size, K, dist = _camera(fields, path, json_path, where)
-    pixels, K = load_camera_image(path, size, K, dist, factor, _prescaled_path(root, path, factor))
+    pixels, K = load_camera_image(
+        path, size, K, dist, factor, _prescaled_path(root, path, factor), camera=f"{where} of {json_path}"
+    )
     return Frame(
         name=name,
         viewmat=torch.from_numpy(_viewmat(frame["transform_matrix"], json_path, where).astype(np.float32)),
@@ -185,10 +192,10 @@ def _frame(root: Path, json_path: Path, frame: dict, global_fields: dict, name: 
 def _camera(fields: dict, path: Path, json_path: Path, where: str) -> tuple[tuple[int, int], np.ndarray, Distortion]:
     """((width, height), K [3, 3], distortion) of a frame from its merged global + per-frame fields."""
     model = fields.get("camera_model", "OPENCV")
-    if model not in _PINHOLE_MODELS:
+    if model not in SUPPORTED_MODELS:
         raise DatasetError(
             f"{json_path}: {where} uses the {model} camera model, which gsrecon cannot undistort "
-            f"(supported: {', '.join(_PINHOLE_MODELS)} with k1 k2 k3 p1 p2)"
+            f"(supported: {', '.join(SUPPORTED_MODELS)} with k1 k2 k3 p1 p2)"
         )
     if fields.get("is_fisheye") or _number(fields, "k4", json_path, where):
         raise DatasetError(
@@ -201,14 +208,14 @@ def _camera(fields: dict, path: Path, json_path: Path, where: str) -> tuple[tupl
         size = read_image_size(path)
     fx = values["fl_x"]
     if fx is None and values["camera_angle_x"] is not None:
-        fx = 0.5 * size[0] / math.tan(0.5 * values["camera_angle_x"])
+        fx = fov_to_focal(values["camera_angle_x"], size[0])
     if fx is None:
         raise DatasetError(
             f"{json_path}: {where} has no intrinsics: need 'fl_x' or 'camera_angle_x' (globally or per frame)"
         )
     fy = values["fl_y"]
     if fy is None and values["camera_angle_y"] is not None:
-        fy = 0.5 * size[1] / math.tan(0.5 * values["camera_angle_y"])
+        fy = fov_to_focal(values["camera_angle_y"], size[1])
     fy = fx if fy is None else fy
     cx = size[0] / 2 if values["cx"] is None else values["cx"]
     cy = size[1] / 2 if values["cy"] is None else values["cy"]

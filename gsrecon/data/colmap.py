@@ -11,7 +11,7 @@ Layout::
 
 from __future__ import annotations
 
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -20,7 +20,7 @@ from gsrecon.data.cameras import Frame, Scene
 from gsrecon.data.colmap_format import ColmapImage, SparseModel, find_sparse_dir, read_model
 from gsrecon.data.errors import DatasetError
 from gsrecon.data.images import check_factor, load_camera_image
-from gsrecon.data.splits import check_eval_split, evenly_spaced, every_nth_is_test, frame_name
+from gsrecon.data.splits import NameList, check_eval_split, evenly_spaced, frame_name, listed_as_test, split_frames
 from gsrecon.data.undistort import camera_intrinsics
 
 
@@ -31,7 +31,8 @@ def load_colmap(path: str, factor: int = 1, eval_split: str = "every_8", max_ima
         path: the scene folder (holding ``images/`` and ``sparse/``).
         factor: downscale factor (1, 2, 4 or 8); ``images_<factor>/`` is used when present.
         eval_split: ``"every_8"`` (names sorted, index % 8 == 0 is test), ``"none"`` (all train) or
-            ``"dataset"`` (``test.txt`` / ``train.txt`` name lists in the scene folder).
+            ``"dataset"`` (``test.txt``, else ``train.txt``: image names in the scene folder, one per line,
+            the extension optional).
         max_images: if > 0, keep this many evenly spaced images (in name order) before splitting.
 
     Raises:
@@ -53,14 +54,18 @@ def load_colmap(path: str, factor: int = 1, eval_split: str = "every_8", max_ima
         raise DatasetError(f"{points_file}: the point cloud is empty (rerun the reconstruction)")
 
     all_images = sorted(model.images.values(), key=lambda image: image.name)
-    images = [all_images[i] for i in evenly_spaced(len(all_images), max_images)]
-    is_test = _split(root, [image.name for image in images], [image.name for image in all_images], eval_split)
-    frames = [_frame(root, image, model, sparse_dir, ext, factor) for image in images]
+    keep = evenly_spaced(len(all_images), max_images)
+    is_test = None
+    if eval_split == "dataset":  # the lists may name images that max_images leaves out
+        listed = _dataset_split(root, [image.name for image in all_images])
+        is_test = [listed[i] for i in keep]
+    frames = [_frame(root, all_images[i], model, sparse_dir, ext, factor) for i in keep]
     if len({f.name for f in frames}) < len(frames):
         raise DatasetError(f"{images_file}: image names differ only by extension or '/' vs '_'; rename them")
+    train, test = split_frames(frames, eval_split, is_test)
     return Scene(
-        train=[f for f, test in zip(frames, is_test) if not test],
-        test=[f for f, test in zip(frames, is_test) if test],
+        train=train,
+        test=test,
         points=torch.from_numpy(model.points.xyz.astype(np.float32)),  # [P, 3]
         colors=torch.from_numpy(model.points.rgb.astype(np.float32) / 255.0),  # [P, 3]
     )
@@ -78,12 +83,19 @@ def _frame(root: Path, image: ColmapImage, model: SparseModel, sparse_dir: Path,
     if not np.isfinite(pose).all() or not np.linalg.norm(image.qvec) > 0:
         raise DatasetError(f"{images_file}: image {image.id} ({image.name}) has an invalid pose {pose.tolist()}")
     viewmat = image.viewmat()  # [4, 4]
-    K, dist = camera_intrinsics(camera, str(sparse_dir / f"cameras{ext}"))
+    cameras_file = sparse_dir / f"cameras{ext}"
+    K, dist = camera_intrinsics(camera, str(cameras_file))
     path = root / "images" / image.name
     if not path.is_file():
         raise DatasetError(f"{path}: image file is missing (referenced by {images_file})")
     pixels, K = load_camera_image(
-        path, (camera.width, camera.height), K, dist, factor, root / f"images_{factor}" / image.name
+        path,
+        (camera.width, camera.height),
+        K,
+        dist,
+        factor,
+        root / f"images_{factor}" / image.name,
+        camera=f"camera {camera.id} of {cameras_file}",
     )
     return Frame(
         name=frame_name(image.name),
@@ -93,27 +105,17 @@ def _frame(root: Path, image: ColmapImage, model: SparseModel, sparse_dir: Path,
     )
 
 
-def _split(root: Path, names: list[str], all_names: list[str], eval_split: str) -> list[bool]:
-    """Per name in ``names`` (a subset of the model's ``all_names``), whether it is a test image."""
-    if eval_split == "none":
-        return [False] * len(names)
-    if eval_split == "every_8":
-        return every_nth_is_test(len(names))
-    lists = {kind: root / f"{kind}.txt" for kind in ("test", "train")}
-    if not any(p.is_file() for p in lists.values()):
+def _dataset_split(root: Path, names: list[str]) -> list[bool]:
+    """Per name of the model, whether ``test.txt`` (or, without it, ``train.txt``) makes it a test image."""
+    lists = {}
+    for kind in ("test", "train"):
+        list_path = root / f"{kind}.txt"
+        if list_path.is_file():
+            lines = list_path.read_text(encoding="utf-8").splitlines()
+            lists[kind] = NameList(str(list_path), tuple(line.strip() for line in lines if line.strip()))
+    if not lists:
         raise DatasetError(
             f"{root}: eval_split 'dataset' needs a test.txt or train.txt list of image names in the scene "
             "folder; use eval_split 'every_8' or 'none' otherwise"
         )
-    lookup = {key: name for name in all_names for key in (name, str(PurePosixPath(name).with_suffix("")))}
-    listed = {}
-    for kind, list_path in lists.items():
-        if list_path.is_file():
-            entries = [line.strip() for line in list_path.read_text(encoding="utf-8").splitlines() if line.strip()]
-            unknown = [e for e in entries if e not in lookup]
-            if unknown:
-                raise DatasetError(f"{list_path}: names no image of the model: {', '.join(unknown[:5])}")
-            listed[kind] = {lookup[e] for e in entries}
-    if "test" in listed:
-        return [name in listed["test"] for name in names]
-    return [name not in listed["train"] for name in names]
+    return listed_as_test(names, lists.get("test"), lists.get("train"))

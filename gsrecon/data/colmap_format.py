@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from gsrecon.data.errors import DatasetError
+from gsrecon.geometry import quat_to_rotmat
 
 # COLMAP camera model id -> (name, number of parameters).
 CAMERA_MODELS: dict[int, tuple[str, int]] = {
@@ -69,7 +71,7 @@ class ColmapImage:
     def viewmat(self) -> np.ndarray:
         """World-to-camera 4x4 matrix (OpenCV), float64."""
         mat = np.eye(4)
-        mat[:3, :3] = qvec_to_rotmat(self.qvec)
+        mat[:3, :3] = quat_to_rotmat(torch.as_tensor(self.qvec, dtype=torch.float64)).numpy()
         mat[:3, 3] = self.tvec
         return mat
 
@@ -99,38 +101,6 @@ class SparseModel:
     cameras: dict[int, ColmapCamera]
     images: dict[int, ColmapImage]
     points: ColmapPoints
-
-
-def qvec_to_rotmat(qvec: np.ndarray) -> np.ndarray:
-    """Rotation matrix [3, 3] of a (w, x, y, z) quaternion (normalised first)."""
-    w, x, y, z = np.asarray(qvec, np.float64) / np.linalg.norm(qvec)
-    return np.array(
-        [
-            [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
-            [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
-            [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
-        ]
-    )
-
-
-def rotmat_to_qvec(R: np.ndarray) -> np.ndarray:
-    """Unit (w, x, y, z) quaternion [4] with w >= 0 of a rotation matrix [3, 3]."""
-    # Eigenvector of the symmetric 4x4 matrix K3 (Bar-Itzhack), robust near 180 degrees.
-    Rxx, Ryx, Rzx, Rxy, Ryy, Rzy, Rxz, Ryz, Rzz = np.asarray(R, np.float64).flat
-    K = (
-        np.array(
-            [
-                [Rxx - Ryy - Rzz, 0, 0, 0],
-                [Ryx + Rxy, Ryy - Rxx - Rzz, 0, 0],
-                [Rzx + Rxz, Rzy + Ryz, Rzz - Rxx - Ryy, 0],
-                [Ryz - Rzy, Rzx - Rxz, Rxy - Ryx, Rxx + Ryy + Rzz],
-            ]
-        )
-        / 3.0
-    )
-    eigvals, eigvecs = np.linalg.eigh(K)
-    qvec = eigvecs[[3, 0, 1, 2], np.argmax(eigvals)]
-    return -qvec if qvec[0] < 0 else qvec
 
 
 def find_sparse_dir(scene_dir: str | Path) -> Path:
@@ -361,15 +331,15 @@ def read_images_txt(path: str | Path) -> dict[int, ColmapImage]:
     for (line_no, header), (points_no, points_line) in zip(lines[::2], lines[1::2]):
         tokens = header.split()
         try:
+            if len(tokens) < 10:
+                raise ValueError("too few fields")
             image_id, camera_id = int(tokens[0]), int(tokens[8])
-            pose = np.array([float(t) for t in tokens[1:8]])
-            name = " ".join(tokens[9:])
-        except (IndexError, ValueError) as err:
+            pose = np.array([float(t) for t in tokens[1:8]])  # [7] QW QX QY QZ TX TY TZ
+        except ValueError as err:
             raise _parse_error(
                 path, line_no, "an image (IMAGE_ID QW QX QY QZ TX TY TZ CAMERA_ID NAME)", header
             ) from err
-        if not name or len(pose) != 7:
-            raise _parse_error(path, line_no, "an image (IMAGE_ID QW QX QY QZ TX TY TZ CAMERA_ID NAME)", header)
+        name = " ".join(tokens[9:])
         try:
             values = np.array([float(t) for t in points_line.split()]).reshape(-1, 3)  # [K, 3]
         except ValueError as err:

@@ -1,25 +1,31 @@
-"""Image files: reading, downscaling by a factor, undistortion, and the on-disk cache of the results.
+"""Image files: reading, writing, downscaling by a factor, undistortion, and the on-disk cache of the results.
 
-Derived images (resized and/or undistorted) are computed once and kept as PNG under
-``cache_dir("scenes", "images")``, keyed by the source file's path, modification time and size and by
-the transform, so editing or replacing a source image invalidates its cached copies.
+Derived images (resized and/or undistorted) are computed once and kept as PNG under ``cache_dir("images")``,
+keyed by the source file's path, modification time and size and by the transform, so editing or replacing
+a source image invalidates its cached copies. The cache only saves time: when it cannot be written, it is
+skipped.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
+import contextlib
+import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
+from torch import Tensor
 
-from gsrecon.cache import cache_dir
+from gsrecon.atomic import atomic_path
+from gsrecon.cache import cache_file
 from gsrecon.data.errors import DatasetError
 from gsrecon.data.undistort import Distortion, undistort_image, undistorted_intrinsics
 
 FACTORS = (1, 2, 4, 8)
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")  # lower case: compare `suffix.lower()`
+_DEEP_GREY_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I", "F")  # PIL modes of 16/32-bit greyscale images
 
 
 @dataclass(frozen=True)
@@ -32,27 +38,78 @@ class ImageTransform:
     dist: Distortion = field(default_factory=Distortion)
 
 
-def read_image(path: str | Path) -> np.ndarray:
-    """Pixels of an image file as uint8 [H, W, 3], or [H, W, 4] when it has an alpha channel."""
+@contextlib.contextmanager
+def _opened(path: str | Path) -> Iterator[Image.Image]:
+    """The image file opened with PIL; read errors, also while decoding in the block, name the file."""
     try:
         with Image.open(path) as im:
-            has_alpha = im.mode in ("RGBA", "LA", "PA") or "transparency" in im.info
-            return np.array(im.convert("RGBA" if has_alpha else "RGB"))
+            yield im
     except FileNotFoundError as err:
         raise DatasetError(f"{path}: image file is missing") from err
     except (UnidentifiedImageError, OSError, SyntaxError) as err:
         raise DatasetError(f"{path}: cannot read the image ({err})") from err
+
+
+def read_image(path: str | Path) -> np.ndarray:
+    """Pixels of an image file as uint8 [H, W, 3], or [H, W, 4] when it has an alpha channel.
+
+    16-bit greyscale images keep their high byte; 32-bit integer ones must hold 16-bit values
+    (0-65535) and float ones values in [0, 1], else :class:`DatasetError` names the file and mode.
+    """
+    with _opened(path) as im:
+        if im.mode in _DEEP_GREY_MODES:
+            return _deep_grey_to_uint8(im, path)
+        has_alpha = im.mode in ("RGBA", "LA", "PA") or "transparency" in im.info
+        return np.array(im.convert("RGBA" if has_alpha else "RGB"))
+
+
+def _deep_grey_to_uint8(im: Image.Image, path: str | Path) -> np.ndarray:
+    """uint8 [H, W, 3] (or [H, W, 4] with a transparent grey value) of a 16/32-bit greyscale image."""
+    raw = np.asarray(im)  # [H, W] uint16, int32 or float32
+    low, high = raw.min(), raw.max()
+    if im.mode != "F" and low >= 0 and high <= 65535:
+        grey = (raw >> 8).astype(np.uint8)
+    elif im.mode == "F" and low >= 0.0 and high <= 1.0:
+        grey = np.rint(raw * 255.0).astype(np.uint8)
+    else:
+        raise DatasetError(
+            f"{path}: cannot convert a mode {im.mode} greyscale image with values in [{low:g}, {high:g}] to 8 bits "
+            "(integer images must hold 16-bit values 0-65535, float images values in [0, 1]); save it as an "
+            "8-bit PNG or JPEG"
+        )
+    channels = [grey, grey, grey]
+    if "transparency" in im.info:
+        channels.append(np.where(raw == im.info["transparency"], 0, 255).astype(np.uint8))
+    return np.stack(channels, axis=-1)
 
 
 def read_image_size(path: str | Path) -> tuple[int, int]:
     """(width, height) of an image file, from its header."""
-    try:
-        with Image.open(path) as im:
-            return im.size
-    except FileNotFoundError as err:
-        raise DatasetError(f"{path}: image file is missing") from err
-    except (UnidentifiedImageError, OSError, SyntaxError) as err:
-        raise DatasetError(f"{path}: cannot read the image ({err})") from err
+    with _opened(path) as im:
+        return im.size
+
+
+def to_uint8(image: Tensor | np.ndarray) -> np.ndarray:
+    """A uint8 array of ``image`` (any shape, e.g. [H, W, 3]): floats are clipped to [0, 1], scaled by 255 and
+    rounded to the nearest integer; uint8 is returned as is. A tensor may be on any device or need grad."""
+    if isinstance(image, Tensor):
+        image = image.detach().cpu()
+        image = (image.float() if image.is_floating_point() else image).numpy()
+    if image.dtype == np.uint8:
+        return image
+    if not np.issubdtype(image.dtype, np.floating):
+        raise ValueError(f"to_uint8 needs a float image in [0, 1] or a uint8 one, got dtype {image.dtype}")
+    return np.rint(np.clip(image, 0.0, 1.0) * 255.0).astype(np.uint8)
+
+
+def write_png(path: str | Path, image: Tensor | np.ndarray) -> None:
+    """Write ``image`` ([H, W], [H, W, 1], [H, W, 3] or [H, W, 4]; float in [0, 1] or uint8, see
+    :func:`to_uint8`) as a PNG file, atomically, creating its folder."""
+    pixels = to_uint8(image)
+    if pixels.ndim == 3 and pixels.shape[2] == 1:
+        pixels = pixels[..., 0]
+    with atomic_path(path) as tmp:
+        Image.fromarray(pixels).save(tmp, format="PNG")
 
 
 def resize_image(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
@@ -80,13 +137,16 @@ def load_camera_image(
     dist: Distortion,
     factor: int,
     prescaled_path: Path | None = None,
+    *,
+    camera: str,
 ) -> tuple[np.ndarray, np.ndarray]:
     """A camera's image at 1/``factor`` resolution, undistorted to a pinhole: (image [h, w, C] uint8, K [3, 3]).
 
     ``path`` is the full-resolution image of a ``camera_size`` (width, height) camera with intrinsics ``K``
     and distortion ``dist``. ``prescaled_path``, when it exists, is the same image already downscaled by
     ``factor`` (``images_<factor>/``) and is used instead of resizing. The returned K is scaled per axis
-    by the actual size ratio (and, for distorted cameras, is the undistorted pinhole K).
+    by the actual size ratio (and, for distorted cameras, is the undistorted pinhole K). ``camera`` says
+    where the camera is defined, for error messages (e.g. "camera 2 of sparse/0/cameras.bin").
     """
     width, height = camera_size
     if prescaled_path is not None and factor > 1 and prescaled_path.is_file():
@@ -111,7 +171,10 @@ def load_camera_image(
     K[2, :] = (0.0, 0.0, 1.0)
     transform = ImageTransform(size)
     if not dist.is_zero:
-        K_new = undistorted_intrinsics(K, dist, *size)
+        try:
+            K_new = undistorted_intrinsics(K, dist, *size)
+        except ValueError as err:
+            raise DatasetError(f"{path}: cannot undistort the image of {camera}: {err}") from err
         transform = ImageTransform(size, tuple(K.flat), tuple(K_new.flat), dist)
         K = K_new
     return load_transformed(source, transform), K
@@ -122,8 +185,13 @@ def load_transformed(path: Path, transform: ImageTransform) -> np.ndarray:
     if not transform.K and read_image_size(path) == transform.size:
         return read_image(path)
     stat = path.stat()
-    key = f"{path.resolve()}|{stat.st_mtime_ns}|{stat.st_size}|{transform!r}"
-    cached = cache_dir("scenes", "images") / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.png"
+    key = {
+        "source": str(path.resolve()),
+        "mtime_ns": stat.st_mtime_ns,
+        "bytes": stat.st_size,
+        "transform": dataclasses.asdict(transform),
+    }
+    cached = cache_file("images", key, ".png")
     if cached.is_file():
         try:
             return read_image(cached)
@@ -133,7 +201,6 @@ def load_transformed(path: Path, transform: ImageTransform) -> np.ndarray:
     if transform.K:
         K, K_new = (np.array(values).reshape(3, 3) for values in (transform.K, transform.K_new))
         image = undistort_image(image, K, transform.dist, K_new)
-    tmp = cached.with_name(f"{cached.stem}.{os.getpid()}.tmp.png")
-    Image.fromarray(image).save(tmp, compress_level=1)
-    os.replace(tmp, cached)
+    with contextlib.suppress(OSError):  # an unwritable cache only costs time
+        write_png(cached, image)
     return image

@@ -5,6 +5,9 @@ Output layout (as the 3DGS ``convert.py`` script makes it)::
     <out>/images/          undistorted images
     <out>/sparse/0/        cameras.bin (PINHOLE), images.bin, points3D.bin
     <out>/distorted/       database.db and the raw (distorted) reconstruction
+
+A run replaces these folders (and ``<out>/stereo/``), so the photos must live elsewhere, e.g. in
+``<out>/input/`` as with ``convert.py``; :func:`run_sfm` refuses photo folders that overlap them.
 """
 
 from __future__ import annotations
@@ -15,9 +18,11 @@ from pathlib import Path
 
 from gsrecon.data.colmap_format import read_model
 from gsrecon.data.errors import DatasetError
+from gsrecon.data.images import IMAGE_EXTENSIONS
 
 MATCHERS = ("exhaustive", "sequential")
 MIN_REGISTERED = 3
+REPLACED = ("images", "sparse", "stereo", "distorted")  # folders under the output folder that a run replaces
 
 
 @dataclass
@@ -54,7 +59,9 @@ def run_sfm(
 
     Args:
         images_dir: folder of photos (sub-folders allowed).
-        out_dir: scene folder to write (created; a previous run's database there is replaced).
+        out_dir: scene folder to write (created; a previous run's output there is replaced). It must not
+            be inside ``images_dir``, and ``images_dir`` must not be inside its ``images/``, ``sparse/``,
+            ``stereo/`` or ``distorted/`` folders.
         camera_model: COLMAP model to estimate: "SIMPLE_RADIAL" (robust default), "OPENCV" (strong
             distortion, separate fx/fy; needs many photos), "PINHOLE", ...
         single_camera: all photos share one camera (same device and zoom).
@@ -63,14 +70,16 @@ def run_sfm(
         use_gpu: use CUDA for SIFT when pycolmap was built with it.
 
     Raises:
+        ValueError: unknown ``matcher``.
+        DatasetError: the folders overlap, no images in ``images_dir``, or fewer than 3 images registered.
         ImportError: pycolmap is not installed.
-        DatasetError: no images in ``images_dir``, or fewer than 3 images registered.
     """
-    pycolmap = _import_pycolmap()
     if matcher not in MATCHERS:
         raise ValueError(f"matcher must be one of {MATCHERS}, got {matcher!r}")
     images_path, out = Path(images_dir), Path(out_dir)
+    _check_folders(images_path, out)
     names = _image_names(images_path)
+    pycolmap = _import_pycolmap()
     work = out / "distorted"
     database, mapped = work / "database.db", work / "sparse"
     work.mkdir(parents=True, exist_ok=True)
@@ -129,16 +138,32 @@ def run_sfm(
     )
 
 
+def _check_folders(images_dir: Path, out: Path) -> None:
+    """Refuse photo and output folders where a run would delete the photos or read its own output as photos."""
+    photos, out_resolved = images_dir.resolve(), out.resolve()
+    if photos == out_resolved or photos in out_resolved.parents:
+        raise DatasetError(
+            f"{out}: the output folder is, or is inside, the photos folder {images_dir}, so the images it writes would "
+            f"be read as photos by the next run; choose an output folder outside {images_dir}"
+        )
+    for name in REPLACED:
+        replaced = out_resolved / name
+        if photos == replaced or replaced in photos.parents:
+            raise DatasetError(
+                f"{images_dir}: the photos are inside {out / name}, which this command deletes and rewrites; "
+                f"move them to another folder, e.g. {out / 'input'}, and pass that folder as the photos folder"
+            )
+
+
 def _image_names(images_dir: Path) -> list[str]:
     """Image files under ``images_dir``, as paths relative to it."""
     if not images_dir.is_dir():
         raise DatasetError(f"{images_dir}: images folder does not exist")
-    suffixes = {".jpg", ".jpeg", ".png", ".tif", ".tiff", ".bmp"}
     names = sorted(
         p.relative_to(images_dir).as_posix()
         for p in images_dir.rglob("*")
-        if p.is_file() and p.suffix.lower() in suffixes
+        if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS
     )
     if not names:
-        raise DatasetError(f"{images_dir}: no images found ({', '.join(sorted(suffixes))})")
+        raise DatasetError(f"{images_dir}: no images found ({', '.join(IMAGE_EXTENSIONS)})")
     return names

@@ -11,14 +11,12 @@ Cameras orbit the look-at point at a fixed radius, alternating between elevation
 surfaces the cameras see (area-proportionally), jittered and coloured with the shaded colour.
 
 Images are supersampled for anti-aliased edges, deterministic for a given config, and cached
-as an ``.npz`` file keyed by a hash of the config and ``GENERATOR_VERSION``.
+as an ``.npz`` file keyed by a hash of the fields that change the data and ``GENERATOR_VERSION``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import math
 import zipfile
 from dataclasses import dataclass
@@ -29,10 +27,13 @@ import torch
 from numpy.typing import NDArray
 
 from gsrecon.atomic import atomic_path
-from gsrecon.cache import cache_dir
+from gsrecon.cache import cache_file
 from gsrecon.data.cameras import Frame, Scene
+from gsrecon.data.splits import split_frames
+from gsrecon.data.undistort import fov_to_focal, intrinsics_matrix
+from gsrecon.geometry import camera_centers, look_at
 
-GENERATOR_VERSION = 1  # bump whenever the generated images, cameras or points change
+GENERATOR_VERSION = 2  # bump whenever the generated images, cameras or points change
 
 Array = NDArray[np.float64]
 
@@ -46,7 +47,8 @@ _CHUNK = 8192  # rays traced at once (keeps the working set in cache)
 
 @dataclass
 class SyntheticConfig:
-    """Parameters of the synthetic scene; every field except ``cache_dir`` changes the data."""
+    """Parameters of the synthetic scene; every field except ``val_every`` (the split) and ``cache_dir``
+    changes the data (and so the cache file)."""
 
     num_views: int = 24
     width: int = 64
@@ -321,31 +323,27 @@ def surface_distance(points: torch.Tensor) -> torch.Tensor:
 
 def _intrinsics(cfg: SyntheticConfig) -> Array:
     """[3, 3] pinhole K with square pixels and the principal point at the image centre."""
-    focal = 0.5 * cfg.width / math.tan(math.radians(cfg.fov_deg) / 2.0)
-    return np.array(
-        [[focal, 0.0, cfg.width / 2.0], [0.0, focal, cfg.height / 2.0], [0.0, 0.0, 1.0]]
-    )
+    focal = fov_to_focal(math.radians(cfg.fov_deg), cfg.width)
+    return intrinsics_matrix(focal, focal, cfg.width / 2.0, cfg.height / 2.0)
 
 
 def _viewmats(cfg: SyntheticConfig) -> Array:
-    """[N, 4, 4] OpenCV world-to-camera matrices on the orbit, each looking at `look_at`."""
+    """[N, 4, 4] OpenCV world-to-camera matrices on the orbit, each looking at `look_at` (world z up)."""
     target = np.asarray(cfg.look_at, dtype=np.float64)
-    viewmats = np.zeros((cfg.num_views, 4, 4))
+    offsets = np.zeros((cfg.num_views, 3))  # [N, 3] unit vectors from the target to the cameras
     for i in range(cfg.num_views):
         azimuth = 2.0 * math.pi * i / cfg.num_views
         elevation = math.radians(cfg.elevations_deg[i % len(cfg.elevations_deg)])
         horizontal = math.cos(elevation)
-        offset = np.array(
-            [horizontal * math.cos(azimuth), horizontal * math.sin(azimuth), math.sin(elevation)]
-        )
-        eye = target + cfg.orbit_radius * offset
-        forward = -offset
-        right = np.cross(forward, [0.0, 0.0, 1.0])
-        right /= np.linalg.norm(right)
-        down = np.cross(forward, right)
-        R = np.stack([right, down, forward])  # rows: camera x, y, z axes in world coordinates
-        viewmats[i, :3, :3], viewmats[i, :3, 3], viewmats[i, 3, 3] = R, -R @ eye, 1.0
-    return viewmats
+        offsets[i] = [horizontal * math.cos(azimuth), horizontal * math.sin(azimuth), math.sin(elevation)]
+    eyes = torch.from_numpy(target + cfg.orbit_radius * offsets)  # [N, 3]
+    up = torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64)
+    return look_at(eyes, torch.from_numpy(target), up).numpy()
+
+
+def _camera_center(viewmat: Array) -> Array:
+    """[3] world position of the camera of a world-to-camera ``viewmat`` [4, 4]."""
+    return camera_centers(torch.from_numpy(viewmat)).numpy()
 
 
 def _render(viewmat: Array, K: Array, cfg: SyntheticConfig) -> NDArray[np.uint8]:
@@ -356,10 +354,10 @@ def _render(viewmat: Array, K: Array, cfg: SyntheticConfig) -> NDArray[np.uint8]
     v = (np.arange(H)[:, None] + sub).reshape(-1)  # [H*s]
     uu, vv = np.meshgrid(u, v)  # [H*s, W*s]
     cam = np.stack([(uu - K[0, 2]) / K[0, 0], (vv - K[1, 2]) / K[1, 1], np.ones_like(uu)], -1)
-    R, t = viewmat[:3, :3], viewmat[:3, 3]
+    R = viewmat[:3, :3]
     dirs = cam.reshape(-1, 3) @ R  # [S, 3] world directions (R^T applied to each)
     dirs /= np.linalg.norm(dirs, axis=-1, keepdims=True)
-    origins = np.broadcast_to(-R.T @ t, dirs.shape)
+    origins = np.broadcast_to(_camera_center(viewmat), dirs.shape)
     color, hit = np.zeros_like(dirs), np.zeros(len(dirs), dtype=bool)  # [S, 3], [S]
     for start in range(0, len(dirs), _CHUNK):
         rays = slice(start, start + _CHUNK)
@@ -390,7 +388,7 @@ def _visible(
         cam = points @ R.T + t  # [P, 3]
         z = np.maximum(cam[:, 2], _EPS)
         u, v = K[0, 0] * cam[:, 0] / z + K[0, 2], K[1, 1] * cam[:, 1] / z + K[1, 2]  # [P]
-        eye = -R.T @ t
+        eye = _camera_center(viewmat)  # [3]
         to_point = points - eye  # [P, 3]
         length = np.linalg.norm(to_point, axis=-1)
         facing = np.einsum("pk,pk->p", normals, to_point) < 0.0
@@ -433,16 +431,14 @@ def _point_cloud(viewmats: Array, K: Array, cfg: SyntheticConfig) -> tuple[Array
 
 
 def cache_path(cfg: SyntheticConfig) -> Path:
-    """Where `load_synthetic` caches `cfg`'s data: named by a hash of it and GENERATOR_VERSION.
+    """Where `load_synthetic` caches `cfg`'s data: named by a hash of its data fields and GENERATOR_VERSION.
 
     The folder is ``cfg.cache_dir`` or else ``synthetic/`` under gsrecon's cache root
-    (``$GSRECON_CACHE``, ``$XDG_CACHE_HOME/gsrecon`` or ``~/.cache/gsrecon``).
+    (``$GSRECON_CACHE``, ``$XDG_CACHE_HOME/gsrecon`` or ``~/.cache/gsrecon``); it may not exist yet.
     """
-    fields = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "cache_dir"}
-    key = json.dumps({"version": GENERATOR_VERSION, **fields}, sort_keys=True)
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    root = Path(cfg.cache_dir).expanduser() if cfg.cache_dir is not None else cache_dir("synthetic")
-    return root / f"synthetic_v{GENERATOR_VERSION}_{digest}.npz"
+    fields = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("val_every", "cache_dir")}
+    folder = Path(cfg.cache_dir).expanduser() if cfg.cache_dir is not None else None
+    return cache_file("synthetic", {"generator_version": GENERATOR_VERSION, **fields}, ".npz", folder)
 
 
 _ARRAYS = ("images", "viewmats", "Ks", "points", "colors")
@@ -506,15 +502,16 @@ def load_synthetic(cfg: SyntheticConfig) -> Scene:
     if arrays is None:
         arrays = _generate(cfg)
         _write_cache(path, arrays)
-    train, test = [], []
-    for i in range(cfg.num_views):
-        frame = Frame(
+    frames = [
+        Frame(
             name=f"view_{i:03d}",
             viewmat=torch.from_numpy(arrays["viewmats"][i].copy()),
             K=torch.from_numpy(arrays["Ks"][i].copy()),
             image=torch.from_numpy(arrays["images"][i].copy()),
         )
-        (test if cfg.val_every > 0 and i % cfg.val_every == 0 else train).append(frame)
+        for i in range(cfg.num_views)
+    ]
+    train, test = split_frames(frames, "every_8" if cfg.val_every > 0 else "none", every=cfg.val_every)
     return Scene(
         train=train,
         test=test,

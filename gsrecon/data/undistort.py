@@ -10,6 +10,7 @@ OpenCV's radial-tangential model on normalised coordinates ``(x, y) = ((u - cx) 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,7 +18,7 @@ import numpy as np
 from gsrecon.data.colmap_format import ColmapCamera
 from gsrecon.data.errors import DatasetError
 
-SUPPORTED_MODELS = ("SIMPLE_PINHOLE", "PINHOLE", "SIMPLE_RADIAL", "RADIAL", "OPENCV")
+SUPPORTED_MODELS = ("SIMPLE_PINHOLE", "PINHOLE", "SIMPLE_RADIAL", "RADIAL", "OPENCV")  # pinhole + radial-tangential
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,11 @@ class Distortion:
 def intrinsics_matrix(fx: float, fy: float, cx: float, cy: float) -> np.ndarray:
     """Pinhole K [3, 3] float64."""
     return np.array([[fx, 0.0, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]])
+
+
+def fov_to_focal(fov: float, pixels: float) -> float:
+    """Focal length in pixels of a pinhole camera whose field of view ``fov`` (radians) spans ``pixels``."""
+    return 0.5 * pixels / math.tan(0.5 * fov)
 
 
 def camera_intrinsics(camera: ColmapCamera, source: str) -> tuple[np.ndarray, Distortion]:
@@ -89,6 +95,9 @@ def undistorted_intrinsics(K: np.ndarray, dist: Distortion, width: int, height: 
     Same size and principal point as ``K``; the focal lengths are scaled up (never down) by the smallest
     common factor that makes every undistorted pixel fall inside the distorted image, so that the
     undistorted image has no blank border.
+
+    Raises:
+        ValueError: the distortion folds the image edges back (it cannot be inverted up to the border).
     """
     fx, fy, cx, cy = K[0, 0], K[1, 1], K[0, 2], K[1, 2]
     edges = {  # the distorted image's outermost pixel centres: (u [256], v [256]) per side
@@ -99,7 +108,8 @@ def undistorted_intrinsics(K: np.ndarray, dist: Distortion, width: int, height: 
     }
     bounds = {}
     for side, (u, v) in edges.items():
-        x, y = undistort_points((u - cx) / fx, (v - cy) / fy, dist)
+        with np.errstate(over="ignore", invalid="ignore"):  # a diverging inversion ends in inf/nan, checked below
+            x, y = undistort_points((u - cx) / fx, (v - cy) / fy, dist)
         # The innermost undistorted point of each side bounds the rectangle the output must fit in.
         bounds[side] = {"left": x.max(), "right": x.min(), "top": y.max(), "bottom": y.min()}[side]
     needed = [
@@ -108,7 +118,7 @@ def undistorted_intrinsics(K: np.ndarray, dist: Distortion, width: int, height: 
         (0.5 - cy) / fy / bounds["top"] if bounds["top"] < 0 else np.inf,
         (height - 0.5 - cy) / fy / bounds["bottom"] if bounds["bottom"] > 0 else np.inf,
     ]
-    scale = max(1.0, *needed)
+    scale = float(np.max([1.0, *needed]))  # nan (a diverged inversion) propagates
     if not np.isfinite(scale):
         raise ValueError(f"distortion {dist} is too strong to undistort a {width}x{height} image with K={K.tolist()}")
     return intrinsics_matrix(fx * scale, fy * scale, cx, cy)

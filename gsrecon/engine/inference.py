@@ -12,13 +12,13 @@ from typing import Any
 import numpy as np
 import torch
 from omegaconf import OmegaConf
-from PIL import Image
 from torch import Tensor
 
 import gsrecon.render.renderers  # noqa: F401  (registers the built-in renderers)
-from gsrecon.atomic import atomic_path, write_json
+from gsrecon.atomic import write_json
 from gsrecon.config import apply_overrides, load_config, parse_structured
 from gsrecon.data.datapipeline import DataPipeline
+from gsrecon.data.images import to_uint8, write_png
 from gsrecon.distributed import DistributedContext
 from gsrecon.engine.trainer import (
     DefaultTrainer,
@@ -115,8 +115,8 @@ def evaluate(scene: TrainedScene, out_dir: str | Path, device: str = "auto", log
                                   batch.backgrounds)
             render = out.image[0].clamp(0.0, 1.0)
             name = batch.names[0]
-            _save_png(render, out_dir / "renders" / "test" / f"{name}.png")
-            _save_png(batch.images[0], out_dir / "gt" / f"{name}.png")
+            write_png(out_dir / "renders" / "test" / f"{name}.png", render)
+            write_png(out_dir / "gt" / f"{name}.png", batch.images[0])
             views.append({"name": name, **metrics(render, batch.images[0])})
         fps = _measure_fps(renderer, params, batches, scene.sh_degree, torch_device, fps_repeats)
     mean = mean_metrics(views)
@@ -170,7 +170,7 @@ def render_path_video(scene: TrainedScene, out: str | Path, path: str = "ellipse
 
     out = Path(out)
     written = [out]
-    write_video(out, (_to_uint8(r.image[0]) for r in renders()), fps)
+    write_video(out, (to_uint8(r.image[0]) for r in renders()), fps)
     if depth:
         depth_path = out.with_name(f"{out.stem}_depth{out.suffix}")
         write_video(depth_path, (depth_to_rgb(r.depth[0, ..., 0], r.alpha[0, ..., 0]) for r in renders()), fps)
@@ -185,16 +185,6 @@ def export(scene: TrainedScene, out: str | Path, fmt: str = "ply") -> Path:
         raise ValueError(f"unknown export format '{fmt}'; use ply or splat")
     writers[fmt](out, scene.params)
     return Path(out)
-
-
-def _to_uint8(image: Tensor) -> np.ndarray:
-    return (image.clamp(0, 1) * 255).round().byte().cpu().numpy()
-
-
-def _save_png(image: Tensor, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path) as tmp:
-        Image.fromarray(_to_uint8(image)).save(tmp, format="PNG")
 
 
 def _measure_fps(renderer: Renderer, params: dict[str, Tensor], batches: list, sh_degree: int,
