@@ -21,12 +21,13 @@ _console = Console(stderr=True, soft_wrap=True)
 def _train(args: argparse.Namespace) -> int:
     from gsrecon.engine.trainer import build_trainer
 
-    trainer = build_trainer(args.config, args.overrides, resume=True if args.resume else None,
-                            overwrite=args.overwrite)
+    trainer = build_trainer(args.config, args.overrides, resume=True if args.resume else None, overwrite=args.overwrite)
     trainer.train()
     if trainer.stop_reason:
-        _console.print(f"[yellow]{trainer.stop_reason}; continue with: gsrecon train --config "
-                       f"{trainer.exp_dir / 'config.yaml'} --resume[/yellow]")
+        _console.print(
+            f"[yellow]{trainer.stop_reason}; continue with: gsrecon train --config "
+            f"{trainer.exp_dir / 'config.yaml'} --resume[/yellow]"
+        )
         return EXIT_INTERRUPTED
     summary = ", ".join(f"{k} {v:.4f}" for k, v in trainer.val_metrics.items() if v is not None)
     print(f"finished {trainer.step} steps{': ' + summary if summary else ''}")
@@ -35,9 +36,12 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="train a scene from a YAML config",
-                       description="Train a scene. Overrides are key=value pairs, e.g. max_steps=200 "
-                                   "model.sh_degree=1 hooks.0.log_interval=10.")
+    p = sub.add_parser(
+        "train",
+        help="train a scene from a YAML config",
+        description="Train a scene. Overrides are key=value pairs, e.g. max_steps=200 "
+        "model.sh_degree=1 hooks.0.log_interval=10.",
+    )
     p.add_argument("--config", required=True, help="YAML config file")
     p.add_argument("overrides", nargs="*", help="key=value overrides of the config")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint of exp_dir")
@@ -83,8 +87,9 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
 def _render(args: argparse.Namespace) -> int:
     from gsrecon.engine.inference import render_path_video
 
-    paths = render_path_video(_load_scene(args), args.out, args.path, args.frames, args.fps, args.depth,
-                              device=args.device)
+    paths = render_path_video(
+        _load_scene(args), args.out, args.path, args.frames, args.fps, args.depth, device=args.device
+    )
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
 
@@ -92,9 +97,12 @@ def _render(args: argparse.Namespace) -> int:
 def _add_render(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("render", help="render a video along a camera path fitted to the training cameras")
     _add_source_args(p)
-    p.add_argument("--path", default="ellipse",
-                   help="ellipse (orbit, for 360 captures), spiral (forward-facing captures) or interp (through "
-                        "the training poses)")
+    p.add_argument(
+        "--path",
+        default="ellipse",
+        help="ellipse (orbit, for 360 captures), spiral (forward-facing captures) or interp (through "
+        "the training poses)",
+    )
     p.add_argument("--frames", type=int, default=120)
     p.add_argument("--fps", type=int, default=30)
     p.add_argument("--depth", action="store_true", help="also write a depth video (<out>_depth.mp4)")
@@ -136,8 +144,7 @@ def _add_weights(sub: argparse._SubParsersAction) -> None:
 def _data_colmap(args: argparse.Namespace) -> int:
     from gsrecon.data.sfm import run_sfm
 
-    report = run_sfm(args.images, args.out, camera_model=args.camera_model, matcher=args.matcher,
-                     use_gpu=not args.cpu)
+    report = run_sfm(args.images, args.out, camera_model=args.camera_model, matcher=args.matcher, use_gpu=not args.cpu)
     print(f"registered {report.num_registered} of {report.num_images} images, {report.num_points} points")
     if report.unregistered:
         print("not registered: " + ", ".join(report.unregistered))
@@ -152,14 +159,24 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--images", required=True, help="folder of photos")
     c.add_argument("--out", required=True, help="scene folder to write (images/ + sparse/0/)")
     c.add_argument("--camera-model", default="SIMPLE_RADIAL", help="COLMAP camera model to fit")
-    c.add_argument("--matcher", default="exhaustive", choices=["exhaustive", "sequential"],
-                   help="exhaustive for photo sets, sequential for video frames")
+    c.add_argument(
+        "--matcher",
+        default="exhaustive",
+        choices=["exhaustive", "sequential"],
+        help="exhaustive for photo sets, sequential for video frames",
+    )
     c.add_argument("--cpu", action="store_true", help="do not use a GPU for SIFT")
     c.set_defaults(func=_data_colmap)
 
 
-COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_train, _add_eval, _add_render, _add_export,
-                                                                  _add_weights, _add_data]
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
+    _add_train,
+    _add_eval,
+    _add_render,
+    _add_export,
+    _add_weights,
+    _add_data,
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -85,8 +85,9 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> DictConfig:
     return apply_overrides(cfg, overrides)
 
 
-def parse_structured(schema: type[T], cfg: Mapping[str, Any] | DictConfig | None, source: str = "config",
-                     prefix: str = "") -> T:
+def parse_structured(
+    schema: type[T], cfg: Mapping[str, Any] | DictConfig | None, source: str = "config", prefix: str = ""
+) -> T:
     """Validate ``cfg`` against the dataclass ``schema`` and return the filled-in instance.
 
     Unknown keys and values of the wrong type raise :class:`ConfigError` naming the full key path
@@ -111,8 +112,9 @@ def to_container(obj: Any) -> Any:
     return obj
 
 
-def build_from_config(cls: type, kwargs: Mapping[str, Any], source: str = "config", prefix: str = "",
-                      **extra: Any) -> Any:
+def build_from_config(
+    cls: type, kwargs: Mapping[str, Any], source: str = "config", prefix: str = "", **extra: Any
+) -> Any:
     """Construct ``cls`` from config ``kwargs``.
 
     Classes with a nested ``Config`` dataclass receive the validated instance as their only

@@ -10,7 +10,11 @@ from torchmetrics.functional.image import structural_similarity_index_measure
 def ssim(pred: Tensor, gt: Tensor) -> Tensor:
     """Mean SSIM (11x11 Gaussian window, sigma 1.5, as in 3DGS) of ``[B, H, W, 3]`` images in [0, 1]."""
     return structural_similarity_index_measure(
-        pred.permute(0, 3, 1, 2), gt.permute(0, 3, 1, 2), gaussian_kernel=True, sigma=1.5, kernel_size=11,
+        pred.permute(0, 3, 1, 2),
+        gt.permute(0, 3, 1, 2),
+        gaussian_kernel=True,
+        sigma=1.5,
+        kernel_size=11,
         data_range=1.0,
     )
 

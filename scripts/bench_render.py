@@ -30,9 +30,7 @@ def make_scene(n: int, width: int, height: int, device: torch.device, seed: int 
     depth = 2.0 + 4.0 * torch.rand(n, generator=g)
     px = torch.rand(n, generator=g) * width
     py = torch.rand(n, generator=g) * height
-    means = torch.stack(
-        [(px - width / 2) / focal * depth, (py - height / 2) / focal * depth, depth], dim=-1
-    )
+    means = torch.stack([(px - width / 2) / focal * depth, (py - height / 2) / focal * depth, depth], dim=-1)
     sigma_px = 0.5 + 3.5 * torch.rand(n, 3, generator=g)
     params = {
         "means": means,

@@ -41,8 +41,12 @@ class BenchRecorderHook(Hook):
         self._train_time += time.perf_counter() - self._start
         if trainer.step in self.at:
             steps = trainer.step - self._last_step
-            row = {"step": trainer.step, "ms_per_step": 1000 * self._train_time / steps,
-                   "num_gaussians": trainer.model.num_gaussians, "peak_mem_gb": _peak_memory_gb(trainer.device)}
+            row = {
+                "step": trainer.step,
+                "ms_per_step": 1000 * self._train_time / steps,
+                "num_gaussians": trainer.model.num_gaussians,
+                "peak_mem_gb": _peak_memory_gb(trainer.device),
+            }
             row.update(trainer.validation())
             self.rows.append(row)
             self._last_step, self._train_time = trainer.step, 0.0
@@ -63,22 +67,33 @@ def main() -> None:
     args = parser.parse_args()
     at = [int(s) for s in args.at.split(",")]
     exp_dir = tempfile.mkdtemp(prefix="gsrecon_bench_")
-    overrides = [*args.overrides, f"exp_dir={exp_dir}", f"device={args.device}", f"max_steps={max(at)}",
-                 f"val_interval={max(at) + 1}", f"hooks=[{{name: BenchRecorderHook, at: {at}}}]", "writers=[]"]
+    overrides = [
+        *args.overrides,
+        f"exp_dir={exp_dir}",
+        f"device={args.device}",
+        f"max_steps={max(at)}",
+        f"val_interval={max(at) + 1}",
+        f"hooks=[{{name: BenchRecorderHook, at: {at}}}]",
+        "writers=[]",
+    ]
     trainer = build_trainer(args.config, overrides)
     trainer.train()
     recorder = trainer.hooks[0]
     on_gpu = trainer.device.type == "cuda"
     device = torch.cuda.get_device_name(trainer.device) if on_gpu else platform.processor() or platform.machine()
-    print(f"\n{args.config} {' '.join(args.overrides)} | device {trainer.device} ({device}) | "
-          f"torch {torch.__version__} | threads {torch.get_num_threads()} | "
-          f"renderer {trainer.renderer_cfg['name']} | strategy {trainer.strategy_cfg['name']}\n")
+    print(
+        f"\n{args.config} {' '.join(args.overrides)} | device {trainer.device} ({device}) | "
+        f"torch {torch.__version__} | threads {torch.get_num_threads()} | "
+        f"renderer {trainer.renderer_cfg['name']} | strategy {trainer.strategy_cfg['name']}\n"
+    )
     print("| step | ms/step | Gaussians | peak memory GiB | PSNR | SSIM | LPIPS |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for r in recorder.rows:
         lpips = "-" if r.get("lpips") is None else f"{r['lpips']:.3f}"
-        print(f"| {r['step']} | {r['ms_per_step']:.1f} | {r['num_gaussians']} | {r['peak_mem_gb']:.2f} | "
-              f"{r['psnr']:.2f} | {r['ssim']:.3f} | {lpips} |")
+        print(
+            f"| {r['step']} | {r['ms_per_step']:.1f} | {r['num_gaussians']} | {r['peak_mem_gb']:.2f} | "
+            f"{r['psnr']:.2f} | {r['ssim']:.3f} | {lpips} |"
+        )
 
 
 if __name__ == "__main__":

@@ -23,9 +23,17 @@ def tiny_config(exp_dir: Path, cache_dir: Path, **top: Any) -> dict[str, Any]:
         "device": "cpu",
         "max_steps": 6,
         "val_interval": 3,
-        "data": {"dataset": "synthetic", "synthetic": {
-            "width": 32, "height": 24, "num_views": 9, "num_points": 300, "supersample": 2,
-            "cache_dir": str(cache_dir)}},
+        "data": {
+            "dataset": "synthetic",
+            "synthetic": {
+                "width": 32,
+                "height": 24,
+                "num_views": 9,
+                "num_points": 300,
+                "supersample": 2,
+                "cache_dir": str(cache_dir),
+            },
+        },
         "model": {"sh_degree": 1, "sh_degree_interval": 3},
         "renderer": {"name": "torch"},
         "metrics": {"lpips_net": "none"},

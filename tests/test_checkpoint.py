@@ -41,8 +41,11 @@ class PoisonAtStepHook(Hook):
 
 
 def _hooks(interval: int, **ckpt) -> list[dict]:
-    return [{"name": "CheckInvalidLossHook"}, {"name": "LogHook", "progress": False, "log_interval": 1},
-            {"name": "CheckPointHook", "interval": interval, **ckpt}]
+    return [
+        {"name": "CheckInvalidLossHook"},
+        {"name": "LogHook", "progress": False, "log_interval": 1},
+        {"name": "CheckPointHook", "interval": interval, **ckpt},
+    ]
 
 
 def test_rotation_keeps_newest_and_last_points_at_newest(make_trainer) -> None:
@@ -95,7 +98,8 @@ def test_ctrl_c_then_resume_matches_the_uninterrupted_run(make_trainer) -> None:
         assert res_loss[step] == pytest.approx(ref_loss[step], rel=1e-5, abs=1e-7), step
     # The EMA in LogHook survived the resume too.
     assert read_scalars(resumed.exp_dir, "train/ema_loss")[steps] == pytest.approx(
-        read_scalars(reference.exp_dir, "train/ema_loss")[steps], rel=1e-5)
+        read_scalars(reference.exp_dir, "train/ema_loss")[steps], rel=1e-5
+    )
     for name, value in _final_params(reference.exp_dir).items():
         torch.testing.assert_close(_final_params(resumed.exp_dir)[name], value, rtol=1e-5, atol=1e-6)
 

@@ -19,13 +19,16 @@ def _run(capsys, *argv: str) -> tuple[int, str]:
     return code, err
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["max_steps=0"], "max_steps"),
-    (["model.sh_degre=1"], "model.sh_degre"),
-    (["max_steps=many"], "max_steps"),
-    (["hooks.0.name=NoSuchHook"], "unknown hook 'NoSuchHook'"),
-    (["writers.0.name=NoSuchWriter"], "known writers: JsonlWriter, TensorboardWriter"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["max_steps=0"], "max_steps"),
+        (["model.sh_degre=1"], "model.sh_degre"),
+        (["max_steps=many"], "max_steps"),
+        (["hooks.0.name=NoSuchHook"], "unknown hook 'NoSuchHook'"),
+        (["writers.0.name=NoSuchWriter"], "known writers: JsonlWriter, TensorboardWriter"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(capsys, make_config, tmp_path: Path, overrides, message) -> None:
     config = write_yaml(tmp_path / "c.yaml", make_config())
     code, err = _run(capsys, "train", "--config", str(config), *overrides)
@@ -85,10 +88,15 @@ def test_resume_flag_continues_and_config_yaml_reproduces_the_run(capsys, make_c
 
 def test_python_dash_m_entry_point(make_config, tmp_path: Path) -> None:
     config = write_yaml(tmp_path / "c.yaml", make_config(max_steps=1))
-    result = subprocess.run([sys.executable, "-m", "gsrecon", "train", "--config", str(config)],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "gsrecon", "train", "--config", str(config)], capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr
     assert "finished 1 steps" in result.stdout
-    bad = subprocess.run([sys.executable, "-m", "gsrecon", "train", "--config", str(config), "seed=x"],
-                         capture_output=True, text=True, timeout=300)
+    bad = subprocess.run(
+        [sys.executable, "-m", "gsrecon", "train", "--config", str(config), "seed=x"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert bad.returncode == 2 and "seed" in bad.stderr and "Traceback" not in bad.stderr

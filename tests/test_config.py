@@ -14,8 +14,10 @@ from gsrecon.engine.trainer import DefaultTrainer
 def test_base_include_and_overrides(tmp_path: Path) -> None:
     (tmp_path / "base").mkdir()
     write_yaml(tmp_path / "base" / "defaults.yaml", {"max_steps": 100, "seed": 3, "model": {"sh_degree": 2}})
-    child = write_yaml(tmp_path / "child.yaml", {"_base_": "base/defaults.yaml", "seed": 4,
-                                                 "hooks": [{"name": "LogHook", "log_interval": 5}]})
+    child = write_yaml(
+        tmp_path / "child.yaml",
+        {"_base_": "base/defaults.yaml", "seed": 4, "hooks": [{"name": "LogHook", "log_interval": 5}]},
+    )
     raw = load_config(child, ["max_steps=200", "model.sh_degree=1", "hooks.0.log_interval=10", "resume=ckpt.pt"])
     cfg = parse_structured(DefaultTrainer.Config, raw, source=str(child))
     assert cfg.max_steps == 200 and isinstance(cfg.max_steps, int)
@@ -44,12 +46,15 @@ def test_override_of_unknown_nested_key_is_an_error(tmp_path: Path) -> None:
         parse_structured(DefaultTrainer.Config, load_config(path, ["data.pathh=/x"]), source=str(path))
 
 
-@pytest.mark.parametrize("content, message", [
-    (None, "not found"),
-    ("a: [1, 2", "invalid YAML"),
-    ("- 1\n- 2\n", "must be a mapping"),
-    ("_base_: self.yaml\n", "circular"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "not found"),
+        ("a: [1, 2", "invalid YAML"),
+        ("- 1\n- 2\n", "must be a mapping"),
+        ("_base_: self.yaml\n", "circular"),
+    ],
+)
 def test_unreadable_configs(tmp_path: Path, content: str | None, message: str) -> None:
     path = tmp_path / "self.yaml"
     if content is not None:
@@ -80,13 +85,16 @@ def test_unknown_names_list_the_known_ones(make_trainer) -> None:
         make_trainer(renderer={"name": "cuda"})
 
 
-@pytest.mark.parametrize("top, message", [
-    ({"max_steps": 0}, "max_steps"),
-    ({"val_interval": 0}, "val_interval"),
-    ({"device": "tpu"}, "device"),
-    ({"hooks": [{"name": "LogHook", "priority": "SOMETIMES"}]}, r"hooks\.0\.priority"),
-    ({"hooks": [{"name": "LogHook", "priority": 101}]}, r"hooks\.0\.priority"),
-])
+@pytest.mark.parametrize(
+    "top, message",
+    [
+        ({"max_steps": 0}, "max_steps"),
+        ({"val_interval": 0}, "val_interval"),
+        ({"device": "tpu"}, "device"),
+        ({"hooks": [{"name": "LogHook", "priority": "SOMETIMES"}]}, r"hooks\.0\.priority"),
+        ({"hooks": [{"name": "LogHook", "priority": 101}]}, r"hooks\.0\.priority"),
+    ],
+)
 def test_invalid_values(make_trainer, top: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         make_trainer(**top)

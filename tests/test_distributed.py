@@ -15,7 +15,7 @@ from gsrecon.config import parse_structured
 from gsrecon.engine.trainer import DefaultTrainer
 from gsrecon.metrics import psnr
 
-PLUGIN = '''
+PLUGIN = """
 import torch
 from gsrecon.hooks import Hook
 from gsrecon.registry import HOOK_REGISTRY
@@ -25,7 +25,7 @@ class SaveRankParamsHook(Hook):
     def after_train(self, trainer):
         params = {k: v.detach().clone() for k, v in trainer.model.params.items()}
         torch.save(params, trainer.exp_dir / f"rank{trainer.dist.rank}.pt")
-'''
+"""
 
 
 def _config(make_config, tmp_path: Path, name: str, batch_size: int) -> dict:
@@ -33,10 +33,19 @@ def _config(make_config, tmp_path: Path, name: str, batch_size: int) -> dict:
     # grow_grad2d = 0: every visible Gaussian grows, so no decision hinges on the last bit of a sum
     # (one process and two processes add the same gradients in a different order).
     strategy = {"name": "default", "refine_start": 1, "refine_every": 4, "grow_grad2d": 0.0}
-    cfg = make_config(name, max_steps=10, val_interval=10, num_threads=1,
-                      imports=[str(tmp_path / "rank_params_hook.py")], strategy=strategy,
-                      hooks=[{"name": "SaveRankParamsHook"}, {"name": "LogHook", "progress": False},
-                             {"name": "CheckPointHook", "interval": 5}])
+    cfg = make_config(
+        name,
+        max_steps=10,
+        val_interval=10,
+        num_threads=1,
+        imports=[str(tmp_path / "rank_params_hook.py")],
+        strategy=strategy,
+        hooks=[
+            {"name": "SaveRankParamsHook"},
+            {"name": "LogHook", "progress": False},
+            {"name": "CheckPointHook", "interval": 5},
+        ],
+    )
     cfg["data"]["batch_size"] = batch_size
     return cfg
 
@@ -45,9 +54,24 @@ def test_two_gloo_processes_match_each_other_and_one_process_with_batch_2(make_c
     config = write_yaml(tmp_path / "dist.yaml", _config(make_config, tmp_path, "dist", batch_size=1))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         "-m", "gsrecon", "train", "--config", str(config)],
-        capture_output=True, text=True, timeout=600, env=env)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "gsrecon",
+            "train",
+            "--config",
+            str(config),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     exp_dir = tmp_path / "dist"
     rank0, rank1 = torch.load(exp_dir / "rank0.pt"), torch.load(exp_dir / "rank1.pt")
@@ -66,16 +90,19 @@ def test_two_gloo_processes_match_each_other_and_one_process_with_batch_2(make_c
     # rotation of near-isotropic Gaussians, which also orients split samples) into steps of ±lr,
     # so compare what the two models render.
     for batch in single.datapipeline.val_batches():
-        images = [single.renderer.render(p, batch.viewmats, batch.Ks, batch.width, batch.height, 1,
-                                         batch.backgrounds).image for p in (rank0, reference)]
+        images = [
+            single.renderer.render(p, batch.viewmats, batch.Ks, batch.width, batch.height, 1, batch.backgrounds).image
+            for p in (rank0, reference)
+        ]
         assert psnr(images[0][0], images[1][0]) > 50.0  # about 60 dB seen
 
 
 @pytest.mark.parametrize("batch_size", [2])
 def test_batch_size_scales_learning_rates_by_sqrt(make_trainer, batch_size: int) -> None:
     one = make_trainer("b1")
-    two = make_trainer("b2", data={**one.cfg.data.__dict__, "synthetic": one.cfg.data.synthetic.__dict__,
-                                   "batch_size": batch_size})
+    two = make_trainer(
+        "b2", data={**one.cfg.data.__dict__, "synthetic": one.cfg.data.synthetic.__dict__, "batch_size": batch_size}
+    )
     for name in one.optimizers:
         lr1 = one.optimizers[name].param_groups[0]["lr"]
         lr2 = two.optimizers[name].param_groups[0]["lr"]

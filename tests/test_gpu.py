@@ -36,8 +36,9 @@ def _compare(renderers, params, viewmats, Ks, width, height, sh_degree, min_psnr
     from gsrecon.metrics import psnr
 
     outputs, grads = [], []
-    weights = torch.rand(viewmats.shape[0], height, width, 3, device="cuda",
-                         generator=torch.Generator("cuda").manual_seed(0))
+    weights = torch.rand(
+        viewmats.shape[0], height, width, 3, device="cuda", generator=torch.Generator("cuda").manual_seed(0)
+    )
     for renderer in renderers:
         leaf = _leaf_params(params)
         backgrounds = torch.zeros(len(viewmats), 3, device="cuda")
@@ -107,20 +108,37 @@ def test_training_completes_on_the_gpu(make_trainer, strategy: str) -> None:
     if strategy == "mcmc":
         cfg["cap_max"] = 3000
     data = {"dataset": "synthetic", "synthetic": {"width": 64, "height": 48, "num_views": 17, "num_points": 1500}}
-    trainer = make_trainer(device="cuda", renderer={"name": "gsplat"}, max_steps=600, val_interval=600, data=data,
-                           strategy=cfg, hooks=[{"name": "LogHook", "progress": False}])
+    trainer = make_trainer(
+        device="cuda",
+        renderer={"name": "gsplat"},
+        max_steps=600,
+        val_interval=600,
+        data=data,
+        strategy=cfg,
+        hooks=[{"name": "LogHook", "progress": False}],
+    )
     before = trainer.validation()["psnr"]
     trainer.train()
     assert trainer.val_metrics["psnr"] > before + 5.0
 
 
 def test_one_gpu_with_batch_2_matches_cpu_quality(make_trainer) -> None:
-    data = {"dataset": "synthetic", "batch_size": 2,
-            "synthetic": {"width": 64, "height": 48, "num_views": 17, "num_points": 1500}}
+    data = {
+        "dataset": "synthetic",
+        "batch_size": 2,
+        "synthetic": {"width": 64, "height": 48, "num_views": 17, "num_points": 1500},
+    }
     results = {}
     for device, renderer in (("cpu", "torch"), ("cuda", "gsplat")):
-        trainer = make_trainer(device, device=device, renderer={"name": renderer}, max_steps=500, val_interval=500,
-                               data=data, hooks=[{"name": "LogHook", "progress": False}])
+        trainer = make_trainer(
+            device,
+            device=device,
+            renderer={"name": renderer},
+            max_steps=500,
+            val_interval=500,
+            data=data,
+            hooks=[{"name": "LogHook", "progress": False}],
+        )
         trainer.train()
         results[device] = trainer.val_metrics["psnr"]
     assert abs(results["cuda"] - results["cpu"]) < 0.5, results

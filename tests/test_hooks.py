@@ -78,8 +78,13 @@ def test_hooks_run_in_priority_order_and_equal_priorities_keep_yaml_order(make_t
 
 def test_custom_hook_points_reach_hooks_that_define_them(make_trainer) -> None:
     CALLS.clear()
-    trainer = make_trainer(hooks=[{"name": "RecordingHook", "tag": "a"}, {"name": "LogHook", "progress": False},
-                                  {"name": "RecordingHook", "tag": "b", "priority": "HIGH"}])
+    trainer = make_trainer(
+        hooks=[
+            {"name": "RecordingHook", "tag": "a"},
+            {"name": "LogHook", "progress": False},
+            {"name": "RecordingHook", "tag": "b", "priority": "HIGH"},
+        ]
+    )
     trainer.call_hook("my_point", value=7)
     assert CALLS == ["b:7", "a:7"]
 
@@ -108,8 +113,7 @@ def test_user_hook_registered_from_a_file_through_imports(make_trainer, tmp_path
         "    def after_train(self, trainer):\n"
         "        (trainer.exp_dir / self.filename).write_text(str(self.steps))\n"
     )
-    trainer = make_trainer(imports=[str(plugin)], max_steps=4,
-                           hooks=[{"name": "CountStepsHook", "filename": "n.txt"}])
+    trainer = make_trainer(imports=[str(plugin)], max_steps=4, hooks=[{"name": "CountStepsHook", "filename": "n.txt"}])
     trainer.train()
     assert (trainer.exp_dir / "n.txt").read_text() == "4"
     with pytest.raises(ValueError, match="unexpected keyword argument 'nope'"):

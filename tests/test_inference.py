@@ -64,8 +64,20 @@ def test_export_ply_and_splat_and_init_from_ply(trained: Path, make_config, tmp_
 
 def test_eval_from_ply_matches_eval_from_checkpoint(trained: Path, tmp_path: Path) -> None:
     assert main(["eval", "--exp-dir", str(trained), "--out", str(tmp_path / "a")]) == 0
-    assert main(["eval", "--ply", str(trained / "point_cloud.ply"), "--config", str(trained / "config.yaml"),
-                 "--out", str(tmp_path / "b")]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--ply",
+                str(trained / "point_cloud.ply"),
+                "--config",
+                str(trained / "config.yaml"),
+                "--out",
+                str(tmp_path / "b"),
+            ]
+        )
+        == 0
+    )
     a = json.loads((tmp_path / "a" / "metrics.json").read_text())
     b = json.loads((tmp_path / "b" / "metrics.json").read_text())
     assert a["mean"]["psnr"] == pytest.approx(b["mean"]["psnr"], abs=1e-6)
@@ -73,22 +85,41 @@ def test_eval_from_ply_matches_eval_from_checkpoint(trained: Path, tmp_path: Pat
 
 def test_render_video_along_paths(trained: Path, tmp_path: Path) -> None:
     out = tmp_path / "video.mp4"
-    assert main(["render", "--exp-dir", str(trained), "--path", "ellipse", "--frames", "8", "--depth",
-                 "--out", str(out)]) == 0
+    assert (
+        main(["render", "--exp-dir", str(trained), "--path", "ellipse", "--frames", "8", "--depth", "--out", str(out)])
+        == 0
+    )
     frames = list(iio.imiter(out))
     assert len(frames) == 8 and frames[0].shape[:2] == (24, 32)
     assert len(list(iio.imiter(tmp_path / "video_depth.mp4"))) == 8
-    assert main(["render", "--exp-dir", str(trained), "--path", "interp", "--frames", "5",
-                 "--out", str(tmp_path / "interp.mp4")]) == 0
+    assert (
+        main(
+            [
+                "render",
+                "--exp-dir",
+                str(trained),
+                "--path",
+                "interp",
+                "--frames",
+                "5",
+                "--out",
+                str(tmp_path / "interp.mp4"),
+            ]
+        )
+        == 0
+    )
     assert len(list(iio.imiter(tmp_path / "interp.mp4"))) == 5
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["eval", "--exp-dir", "{tmp}/nothing"], "no checkpoint"),
-    (["eval", "--ply", "{tmp}/x.ply"], "--ply needs --config"),
-    (["export", "--checkpoint", "{tmp}/missing.pt", "--out", "{tmp}/o.ply"], "checkpoint not found"),
-    (["render", "--exp-dir", "{trained}", "--frames", "1", "--out", "{tmp}/v.mp4"], "at least 2"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["eval", "--exp-dir", "{tmp}/nothing"], "no checkpoint"),
+        (["eval", "--ply", "{tmp}/x.ply"], "--ply needs --config"),
+        (["export", "--checkpoint", "{tmp}/missing.pt", "--out", "{tmp}/o.ply"], "checkpoint not found"),
+        (["render", "--exp-dir", "{trained}", "--frames", "1", "--out", "{tmp}/v.mp4"], "at least 2"),
+    ],
+)
 def test_bad_inference_input_is_one_line(trained: Path, tmp_path: Path, capsys, argv, message) -> None:
     argv = [a.format(tmp=tmp_path, trained=trained) for a in argv]
     assert main(argv) == 2

@@ -31,14 +31,16 @@ class CountGaussiansHook(Hook):
 
 
 def _random_params(n: int, generator: torch.Generator) -> torch.nn.ParameterDict:
-    return torch.nn.ParameterDict({
-        "means": torch.randn(n, 3, generator=generator),
-        "scales": torch.log(torch.rand(n, 3, generator=generator) * 0.05 + 0.001),
-        "quats": torch.randn(n, 4, generator=generator),
-        "opacities": torch.logit(torch.rand(n, generator=generator) * 0.98 + 0.01),
-        "sh0": torch.randn(n, 1, 3, generator=generator),
-        "shN": torch.randn(n, 3, 3, generator=generator),
-    })
+    return torch.nn.ParameterDict(
+        {
+            "means": torch.randn(n, 3, generator=generator),
+            "scales": torch.log(torch.rand(n, 3, generator=generator) * 0.05 + 0.001),
+            "quats": torch.randn(n, 4, generator=generator),
+            "opacities": torch.logit(torch.rand(n, generator=generator) * 0.98 + 0.01),
+            "sh0": torch.randn(n, 1, 3, generator=generator),
+            "shN": torch.randn(n, 3, 3, generator=generator),
+        }
+    )
 
 
 class _FakeTrainer:
@@ -113,8 +115,13 @@ def test_packed_and_dense_render_info_give_the_same_statistics() -> None:
             camera_ids, gaussian_ids = torch.where(visible)
             means2d = info["means2d"].detach()[visible].requires_grad_(True)
             means2d.grad = info["means2d"].grad[visible]
-            info = {**info, "means2d": means2d, "radii": info["radii"][visible], "gaussian_ids": gaussian_ids,
-                    "camera_ids": camera_ids}
+            info = {
+                **info,
+                "means2d": means2d,
+                "radii": info["radii"][visible],
+                "gaussian_ids": gaussian_ids,
+                "camera_ids": camera_ids,
+            }
         strategy.step_post_backward(trainer, info)
         states.append(strategy.state)
     assert states[0]["count"].sum() > 0
@@ -126,8 +133,9 @@ def test_default_strategy_cap_max_keeps_highest_gradients() -> None:
     generator = torch.Generator().manual_seed(0)
     params = _random_params(300, generator)
     trainer = _FakeTrainer(params)
-    strategy = DefaultStrategy(DefaultStrategy.Config(refine_start=0, refine_every=1, grow_grad2d=0.0,
-                                                      prune_opa=0.0, cap_max=320))
+    strategy = DefaultStrategy(
+        DefaultStrategy.Config(refine_start=0, refine_every=1, grow_grad2d=0.0, prune_opa=0.0, cap_max=320)
+    )
     strategy.initialize(trainer)
     for step in range(1, 4):
         trainer.step = step
@@ -168,8 +176,9 @@ def test_relocation_update_preserves_the_gaussian() -> None:
 def test_mcmc_respects_cap_max_exactly(make_trainer) -> None:
     COUNTS.clear()
     strategy = {"name": "mcmc", "cap_max": 340, "refine_start": 0, "refine_every": 2, "grow_rate": 1.05}
-    trainer = make_trainer(max_steps=14, strategy=strategy,
-                           hooks=[{"name": "CountGaussiansHook"}, {"name": "LogHook", "progress": False}])
+    trainer = make_trainer(
+        max_steps=14, strategy=strategy, hooks=[{"name": "CountGaussiansHook"}, {"name": "LogHook", "progress": False}]
+    )
     trainer.train()
     assert max(COUNTS) == 340 and COUNTS[-1] == 340
     assert COUNTS[0] == 300
@@ -179,8 +188,9 @@ def test_mcmc_respects_cap_max_exactly(make_trainer) -> None:
 
 
 def test_mcmc_relocates_dead_gaussians(make_trainer) -> None:
-    trainer = make_trainer(max_steps=3, strategy={"name": "mcmc", "cap_max": 300, "refine_start": 0,
-                                                  "refine_every": 2, "noise_lr": 0.0})
+    trainer = make_trainer(
+        max_steps=3, strategy={"name": "mcmc", "cap_max": 300, "refine_start": 0, "refine_every": 2, "noise_lr": 0.0}
+    )
     with torch.no_grad():
         trainer.model.params["opacities"][:100] = -20.0  # dead
     trainer.train()
@@ -201,8 +211,13 @@ def test_resume_restores_strategy_state(make_trainer) -> None:
     full.train()
     checkpoint = load_checkpoint_file(full.exp_dir / "checkpoints" / "step_000003.pt")
     assert checkpoint["strategy"]["grad2d"].shape[0] == checkpoint["params"]["means"].shape[0]
-    resumed = make_trainer("resumed", max_steps=8, strategy=strategy, hooks=hooks,
-                           resume=str(full.exp_dir / "checkpoints" / "step_000003.pt"))
+    resumed = make_trainer(
+        "resumed",
+        max_steps=8,
+        strategy=strategy,
+        hooks=hooks,
+        resume=str(full.exp_dir / "checkpoints" / "step_000003.pt"),
+    )
     resumed.train()
     assert resumed.model.num_gaussians == full.model.num_gaussians != 300
     ref, res = read_scalars(full.exp_dir, "train/loss"), read_scalars(resumed.exp_dir, "train/loss")
@@ -219,13 +234,23 @@ def test_default_strategy_beats_no_densification_by_2db(make_trainer) -> None:
     """From a sparse point cloud, adaptive density control must clearly help at equal steps (CPU)."""
     steps = 1500
     data = {"dataset": "synthetic", "synthetic": {"width": 64, "height": 48, "num_views": 17, "num_points": 200}}
-    common = dict(max_steps=steps, val_interval=steps, data=data, model={"sh_degree": 1, "sh_degree_interval": 200},
-                  hooks=[{"name": "LogHook", "progress": False, "log_interval": 100}])
+    common = dict(
+        max_steps=steps,
+        val_interval=steps,
+        data=data,
+        model={"sh_degree": 1, "sh_degree_interval": 200},
+        hooks=[{"name": "LogHook", "progress": False, "log_interval": 100}],
+    )
     plain = make_trainer("none", strategy={"name": "none"}, **common)
     plain.train()
-    densified = make_trainer("default", strategy={"name": "default", "refine_start": 100, "refine_every": 100,
-                                                  "refine_stop": steps - 100}, **common)
+    densified = make_trainer(
+        "default",
+        strategy={"name": "default", "refine_start": 100, "refine_every": 100, "refine_stop": steps - 100},
+        **common,
+    )
     densified.train()
     assert densified.model.num_gaussians > 2 * plain.model.num_gaussians
     assert densified.val_metrics["psnr"] >= plain.val_metrics["psnr"] + 2.0, (
-        plain.val_metrics["psnr"], densified.val_metrics["psnr"])
+        plain.val_metrics["psnr"],
+        densified.val_metrics["psnr"],
+    )

@@ -136,9 +136,7 @@ def test_split_sizes_and_names(scene, cfg, tmp_path):
     assert [f.name for f in scene.test] == ["view_000", "view_008", "view_016"]
     assert len({f.name for f in scene.train + scene.test}) == cfg.num_views
 
-    no_val = load_synthetic(
-        SyntheticConfig(num_views=5, val_every=0, num_points=50, cache_dir=str(tmp_path))
-    )
+    no_val = load_synthetic(SyntheticConfig(num_views=5, val_every=0, num_points=50, cache_dir=str(tmp_path)))
     assert len(no_val.train) == 5 and no_val.test == []
 
 
@@ -199,17 +197,13 @@ def test_point_cloud_lies_on_visible_surfaces(scene, cfg):
     seen = torch.zeros(len(points), dtype=torch.bool)
     for frame in _all_frames(scene):
         uv, depth = _project(points, frame.viewmat, frame.K)
-        inside = (
-            (uv[:, 0] >= 0) & (uv[:, 0] < cfg.width) & (uv[:, 1] >= 0) & (uv[:, 1] < cfg.height)
-        )
+        inside = (uv[:, 0] >= 0) & (uv[:, 0] < cfg.width) & (uv[:, 1] >= 0) & (uv[:, 1] < cfg.height)
         seen |= inside & (depth > 0)
     assert seen.float().mean() > 0.97
 
 
 def test_exact_points_are_on_surfaces_with_the_colours_the_cameras_see(cfg, tmp_path):
-    exact = load_synthetic(
-        dataclasses.replace(cfg, point_noise=0.0, num_points=500, cache_dir=str(tmp_path))
-    )
+    exact = load_synthetic(dataclasses.replace(cfg, point_noise=0.0, num_points=500, cache_dir=str(tmp_path)))
     assert surface_distance(exact.points).max() < 1e-5
     above_ground = exact.points[:, 2] > 1e-3
     assert 0.15 < above_ground.float().mean() < 0.6  # objects and ground both get points
@@ -228,9 +222,7 @@ def test_exact_points_are_on_surfaces_with_the_colours_the_cameras_see(cfg, tmp_
 @pytest.mark.parametrize("size", [(128, 96), (160, 120)])
 def test_other_resolutions(size, tmp_path):
     width, height = size
-    small = SyntheticConfig(
-        num_views=2, width=width, height=height, num_points=100, cache_dir=str(tmp_path)
-    )
+    small = SyntheticConfig(num_views=2, width=width, height=height, num_points=100, cache_dir=str(tmp_path))
     scene = load_synthetic(small)
     frame = scene.test[0]
     assert frame.image.shape == (height, width, 3)
@@ -240,9 +232,7 @@ def test_other_resolutions(size, tmp_path):
 
 
 def test_alpha_images_composite_to_the_rgb_images(tmp_path):
-    base = SyntheticConfig(
-        num_views=3, num_points=50, background=(0.2, 0.3, 0.9), cache_dir=str(tmp_path)
-    )
+    base = SyntheticConfig(num_views=3, num_points=50, background=(0.2, 0.3, 0.9), cache_dir=str(tmp_path))
     rgb = _images(load_synthetic(base)).float() / 255
     rgba = _images(load_synthetic(dataclasses.replace(base, alpha=True))).float() / 255
     assert rgba.shape[-1] == 4
@@ -270,8 +260,6 @@ def test_invalid_config_names_the_field(field, value):
 
 
 def test_cameras_that_miss_the_scene_are_an_error(tmp_path):
-    far = SyntheticConfig(
-        num_views=2, num_points=10, look_at=(50.0, 0.0, 0.0), cache_dir=str(tmp_path)
-    )
+    far = SyntheticConfig(num_views=2, num_points=10, look_at=(50.0, 0.0, 0.0), cache_dir=str(tmp_path))
     with pytest.raises(ValueError, match="look_at"):
         load_synthetic(far)

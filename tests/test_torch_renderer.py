@@ -30,12 +30,24 @@ torch.set_num_threads(1)
 PARAMS = ("means", "scales", "quats", "opacities", "sh0", "shN")
 
 
-def _cameras(width: int, height: int, focal: float, n_cams: int = 1, dtype=torch.float64,
-             cx: float | None = None, cy: float | None = None) -> tuple[Tensor, Tensor]:
+def _cameras(
+    width: int,
+    height: int,
+    focal: float,
+    n_cams: int = 1,
+    dtype=torch.float64,
+    cx: float | None = None,
+    cy: float | None = None,
+) -> tuple[Tensor, Tensor]:
     """Camera 0 at the origin looking down +z; camera c > 0 turned about y and shifted in x."""
-    K = torch.tensor([[focal, 0.0, width / 2 if cx is None else cx],
-                      [0.0, focal, height / 2 if cy is None else cy],
-                      [0.0, 0.0, 1.0]], dtype=dtype)
+    K = torch.tensor(
+        [
+            [focal, 0.0, width / 2 if cx is None else cx],
+            [0.0, focal, height / 2 if cy is None else cy],
+            [0.0, 0.0, 1.0],
+        ],
+        dtype=dtype,
+    )
     viewmats = torch.eye(4, dtype=dtype).repeat(n_cams, 1, 1)
     for c in range(1, n_cams):
         a = 0.15 * c
@@ -61,8 +73,16 @@ def _gaussians(means, sigmas, opacities, rgb, sh_degree: int = 0, dtype=torch.fl
     }
 
 
-def _random_scene(n: int, width: int, height: int, focal: float, seed: int, opacity_logits: tuple[float, float],
-                  sh_degree: int = 2, dtype=torch.float64) -> dict[str, Tensor]:
+def _random_scene(
+    n: int,
+    width: int,
+    height: int,
+    focal: float,
+    seed: int,
+    opacity_logits: tuple[float, float],
+    sh_degree: int = 2,
+    dtype=torch.float64,
+) -> dict[str, Tensor]:
     """Random Gaussians spread over (and a little beyond) the view, 1-3 px wide on screen."""
     g = torch.Generator().manual_seed(seed)
     depth = 2.0 + 3.0 * torch.rand(n, generator=g, dtype=dtype)
@@ -89,13 +109,15 @@ def _dense_render(params, viewmats, Ks, width, height, sh_degree, backgrounds, c
     means = params["means"]
     opacities = torch.sigmoid(params["opacities"])
     factors = quat_scale_to_factor(params["quats"], params["scales"].exp())
-    proj = project_gaussians(means, factors, opacities, viewmats, Ks, width, height,
-                             cfg.near_plane, cfg.far_plane, cfg.eps2d)
+    proj = project_gaussians(
+        means, factors, opacities, viewmats, Ks, width, height, cfg.near_plane, cfg.far_plane, cfg.eps2d
+    )
     centres = -(viewmats[:, :3, :3].transpose(1, 2) @ viewmats[:, :3, 3:]).squeeze(-1)
     dirs = torch.nn.functional.normalize(means[None] - centres[:, None], dim=-1)
     colors = sh_to_color(sh_degree, dirs, torch.cat([params["sh0"], params["shN"]], 1)[None])
-    ys, xs = torch.meshgrid(torch.arange(height, dtype=means.dtype) + 0.5,
-                            torch.arange(width, dtype=means.dtype) + 0.5, indexing="ij")
+    ys, xs = torch.meshgrid(
+        torch.arange(height, dtype=means.dtype) + 0.5, torch.arange(width, dtype=means.dtype) + 0.5, indexing="ij"
+    )
     images, alphas, depths = [], [], []
     for c in range(viewmats.shape[0]):
         ids = (proj.radii[c] > 0).any(-1).nonzero().squeeze(1)
@@ -140,8 +162,9 @@ def test_tiles_match_dense_reference(opacity_logits, tile_size, max_chunk_elemen
     params = _requiring_grad(_random_scene(70, width, height, focal, seed=1, opacity_logits=opacity_logits))
     viewmats, Ks = _cameras(width, height, focal, n_cams=2)
     backgrounds = torch.tensor([[0.1, 0.2, 0.3], [0.9, 0.5, 0.0]], dtype=torch.float64)
-    cfg = TorchRenderer.Config(tile_size=tile_size, max_chunk_elements=max_chunk_elements,
-                               max_kept_elements=max_kept_elements)
+    cfg = TorchRenderer.Config(
+        tile_size=tile_size, max_chunk_elements=max_chunk_elements, max_kept_elements=max_kept_elements
+    )
     out = TorchRenderer(cfg).render(params, viewmats, Ks, width, height, 2, backgrounds)
     ref = _dense_render(params, viewmats, Ks, width, height, 2, backgrounds, cfg)
     for got, want in zip((out.image, out.alpha, out.depth), ref):
@@ -184,8 +207,9 @@ def test_isotropic_gaussian_renders_its_analytic_footprint():
 
     torch.testing.assert_close(out.info["means2d"][0, 0], torch.tensor([16.5, 12.5], dtype=torch.float64))
     var = (sigma_world * focal / z) ** 2 + cfg.eps2d  # sigma * f / z, dilated by eps2d
-    ys, xs = torch.meshgrid(torch.arange(height, dtype=torch.float64) + 0.5,
-                            torch.arange(width, dtype=torch.float64) + 0.5, indexing="ij")
+    ys, xs = torch.meshgrid(
+        torch.arange(height, dtype=torch.float64) + 0.5, torch.arange(width, dtype=torch.float64) + 0.5, indexing="ij"
+    )
     expected = opacity * torch.exp(-0.5 * ((xs - 16.5) ** 2 + (ys - 12.5) ** 2) / var)
     expected = torch.where(expected >= ALPHA_MIN, expected, 0.0)
     torch.testing.assert_close(out.alpha[0, ..., 0], expected, rtol=1e-12, atol=1e-12)
@@ -195,8 +219,10 @@ def test_isotropic_gaussian_renders_its_analytic_footprint():
     assert out.info["radii"][0, 0].tolist() == [math.ceil(extent * math.sqrt(var))] * 2
     assert out.info["radii"].dtype == torch.int32
     assert out.info["depths"][0, 0].item() == pytest.approx(z)
-    torch.testing.assert_close(out.image, out.alpha * torch.tensor([0.2, 0.4, 1.0], dtype=torch.float64)
-                               + (1.0 - out.alpha) * background[:, None, None])
+    torch.testing.assert_close(
+        out.image,
+        out.alpha * torch.tensor([0.2, 0.4, 1.0], dtype=torch.float64) + (1.0 - out.alpha) * background[:, None, None],
+    )
     covered = out.alpha[..., 0] > 0
     torch.testing.assert_close(out.depth[..., 0][covered], torch.full_like(out.depth[..., 0][covered], z))
     assert (out.depth[..., 0][~covered] == 0).all()
@@ -210,18 +236,31 @@ def test_projection_covariance_and_jacobian_clamp():
     scales = torch.tensor([[0.1, 0.03, 0.05]] * 3, dtype=torch.float64)
     limit = 1.3 * (width / 2) / focal  # 1.3 tan(fov_x / 2)
     means = torch.tensor([[0.0, 0.0, z], [3.0 * limit * z, 0.0, z], [0.5 * limit * z, 0.0, z]], dtype=torch.float64)
-    proj = project_gaussians(means, quat_scale_to_factor(quats, scales), torch.full((3,), 0.5, dtype=torch.float64),
-                             viewmats, Ks, width, height, near_plane=0.01, far_plane=1e10, eps2d=0.3)
-    rot = torch.tensor([[math.cos(angle), -math.sin(angle), 0.0], [math.sin(angle), math.cos(angle), 0.0],
-                        [0.0, 0.0, 1.0]], dtype=torch.float64)
+    proj = project_gaussians(
+        means,
+        quat_scale_to_factor(quats, scales),
+        torch.full((3,), 0.5, dtype=torch.float64),
+        viewmats,
+        Ks,
+        width,
+        height,
+        near_plane=0.01,
+        far_plane=1e10,
+        eps2d=0.3,
+    )
+    rot = torch.tensor(
+        [[math.cos(angle), -math.sin(angle), 0.0], [math.sin(angle), math.cos(angle), 0.0], [0.0, 0.0, 1.0]],
+        dtype=torch.float64,
+    )
     cov3d = rot @ torch.diag(scales[0] ** 2) @ rot.T
     for i, u in enumerate([0.0, limit, 0.5 * limit]):  # the off-screen one is evaluated at the clamp
         jac = torch.tensor([[focal / z, 0.0, -focal * u / z], [0.0, focal / z, 0.0]], dtype=torch.float64)
         cov2d = jac @ cov3d @ jac.T + 0.3 * torch.eye(2, dtype=torch.float64)
         inv = torch.linalg.inv(cov2d)
         torch.testing.assert_close(proj.conics[0, i], torch.stack([inv[0, 0], inv[0, 1], inv[1, 1]]))
-    torch.testing.assert_close(proj.means2d[0, 1], torch.tensor([20.0 + 3.0 * limit * focal, 15.0],
-                                                                dtype=torch.float64))
+    torch.testing.assert_close(
+        proj.means2d[0, 1], torch.tensor([20.0 + 3.0 * limit * focal, 15.0], dtype=torch.float64)
+    )
 
 
 def _stack_of_three(front_to_back: list[int]) -> dict[str, Tensor]:
@@ -262,8 +301,9 @@ def test_clamped_and_cut_off_gaussians_get_no_gradient_at_that_pixel():
     viewmats, Ks = _cameras(width, height, 50.0, dtype=torch.float32, cx=8.5, cy=6.5)
     params = _requiring_grad(_stack_of_three([0, 1, 2]))
     out = TorchRenderer().render(params, viewmats, Ks, width, height, 0, torch.tensor([[0.25, 0.5, 0.75]]))
-    grads = dict(zip(PARAMS, torch.autograd.grad(out.image[0, 6, 8].sum() + out.alpha[0, 6, 8, 0],
-                                                  [params[k] for k in PARAMS])))
+    grads = dict(
+        zip(PARAMS, torch.autograd.grad(out.image[0, 6, 8].sum() + out.alpha[0, 6, 8, 0], [params[k] for k in PARAMS]))
+    )
     red, blue, green = 0, 1, 2
     assert all(torch.isfinite(g).all() for g in grads.values())
     assert grads["opacities"][red] == 0  # alpha clamped at 0.99: no gradient through it
@@ -288,13 +328,18 @@ def test_background_alpha_and_depth_where_nothing_is():
 def test_culled_gaussians_get_zero_radii_and_no_gradient():
     width, height, focal = 24, 18, 20.0
     viewmats, Ks = _cameras(width, height, focal, dtype=torch.float32)
-    means = [[0.0, 0.0, 3.0],  # visible
-             [0.0, 0.0, -3.0],  # behind the camera
-             [0.0, 0.0, 0.005],  # closer than the near plane
-             [100.0, 0.0, 3.0],  # far outside the image
-             [0.3, 0.2, 3.0]]  # opacity below 1/255
-    params = _requiring_grad(_gaussians(means, [0.1] * 5, [0.7, 0.7, 0.7, 0.7, 1e-3], [[0.5, 0.5, 0.5]] * 5,
-                                        sh_degree=1, dtype=torch.float32))
+    means = [
+        [0.0, 0.0, 3.0],  # visible
+        [0.0, 0.0, -3.0],  # behind the camera
+        [0.0, 0.0, 0.005],  # closer than the near plane
+        [100.0, 0.0, 3.0],  # far outside the image
+        [0.3, 0.2, 3.0],
+    ]  # opacity below 1/255
+    params = _requiring_grad(
+        _gaussians(
+            means, [0.1] * 5, [0.7, 0.7, 0.7, 0.7, 1e-3], [[0.5, 0.5, 0.5]] * 5, sh_degree=1, dtype=torch.float32
+        )
+    )
     out = TorchRenderer().render(params, viewmats, Ks, width, height, 1, torch.zeros(1, 3))
     visible = (out.info["radii"][0] > 0).all(-1)
     assert visible.tolist() == [True, False, False, False, False]
@@ -316,8 +361,9 @@ def test_culled_gaussians_get_zero_radii_and_no_gradient():
 
 def test_nothing_visible_renders_background_and_backpropagates_zeros():
     viewmats, Ks = _cameras(8, 6, 8.0, dtype=torch.float32)
-    params = _requiring_grad(_gaussians([[0.0, 0.0, -1.0]] * 3, [0.1] * 3, [0.5] * 3, [[1.0, 0.0, 0.0]] * 3,
-                                        dtype=torch.float32))
+    params = _requiring_grad(
+        _gaussians([[0.0, 0.0, -1.0]] * 3, [0.1] * 3, [0.5] * 3, [[1.0, 0.0, 0.0]] * 3, dtype=torch.float32)
+    )
     bg = torch.tensor([[0.3, 0.2, 0.1]])
     out = TorchRenderer().render(params, viewmats, Ks, 8, 6, 0, bg)
     assert (out.image == bg).all() and (out.alpha == 0).all() and (out.info["radii"] == 0).all()
@@ -334,10 +380,10 @@ def test_batched_cameras_equal_single_renders():
     batch = renderer.render(params, viewmats, Ks, width, height, 2, backgrounds)
     assert batch.image.shape == (3, height, width, 3) and batch.info["n_cameras"] == 3
     for c in range(3):
-        single = renderer.render(params, viewmats[c:c + 1], Ks[c:c + 1], width, height, 2, backgrounds[c:c + 1])
-        torch.testing.assert_close(batch.image[c:c + 1], single.image)
-        torch.testing.assert_close(batch.depth[c:c + 1], single.depth)
-        assert torch.equal(batch.info["radii"][c:c + 1], single.info["radii"])
+        single = renderer.render(params, viewmats[c : c + 1], Ks[c : c + 1], width, height, 2, backgrounds[c : c + 1])
+        torch.testing.assert_close(batch.image[c : c + 1], single.image)
+        torch.testing.assert_close(batch.depth[c : c + 1], single.depth)
+        assert torch.equal(batch.info["radii"][c : c + 1], single.info["radii"])
 
 
 def test_lower_active_sh_degree_ignores_higher_coefficients():
@@ -388,14 +434,15 @@ def _real_sh_reference(degree: int, dirs: Tensor) -> Tensor:
 
 @pytest.mark.parametrize("degree", [0, 1, 2, 3])
 def test_sh_matches_real_spherical_harmonics(degree):
-    dirs = torch.nn.functional.normalize(torch.randn(12, 3, generator=torch.Generator().manual_seed(degree),
-                                                     dtype=torch.float64), dim=-1)
+    dirs = torch.nn.functional.normalize(
+        torch.randn(12, 3, generator=torch.Generator().manual_seed(degree), dtype=torch.float64), dim=-1
+    )
     basis = sh_basis(degree, dirs)
     torch.testing.assert_close(basis, _real_sh_reference(degree, dirs), rtol=1e-12, atol=1e-12)
     coeffs = torch.randn(12, 16, 3, dtype=torch.float64)
-    coeffs[:, num_sh_bases(degree):] = float("nan")  # coefficients above the active degree are never read
+    coeffs[:, num_sh_bases(degree) :] = float("nan")  # coefficients above the active degree are never read
     values = spherical_harmonics(degree, dirs, coeffs)
-    torch.testing.assert_close(values, torch.einsum("nk,nkc->nc", basis, coeffs[:, :num_sh_bases(degree)]))
+    torch.testing.assert_close(values, torch.einsum("nk,nkc->nc", basis, coeffs[:, : num_sh_bases(degree)]))
 
 
 def test_sh_dc_colour_round_trip_and_errors():

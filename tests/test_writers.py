@@ -8,15 +8,26 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 
 def test_tensorboard_writer_records_scalars_and_images(make_trainer) -> None:
-    hooks = [{"name": "IterTimerHook", "log_interval": 1},
-             {"name": "LogHook", "log_interval": 1, "histogram_interval": 3}]
+    hooks = [
+        {"name": "IterTimerHook", "log_interval": 1},
+        {"name": "LogHook", "log_interval": 1, "histogram_interval": 3},
+    ]
     trainer = make_trainer(writers=[{"name": "TensorboardWriter"}], hooks=hooks)
     trainer.train()
     events = EventAccumulator(str(trainer.exp_dir / "tb"), size_guidance={"images": 0, "scalars": 0, "histograms": 0})
     events.Reload()
     scalars = set(events.Tags()["scalars"])
-    expected = {"train/loss", "train/l1", "train/ssim", "train/num_gaussians", "train/lr/means", "train/lr/shN",
-                "time/step_s", "val/psnr", "val/ssim"}
+    expected = {
+        "train/loss",
+        "train/l1",
+        "train/ssim",
+        "train/num_gaussians",
+        "train/lr/means",
+        "train/lr/shN",
+        "time/step_s",
+        "val/psnr",
+        "val/ssim",
+    }
     assert expected <= scalars
     assert "val/lpips" not in scalars  # lpips_net: none in the tiny config
     assert [e.step for e in events.Scalars("train/loss")] == list(range(1, 7))

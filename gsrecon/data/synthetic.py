@@ -93,9 +93,7 @@ class SyntheticConfig:
         if len(self.look_at) != 3 or len(self.background) != 3:
             raise ValueError("SyntheticConfig.look_at and .background must have 3 entries each")
         if not all(0.0 <= c <= 1.0 for c in self.background):
-            raise ValueError(
-                f"SyntheticConfig.background must be in [0, 1], got {self.background!r}"
-            )
+            raise ValueError(f"SyntheticConfig.background must be in [0, 1], got {self.background!r}")
 
 
 # ----------------------------------------------------------------------------- primitives
@@ -295,9 +293,7 @@ def _shade(points: Array, index: Array) -> Array:
     lambert = np.maximum(normals @ _LIGHT_DIR, 0.0)  # [R]
     lit = np.flatnonzero(lambert > 0.0)
     shadow_origins = points[lit] + 1e-4 * normals[lit]
-    occluded = np.isfinite(
-        _trace(shadow_origins, np.broadcast_to(_LIGHT_DIR, shadow_origins.shape))[0]
-    )
+    occluded = np.isfinite(_trace(shadow_origins, np.broadcast_to(_LIGHT_DIR, shadow_origins.shape))[0])
     lambert[lit[occluded]] = 0.0
     return np.clip(albedo * (_AMBIENT + (1.0 - _AMBIENT) * lambert)[:, None], 0.0, 1.0)
 
@@ -366,9 +362,7 @@ def _render(viewmat: Array, K: Array, cfg: SyntheticConfig) -> NDArray[np.uint8]
     color = color.reshape(H, s, W, s, 3).mean((1, 3))  # [H, W, 3], sky samples count as 0
     background = np.asarray(cfg.background)
     if cfg.alpha:
-        rgb = np.where(
-            coverage[..., None] > 0.0, color / np.maximum(coverage, _EPS)[..., None], background
-        )
+        rgb = np.where(coverage[..., None] > 0.0, color / np.maximum(coverage, _EPS)[..., None], background)
         image = np.concatenate([rgb, coverage[..., None]], axis=-1)
     else:
         image = color + (1.0 - coverage[..., None]) * background
@@ -378,9 +372,7 @@ def _render(viewmat: Array, K: Array, cfg: SyntheticConfig) -> NDArray[np.uint8]
 # ----------------------------------------------------------------------------- point cloud
 
 
-def _visible(
-    points: Array, normals: Array, viewmats: Array, K: Array, cfg: SyntheticConfig
-) -> Array:
+def _visible(points: Array, normals: Array, viewmats: Array, K: Array, cfg: SyntheticConfig) -> Array:
     """[P] bool: the surface point faces some camera and is seen unoccluded inside its image."""
     seen = np.zeros(len(points), dtype=bool)
     for viewmat in viewmats:

@@ -54,8 +54,13 @@ class TrainedScene:
         return check_params(self.params)
 
 
-def load_trained_scene(checkpoint: str | None = None, exp_dir: str | None = None, ply: str | None = None,
-                       config: str | None = None, overrides: Sequence[str] = ()) -> TrainedScene:
+def load_trained_scene(
+    checkpoint: str | None = None,
+    exp_dir: str | None = None,
+    ply: str | None = None,
+    config: str | None = None,
+    overrides: Sequence[str] = (),
+) -> TrainedScene:
     """Load from exactly one of ``checkpoint``, ``exp_dir`` (its ``last.pt``) or ``ply``.
 
     The config comes from the checkpoint, or from ``config`` (required with ``ply``; optional
@@ -89,8 +94,9 @@ def build_renderer(scene: TrainedScene, device: torch.device, logger: Logger) ->
     return renderer
 
 
-def evaluate(scene: TrainedScene, out_dir: str | Path, device: str = "auto", logger: Logger | None = None,
-             fps_repeats: int = 3) -> dict[str, Any]:
+def evaluate(
+    scene: TrainedScene, out_dir: str | Path, device: str = "auto", logger: Logger | None = None, fps_repeats: int = 3
+) -> dict[str, Any]:
     """Render the test split; write ``renders/test/<name>.png``, ``gt/<name>.png`` and ``metrics.json``.
 
     ``metrics.json`` holds PSNR, SSIM and LPIPS per image and their means, the LPIPS network and
@@ -102,8 +108,10 @@ def evaluate(scene: TrainedScene, out_dir: str | Path, device: str = "auto", log
     torch_device = resolve_device(device if device != "auto" else scene.cfg.device, DistributedContext())
     pipeline = DataPipeline(scene.cfg.data, torch_device, scene.cfg.seed)
     if pipeline.num_val == 0:
-        raise ValueError(f"{scene.source}: the dataset has no test views (data.eval_split is "
-                         f"'{scene.cfg.data.eval_split}'); set data.eval_split=every_8")
+        raise ValueError(
+            f"{scene.source}: the dataset has no test views (data.eval_split is "
+            f"'{scene.cfg.data.eval_split}'); set data.eval_split=every_8"
+        )
     renderer = build_renderer(scene, torch_device, logger)
     params = {k: v.to(torch_device) for k, v in scene.params.items()}
     metrics = ImageMetrics(lpips_net=scene.cfg.metrics.lpips_net, device=torch_device)
@@ -111,8 +119,9 @@ def evaluate(scene: TrainedScene, out_dir: str | Path, device: str = "auto", log
     views: list[dict[str, Any]] = []
     with torch.no_grad():
         for batch in batches:
-            out = renderer.render(params, batch.viewmats, batch.Ks, batch.width, batch.height, scene.sh_degree,
-                                  batch.backgrounds)
+            out = renderer.render(
+                params, batch.viewmats, batch.Ks, batch.width, batch.height, scene.sh_degree, batch.backgrounds
+            )
             render = out.image[0].clamp(0.0, 1.0)
             name = batch.names[0]
             write_png(out_dir / "renders" / "test" / f"{name}.png", render)
@@ -135,9 +144,16 @@ def evaluate(scene: TrainedScene, out_dir: str | Path, device: str = "auto", log
     return result
 
 
-def render_path_video(scene: TrainedScene, out: str | Path, path: str = "ellipse", frames: int = 120,
-                      fps: int = 30, depth: bool = False, device: str = "auto",
-                      logger: Logger | None = None) -> list[Path]:
+def render_path_video(
+    scene: TrainedScene,
+    out: str | Path,
+    path: str = "ellipse",
+    frames: int = 120,
+    fps: int = 30,
+    depth: bool = False,
+    device: str = "auto",
+    logger: Logger | None = None,
+) -> list[Path]:
     """Render a smooth camera path fitted to the training cameras into ``out`` (mp4).
 
     The frames use the intrinsics and size of the first training view. With ``depth`` a depth
@@ -187,8 +203,9 @@ def export(scene: TrainedScene, out: str | Path, fmt: str = "ply") -> Path:
     return Path(out)
 
 
-def _measure_fps(renderer: Renderer, params: dict[str, Tensor], batches: list, sh_degree: int,
-                 device: torch.device, repeats: int) -> float:
+def _measure_fps(
+    renderer: Renderer, params: dict[str, Tensor], batches: list, sh_degree: int, device: torch.device, repeats: int
+) -> float:
     def render_all() -> None:
         for b in batches:
             renderer.render(params, b.viewmats, b.Ks, b.width, b.height, sh_degree, b.backgrounds)

@@ -104,8 +104,9 @@ class DefaultTrainer:
         writers: list[dict[str, Any]] = field(default_factory=lambda: [{"name": "TensorboardWriter"}])
         hooks: list[dict[str, Any]] = field(default_factory=_default_hooks)
 
-    def __init__(self, cfg: Config, source: str = "config", overwrite: bool = False,
-                 logger: Logger | None = None) -> None:
+    def __init__(
+        self, cfg: Config, source: str = "config", overwrite: bool = False, logger: Logger | None = None
+    ) -> None:
         self.cfg = cfg
         self.source = source
         import_plugins(cfg.imports, source)
@@ -131,10 +132,18 @@ class DefaultTrainer:
         self.model_cfg = _resolved_entry(MODEL_REGISTRY, cfg.model, source, "model")
         self.strategy_cfg = _resolved_entry(STRATEGY_REGISTRY, cfg.strategy, source, "strategy")
         writer_cfgs = [_resolved_entry(WRITER_REGISTRY, w, source, f"writers.{i}") for i, w in enumerate(cfg.writers)]
-        hook_cfgs = [_resolved_entry(HOOK_REGISTRY, h, source, f"hooks.{i}", extra=("priority",))
-                     for i, h in enumerate(cfg.hooks)]
-        self.resolved_config = {**to_container(cfg), "model": self.model_cfg, "renderer": self.renderer_cfg,
-                                "strategy": self.strategy_cfg, "writers": writer_cfgs, "hooks": hook_cfgs}
+        hook_cfgs = [
+            _resolved_entry(HOOK_REGISTRY, h, source, f"hooks.{i}", extra=("priority",))
+            for i, h in enumerate(cfg.hooks)
+        ]
+        self.resolved_config = {
+            **to_container(cfg),
+            "model": self.model_cfg,
+            "renderer": self.renderer_cfg,
+            "strategy": self.strategy_cfg,
+            "writers": writer_cfgs,
+            "hooks": hook_cfgs,
+        }
         self.resolved_config.pop("resume")
         self._check_exp_dir(overwrite)
 
@@ -145,8 +154,9 @@ class DefaultTrainer:
         self.dist.broadcast_params(self.model.params)
         self.renderer = RENDERER_REGISTRY.build(self.renderer_cfg)
         self.renderer.setup(self.logger)
-        self.optimizers = build_optimizers(self.model.params, cfg.optimizer, self.scene_extent,
-                                           cfg.data.batch_size * self.dist.world_size)
+        self.optimizers = build_optimizers(
+            self.model.params, cfg.optimizer, self.scene_extent, cfg.data.batch_size * self.dist.world_size
+        )
         self.schedulers = build_schedulers(self.optimizers, cfg.scheduler, cfg.max_steps)
         self.strategy = STRATEGY_REGISTRY.build(self.strategy_cfg)
         self.strategy.initialize(self)
@@ -288,8 +298,15 @@ class DefaultTrainer:
         finally:
             signal.signal(signal.SIGINT, previous)
 
-    def render(self, viewmats: torch.Tensor, Ks: torch.Tensor, width: int, height: int,
-               backgrounds: torch.Tensor, sh_degree: int | None = None) -> RenderOutput:
+    def render(
+        self,
+        viewmats: torch.Tensor,
+        Ks: torch.Tensor,
+        width: int,
+        height: int,
+        backgrounds: torch.Tensor,
+        sh_degree: int | None = None,
+    ) -> RenderOutput:
         """Render the model from ``viewmats`` [C, 4, 4] / ``Ks`` [C, 3, 3] at the current SH degree."""
         if sh_degree is None:
             sh_degree = self.model.active_sh_degree(self.step)
@@ -350,8 +367,14 @@ class DefaultTrainer:
             out = self.render(batch.viewmats, batch.Ks, batch.width, batch.height, batch.backgrounds)
             render = out.image[0].clamp(0.0, 1.0)
             metrics = self.metrics(render, batch.images[0])
-            outputs = {"name": batch.names[0], "render": render, "gt": batch.images[0], "depth": out.depth[0],
-                       "alpha": out.alpha[0], "metrics": metrics}
+            outputs = {
+                "name": batch.names[0],
+                "render": render,
+                "gt": batch.images[0],
+                "depth": out.depth[0],
+                "alpha": out.alpha[0],
+                "metrics": metrics,
+            }
             self.call_hook("after_val_iter", index=index, outputs=outputs)
             results.append({"name": batch.names[0], **metrics})
         self.val_results = results
@@ -388,8 +411,9 @@ class DefaultTrainer:
             raise ValueError(f"checkpoint version {checkpoint.get('version')} is not {CHECKPOINT_VERSION}")
         for name in PARAM_NAMES:
             self.model.params[name] = torch.nn.Parameter(checkpoint["params"][name].to(self.device))
-        self.optimizers = build_optimizers(self.model.params, self.cfg.optimizer, self.scene_extent,
-                                           self.cfg.data.batch_size * self.dist.world_size)
+        self.optimizers = build_optimizers(
+            self.model.params, self.cfg.optimizer, self.scene_extent, self.cfg.data.batch_size * self.dist.world_size
+        )
         for name, state in checkpoint["optimizers"].items():
             self.optimizers[name].load_state_dict(state)
         self.schedulers = build_schedulers(self.optimizers, self.cfg.scheduler, self.cfg.max_steps)
@@ -483,8 +507,10 @@ def _check_top_level(cfg: DefaultTrainer.Config, source: str) -> None:
     if not (cfg.resume is None or isinstance(cfg.resume, (bool, str))):
         raise ConfigError(f"{source}: key 'resume': must be true, false or a checkpoint path, got {cfg.resume!r}")
     if cfg.metrics.lpips_net not in (*LPIPS_NETS, "none"):
-        raise ConfigError(f"{source}: key 'metrics.lpips_net': must be one of {', '.join(LPIPS_NETS)} or none, "
-                          f"got '{cfg.metrics.lpips_net}'")
+        raise ConfigError(
+            f"{source}: key 'metrics.lpips_net': must be one of {', '.join(LPIPS_NETS)} or none, "
+            f"got '{cfg.metrics.lpips_net}'"
+        )
 
 
 def resolve_device(name: str, dist: DistributedContext) -> torch.device:
@@ -500,8 +526,9 @@ def resolve_device(name: str, dist: DistributedContext) -> torch.device:
     return torch.device(name)
 
 
-def _resolved_entry(registry: Registry, entry: dict[str, Any], source: str, key: str,
-                    extra: tuple[str, ...] = ()) -> dict[str, Any]:
+def _resolved_entry(
+    registry: Registry, entry: dict[str, Any], source: str, key: str, extra: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """A registry entry ``{name, **args}`` with its defaults filled in; keys in ``extra`` pass through."""
     entry = dict(entry)
     if "name" not in entry:
@@ -535,8 +562,13 @@ def _in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def build_trainer(cfg_source: str, overrides: list[str] = (), resume: bool | str | None = None,
-                  overwrite: bool = False, logger: Logger | None = None) -> DefaultTrainer:
+def build_trainer(
+    cfg_source: str,
+    overrides: list[str] = (),
+    resume: bool | str | None = None,
+    overwrite: bool = False,
+    logger: Logger | None = None,
+) -> DefaultTrainer:
     """Load a YAML config (plus ``key=value`` overrides), validate it and build the trainer."""
     from gsrecon.config import load_config
 

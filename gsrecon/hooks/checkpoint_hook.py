@@ -61,13 +61,15 @@ class CheckPointHook(Hook):
             return
         metric = next(iter(trainer.val_metrics)) if self.cfg.save_best == "auto" else self.cfg.save_best
         if metric not in trainer.val_metrics:
-            raise ValueError(f"save_best metric '{metric}' is not a validation metric "
-                             f"({', '.join(trainer.val_metrics)})")
+            raise ValueError(
+                f"save_best metric '{metric}' is not a validation metric ({', '.join(trainer.val_metrics)})"
+            )
         value = trainer.val_metrics[metric]
         if value is None or not math.isfinite(value):
             return
-        better = self.best_value is None or (value > self.best_value if self.cfg.rule == "greater"
-                                             else value < self.best_value)
+        better = self.best_value is None or (
+            value > self.best_value if self.cfg.rule == "greater" else value < self.best_value
+        )
         if better:
             self.best_value, self.best_step = float(value), trainer.step
             if trainer.is_main:

@@ -101,13 +101,16 @@ class LogHook(Hook):
         text = ", ".join(f"{k} {v:.4f}" if v is not None else f"{k} n/a" for k, v in metrics.items())
         trainer.logger.info(f"step {trainer.step}: validation {text} ({len(trainer.val_results)} views)")
         if trainer.is_main:
-            write_json(trainer.exp_dir / self.cfg.metrics_file, {
-                "step": trainer.step,
-                "num_gaussians": trainer.model.num_gaussians,
-                "mean": metrics,
-                "views": trainer.val_results,
-                "lpips": trainer.metrics.lpips_info,
-            })
+            write_json(
+                trainer.exp_dir / self.cfg.metrics_file,
+                {
+                    "step": trainer.step,
+                    "num_gaussians": trainer.model.num_gaussians,
+                    "mean": metrics,
+                    "views": trainer.val_results,
+                    "lpips": trainer.metrics.lpips_info,
+                },
+            )
         for writer in trainer.writers:
             writer.flush()
 

@@ -67,8 +67,10 @@ class DefaultStrategy(Strategy):
         if self.cfg.absgrad and not trainer.renderer_cfg.get("absgrad", False):
             raise ValueError("strategy.absgrad needs renderer.name=gsplat with renderer.absgrad=true")
         if self.cfg.cap_max and trainer.model.num_gaussians > self.cfg.cap_max:
-            raise ValueError(f"the model starts with {trainer.model.num_gaussians} Gaussians, more than "
-                             f"strategy.cap_max={self.cfg.cap_max}")
+            raise ValueError(
+                f"the model starts with {trainer.model.num_gaussians} Gaussians, more than "
+                f"strategy.cap_max={self.cfg.cap_max}"
+            )
         self.scene_scale = trainer.scene_extent
 
     def step_pre_backward(self, trainer: DefaultTrainer, info: dict[str, Any]) -> None:
@@ -82,8 +84,11 @@ class DefaultStrategy(Strategy):
             return
         self._accumulate(trainer, info)
         params, optimizers = trainer.model.params, trainer.optimizers
-        if step > cfg.refine_start and step % cfg.refine_every == 0 and \
-                step % cfg.reset_every >= cfg.pause_refine_after_reset:
+        if (
+            step > cfg.refine_start
+            and step % cfg.refine_every == 0
+            and step % cfg.reset_every >= cfg.pause_refine_after_reset
+        ):
             self._grow(params, optimizers, step)
             self._prune(params, optimizers, step)
             for value in self.state.values():
@@ -144,8 +149,13 @@ class DefaultStrategy(Strategy):
             duplicate(params=params, optimizers=optimizers, state=self.state, mask=is_dupli)
         is_split = torch.cat([is_split, torch.zeros(n_dupli, dtype=torch.bool, device=is_split.device)])
         if is_split.any():
-            split(params=params, optimizers=optimizers, state=self.state, mask=is_split,
-                  revised_opacity=cfg.revised_opacity)
+            split(
+                params=params,
+                optimizers=optimizers,
+                state=self.state,
+                mask=is_split,
+                revised_opacity=cfg.revised_opacity,
+            )
 
     def _prune(self, params: torch.nn.ParameterDict, optimizers: dict, step: int) -> None:
         cfg = self.cfg

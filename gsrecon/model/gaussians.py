@@ -96,15 +96,22 @@ def check_params(params: Mapping[str, Tensor]) -> int:
     n = params["means"].shape[0]
     shN = params["shN"]
     num_rest = shN.shape[1] if shN.dim() == 3 else -1
-    expected = {"means": (n, 3), "scales": (n, 3), "quats": (n, 4), "opacities": (n,), "sh0": (n, 1, 3),
-                "shN": (n, num_rest, 3)}
+    expected = {
+        "means": (n, 3),
+        "scales": (n, 3),
+        "quats": (n, 4),
+        "opacities": (n,),
+        "sh0": (n, 1, 3),
+        "shN": (n, num_rest, 3),
+    }
     for key, shape in expected.items():
         if tuple(params[key].shape) != shape:
             raise ValueError(f"Gaussian parameter '{key}' has shape {tuple(params[key].shape)}, expected {shape}")
     degree = sh_degree_of(num_rest)
     if degree is None:
-        raise ValueError(f"Gaussian parameter 'shN' has {num_rest} coefficients per channel, "
-                         f"not (D+1)^2 - 1 for any SH degree D")
+        raise ValueError(
+            f"Gaussian parameter 'shN' has {num_rest} coefficients per channel, not (D+1)^2 - 1 for any SH degree D"
+        )
     return degree
 
 

@@ -57,13 +57,17 @@ class MCMCStrategy(Strategy):
 
     def initialize(self, trainer: DefaultTrainer) -> None:
         if trainer.model.num_gaussians > self.cfg.cap_max:
-            raise ValueError(f"the model starts with {trainer.model.num_gaussians} Gaussians, more than "
-                             f"strategy.cap_max={self.cfg.cap_max}; raise cap_max or start from fewer points")
+            raise ValueError(
+                f"the model starts with {trainer.model.num_gaussians} Gaussians, more than "
+                f"strategy.cap_max={self.cfg.cap_max}; raise cap_max or start from fewer points"
+            )
 
     def regularization(self, trainer: DefaultTrainer, info: dict[str, Any]) -> Tensor | None:
         params = trainer.model.params
-        return (self.cfg.opacity_reg * torch.sigmoid(params["opacities"]).mean()
-                + self.cfg.scale_reg * torch.exp(params["scales"]).mean())
+        return (
+            self.cfg.opacity_reg * torch.sigmoid(params["opacities"]).mean()
+            + self.cfg.scale_reg * torch.exp(params["scales"]).mean()
+        )
 
     @torch.no_grad()
     def step_post_backward(self, trainer: DefaultTrainer, info: dict[str, Any]) -> None:
@@ -102,15 +106,22 @@ class MCMCStrategy(Strategy):
         opacities = torch.sigmoid(params["opacities"])
         sources = torch.multinomial(opacities, n, replacement=True)
         self._split_sources(params, sources)
-        update_params(params, optimizers, lambda name, p: torch.cat([p, p[sources]]),
-                      lambda key, v: torch.cat([v, v.new_zeros((n, *v.shape[1:]))]))
+        update_params(
+            params,
+            optimizers,
+            lambda name, p: torch.cat([p, p[sources]]),
+            lambda key, v: torch.cat([v, v.new_zeros((n, *v.shape[1:]))]),
+        )
 
     def _split_sources(self, params: torch.nn.ParameterDict, sources: Tensor) -> None:
         """Give each sampled source the opacity and scale of one of its (1 + #samples) copies."""
         ratios = torch.bincount(sources, minlength=params["means"].shape[0])[sources] + 1  # [S]
         new_opacities, new_scales = relocation_update(
-            torch.sigmoid(params["opacities"][sources]), torch.exp(params["scales"][sources]), ratios,
-            self.binoms.to(sources.device))
+            torch.sigmoid(params["opacities"][sources]),
+            torch.exp(params["scales"][sources]),
+            ratios,
+            self.binoms.to(sources.device),
+        )
         eps = torch.finfo(torch.float32).eps
         params["opacities"].data[sources] = torch.logit(new_opacities.clamp(self.cfg.min_opacity, 1.0 - eps))
         params["scales"].data[sources] = torch.log(new_scales)
@@ -159,8 +170,12 @@ def inject_position_noise(params: torch.nn.ParameterDict, scale: float) -> None:
     params["means"].data.add_(torch.einsum("nij,nj->ni", covars, noise))
 
 
-def update_params(params: torch.nn.ParameterDict, optimizers: dict[str, torch.optim.Optimizer],
-                  param_fn: Callable[[str, Tensor], Tensor], optimizer_fn: Callable[[str, Tensor], Tensor]) -> None:
+def update_params(
+    params: torch.nn.ParameterDict,
+    optimizers: dict[str, torch.optim.Optimizer],
+    param_fn: Callable[[str, Tensor], Tensor],
+    optimizer_fn: Callable[[str, Tensor], Tensor],
+) -> None:
     """Replace every parameter by ``param_fn(name, data)`` and every Adam moment by ``optimizer_fn``."""
     for name in list(params.keys()):
         optimizer = optimizers[name]

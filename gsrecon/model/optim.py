@@ -41,8 +41,9 @@ Optimizers = dict[str, torch.optim.Optimizer]
 Schedulers = dict[str, torch.optim.lr_scheduler.LRScheduler]
 
 
-def build_optimizers(params: torch.nn.ParameterDict, cfg: OptimizerConfig, scene_extent: float,
-                     batch_size: int = 1) -> Optimizers:
+def build_optimizers(
+    params: torch.nn.ParameterDict, cfg: OptimizerConfig, scene_extent: float, batch_size: int = 1
+) -> Optimizers:
     """One Adam per parameter; rates scale with sqrt(batch_size) (and betas/eps adapt), as in gsplat."""
     scale = math.sqrt(batch_size)
     optimizers: Optimizers = {}

@@ -151,4 +151,3 @@ def _num_rest_coeffs(path: Path, names: set[str]) -> int:
     if len(indices) % 3 or sh_degree_of(len(indices) // 3) is None:
         raise ValueError(f"{path}: {len(indices)} f_rest_* properties is not 3*((D+1)^2-1) for any SH degree D")
     return len(indices) // 3
-

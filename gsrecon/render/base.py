@@ -15,7 +15,6 @@ if TYPE_CHECKING:
     from gsrecon.logging.console import Logger
 
 
-
 @dataclass
 class RenderOutput:
     """What a renderer returns for a batch of ``C`` cameras (mirrors ``gsplat.rasterization``).

@@ -38,8 +38,10 @@ def focus_point(viewmats: Tensor, points: Tensor | None = None) -> Tensor:
     depths = (points.to(vm) - mean_center) @ forward if points is not None else vm.new_zeros(0)  # [P]
     depths = depths[depths > 0]
     if len(depths) == 0:
-        raise ValueError("the cameras' optical axes are (nearly) parallel and there are no scene points in front "
-                         "of them to place the focus point")
+        raise ValueError(
+            "the cameras' optical axes are (nearly) parallel and there are no scene points in front "
+            "of them to place the focus point"
+        )
     return (mean_center + depths.median() * forward).to(viewmats.dtype)
 
 

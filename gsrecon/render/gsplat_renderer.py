@@ -57,8 +57,9 @@ class GsplatRenderer(Renderer):
             ) from None
         configure_cuda_build_env()
         if not _kernels_built():
-            logger.info("gsplat: compiling its CUDA kernels on first use; this takes a few minutes "
-                        f"(cached in {_build_dir()})")
+            logger.info(
+                f"gsplat: compiling its CUDA kernels on first use; this takes a few minutes (cached in {_build_dir()})"
+            )
         from gsplat.cuda._backend import _C
 
         if _C is None:
@@ -70,8 +71,16 @@ class GsplatRenderer(Renderer):
 
         self._rasterization = rasterization
 
-    def render(self, params: Mapping[str, Tensor], viewmats: Tensor, Ks: Tensor, width: int, height: int,
-               sh_degree: int, backgrounds: Tensor) -> RenderOutput:
+    def render(
+        self,
+        params: Mapping[str, Tensor],
+        viewmats: Tensor,
+        Ks: Tensor,
+        width: int,
+        height: int,
+        sh_degree: int,
+        backgrounds: Tensor,
+    ) -> RenderOutput:
         check_render_inputs(params, viewmats, Ks, width, height, sh_degree, backgrounds)
         if self._rasterization is None:
             raise GsplatUnavailableError("GsplatRenderer.setup() must run before render()")
@@ -100,8 +109,7 @@ class GsplatRenderer(Renderer):
             absgrad=cfg.absgrad,
             rasterize_mode="antialiased" if cfg.antialiased else "classic",
         )
-        return RenderOutput(image=render_colors[..., :3], alpha=render_alphas, depth=render_colors[..., 3:4],
-                            info=info)
+        return RenderOutput(image=render_colors[..., :3], alpha=render_alphas, depth=render_colors[..., 3:4], info=info)
 
 
 def configure_cuda_build_env() -> None:

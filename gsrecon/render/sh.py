@@ -93,8 +93,7 @@ def spherical_harmonics(degree: int, dirs: Tensor, coeffs: Tensor) -> Tensor:
     n_bases = num_sh_bases(degree)
     if coeffs.shape[-2] < n_bases:
         raise ValueError(
-            f"SH degree {degree} needs {n_bases} coefficients per channel, "
-            f"got coeffs of shape {tuple(coeffs.shape)}"
+            f"SH degree {degree} needs {n_bases} coefficients per channel, got coeffs of shape {tuple(coeffs.shape)}"
         )
     basis = sh_basis(degree, dirs)  # [..., n_bases]
     return (basis[..., None] * coeffs[..., :n_bases, :]).sum(-2)

@@ -128,9 +128,7 @@ class TileIntersections(NamedTuple):
     tile_counts: Tensor  # [C * tiles_per_image] number of pairs of each tile
 
 
-def _min_sigma_over_tiles(
-    x0: Tensor, y0: Tensor, x1: Tensor, y1: Tensor, a: Tensor, b: Tensor, c: Tensor
-) -> Tensor:
+def _min_sigma_over_tiles(x0: Tensor, y0: Tensor, x1: Tensor, y1: Tensor, a: Tensor, b: Tensor, c: Tensor) -> Tensor:
     """Minimum of ``sigma(dx, dy) = (a dx^2 + 2 b dx dy + c dy^2) / 2`` over ``[x0, x1] x [y0, y1]``.
 
     All arguments are [P]: the rectangle is a tile's pixel centres relative to a Gaussian's
@@ -461,13 +459,9 @@ class TorchRenderer(Renderer):
             if not ALPHA_MIN < self.alpha_max < 1.0:
                 raise ValueError(f"renderer alpha_max={self.alpha_max} must be in (1/255, 1)")
             if self.max_chunk_elements < 1:
-                raise ValueError(
-                    f"renderer max_chunk_elements={self.max_chunk_elements} must be >= 1"
-                )
+                raise ValueError(f"renderer max_chunk_elements={self.max_chunk_elements} must be >= 1")
             if self.max_kept_elements < 0:
-                raise ValueError(
-                    f"renderer max_kept_elements={self.max_kept_elements} must be >= 0"
-                )
+                raise ValueError(f"renderer max_kept_elements={self.max_kept_elements} must be >= 0")
 
     def __init__(self, cfg: TorchRenderer.Config | None = None) -> None:
         self.cfg = cfg if cfg is not None else TorchRenderer.Config()
