@@ -21,8 +21,8 @@ def import_plugins(entries: list[str], source: str = "config") -> None:
             continue
         try:
             importlib.import_module(entry)
-        except ImportError as exc:
-            raise ConfigError(f"{source}: key 'imports': cannot import module '{entry}': {exc}") from None
+        except Exception as exc:
+            raise ConfigError(f"{source}: key 'imports': cannot import module '{entry}': {_describe(exc)}") from exc
 
 
 def _import_file(path: Path, source: str) -> None:
@@ -38,6 +38,12 @@ def _import_file(path: Path, source: str) -> None:
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception:
+    except Exception as exc:
         del sys.modules[module_name]
-        raise
+        raise ConfigError(f"{source}: key 'imports': importing {path} failed: {_describe(exc)}") from exc
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, SyntaxError):
+        return f"line {exc.lineno}: {exc.msg}"
+    return f"{type(exc).__name__}: {exc}"

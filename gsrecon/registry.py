@@ -25,8 +25,9 @@ class RegistryError(KeyError):
 class Registry(Generic[T]):
     """A named collection of buildable classes (hooks, writers, renderers, ...)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, plural: str | None = None) -> None:
         self.name = name
+        self.plural = plural or f"{name}s"
         self._entries: dict[str, T] = {}
 
     def register(self, name: str | None = None) -> Callable[[T], T]:
@@ -50,7 +51,7 @@ class Registry(Generic[T]):
             return self._entries[name]
         except KeyError:
             known = ", ".join(sorted(self._entries)) or "(none)"
-            raise RegistryError(f"unknown {self.name} '{name}'; known {self.name}s: {known}") from None
+            raise RegistryError(f"unknown {self.name} '{name}'; known {self.plural}: {known}") from None
 
     def build(self, cfg: Mapping[str, Any], **extra: Any) -> Any:
         """Construct ``cfg["name"]`` with the remaining keys (plus ``extra``) as arguments."""
@@ -72,4 +73,4 @@ WRITER_REGISTRY: Registry = Registry("writer")
 DATASET_REGISTRY: Registry = Registry("dataset")
 MODEL_REGISTRY: Registry = Registry("model")
 RENDERER_REGISTRY: Registry = Registry("renderer")
-STRATEGY_REGISTRY: Registry = Registry("strategy")
+STRATEGY_REGISTRY: Registry = Registry("strategy", "strategies")

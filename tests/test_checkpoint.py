@@ -10,7 +10,8 @@ import pytest
 import torch
 from conftest import read_scalars
 
-from gsrecon.engine.trainer import HookError, load_checkpoint_file
+from gsrecon.engine.checkpoints import load_checkpoint_file
+from gsrecon.engine.trainer import HookError
 from gsrecon.hooks import Hook
 from gsrecon.registry import HOOK_REGISTRY
 
@@ -38,6 +39,21 @@ class PoisonAtStepHook(Hook):
         if trainer.step + 1 == self.step:
             with torch.no_grad():
                 trainer.model.params["sh0"].fill_(float("nan"))
+
+
+@HOOK_REGISTRY.register()
+class PoisonMeansAtStepHook(Hook):
+    """Makes the model's means NaN after a given step, before other hooks look (test helper)."""
+
+    priority = "HIGHEST"
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def after_train_iter(self, trainer) -> None:
+        if trainer.step == self.step:
+            with torch.no_grad():
+                trainer.model.params["means"][:10] = float("nan")
 
 
 def _hooks(interval: int, **ckpt) -> list[dict]:
@@ -127,7 +143,42 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(make_trainer) 
 def test_broken_checkpoint_files_give_clear_errors(tmp_path: Path, make_trainer) -> None:
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"not a checkpoint")
-    with pytest.raises(ValueError, match="bad.pt is not a readable gsrecon checkpoint"):
+    with pytest.raises(ValueError, match="bad.pt is truncated or not a PyTorch checkpoint"):
         load_checkpoint_file(bad)
+    trainer = make_trainer(max_steps=3, hooks=_hooks(3))
+    trainer.train()
+    data = (trainer.exp_dir / "checkpoints" / "last.pt").read_bytes()
+    (tmp_path / "cut.pt").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="cut.pt is truncated or not a PyTorch checkpoint"):
+        load_checkpoint_file(tmp_path / "cut.pt")
     with pytest.raises(FileNotFoundError, match="missing.pt"):
-        make_trainer(resume=str(tmp_path / "missing.pt")).train()
+        make_trainer("other", resume=str(tmp_path / "missing.pt"))
+
+
+def test_nothing_to_resume_is_an_error(make_trainer) -> None:
+    with pytest.raises(ValueError, match="nothing to resume"):
+        make_trainer(resume=True)
+
+
+def test_resume_refuses_a_config_whose_model_does_not_fit_the_checkpoint(make_trainer) -> None:
+    trainer = make_trainer(max_steps=3, hooks=_hooks(3))
+    trainer.train()
+    config_before = (trainer.exp_dir / "config.yaml").read_text()
+    with pytest.raises(ValueError, match=r"model\.sh_degree=1 but this config has model\.sh_degree=3"):
+        make_trainer(max_steps=6, hooks=_hooks(3), resume=True, model={"sh_degree": 3})
+    assert (trainer.exp_dir / "config.yaml").read_text() == config_before  # nothing rewritten
+    resumed = make_trainer(max_steps=6, hooks=_hooks(3), resume=True)  # max_steps may change
+    resumed.train()
+    assert resumed.step == 6
+
+
+def test_non_finite_parameters_stop_training_even_with_a_finite_loss(make_trainer) -> None:
+    """NaN means make a renderer drop those Gaussians, so the loss stays finite: the parameters are checked."""
+
+    hooks = [{"name": "CheckInvalidLossHook", "params_interval": 1}, {"name": "CheckPointHook", "interval": 2},
+             {"name": "PoisonMeansAtStepHook", "step": 3}]
+    trainer = make_trainer(max_steps=6, hooks=hooks)
+    with pytest.raises(HookError, match=r"Gaussian parameters means are not finite at step 3.*step_000002.pt is kept"):
+        trainer.train()
+    assert load_checkpoint_file(trainer.exp_dir / "checkpoints" / "last.pt")["step"] == 2
+    assert not (trainer.exp_dir / "point_cloud.ply").exists()

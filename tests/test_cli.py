@@ -70,6 +70,16 @@ def test_refuses_to_clobber_a_run_unless_overwrite(capsys, make_config, tmp_path
     assert _run(capsys, "train", "--config", str(config), "--overwrite")[0] == 0
 
 
+def test_overwrite_never_deletes_folders_that_are_not_runs(capsys, make_config, tmp_path: Path) -> None:
+    folder = tmp_path / "project"
+    (folder / "photos").mkdir(parents=True)
+    (folder / "photos" / "a.jpg").write_bytes(b"precious")
+    config = write_yaml(folder / "config.yaml", {**make_config(max_steps=1), "exp_dir": str(folder)})
+    code, err = _run(capsys, "train", "--config", str(config), "--overwrite")
+    assert code == 2 and "is not empty and is not a gsrecon run folder" in err
+    assert (folder / "photos" / "a.jpg").read_bytes() == b"precious"
+
+
 def test_resume_flag_continues_and_config_yaml_reproduces_the_run(capsys, make_config, tmp_path: Path) -> None:
     config = write_yaml(tmp_path / "c.yaml", make_config(max_steps=4))
     assert _run(capsys, "train", "--config", str(config))[0] == 0

@@ -13,7 +13,8 @@ from conftest import write_yaml
 
 from gsrecon.cli import main
 from gsrecon.config import parse_structured
-from gsrecon.engine.trainer import DefaultTrainer, load_checkpoint_file
+from gsrecon.engine.checkpoints import load_checkpoint_file
+from gsrecon.engine.trainer import DefaultTrainer
 from gsrecon.model.ply import load_ply
 
 

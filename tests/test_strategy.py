@@ -11,7 +11,7 @@ from conftest import read_scalars
 from gsplat.strategy import DefaultStrategy as GsplatDefaultStrategy
 
 from gsrecon.distributed import DistributedContext
-from gsrecon.engine.trainer import load_checkpoint_file
+from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.hooks import Hook
 from gsrecon.model.default_strategy import DefaultStrategy
 from gsrecon.model.gaussians import PARAM_NAMES

@@ -15,6 +15,8 @@ import torch
 from torch import Tensor
 
 from gsrecon.data.cameras import Frame, Scene
+from gsrecon.data.images import FACTORS
+from gsrecon.data.splits import EVAL_SPLITS
 from gsrecon.data.synthetic import SyntheticConfig, load_synthetic
 from gsrecon.registry import DATASET_REGISTRY
 
@@ -56,6 +58,13 @@ class DataPipeline:
             raise ValueError(f"data.cache must be 'device' or 'cpu'; got '{cfg.cache}'")
         if cfg.batch_size < 1:
             raise ValueError(f"data.batch_size must be >= 1, got {cfg.batch_size}")
+        if cfg.factor not in FACTORS:
+            raise ValueError(f"data.factor must be one of {', '.join(map(str, FACTORS))}; got {cfg.factor}")
+        if cfg.eval_split not in EVAL_SPLITS:
+            raise ValueError(f"data.eval_split must be one of {', '.join(EVAL_SPLITS)}; got '{cfg.eval_split}'")
+        if cfg.dataset not in DATASET_REGISTRY:
+            known = ", ".join(DATASET_REGISTRY.names())
+            raise ValueError(f"data.dataset: unknown dataset '{cfg.dataset}'; known datasets: {known}")
         self.cfg = cfg
         self.device = device
         self.seed = seed
@@ -128,6 +137,11 @@ def _to_device(frame: Frame, device: torch.device) -> Frame:
     return Frame(frame.name, frame.viewmat.float(), frame.K.float(), frame.image.to(device))
 
 
+def _require_path(cfg: DataPipeline.Config, what: str) -> None:
+    if not cfg.path:
+        raise ValueError(f"data.path is empty; set data.path=/path/to/scene ({what})")
+
+
 @DATASET_REGISTRY.register("synthetic")
 def _load_synthetic(cfg: DataPipeline.Config) -> Scene:
     return load_synthetic(cfg.synthetic)
@@ -137,6 +151,7 @@ def _load_synthetic(cfg: DataPipeline.Config) -> Scene:
 def _load_colmap(cfg: DataPipeline.Config) -> Scene:
     from gsrecon.data.colmap import load_colmap
 
+    _require_path(cfg, "a folder with images/ and sparse/0/")
     return load_colmap(cfg.path, cfg.factor, cfg.eval_split, cfg.max_images)
 
 
@@ -144,4 +159,5 @@ def _load_colmap(cfg: DataPipeline.Config) -> Scene:
 def _load_blender(cfg: DataPipeline.Config) -> Scene:
     from gsrecon.data.blender import load_blender
 
+    _require_path(cfg, "a folder with transforms.json or transforms_train.json")
     return load_blender(cfg.path, cfg.factor, cfg.eval_split, cfg.max_images)

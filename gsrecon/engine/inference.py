@@ -3,6 +3,7 @@ render camera-path videos and export PLY / .splat files."""
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -11,7 +12,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
 from torch import Tensor
 
 import gsrecon.render.renderers  # noqa: F401  (registers the built-in renderers)
@@ -20,13 +20,8 @@ from gsrecon.config import apply_overrides, load_config, parse_structured
 from gsrecon.data.datapipeline import DataPipeline
 from gsrecon.data.images import to_uint8, write_png
 from gsrecon.distributed import DistributedContext
-from gsrecon.engine.trainer import (
-    DefaultTrainer,
-    latest_checkpoint,
-    load_checkpoint_file,
-    resolve_device,
-    resolve_renderer_entry,
-)
+from gsrecon.engine.checkpoints import latest_checkpoint, load_checkpoint_file
+from gsrecon.engine.trainer import DefaultTrainer, resolve_device, resolve_renderer_entry
 from gsrecon.logging.console import Logger
 from gsrecon.metrics import ImageMetrics, mean_metrics
 from gsrecon.model.gaussians import check_params
@@ -80,7 +75,7 @@ def load_trained_scene(
         raw, source, params, step = load_config(config, overrides), config, load_ply(ply), None
     else:
         ckpt = load_checkpoint_file(checkpoint, "cpu")
-        raw = load_config(config, overrides) if config else apply_overrides(OmegaConf.create(ckpt["config"]), overrides)
+        raw = load_config(config, overrides) if config else apply_overrides(copy.deepcopy(ckpt["config"]), overrides)
         source, params, step = config or checkpoint, ckpt["params"], int(ckpt["step"])
     import_plugins(list(raw.get("imports", []) or []), str(source))
     cfg = parse_structured(DefaultTrainer.Config, raw, source=str(source))

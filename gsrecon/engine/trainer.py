@@ -30,6 +30,7 @@ from gsrecon.config import ConfigError, parse_structured, resolved_entry, save_y
 from gsrecon.data.cameras import Scene
 from gsrecon.data.datapipeline import DataPipeline
 from gsrecon.distributed import DistributedContext
+from gsrecon.engine.checkpoints import RUN_MARKER, latest_checkpoint, load_checkpoint_file
 from gsrecon.hooks.base import Hook, get_priority
 from gsrecon.logging.console import Logger
 from gsrecon.losses import photometric_loss
@@ -145,7 +146,9 @@ class DefaultTrainer:
             "hooks": hook_cfgs,
         }
         self.resolved_config.pop("resume")
+        self.hooks = self._build_hooks(hook_cfgs)
         self._check_exp_dir(overwrite)
+        self._resume_from = self._find_resume_checkpoint()  # (path, checkpoint dict) or None
 
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
@@ -160,7 +163,6 @@ class DefaultTrainer:
         self.schedulers = build_schedulers(self.optimizers, cfg.scheduler, cfg.max_steps)
         self.strategy = STRATEGY_REGISTRY.build(self.strategy_cfg)
         self.strategy.initialize(self)
-        self.hooks = self._build_hooks(hook_cfgs)
         # Everything is built: only now may a previous run be replaced and outputs be written.
         self._prepare_exp_dir(overwrite)
         self.writers = [WRITER_REGISTRY.build(w, exp_dir=self.exp_dir) for w in writer_cfgs] if self.is_main else []
@@ -188,23 +190,64 @@ class DefaultTrainer:
                 return hook.checkpoint_dir(self)
         return self.exp_dir / "checkpoints"
 
-    def _holds_previous_run(self) -> bool:
-        return self.is_main and (self.exp_dir / "config.yaml").exists() and self.cfg.resume is False
-
     def _check_exp_dir(self, overwrite: bool) -> None:
-        if self._holds_previous_run() and not overwrite:
+        """Refuse folders that hold other files, and runs that would be replaced without --overwrite."""
+        folder = self.exp_dir
+        if not self.is_main or not folder.is_dir() or not any(folder.iterdir()):
+            return
+        if not (folder / RUN_MARKER).is_file():
             raise ConfigError(
-                f"{self.source}: exp_dir '{self.exp_dir}' already holds a run; continue it with --resume, "
+                f"{self.source}: exp_dir '{folder}' is not empty and is not a gsrecon run folder; choose a new or "
+                f"empty folder (gsrecon never deletes files it did not write)"
+            )
+        if self.cfg.resume is not False:
+            return
+        if not overwrite:
+            raise ConfigError(
+                f"{self.source}: exp_dir '{folder}' already holds a run; continue it with --resume, "
                 f"replace it with --overwrite, or set another exp_dir"
             )
+        if Path.cwd().resolve().is_relative_to(folder.resolve()):
+            raise ConfigError(f"{self.source}: --overwrite would delete '{folder}', which holds the current folder")
 
     def _prepare_exp_dir(self, overwrite: bool) -> None:
-        if self._holds_previous_run() and overwrite:
-            shutil.rmtree(self.exp_dir)
-        self.dist.barrier()
+        """Replace a previous run (with --overwrite), create the folder and start its log."""
         if self.is_main:
+            if overwrite and self.cfg.resume is False and (self.exp_dir / RUN_MARKER).is_file():
+                shutil.rmtree(self.exp_dir)
             self.exp_dir.mkdir(parents=True, exist_ok=True)
+            (self.exp_dir / RUN_MARKER).write_text("A gsrecon run; `gsrecon train --overwrite` may replace it whole.\n")
             self.logger.set_log_file(self.exp_dir / "train.log")
+        self.dist.barrier()
+
+    def _find_resume_checkpoint(self) -> tuple[Path, dict[str, Any]] | None:
+        """The checkpoint ``cfg.resume`` names, read and checked against this config; None for a new run."""
+        resume = self.cfg.resume
+        if resume is False or resume is None:
+            return None
+        if isinstance(resume, str):
+            path = Path(resume)
+        else:
+            path = latest_checkpoint(self.checkpoint_dir)
+            if path is None:
+                raise ConfigError(
+                    f"{self.source}: nothing to resume: no checkpoint in {self.checkpoint_dir}; "
+                    f"drop --resume (resume: true) to start a new run"
+                )
+        checkpoint = load_checkpoint_file(path, "cpu")
+        previous = checkpoint.get("config", {})
+        old_model, new_model = previous.get("model", {}), self.resolved_config["model"]
+        for key in ("name", "sh_degree"):  # these decide the shapes of the saved parameters
+            if key in old_model and old_model[key] != new_model.get(key):
+                raise ConfigError(
+                    f"{self.source}: cannot resume {path}: it was trained with model.{key}={old_model[key]} but "
+                    f"this config has model.{key}={new_model.get(key)}; set model.{key}={old_model[key]}"
+                )
+        changes = _changed_settings(previous, self.resolved_config)
+        if changes:
+            shown = ", ".join(changes[:8]) + (f" and {len(changes) - 8} more" if len(changes) > 8 else "")
+            self.logger.info(f"resuming with changed settings: {shown}")
+        return path, checkpoint
 
     def _build_hooks(self, hook_cfgs: list[dict[str, Any]]) -> list[Hook]:
         hooks: list[tuple[int, int, Hook]] = []
@@ -434,18 +477,15 @@ class DefaultTrainer:
         self.call_hook("after_load_checkpoint", checkpoint=checkpoint)
 
     def resume_or_load(self) -> None:
-        """Load the checkpoint ``cfg.resume`` asks for (if any)."""
-        resume = self.cfg.resume
-        if resume is False or resume is None:
+        """Load the checkpoint ``cfg.resume`` asked for (found and checked when the trainer was built)."""
+        if self._resume_from is None:
             return
-        path = Path(resume) if isinstance(resume, str) else latest_checkpoint(self.checkpoint_dir)
-        if path is None:
-            self.logger.warning(f"resume: no checkpoint in {self.checkpoint_dir}; starting from step 0")
-            return
-        if not path.is_file():
-            raise FileNotFoundError(f"resume: checkpoint not found: {path}")
-        self.load_checkpoint(load_checkpoint_file(path, self.device))
+        path, checkpoint = self._resume_from
+        self._resume_from = None
+        self.load_checkpoint(checkpoint)
         self.logger.info(f"resumed from {path} at step {self.step}")
+        if self.step >= self.max_steps:
+            self.logger.info(f"the checkpoint is already at max_steps ({self.max_steps}); raise max_steps to go on")
 
     def _hook_keys(self) -> Iterator[tuple[str, Hook]]:
         seen: dict[str, int] = {}
@@ -476,25 +516,12 @@ def build_model(entry: dict[str, Any], scene: Scene, seed: int, source: str = "c
     return cls.from_scene(parse_structured(cls.Config, args, source, "model"), scene, seed)
 
 
-def latest_checkpoint(directory: Path) -> Path | None:
-    """``last.pt`` in ``directory`` if present, else the ``step_*.pt`` with the highest step, else None."""
-    if (directory / "last.pt").is_file():
-        return directory / "last.pt"
-    steps = sorted(directory.glob("step_*.pt"))
-    return steps[-1] if steps else None
-
-
-def load_checkpoint_file(path: str | Path, device: torch.device | str = "cpu") -> dict[str, Any]:
-    """Read a checkpoint safely (``weights_only=True``); a clear error for files that are not checkpoints."""
-    try:
-        checkpoint = torch.load(path, map_location=device, weights_only=True)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"checkpoint not found: {path}") from None
-    except Exception as exc:
-        raise ValueError(f"{path} is not a readable gsrecon checkpoint: {str(exc).splitlines()[0]}") from None
-    if not isinstance(checkpoint, dict) or "params" not in checkpoint or "step" not in checkpoint:
-        raise ValueError(f"{path} is not a gsrecon checkpoint (no 'params'/'step' entries)")
-    return checkpoint
+def _changed_settings(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """``key: old -> new`` for every leaf of two nested configs that differs."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        keys = list(old) + [k for k in new if k not in old]
+        return [c for k in keys for c in _changed_settings(old.get(k), new.get(k), f"{prefix}{k}.")]
+    return [] if old == new else [f"{prefix[:-1]}: {old} -> {new}"]
 
 
 def _check_top_level(cfg: DefaultTrainer.Config, source: str) -> None:
@@ -502,7 +529,7 @@ def _check_top_level(cfg: DefaultTrainer.Config, source: str) -> None:
         raise ConfigError(f"{source}: key 'max_steps': must be >= 1, got {cfg.max_steps}")
     if cfg.val_interval < 1:
         raise ConfigError(f"{source}: key 'val_interval': must be >= 1, got {cfg.val_interval}")
-    if cfg.loss.ssim_lambda < 0 or cfg.loss.ssim_lambda > 1:
+    if not 0 <= cfg.loss.ssim_lambda <= 1:  # also refuses NaN
         raise ConfigError(f"{source}: key 'loss.ssim_lambda': must be in [0, 1], got {cfg.loss.ssim_lambda}")
     if not (cfg.resume is None or isinstance(cfg.resume, (bool, str))):
         raise ConfigError(f"{source}: key 'resume': must be true, false or a checkpoint path, got {cfg.resume!r}")
@@ -545,8 +572,12 @@ def _resolved_entry(
 def resolve_renderer_entry(entry: dict[str, Any], device: torch.device, source: str) -> dict[str, Any]:
     """``name: auto`` becomes gsplat on CUDA (when installed) and torch elsewhere."""
     entry = dict(entry)
-    if entry.get("name", "auto") == "auto":
+    name = entry.get("name", "auto")
+    if name == "auto":
         entry["name"] = "gsplat" if device.type == "cuda" and "gsplat" in RENDERER_REGISTRY else "torch"
+    elif name not in RENDERER_REGISTRY:
+        known = ", ".join(["auto", *RENDERER_REGISTRY.names()])
+        raise ConfigError(f"{source}: key 'renderer.name': unknown renderer '{name}'; known renderers: {known}")
     return _resolved_entry(RENDERER_REGISTRY, entry, source, "renderer")
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gsrecon.atomic import atomic_path
+from gsrecon.engine.checkpoints import non_finite
 from gsrecon.hooks.base import Hook, Priority
 from gsrecon.model.ply import save_ply
 from gsrecon.registry import HOOK_REGISTRY
@@ -73,6 +74,7 @@ class CheckPointHook(Hook):
         if better:
             self.best_value, self.best_step = float(value), trainer.step
             if trainer.is_main:
+                self._refuse_non_finite(trainer)
                 self._write(trainer.checkpoint(), self.checkpoint_dir(trainer) / "best.pt")
             trainer.logger.info(f"new best {metric} {value:.4f} at step {trainer.step}")
 
@@ -93,6 +95,7 @@ class CheckPointHook(Hook):
         path = directory / f"step_{trainer.step:06d}.pt"
         if not trainer.is_main:
             return path
+        self._refuse_non_finite(trainer)
         checkpoint = trainer.checkpoint()
         self._write(checkpoint, path)
         with atomic_path(directory / "last.pt") as tmp:
@@ -103,6 +106,11 @@ class CheckPointHook(Hook):
         self._rotate(directory)
         trainer.logger.info(f"saved checkpoint {path}")
         return path
+
+    def _refuse_non_finite(self, trainer: DefaultTrainer) -> None:
+        broken = non_finite(dict(trainer.model.params.items()))
+        if broken:
+            raise ValueError(f"not saving step {trainer.step}: Gaussian parameters {', '.join(broken)} are not finite")
 
     def _write(self, checkpoint: dict[str, Any], path: Path) -> None:
         with atomic_path(path) as tmp:

@@ -1,4 +1,4 @@
-"""CheckInvalidLossHook: stop training on a NaN or infinite loss."""
+"""CheckInvalidLossHook: stop training on a NaN or infinite loss or Gaussian parameters."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gsrecon.engine.checkpoints import latest_checkpoint, non_finite
 from gsrecon.hooks.base import Hook, Priority
 from gsrecon.registry import HOOK_REGISTRY
 
@@ -14,32 +15,44 @@ if TYPE_CHECKING:
 
 
 class InvalidLossError(RuntimeError):
-    """The training loss became NaN or infinite."""
+    """The training loss or the Gaussian parameters became NaN or infinite."""
 
 
 @HOOK_REGISTRY.register()
 class CheckInvalidLossHook(Hook):
-    """After every ``interval``-th step, raises :class:`InvalidLossError` naming the step if the loss is
-    not finite. It runs before the checkpoint hook, so the broken model is never saved and the last
-    good checkpoint stays."""
+    """Raises :class:`InvalidLossError` naming the step when the loss (checked every ``interval``
+    steps) or a Gaussian parameter (every ``params_interval`` steps; renderers skip NaN Gaussians,
+    so the loss alone can stay finite) is NaN or infinite. It runs before the checkpoint hook, so
+    the broken model is never saved and the last good checkpoint stays."""
 
     priority = Priority.VERY_HIGH
 
     @dataclass
     class Config:
         interval: int = 1
+        params_interval: int = 100
 
     def __init__(self, cfg: Config) -> None:
-        if cfg.interval < 1:
-            raise ValueError(f"CheckInvalidLossHook interval must be >= 1, got {cfg.interval}")
+        if cfg.interval < 1 or cfg.params_interval < 1:
+            raise ValueError(f"CheckInvalidLossHook intervals must be >= 1, got {cfg.interval}, {cfg.params_interval}")
         self.cfg = cfg
 
     def after_train_iter(self, trainer: DefaultTrainer) -> None:
-        if trainer.step % self.cfg.interval:
-            return
-        loss = float(trainer.outputs["loss"])
-        if not math.isfinite(loss):
-            raise InvalidLossError(
-                f"the loss is {loss} at step {trainer.step}; training stopped (the last good checkpoint "
-                f"in {trainer.checkpoint_dir} is kept). Try lower learning rates or check the input images."
-            )
+        step = trainer.step
+        if step % self.cfg.interval == 0:
+            loss = float(trainer.outputs["loss"])
+            if not math.isfinite(loss):
+                raise InvalidLossError(f"the loss is {loss} at step {step}; {_kept(trainer)}")
+        if step % self.cfg.params_interval == 0:
+            broken = non_finite(dict(trainer.model.params.items()))
+            if broken:
+                raise InvalidLossError(
+                    f"Gaussian parameters {', '.join(broken)} are not finite at step {step}; {_kept(trainer)}"
+                )
+
+
+def _kept(trainer: DefaultTrainer) -> str:
+    steps = sorted(trainer.checkpoint_dir.glob("step_*.pt"))
+    last = steps[-1] if steps else latest_checkpoint(trainer.checkpoint_dir)
+    kept = f"the last good checkpoint {last} is kept" if last else "no checkpoint was written before"
+    return f"training stopped ({kept}). Try lower learning rates or check the input images."

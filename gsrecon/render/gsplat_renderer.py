@@ -19,8 +19,8 @@ from gsrecon.logging.console import Logger
 from gsrecon.render.base import Renderer, RenderOutput, check_render_inputs
 
 
-class GsplatUnavailableError(RuntimeError):
-    """gsplat cannot run here (no CUDA device, no CUDA toolkit, or gsplat not installed)."""
+class GsplatUnavailableError(ValueError):
+    """gsplat cannot run here (no CUDA device, no CUDA toolkit, or gsplat not installed): use the torch renderer."""
 
 
 class GsplatRenderer(Renderer):
