@@ -69,7 +69,7 @@ def _eval(args: argparse.Namespace) -> int:
     from gsrecon.engine.inference import evaluate
 
     scene = _load_scene(args)
-    out = args.out or args.exp_dir or "."
+    out = args.out or _default_eval_dir(args)
     result = evaluate(scene, out, device=args.device)
     mean = ", ".join(f"{k} {v:.4f}" for k, v in result["mean"].items() if v is not None)
     print(f"{len(result['views'])} test views: {mean}; {result['render_fps']:.1f} FPS on {result['device']}")
@@ -77,10 +77,21 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _default_eval_dir(args: argparse.Namespace) -> str:
+    """``<exp_dir>/eval`` for a run (also when given one of its checkpoints), else ``./eval``."""
+    from pathlib import Path
+
+    if args.exp_dir:
+        return str(Path(args.exp_dir) / "eval")
+    if args.checkpoint:
+        return str(Path(args.checkpoint).resolve().parent.parent / "eval")
+    return "eval"
+
+
 def _add_eval(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="render the test split and compute PSNR / SSIM / LPIPS and FPS")
     _add_source_args(p)
-    p.add_argument("--out", help="output folder (default: --exp-dir, else the current folder)")
+    p.add_argument("--out", help="output folder (default: <exp_dir>/eval, or ./eval for --ply)")
     p.set_defaults(func=_eval)
 
 

@@ -121,3 +121,38 @@ def test_model_entry_is_validated_and_resolved(make_trainer) -> None:
     assert trainer.resolved_config["model"]["sh_degree"] == 2
     assert trainer.resolved_config["model"]["init_opacity"] == 0.1  # defaults filled in
     assert trainer.model.params["shN"].shape[1] == 8
+
+
+def test_changing_an_entry_name_drops_the_options_of_the_old_one(tmp_path: Path) -> None:
+    base = write_yaml(tmp_path / "base.yaml", {"strategy": {"name": "default", "reset_every": 100},
+                                               "renderer": {"name": "torch", "alpha_max": 0.99}})
+    child = write_yaml(tmp_path / "child.yaml", {"_base_": "base.yaml", "strategy": {"name": "mcmc", "cap_max": 9}})
+    raw = load_config(child, ["renderer.name=gsplat"])
+    assert raw["strategy"] == {"name": "mcmc", "cap_max": 9}
+    assert raw["renderer"] == {"name": "gsplat"}
+    same = load_config(child, ["strategy={name: mcmc, noise_lr: 1.0}", "strategy.refine_every=7"])
+    assert same["strategy"] == {"name": "mcmc", "cap_max": 9, "noise_lr": 1.0, "refine_every": 7}
+
+
+def test_imports_are_relative_to_the_yaml_file(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    config = write_yaml(tmp_path / "sub" / "c.yaml", {"imports": ["hooks.py", "some.module"]})
+    assert load_config(config)["imports"] == [str(tmp_path / "sub" / "hooks.py"), "some.module"]
+
+
+def test_invalid_yaml_names_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("seed: 1\nmodel: {sh_degree: 2\nmax_steps: 3\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml: invalid YAML at line \d+, column \d+"):
+        load_config(path)
+
+
+def test_failing_import_file_is_a_config_error_naming_it(tmp_path: Path, make_trainer) -> None:
+    bad = tmp_path / "bad_plugin.py"
+    bad.write_text("def broken(:\n")
+    with pytest.raises(ConfigError, match=r"imports.*bad_plugin\.py failed: line 1"):
+        make_trainer(imports=[str(bad)])
+    missing_dep = tmp_path / "needs_dep.py"
+    missing_dep.write_text("import not_a_real_module_xyz\n")
+    with pytest.raises(ConfigError, match=r"needs_dep\.py failed: ModuleNotFoundError"):
+        make_trainer("b", imports=[str(missing_dep)])

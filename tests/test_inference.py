@@ -36,15 +36,17 @@ def test_training_ends_with_a_reference_ply(trained: Path) -> None:
 def test_eval_writes_renders_ground_truth_and_metrics(trained: Path, capsys) -> None:
     assert main(["eval", "--exp-dir", str(trained), "--device", "cpu"]) == 0
     assert "2 test views" in capsys.readouterr().out
-    metrics = json.loads((trained / "metrics.json").read_text())
+    training_metrics = (trained / "metrics.json").read_text()
+    metrics = json.loads((trained / "eval" / "metrics.json").read_text())
+    assert (trained / "metrics.json").read_text() == training_metrics  # the training record stays
     assert metrics["step"] == 6 and metrics["num_gaussians"] == 300
     assert metrics["resolution"] == ["32x24"] and metrics["render_fps"] > 0
     assert {v["name"] for v in metrics["views"]} == {"view_000", "view_008"}
     assert set(metrics["mean"]) == {"psnr", "ssim", "lpips"}
     assert metrics["lpips"]["net"] == "none"  # as the run's config says
     for view in metrics["views"]:
-        render = iio.imread(trained / "renders" / "test" / f"{view['name']}.png")
-        gt = iio.imread(trained / "gt" / f"{view['name']}.png")
+        render = iio.imread(trained / "eval" / "renders" / "test" / f"{view['name']}.png")
+        gt = iio.imread(trained / "eval" / "gt" / f"{view['name']}.png")
         assert render.shape == gt.shape == (24, 32, 3)
         mse = np.mean((render / 255.0 - gt / 255.0) ** 2)
         assert -10 * np.log10(mse) == pytest.approx(view["psnr"], abs=0.1)  # metrics describe the PNGs
@@ -119,6 +121,7 @@ def test_render_video_along_paths(trained: Path, tmp_path: Path) -> None:
         (["eval", "--ply", "{tmp}/x.ply"], "--ply needs --config"),
         (["export", "--checkpoint", "{tmp}/missing.pt", "--out", "{tmp}/o.ply"], "checkpoint not found"),
         (["render", "--exp-dir", "{trained}", "--frames", "1", "--out", "{tmp}/v.mp4"], "at least 2"),
+    (["render", "--exp-dir", "{trained}", "--out", "{tmp}/v.gif"], "must be an .mp4 file"),
     ],
 )
 def test_bad_inference_input_is_one_line(trained: Path, tmp_path: Path, capsys, argv, message) -> None:

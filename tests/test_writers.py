@@ -67,3 +67,12 @@ def test_missing_lpips_weights_give_null_and_one_logged_warning(make_trainer, tm
     assert metrics["mean"]["lpips"] is None and metrics["lpips"]["weights"] is None
     log = (trainer.exp_dir / "train.log").read_text()
     assert log.count("LPIPS is disabled") == 1 and "gsrecon weights lpips" in log
+
+
+def test_progress_is_logged_as_lines_off_a_terminal(make_trainer) -> None:
+    trainer = make_trainer(max_steps=4, hooks=[{"name": "LogHook", "log_interval": 2}])
+    trainer.train()
+    log = (trainer.exp_dir / "train.log").read_text().splitlines()
+    progress = [line for line in log if "INFO step " in line and "Gaussians" in line and "it/s" in line]
+    assert [line.split("INFO ")[1].split(":")[0] for line in progress] == ["step 2/4", "step 4/4"]
+    assert all(line[:4].isdigit() for line in log)  # timestamped

@@ -158,6 +158,8 @@ def render_path_video(
         raise ValueError(f"unknown camera path '{path}'; use one of {', '.join(CAMERA_PATHS)}")
     if frames < 2:
         raise ValueError(f"--frames must be at least 2, got {frames}")
+    if Path(out).suffix.lower() != ".mp4":
+        raise ValueError(f"--out must be an .mp4 file, got {out}")
     logger = logger or Logger()
     torch_device = resolve_device(device if device != "auto" else scene.cfg.device, DistributedContext())
     pipeline = DataPipeline(scene.cfg.data, torch_device, scene.cfg.seed)

@@ -297,6 +297,7 @@ class DefaultTrainer:
         except BaseException as exc:
             self.stop_reason = f"failed at step {self.step}: {exc}"
             self.failed = True
+            self.logger.error(self.stop_reason, echo=False)
             self._finish(raising=True)
             if isinstance(exc, torch.OutOfMemoryError):
                 raise RuntimeError(
@@ -603,9 +604,10 @@ def build_trainer(
     """Load a YAML config (plus ``key=value`` overrides), validate it and build the trainer."""
     from gsrecon.config import load_config
 
+    source = str(cfg_source) + (" + command line" if overrides else "")
     raw = load_config(cfg_source, overrides)
-    import_plugins(list(raw.get("imports", []) or []), cfg_source)
-    cfg = parse_structured(DefaultTrainer.Config, raw, source=str(cfg_source))
+    import_plugins(list(raw.get("imports", []) or []), source)
+    cfg = parse_structured(DefaultTrainer.Config, raw, source=source)
     if resume is not None:
         cfg.resume = resume
-    return DefaultTrainer(cfg, source=str(cfg_source), overwrite=overwrite, logger=logger)
+    return DefaultTrainer(cfg, source=source, overwrite=overwrite, logger=logger)

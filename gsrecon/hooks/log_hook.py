@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +22,8 @@ if TYPE_CHECKING:
 class LogHook(Hook):
     """Reports training through the trainer's writers and console.
 
-    - every step: updates the EMA of the loss (``ema = f·loss + (1 - f)·ema``) and the progress bar;
+    - every step: updates the EMA of the loss (``ema = f·loss + (1 - f)·ema``) and the progress bar
+      (on an interactive terminal; elsewhere a plain progress line every ``log_interval`` steps);
     - every ``log_interval`` steps: ``train/loss``, ``train/ema_loss``, ``train/l1``, ``train/ssim``,
       ``train/num_gaussians``, ``train/sh_degree`` and ``train/lr/<group>``;
     - every ``histogram_interval`` steps (0: never): histograms of opacities and log-scales;
@@ -48,6 +50,7 @@ class LogHook(Hook):
         self.cfg = cfg
         self.ema_loss: float | None = None
         self._progress: ProgressLogger | None = None
+        self._mark = (0, 0.0)  # (step, time) of the last plain progress line
 
     def before_train(self, trainer: DefaultTrainer) -> None:
         trainer.logger.info(
@@ -55,9 +58,10 @@ class LogHook(Hook):
             f"({trainer.datapipeline.num_val} for validation) on {trainer.device}, "
             f"{torch.get_num_threads()} CPU threads; output in {trainer.exp_dir}"
         )
-        if self.cfg.progress and trainer.is_main:
+        if self.cfg.progress and trainer.is_main and trainer.logger.console.is_terminal:
             self._progress = ProgressLogger(trainer.max_steps, trainer.logger.console)
             self._progress.start(trainer.step)
+        self._mark = (trainer.step, time.perf_counter())
 
     def after_train_iter(self, trainer: DefaultTrainer) -> None:
         out = trainer.outputs
@@ -69,6 +73,15 @@ class LogHook(Hook):
             ema = "-" if self.ema_loss is None else f"{self.ema_loss:.4f}"
             self._progress.update(trainer.step, loss=ema, num_gaussians=out["num_gaussians"])
         step = trainer.step
+        if step % self.cfg.log_interval == 0 and self._progress is None and self.cfg.progress:
+            last_step, last_time = self._mark
+            now = time.perf_counter()
+            speed = (step - last_step) / max(now - last_time, 1e-9)
+            trainer.logger.info(
+                f"step {step}/{trainer.max_steps}: loss {self.ema_loss or loss:.4f}, "
+                f"{out['num_gaussians']} Gaussians, {speed:.1f} it/s"
+            )
+            self._mark = (step, now)
         if step % self.cfg.log_interval == 0:
             trainer.write_scalar("train/loss", loss)
             if self.ema_loss is not None:

@@ -31,11 +31,12 @@ class Logger:
         self.console = console or Console(stderr=True)
         self._file = open(log_file, "a") if log_file else None
 
-    def _emit(self, style: str, level: str, message: str) -> None:
-        prefix = f"[dim]{time.strftime('%H:%M:%S')}[/dim] " + (f"[{style}]{level}[/{style}] " if level else "")
-        self.console.print(prefix + escape(message), soft_wrap=True, highlight=False)
+    def _emit(self, style: str, level: str, message: str, echo: bool = True) -> None:
+        if echo:
+            prefix = f"[dim]{time.strftime('%H:%M:%S')}[/dim] " + (f"[{style}]{level}[/{style}] " if level else "")
+            self.console.print(prefix + escape(message), soft_wrap=True, highlight=False)
         if self._file:
-            self._file.write(f"{level or 'INFO'} {message}\n")
+            self._file.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {level or 'INFO'} {message}\n")
             self._file.flush()
 
     def info(self, message: str) -> None:
@@ -44,8 +45,9 @@ class Logger:
     def warning(self, message: str) -> None:
         self._emit("yellow", "WARNING", message)
 
-    def error(self, message: str) -> None:
-        self._emit("bold red", "ERROR", message)
+    def error(self, message: str, echo: bool = True) -> None:
+        """An error; with ``echo=False`` only the log file gets it (the CLI shows errors itself)."""
+        self._emit("bold red", "ERROR", message, echo)
 
     def set_log_file(self, path: str | Path) -> None:
         """Mirror later messages to ``path`` (appending)."""
