@@ -155,8 +155,19 @@ def _add_weights(sub: argparse._SubParsersAction) -> None:
 def _data_colmap(args: argparse.Namespace) -> int:
     from gsrecon.data.sfm import run_sfm
 
-    report = run_sfm(args.images, args.out, camera_model=args.camera_model, matcher=args.matcher, use_gpu=not args.cpu)
-    print(f"registered {report.num_registered} of {report.num_images} images, {report.num_points} points")
+    report = run_sfm(
+        args.images,
+        args.out,
+        camera_model=args.camera_model,
+        camera_mode=args.camera_mode,
+        matcher=args.matcher,
+        use_gpu=not args.cpu,
+        verbose=args.verbose,
+    )
+    print(
+        f"registered {report.num_registered} of {report.num_images} images with {report.num_cameras} camera(s), "
+        f"{report.num_points} points"
+    )
     if report.unregistered:
         print("not registered: " + ", ".join(report.unregistered))
     print(f"scene folder: {report.scene_dir} (train with data.dataset=colmap data.path={report.scene_dir})")
@@ -176,7 +187,14 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
         choices=["exhaustive", "sequential"],
         help="exhaustive for photo sets, sequential for video frames",
     )
+    c.add_argument(
+        "--camera-mode",
+        default="auto",
+        choices=["auto", "per_image"],
+        help="auto: one camera per image size; per_image: separate intrinsics for every photo",
+    )
     c.add_argument("--cpu", action="store_true", help="do not use a GPU for SIFT")
+    c.add_argument("--verbose", action="store_true", help="show pycolmap's own progress log")
     c.set_defaults(func=_data_colmap)
 
 

@@ -175,8 +175,11 @@ def test_resume_refuses_a_config_whose_model_does_not_fit_the_checkpoint(make_tr
 def test_non_finite_parameters_stop_training_even_with_a_finite_loss(make_trainer) -> None:
     """NaN means make a renderer drop those Gaussians, so the loss stays finite: the parameters are checked."""
 
-    hooks = [{"name": "CheckInvalidLossHook", "params_interval": 1}, {"name": "CheckPointHook", "interval": 2},
-             {"name": "PoisonMeansAtStepHook", "step": 3}]
+    hooks = [
+        {"name": "CheckInvalidLossHook", "params_interval": 1},
+        {"name": "CheckPointHook", "interval": 2},
+        {"name": "PoisonMeansAtStepHook", "step": 3},
+    ]
     trainer = make_trainer(max_steps=6, hooks=hooks)
     with pytest.raises(HookError, match=r"Gaussian parameters means are not finite at step 3.*step_000002.pt is kept"):
         trainer.train()

@@ -124,8 +124,10 @@ def test_model_entry_is_validated_and_resolved(make_trainer) -> None:
 
 
 def test_changing_an_entry_name_drops_the_options_of_the_old_one(tmp_path: Path) -> None:
-    base = write_yaml(tmp_path / "base.yaml", {"strategy": {"name": "default", "reset_every": 100},
-                                               "renderer": {"name": "torch", "alpha_max": 0.99}})
+    write_yaml(
+        tmp_path / "base.yaml",
+        {"strategy": {"name": "default", "reset_every": 100}, "renderer": {"name": "torch", "alpha_max": 0.99}},
+    )
     child = write_yaml(tmp_path / "child.yaml", {"_base_": "base.yaml", "strategy": {"name": "mcmc", "cap_max": 9}})
     raw = load_config(child, ["renderer.name=gsplat"])
     assert raw["strategy"] == {"name": "mcmc", "cap_max": 9}

@@ -121,7 +121,7 @@ def test_render_video_along_paths(trained: Path, tmp_path: Path) -> None:
         (["eval", "--ply", "{tmp}/x.ply"], "--ply needs --config"),
         (["export", "--checkpoint", "{tmp}/missing.pt", "--out", "{tmp}/o.ply"], "checkpoint not found"),
         (["render", "--exp-dir", "{trained}", "--frames", "1", "--out", "{tmp}/v.mp4"], "at least 2"),
-    (["render", "--exp-dir", "{trained}", "--out", "{tmp}/v.gif"], "must be an .mp4 file"),
+        (["render", "--exp-dir", "{trained}", "--out", "{tmp}/v.gif"], "must be an .mp4 file"),
     ],
 )
 def test_bad_inference_input_is_one_line(trained: Path, tmp_path: Path, capsys, argv, message) -> None:

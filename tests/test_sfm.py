@@ -41,14 +41,14 @@ def _value_noise(a: np.ndarray, b: np.ndarray, seed: int) -> np.ndarray:
     return total
 
 
-def _render(eye: np.ndarray, target: np.ndarray) -> np.ndarray:
+def _render(eye: np.ndarray, target: np.ndarray, width: int = W, height: int = H, focal: float = FOCAL) -> np.ndarray:
     """Raycast a noise-textured box on a noise-textured floor from ``eye`` towards ``target``: uint8 [H, W, 3]."""
     forward = (target - eye) / np.linalg.norm(target - eye)
     right = np.cross(forward, [0.0, 0.0, 1.0])
     right /= np.linalg.norm(right)
     down = np.cross(forward, right)
-    u, v = np.meshgrid(np.arange(W) + 0.5 - W / 2, np.arange(H) + 0.5 - H / 2)
-    dirs = (u[..., None] * right + v[..., None] * down) / FOCAL + forward  # [H, W, 3]
+    u, v = np.meshgrid(np.arange(width) + 0.5 - width / 2, np.arange(height) + 0.5 - height / 2)
+    dirs = (u[..., None] * right + v[..., None] * down) / focal + forward  # [H, W, 3]
     with np.errstate(divide="ignore", invalid="ignore"):
         t_floor = np.where(dirs[..., 2] < 0, -eye[2] / dirs[..., 2], np.inf)  # [H, W], plane z = 0
         t0, t1 = (BOX_MIN - eye) / dirs, (BOX_MAX - eye) / dirs  # [H, W, 3], slab test
@@ -58,7 +58,7 @@ def _render(eye: np.ndarray, target: np.ndarray) -> np.ndarray:
     points = eye + np.minimum(t_floor, t_box).clip(max=1e3)[..., None] * dirs  # [H, W, 3]
     floor = (t_floor < t_box) & (np.abs(points[..., :2]).max(-1) < 3.9)
     surfaces = [(floor, 2)] + [((t_box < t_floor) & (near.argmax(-1) == ax), ax) for ax in range(3)]
-    image = np.full((H, W, 3), 0.5)  # the sky
+    image = np.full((height, width, 3), 0.5)  # the sky
     for index, (mask, normal_axis) in enumerate(surfaces):
         a, b = (points[mask][:, k] for k in range(3) if k != normal_axis)
         for channel in range(3):
@@ -85,6 +85,7 @@ def test_sfm_reconstructs_synthetic_views_and_load_colmap_reads_them(tmp_path: P
     assert report.num_images == NUM_VIEWS
     assert report.num_registered >= 3 and report.num_points > 100
     assert report.num_registered + len(report.unregistered) == NUM_VIEWS
+    assert report.num_cameras == 1  # photos of one size share one camera
     assert (tmp_path / "scene" / "sparse" / "0" / "cameras.bin").is_file()
 
     scene = load_colmap(str(report.scene_dir), eval_split="none")
@@ -105,6 +106,68 @@ def test_sfm_reconstructs_synthetic_views_and_load_colmap_reads_them(tmp_path: P
     np.testing.assert_allclose(d_est / d_est.max(), d_ref / d_ref.max(), atol=0.03)
 
 
+SMALL_W, SMALL_H, SMALL_FOCAL = 256, 200, 230.0  # a second "device": other size, aspect and focal length
+
+
+@needs_pycolmap
+def test_photos_of_two_sizes_get_one_camera_per_size_and_pycolmap_stays_quiet(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    import pycolmap
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    focals = {}
+    for i, eye in enumerate(_eyes()):
+        size = (W, H, FOCAL) if i % 2 == 0 else (SMALL_W, SMALL_H, SMALL_FOCAL)
+        Image.fromarray(_render(eye, TARGET, *size)).save(photos / f"view_{i:02d}.png")
+        focals[f"view_{i:02d}"] = size[2]
+    level = pycolmap.logging.minloglevel
+    capfd.readouterr()
+    report = run_sfm(str(photos), str(tmp_path / "scene"), use_gpu=False)
+    logged = capfd.readouterr()
+    assert report.num_registered >= NUM_VIEWS - 2 and report.num_cameras == 2
+    assert len((logged.out + logged.err).splitlines()) < 5  # not pycolmap's hundreds of progress lines
+    assert pycolmap.logging.minloglevel == level  # the caller's logging setting is restored
+
+    scene = load_colmap(str(report.scene_dir), eval_split="none")
+    assert len(scene.train) == report.num_registered
+    widths = {frame.name: frame.image.shape[1] for frame in scene.train}
+    assert {w > (W + SMALL_W) / 2 for w in widths.values()} == {True, False}  # both sizes registered
+    for frame in scene.train:
+        assert 0.85 * focals[frame.name] < frame.K[0, 0].item() < 1.15 * focals[frame.name]
+
+
+@needs_pycolmap
+def test_per_image_camera_mode_gives_each_photo_its_own_camera(tmp_path: Path) -> None:
+    _write_views(tmp_path / "photos")
+    report = run_sfm(str(tmp_path / "photos"), str(tmp_path / "scene"), camera_mode="per_image", use_gpu=False)
+    assert report.num_registered >= NUM_VIEWS - 2
+    assert report.num_cameras == report.num_registered
+
+
+STATUETTE = Path("/work/shared/data/statuette_colmap/images")
+
+
+def _size(path: Path) -> tuple[int, int]:
+    with Image.open(path) as image:
+        return image.size
+
+
+@needs_pycolmap
+@pytest.mark.skipif(not STATUETTE.is_dir(), reason="shared statuette photos not available")
+def test_real_photos_of_slightly_different_sizes_register(tmp_path: Path) -> None:
+    sizes = {_size(path) for path in STATUETTE.iterdir()}
+    assert len(sizes) > 1  # widths 1000, heights 656-662: a single camera cannot hold them all
+    report = run_sfm(str(STATUETTE), str(tmp_path / "scene"), use_gpu=False)
+    assert report.num_images == 23 and report.num_registered >= 20
+    assert report.num_cameras <= len(sizes)
+    scene = load_colmap(str(report.scene_dir), eval_split="none")
+    assert len(scene.train) == report.num_registered and scene.points.shape == (report.num_points, 3)
+    for frame in scene.train:  # the shared model's focal length is about 2040 px at 1000 px width
+        assert 1800 < frame.K[0, 0].item() < 2300
+
+
 @needs_pycolmap
 def test_sfm_rejects_empty_and_missing_folders(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match="images folder does not exist"):
@@ -121,7 +184,21 @@ def test_sfm_reports_too_few_registered_images(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     for i in range(3):  # unrelated noise images: nothing can be matched
         Image.fromarray(rng.integers(0, 256, (60, 80, 3), dtype=np.uint8)).save(photos / f"{i}.png")
-    with pytest.raises(DatasetError, match=r"registered (no images out of 3|only \d of 3 images)"):
+    with pytest.raises(
+        DatasetError, match=r"registered (no images out of 3|only \d of 3 images).*no two photos share 15 or more"
+    ):
+        run_sfm(str(photos), str(tmp_path / "out"), use_gpu=False)
+
+
+@needs_pycolmap
+def test_featureless_photos_are_named_as_the_cause(tmp_path: Path) -> None:
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for i in range(4):
+        Image.fromarray(np.full((60, 80, 3), 40 * i, dtype=np.uint8)).save(photos / f"plain_{i}.png")
+    with pytest.raises(
+        DatasetError, match=r"no images out of 4.*4 photos with fewer than 100 features.*plain_0\.png, plain_1\.png"
+    ):
         run_sfm(str(photos), str(tmp_path / "out"), use_gpu=False)
 
 
@@ -139,6 +216,29 @@ def test_missing_pycolmap_tells_how_to_install(tmp_path: Path, monkeypatch: pyte
     _write_noise_photos(tmp_path / "photos")
     with pytest.raises(ImportError, match=r"pip install -e \.\[sfm\]"):
         run_sfm(str(tmp_path / "photos"), str(tmp_path / "out"))
+
+
+@needs_pycolmap
+def test_photos_pycolmap_cannot_read_are_named_as_the_cause(tmp_path: Path) -> None:
+    _write_noise_photos(tmp_path / "photos")
+    (tmp_path / "photos" / "broken.jpg").write_bytes(b"not a jpeg")
+    with pytest.raises(DatasetError, match=r"out of 4 .*pycolmap could not read 1 photo \(broken\.jpg\)"):
+        run_sfm(str(tmp_path / "photos"), str(tmp_path / "out"), camera_mode="per_image", use_gpu=False)
+
+
+def test_unknown_camera_mode_is_rejected_before_anything_else(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pycolmap", None)
+    with pytest.raises(ValueError, match=r"camera_mode must be one of \('auto', 'per_image'\), got 'single'"):
+        run_sfm(str(tmp_path / "photos"), str(tmp_path / "out"), camera_mode="single")
+
+
+def test_unreadable_photo_is_named_before_any_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pycolmap", None)
+    _write_noise_photos(tmp_path / "photos")
+    (tmp_path / "photos" / "broken.jpg").write_bytes(b"not a jpeg")
+    with pytest.raises(DatasetError, match=r"broken\.jpg: cannot read the photo"):
+        run_sfm(str(tmp_path / "photos"), str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
 
 
 def test_unknown_matcher_is_rejected_before_anything_else(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,8 +12,16 @@ import torch
 from torch import Tensor
 
 from gsrecon.cache import cache_dir, cache_file
+from gsrecon.data import synthetic
 from gsrecon.data.cameras import Frame, Scene
-from gsrecon.data.synthetic import SyntheticConfig, cache_path, load_synthetic, surface_distance
+from gsrecon.data.synthetic import (
+    SyntheticConfig,
+    cache_path,
+    generator_digest,
+    generator_sources,
+    load_synthetic,
+    surface_distance,
+)
 
 torch.set_num_threads(1)
 
@@ -97,6 +105,18 @@ def test_cache_key_follows_the_data_fields_and_the_environment(cfg, tmp_path, mo
     default = dataclasses.replace(cfg, cache_dir=None)
     assert cache_path(default).parent == tmp_path / "synthetic"
     assert cache_path(default).name == cache_path(cfg).name
+
+
+def test_cache_key_follows_the_generator_source(cfg):
+    sources = generator_sources()
+    assert sources[0] == Path(synthetic.__file__).read_bytes()
+    assert cache_path(cfg) == cache_path(cfg, generator_digest(sources))  # the default is the installed source
+    middle = len(sources[0]) // 2
+    one_byte = [sources[0][:middle] + bytes([sources[0][middle] ^ 1]) + sources[0][middle + 1 :], *sources[1:]]
+    assert cache_path(cfg, generator_digest(one_byte)) != cache_path(cfg)
+    helper = [*sources[:-1], sources[-1] + b"\n"]  # the camera helpers count too
+    assert cache_path(cfg, generator_digest(helper)) != cache_path(cfg)
+    assert generator_digest([b"ab", b"c"]) != generator_digest([b"a", b"bc"])  # file boundaries matter
 
 
 def test_cache_dir_is_not_created(tmp_path, monkeypatch):

@@ -8,20 +8,31 @@ Output layout (as the 3DGS ``convert.py`` script makes it)::
 
 A run replaces these folders (and ``<out>/stereo/``), so the photos must live elsewhere, e.g. in
 ``<out>/input/`` as with ``convert.py``; :func:`run_sfm` refuses photo folders that overlap them.
+
+Photos of one size share one camera (intrinsics estimated once for the group), so a set taken with one
+device is solved with a single camera and a mixed set with one camera per device.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
+
+from PIL import Image
 
 from gsrecon.data.colmap_format import read_model
 from gsrecon.data.errors import DatasetError
 from gsrecon.data.images import IMAGE_EXTENSIONS
 
 MATCHERS = ("exhaustive", "sequential")
+CAMERA_MODES = ("auto", "per_image")
 MIN_REGISTERED = 3
+MIN_FEATURES = 100  # SIFT features below which a photo is too small, blurred or plain to be matched
+_LISTED = 5  # file names quoted in an error message before "and N more"
 REPLACED = ("images", "sparse", "stereo", "distorted")  # folders under the output folder that a run replaces
 
 
@@ -34,6 +45,7 @@ class SfmReport:
     num_registered: int  # images with a recovered pose
     num_points: int  # sparse points
     unregistered: list[str]  # names of the input images without a pose
+    num_cameras: int  # cameras (intrinsics) in the model: 1 when all registered photos have one size
 
 
 def _import_pycolmap():
@@ -50,10 +62,11 @@ def run_sfm(
     images_dir: str,
     out_dir: str,
     camera_model: str = "SIMPLE_RADIAL",
-    single_camera: bool = True,
+    camera_mode: str = "auto",
     matcher: str = "exhaustive",
     max_image_size: int = 3200,
     use_gpu: bool = True,
+    verbose: bool = False,
 ) -> SfmReport:
     """Run feature extraction, matching, incremental mapping and undistortion on the photos in ``images_dir``.
 
@@ -64,21 +77,29 @@ def run_sfm(
             ``stereo/`` or ``distorted/`` folders.
         camera_model: COLMAP model to estimate: "SIMPLE_RADIAL" (robust default), "OPENCV" (strong
             distortion, separate fx/fy; needs many photos), "PINHOLE", ...
-        single_camera: all photos share one camera (same device and zoom).
+        camera_mode: "auto": the photos of each image size share one camera (a single camera when all
+            have the same size); "per_image": every photo has its own intrinsics (zoom changed between
+            shots, or photos cropped differently).
         matcher: "exhaustive" (any order, up to a few hundred photos) or "sequential" (video frames).
         max_image_size: photos are downscaled to this longest side for feature extraction.
         use_gpu: use CUDA for SIFT when pycolmap was built with it.
+        verbose: let pycolmap log its progress (to stderr); otherwise it logs errors only.
 
     Raises:
-        ValueError: unknown ``matcher``.
-        DatasetError: the folders overlap, no images in ``images_dir``, or fewer than 3 images registered.
+        ValueError: unknown ``camera_mode`` or ``matcher``.
+        DatasetError: the folders overlap, no images in ``images_dir``, a photo's size cannot be read
+            (``camera_mode="auto"``), or fewer than 3 images registered (the message names the cause when
+            the database shows it: unreadable or featureless photos, no matching pairs).
         ImportError: pycolmap is not installed.
     """
+    if camera_mode not in CAMERA_MODES:
+        raise ValueError(f"camera_mode must be one of {CAMERA_MODES}, got {camera_mode!r}")
     if matcher not in MATCHERS:
         raise ValueError(f"matcher must be one of {MATCHERS}, got {matcher!r}")
     images_path, out = Path(images_dir), Path(out_dir)
     _check_folders(images_path, out)
     names = _image_names(images_path)
+    groups = [names] if camera_mode == "per_image" else _same_size_groups(images_path, names)
     pycolmap = _import_pycolmap()
     work = out / "distorted"
     database, mapped = work / "database.db", work / "sparse"
@@ -90,37 +111,42 @@ def run_sfm(
     device = pycolmap.Device.auto if use_gpu else pycolmap.Device.cpu
     extraction = pycolmap.FeatureExtractionOptions()
     extraction.max_image_size = max_image_size
-    pycolmap.extract_features(
-        database,
-        images_path,
-        camera_mode=pycolmap.CameraMode.SINGLE if single_camera else pycolmap.CameraMode.AUTO,
-        reader_options=pycolmap.ImageReaderOptions(camera_model=camera_model),
-        extraction_options=extraction,
-        device=device,
-    )
-    if matcher == "exhaustive":
-        pycolmap.match_exhaustive(database, device=device)
-    else:
-        pycolmap.match_sequential(database, device=device)
     options = pycolmap.IncrementalPipelineOptions()
     options.min_model_size = MIN_REGISTERED
-    reconstructions = pycolmap.incremental_mapping(database, images_path, mapped, options=options)
-    if not reconstructions:
-        raise DatasetError(
-            f"{images_path}: structure from motion registered no images out of {len(names)}; the photos need more "
-            "overlap and texture (move around the subject, keep 60-80% overlap between neighbours, avoid blur)"
-        )
-    best_index, best = max(reconstructions.items(), key=lambda item: item[1].num_reg_images())
-    registered = {best.images[image_id].name for image_id in best.reg_image_ids()}
+    with _pycolmap_logging(pycolmap, verbose):
+        for group in groups:  # with SINGLE, each call adds one camera for its photos
+            pycolmap.extract_features(
+                database,
+                images_path,
+                image_names=group,
+                camera_mode=pycolmap.CameraMode.PER_IMAGE if camera_mode == "per_image" else pycolmap.CameraMode.SINGLE,
+                reader_options=pycolmap.ImageReaderOptions(camera_model=camera_model),
+                extraction_options=extraction,
+                device=device,
+            )
+        if matcher == "exhaustive":
+            pycolmap.match_exhaustive(database, device=device)
+        else:
+            pycolmap.match_sequential(database, device=device)
+        reconstructions = pycolmap.incremental_mapping(database, images_path, mapped, options=options)
+    best_index = max(reconstructions, key=lambda index: reconstructions[index].num_reg_images(), default=None)
+    registered: set[str] = set()
+    if best_index is not None:
+        best = reconstructions[best_index]
+        registered = {best.images[image_id].name for image_id in best.reg_image_ids()}
     if len(registered) < MIN_REGISTERED:
+        found = f"no images out of {len(names)}" if not registered else f"only {len(registered)} of {len(names)} images"
+        causes = "".join(f"; {cause}" for cause in _failure_causes(pycolmap, database, names, options.min_num_matches))
         raise DatasetError(
-            f"{images_path}: structure from motion registered only {len(registered)} of {len(names)} images "
-            f"(at least {MIN_REGISTERED} needed); take more overlapping, textured, sharp photos"
+            f"{images_path}: structure from motion registered {found} (at least {MIN_REGISTERED} needed){causes}; "
+            "take more overlapping, textured, sharp photos (move around the subject, keep 60-80% overlap between "
+            "neighbours, avoid blur)"
         )
 
     for stale in (out / "images", out / "sparse"):
         shutil.rmtree(stale, ignore_errors=True)
-    pycolmap.undistort_images(output_path=out, input_path=mapped / str(best_index), image_path=images_path)
+    with _pycolmap_logging(pycolmap, verbose):
+        pycolmap.undistort_images(output_path=out, input_path=mapped / str(best_index), image_path=images_path)
     sparse0 = out / "sparse" / "0"
     sparse0.mkdir()
     for model_file in (out / "sparse").glob("*.bin"):
@@ -135,7 +161,69 @@ def run_sfm(
         num_registered=len(model.images),
         num_points=len(model.points),
         unregistered=sorted(set(names) - registered),
+        num_cameras=len({image.camera_id for image in model.images.values()}),
     )
+
+
+@contextlib.contextmanager
+def _pycolmap_logging(pycolmap: ModuleType, verbose: bool) -> Iterator[None]:
+    """Inside the block pycolmap logs errors only (everything with ``verbose``); its setting is restored after."""
+    previous = pycolmap.logging.minloglevel
+    pycolmap.logging.minloglevel = pycolmap.logging.INFO if verbose else pycolmap.logging.ERROR
+    try:
+        yield
+    finally:
+        pycolmap.logging.minloglevel = previous
+
+
+def _same_size_groups(images_dir: Path, names: list[str]) -> list[list[str]]:
+    """The photos grouped by image size (width, height), groups in order of size, names in input order."""
+    groups: dict[tuple[int, int], list[str]] = {}
+    for name in names:
+        try:
+            with Image.open(images_dir / name) as image:
+                size = image.size
+        except OSError as err:  # PIL.UnidentifiedImageError is an OSError too
+            raise DatasetError(f"{images_dir / name}: cannot read the photo ({err}); remove or re-save it") from err
+        groups.setdefault(size, []).append(name)
+    return [groups[size] for size in sorted(groups)]
+
+
+def _failure_causes(pycolmap: ModuleType, database: Path, names: list[str], min_matches: int) -> list[str]:
+    """Why mapping registered too few photos, as far as the database shows: photos pycolmap could not read,
+    photos with too few features, fewer matched pairs of photos than 3 photos need (empty: not known)."""
+    db = pycolmap.Database.open(database)
+    try:
+        features = {image.name: db.num_keypoints_for_image(image.image_id) for image in db.read_all_images()}
+        _, geometries = db.read_two_view_geometries()
+    finally:
+        db.close()
+    causes = []
+    unread = [name for name in names if name not in features]
+    if unread:
+        causes.append(f"pycolmap could not read {_photos(len(unread))} ({_listing(unread)})")
+    plain = [name for name in names if features.get(name, MIN_FEATURES) < MIN_FEATURES]
+    if plain:
+        causes.append(
+            f"{_photos(len(plain))} with fewer than {MIN_FEATURES} features, i.e. too small, blurred or plain "
+            f"({_listing(plain)})"
+        )
+    matched = sum(len(geometry.inlier_matches) >= min_matches for geometry in geometries)
+    if matched < MIN_REGISTERED - 1:
+        pairs = "no two photos share" if matched == 0 else "only one pair of photos shares"
+        causes.append(f"{pairs} {min_matches} or more geometrically consistent feature matches")
+    return causes
+
+
+def _photos(count: int) -> str:
+    """ "1 photo" or "<count> photos"."""
+    return f"{count} photo" if count == 1 else f"{count} photos"
+
+
+def _listing(names: list[str]) -> str:
+    """The first few names, comma-separated, and how many more there are."""
+    more = f" and {len(names) - _LISTED} more" if len(names) > _LISTED else ""
+    return ", ".join(names[:_LISTED]) + more
 
 
 def _check_folders(images_dir: Path, out: Path) -> None:

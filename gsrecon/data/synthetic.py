@@ -11,12 +11,14 @@ Cameras orbit the look-at point at a fixed radius, alternating between elevation
 surfaces the cameras see (area-proportionally), jittered and coloured with the shaded colour.
 
 Images are supersampled for anti-aliased edges, deterministic for a given config, and cached
-as an ``.npz`` file keyed by a hash of the fields that change the data and ``GENERATOR_VERSION``.
+as an ``.npz`` file keyed by a hash of the fields that change the data and of the generator's source
+code (this module and the camera helpers it calls), so editing the generator invalidates old files.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import zipfile
 from dataclasses import dataclass
@@ -26,14 +28,14 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
+from gsrecon import geometry
 from gsrecon.atomic import atomic_path
 from gsrecon.cache import cache_file
+from gsrecon.data import undistort
 from gsrecon.data.cameras import Frame, Scene
 from gsrecon.data.splits import split_frames
 from gsrecon.data.undistort import fov_to_focal, intrinsics_matrix
 from gsrecon.geometry import camera_centers, look_at
-
-GENERATOR_VERSION = 2  # bump whenever the generated images, cameras or points change
 
 Array = NDArray[np.float64]
 
@@ -422,15 +424,33 @@ def _point_cloud(viewmats: Array, K: Array, cfg: SyntheticConfig) -> tuple[Array
 # ----------------------------------------------------------------------------- loading + cache
 
 
-def cache_path(cfg: SyntheticConfig) -> Path:
-    """Where `load_synthetic` caches `cfg`'s data: named by a hash of its data fields and GENERATOR_VERSION.
+def generator_digest(sources: list[bytes]) -> str:
+    """Hex SHA-256 of the generator's source files (their bytes, in order)."""
+    digest = hashlib.sha256()
+    for source in sources:
+        digest.update(hashlib.sha256(source).digest())
+    return digest.hexdigest()
 
-    The folder is ``cfg.cache_dir`` or else ``synthetic/`` under gsrecon's cache root
-    (``$GSRECON_CACHE``, ``$XDG_CACHE_HOME/gsrecon`` or ``~/.cache/gsrecon``); it may not exist yet.
+
+def generator_sources() -> list[bytes]:
+    """The bytes of the files whose code decides the generated data: this module, geometry.py, undistort.py."""
+    return [Path(path).read_bytes() for path in (__file__, geometry.__file__, undistort.__file__)]
+
+
+_GENERATOR_DIGEST = generator_digest(generator_sources())
+
+
+def cache_path(cfg: SyntheticConfig, generator: str = _GENERATOR_DIGEST) -> Path:
+    """Where `load_synthetic` caches `cfg`'s data: named by a hash of its data fields and of ``generator``.
+
+    ``generator`` is the `generator_digest` of the generator's source files, by default of the installed
+    ones, so any change to the generator's code names a new file. The folder is ``cfg.cache_dir`` or else
+    ``synthetic/`` under gsrecon's cache root (``$GSRECON_CACHE``, ``$XDG_CACHE_HOME/gsrecon`` or
+    ``~/.cache/gsrecon``); it may not exist yet.
     """
     fields = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("val_every", "cache_dir")}
     folder = Path(cfg.cache_dir).expanduser() if cfg.cache_dir is not None else None
-    return cache_file("synthetic", {"generator_version": GENERATOR_VERSION, **fields}, ".npz", folder)
+    return cache_file("synthetic", {"generator": generator, **fields}, ".npz", folder)
 
 
 _ARRAYS = ("images", "viewmats", "Ks", "points", "colors")
@@ -462,7 +482,7 @@ def _read_cache(path: Path, cfg: SyntheticConfig) -> dict[str, np.ndarray] | Non
         "colors": (cfg.num_points, 3),
     }
     try:
-        with np.load(path, allow_pickle=False) as npz:
+        with open(path, "rb") as f, np.load(f, allow_pickle=False) as npz:
             arrays = {name: npz[name] for name in _ARRAYS}
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
         return None
