@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import write_yaml
 
 from gsrecon.cli import main
@@ -110,3 +111,11 @@ def test_python_dash_m_entry_point(make_config, tmp_path: Path) -> None:
         timeout=300,
     )
     assert bad.returncode == 2 and "seed" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on machines without CUDA")
+def test_gsplat_without_cuda_is_one_line_with_the_way_out(capsys, make_config, tmp_path: Path) -> None:
+    config = write_yaml(tmp_path / "c.yaml", make_config())
+    code, err = _run(capsys, "train", "--config", str(config), "renderer.name=gsplat")
+    assert code == 2 and "needs a CUDA GPU" in err and "renderer.name=torch" in err
+    assert not (tmp_path / "run").exists()  # nothing was written
