@@ -38,7 +38,8 @@ class Renderer(abc.ABC):
     ``params`` maps ``means`` [N, 3], ``scales`` [N, 3] (log), ``quats`` [N, 4] (w, x, y, z, not
     necessarily unit), ``opacities`` [N] (logit), ``sh0`` [N, 1, 3] and ``shN`` [N, K-1, 3]; the
     renderer applies exp / sigmoid / normalisation itself. Subclasses define a nested ``Config``
-    dataclass and are constructed as ``Renderer(cfg)``.
+    dataclass, are constructed as ``Renderer(cfg)`` and implement :meth:`_render`; :meth:`render`
+    checks the inputs first.
     """
 
     def setup(self, logger: Logger) -> None:
@@ -47,7 +48,6 @@ class Renderer(abc.ABC):
         The default does nothing; renderers with expensive or fallible preparation override it.
         """
 
-    @abc.abstractmethod
     def render(
         self,
         params: Mapping[str, Tensor],
@@ -58,7 +58,25 @@ class Renderer(abc.ABC):
         sh_degree: int,
         backgrounds: Tensor,  # [C, 3]
     ) -> RenderOutput:
-        """Render ``C`` cameras of size ``width`` x ``height`` using SH up to ``sh_degree``."""
+        """Render ``C`` cameras of size ``width`` x ``height`` using SH up to ``sh_degree``.
+
+        Raises ValueError naming the offending input when shapes or sizes are inconsistent.
+        """
+        check_render_inputs(params, viewmats, Ks, width, height, sh_degree, backgrounds)
+        return self._render(params, viewmats, Ks, width, height, sh_degree, backgrounds)
+
+    @abc.abstractmethod
+    def _render(
+        self,
+        params: Mapping[str, Tensor],
+        viewmats: Tensor,
+        Ks: Tensor,
+        width: int,
+        height: int,
+        sh_degree: int,
+        backgrounds: Tensor,
+    ) -> RenderOutput:
+        """:meth:`render` for inputs already checked."""
 
 
 def check_render_inputs(

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from gsrecon.logging.console import Logger
-from gsrecon.render.base import Renderer, RenderOutput, check_render_inputs
+from gsrecon.render.base import Renderer, RenderOutput
 
 
 class GsplatUnavailableError(ValueError):
@@ -71,7 +71,7 @@ class GsplatRenderer(Renderer):
 
         self._rasterization = rasterization
 
-    def render(
+    def _render(
         self,
         params: Mapping[str, Tensor],
         viewmats: Tensor,
@@ -81,7 +81,6 @@ class GsplatRenderer(Renderer):
         sh_degree: int,
         backgrounds: Tensor,
     ) -> RenderOutput:
-        check_render_inputs(params, viewmats, Ks, width, height, sh_degree, backgrounds)
         if self._rasterization is None:
             raise GsplatUnavailableError("GsplatRenderer.setup() must run before render()")
         cfg = self.cfg

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gsrecon.geometry import camera_centers, quat_to_rotmat
-from gsrecon.render.base import Renderer, RenderOutput, check_render_inputs
+from gsrecon.render.base import Renderer, RenderOutput
 from gsrecon.render.sh import sh_to_color
 
 ALPHA_MIN = 1.0 / 255.0  # a Gaussian with alpha below this is skipped at a pixel
@@ -466,7 +466,7 @@ class TorchRenderer(Renderer):
     def __init__(self, cfg: TorchRenderer.Config | None = None) -> None:
         self.cfg = cfg if cfg is not None else TorchRenderer.Config()
 
-    def render(
+    def _render(
         self,
         params: Mapping[str, Tensor],
         viewmats: Tensor,
@@ -476,7 +476,6 @@ class TorchRenderer(Renderer):
         sh_degree: int,
         backgrounds: Tensor,
     ) -> RenderOutput:
-        check_render_inputs(params, viewmats, Ks, width, height, sh_degree, backgrounds)
         cfg = self.cfg
         means = params["means"]
         factors = quat_scale_to_factor(params["quats"], torch.exp(params["scales"]))
