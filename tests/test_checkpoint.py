@@ -170,6 +170,7 @@ def test_resume_refuses_a_config_whose_model_does_not_fit_the_checkpoint(make_tr
     resumed = make_trainer(max_steps=6, hooks=_hooks(3), resume=True)  # max_steps may change
     resumed.train()
     assert resumed.step == 6
+    assert "resuming with changed settings: max_steps: 3 -> 6" in (trainer.exp_dir / "train.log").read_text()
 
 
 def test_non_finite_parameters_stop_training_even_with_a_finite_loss(make_trainer) -> None:

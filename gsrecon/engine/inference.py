@@ -96,7 +96,7 @@ def evaluate(
 
     ``metrics.json`` holds PSNR, SSIM and LPIPS per image and their means, the LPIPS network and
     version, the resolution, the number of Gaussians and the rendering speed (frames per second,
-    the median over ``fps_repeats`` renders of the whole split, after one warm-up pass).
+    the median over ``fps_repeats`` renders of the whole split; the metrics pass before them warms up).
     """
     logger = logger or Logger()
     out_dir = Path(out_dir)
@@ -203,16 +203,16 @@ def export(scene: TrainedScene, out: str | Path, fmt: str = "ply") -> Path:
 def _measure_fps(
     renderer: Renderer, params: dict[str, Tensor], batches: list, sh_degree: int, device: torch.device, repeats: int
 ) -> float:
-    def render_all() -> None:
-        for b in batches:
-            renderer.render(params, b.viewmats, b.Ks, b.width, b.height, sh_degree, b.backgrounds)
+    def synchronize() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    render_all()
     times = []
     for _ in range(max(1, repeats)):
+        synchronize()
         start = time.perf_counter()
-        render_all()
+        for b in batches:
+            renderer.render(params, b.viewmats, b.Ks, b.width, b.height, sh_degree, b.backgrounds)
+        synchronize()
         times.append(time.perf_counter() - start)
     return float(len(batches) / np.median(times))

@@ -20,13 +20,14 @@ from typing import Any
 import torch
 from rich.console import Console
 
+# Imported for their registrations (built-in hooks, writers, strategies, renderers).
 import gsrecon.hooks
 import gsrecon.logging.writers
 import gsrecon.model.default_strategy
 import gsrecon.model.mcmc_strategy
 import gsrecon.model.strategy
-import gsrecon.render.renderers  # noqa: F401  (registers the built-in renderers)
-from gsrecon.config import ConfigError, parse_structured, resolved_entry, save_yaml, to_container
+import gsrecon.render.renderers  # noqa: F401
+from gsrecon.config import ConfigError, load_config, parse_structured, resolved_entry, save_yaml, to_container
 from gsrecon.data.cameras import Scene
 from gsrecon.data.datapipeline import DataPipeline
 from gsrecon.distributed import DistributedContext
@@ -243,10 +244,6 @@ class DefaultTrainer:
                     f"{self.source}: cannot resume {path}: it was trained with model.{key}={old_model[key]} but "
                     f"this config has model.{key}={new_model.get(key)}; set model.{key}={old_model[key]}"
                 )
-        changes = _changed_settings(previous, self.resolved_config)
-        if changes:
-            shown = ", ".join(changes[:8]) + (f" and {len(changes) - 8} more" if len(changes) > 8 else "")
-            self.logger.info(f"resuming with changed settings: {shown}")
         return path, checkpoint
 
     def _build_hooks(self, hook_cfgs: list[dict[str, Any]]) -> list[Hook]:
@@ -485,6 +482,10 @@ class DefaultTrainer:
         self._resume_from = None
         self.load_checkpoint(checkpoint)
         self.logger.info(f"resumed from {path} at step {self.step}")
+        changes = _changed_settings(checkpoint.get("config", {}), self.resolved_config)
+        if changes:
+            shown = ", ".join(changes[:8]) + (f" and {len(changes) - 8} more" if len(changes) > 8 else "")
+            self.logger.info(f"resuming with changed settings: {shown}")
         if self.step >= self.max_steps:
             self.logger.info(f"the checkpoint is already at max_steps ({self.max_steps}); raise max_steps to go on")
 
@@ -602,8 +603,6 @@ def build_trainer(
     logger: Logger | None = None,
 ) -> DefaultTrainer:
     """Load a YAML config (plus ``key=value`` overrides), validate it and build the trainer."""
-    from gsrecon.config import load_config
-
     source = str(cfg_source) + (" + command line" if overrides else "")
     raw = load_config(cfg_source, overrides)
     import_plugins(list(raw.get("imports", []) or []), source)

@@ -62,7 +62,18 @@ class Renderer(abc.ABC):
 
         Raises ValueError naming the offending input when shapes or sizes are inconsistent.
         """
-        check_render_inputs(params, viewmats, Ks, width, height, sh_degree, backgrounds)
+        model_degree = check_params(params)
+        if not 0 <= sh_degree <= model_degree:
+            raise ValueError(f"sh_degree={sh_degree} is not between 0 and the model's SH degree {model_degree}")
+        c = viewmats.shape[0]
+        if tuple(viewmats.shape) != (c, 4, 4):
+            raise ValueError(f"viewmats has shape {tuple(viewmats.shape)}, expected (C, 4, 4)")
+        if tuple(Ks.shape) != (c, 3, 3):
+            raise ValueError(f"Ks has shape {tuple(Ks.shape)}, expected ({c}, 3, 3)")
+        if tuple(backgrounds.shape) != (c, 3):
+            raise ValueError(f"backgrounds has shape {tuple(backgrounds.shape)}, expected ({c}, 3)")
+        if width <= 0 or height <= 0:
+            raise ValueError(f"image size must be positive, got width={width}, height={height}")
         return self._render(params, viewmats, Ks, width, height, sh_degree, backgrounds)
 
     @abc.abstractmethod
@@ -77,27 +88,3 @@ class Renderer(abc.ABC):
         backgrounds: Tensor,
     ) -> RenderOutput:
         """:meth:`render` for inputs already checked."""
-
-
-def check_render_inputs(
-    params: Mapping[str, Tensor],
-    viewmats: Tensor,
-    Ks: Tensor,
-    width: int,
-    height: int,
-    sh_degree: int,
-    backgrounds: Tensor,
-) -> None:
-    """Raise ValueError naming the offending input if shapes or sizes are inconsistent."""
-    model_degree = check_params(params)
-    if not 0 <= sh_degree <= model_degree:
-        raise ValueError(f"sh_degree={sh_degree} is not between 0 and the model's SH degree {model_degree}")
-    c = viewmats.shape[0]
-    if tuple(viewmats.shape) != (c, 4, 4):
-        raise ValueError(f"viewmats has shape {tuple(viewmats.shape)}, expected (C, 4, 4)")
-    if tuple(Ks.shape) != (c, 3, 3):
-        raise ValueError(f"Ks has shape {tuple(Ks.shape)}, expected ({c}, 3, 3)")
-    if tuple(backgrounds.shape) != (c, 3):
-        raise ValueError(f"backgrounds has shape {tuple(backgrounds.shape)}, expected ({c}, 3)")
-    if width <= 0 or height <= 0:
-        raise ValueError(f"image size must be positive, got width={width}, height={height}")
