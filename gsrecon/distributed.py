@@ -51,6 +51,8 @@ class DistributedContext:
             return
         for value in params.values():
             if value.grad is not None:
+                if value.grad.is_sparse:  # all_reduce needs dense tensors; RowSparseAdam re-sparsifies
+                    value.grad = value.grad.to_dense()
                 dist.all_reduce(value.grad, op=dist.ReduceOp.SUM)
                 value.grad /= self.world_size
 

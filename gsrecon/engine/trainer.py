@@ -158,10 +158,7 @@ class DefaultTrainer:
         self.dist.broadcast_params(self.model.params)
         self.renderer = RENDERER_REGISTRY.build(self.renderer_cfg)
         self.renderer.setup(self.logger)
-        self.optimizers = build_optimizers(
-            self.model.params, cfg.optimizer, self.scene_extent, cfg.data.batch_size * self.dist.world_size
-        )
-        self.schedulers = build_schedulers(self.optimizers, cfg.scheduler, cfg.max_steps)
+        self._build_optimizers()
         self.strategy = STRATEGY_REGISTRY.build(self.strategy_cfg)
         self.strategy.initialize(self)
         # Everything is built: only now may a previous run be replaced and outputs be written.
@@ -190,6 +187,14 @@ class DefaultTrainer:
             if hasattr(hook, "checkpoint_dir"):
                 return hook.checkpoint_dir(self)
         return self.exp_dir / "checkpoints"
+
+    def _build_optimizers(self) -> None:
+        """Fresh optimisers (row-sparse Adam when the renderer gives sparse gradients) and schedulers."""
+        global_batch = self.cfg.data.batch_size * self.dist.world_size
+        self.optimizers = build_optimizers(
+            self.model.params, self.cfg.optimizer, self.scene_extent, global_batch, self.renderer.sparse_grad
+        )
+        self.schedulers = build_schedulers(self.optimizers, self.cfg.scheduler, self.cfg.max_steps)
 
     def _check_exp_dir(self, overwrite: bool) -> None:
         """Refuse folders that hold other files, and runs that would be replaced without --overwrite."""
@@ -452,12 +457,9 @@ class DefaultTrainer:
             raise ValueError(f"checkpoint version {checkpoint.get('version')} is not {CHECKPOINT_VERSION}")
         for name in PARAM_NAMES:
             self.model.params[name] = torch.nn.Parameter(checkpoint["params"][name].to(self.device))
-        self.optimizers = build_optimizers(
-            self.model.params, self.cfg.optimizer, self.scene_extent, self.cfg.data.batch_size * self.dist.world_size
-        )
+        self._build_optimizers()
         for name, state in checkpoint["optimizers"].items():
             self.optimizers[name].load_state_dict(state)
-        self.schedulers = build_schedulers(self.optimizers, self.cfg.scheduler, self.cfg.max_steps)
         for name, state in checkpoint["schedulers"].items():
             if name in self.schedulers:
                 self.schedulers[name].load_state_dict(state)

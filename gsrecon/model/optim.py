@@ -7,6 +7,7 @@ with its optimiser state independently.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -41,15 +42,38 @@ Optimizers = dict[str, torch.optim.Optimizer]
 Schedulers = dict[str, torch.optim.lr_scheduler.LRScheduler]
 
 
+class RowSparseAdam(torch.optim.SparseAdam):
+    """Adam that moves only the Gaussians (rows) whose gradient is non-zero ("lazy" Adam).
+
+    For renderers that return sparse COO gradients (gsplat's ``sparse_grad``: means, quats and
+    scales); dense gradients of the other parameters are made row-sparse before the update, so
+    every parameter follows the same rule.
+    """
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.grad is not None and not param.grad.is_sparse:
+                    param.grad = param.grad.to_sparse(sparse_dim=1)
+        return super().step(closure)
+
+
 def build_optimizers(
-    params: torch.nn.ParameterDict, cfg: OptimizerConfig, scene_extent: float, batch_size: int = 1
+    params: torch.nn.ParameterDict,
+    cfg: OptimizerConfig,
+    scene_extent: float,
+    batch_size: int = 1,
+    sparse: bool = False,
 ) -> Optimizers:
-    """One Adam per parameter; rates scale with sqrt(batch_size) (and betas/eps adapt), as in gsplat."""
+    """One Adam per parameter (`RowSparseAdam` if ``sparse``); rates scale with sqrt(batch_size)
+    (and betas/eps adapt), as in gsplat."""
     scale = math.sqrt(batch_size)
+    adam = RowSparseAdam if sparse else torch.optim.Adam
     optimizers: Optimizers = {}
     for name in PARAM_NAMES:
         lr = getattr(cfg, name) * (scene_extent if name == "means" else 1.0)
-        optimizers[name] = torch.optim.Adam(
+        optimizers[name] = adam(
             [{"params": [params[name]], "lr": lr * scale, "name": name}],
             eps=cfg.eps / scale,
             betas=(1 - batch_size * (1 - 0.9), 1 - batch_size * (1 - 0.999)),

@@ -16,6 +16,26 @@ if TYPE_CHECKING:
 
 
 @dataclass
+class RendererConfig:
+    """Settings every renderer shares; each renderer's nested ``Config`` extends it."""
+
+    near_plane: float = 0.01  # Gaussians with camera z at or below this are culled
+    far_plane: float = 1e10  # ... and at or above this
+    eps2d: float = 0.3  # px^2 added to the 2D covariance (low-pass filter of 3DGS)
+    tile_size: int = 16  # px; rasterization works on tile_size x tile_size pixel blocks
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.near_plane < self.far_plane:
+            raise ValueError(
+                f"renderer near_plane={self.near_plane} / far_plane={self.far_plane}: need 0 < near_plane < far_plane"
+            )
+        if self.eps2d < 0.0:
+            raise ValueError(f"renderer eps2d={self.eps2d} must be >= 0")
+        if self.tile_size < 1:
+            raise ValueError(f"renderer tile_size={self.tile_size} must be >= 1")
+
+
+@dataclass
 class RenderOutput:
     """What a renderer returns for a batch of ``C`` cameras (mirrors ``gsplat.rasterization``).
 
@@ -38,9 +58,15 @@ class Renderer(abc.ABC):
     ``params`` maps ``means`` [N, 3], ``scales`` [N, 3] (log), ``quats`` [N, 4] (w, x, y, z, not
     necessarily unit), ``opacities`` [N] (logit), ``sh0`` [N, 1, 3] and ``shN`` [N, K-1, 3]; the
     renderer applies exp / sigmoid / normalisation itself. Subclasses define a nested ``Config``
-    dataclass, are constructed as ``Renderer(cfg)`` and implement :meth:`_render`; :meth:`render`
-    checks the inputs first.
+    dataclass extending :class:`RendererConfig`, are constructed as ``Renderer(cfg)`` and
+    implement :meth:`_render`; :meth:`render` checks the inputs first.
     """
+
+    @property
+    def sparse_grad(self) -> bool:
+        """Whether backward leaves sparse gradients on the Gaussian parameters (then training uses
+        `gsrecon.model.optim.RowSparseAdam`). False unless a renderer says otherwise."""
+        return False
 
     def setup(self, logger: Logger) -> None:
         """Prepare before the first `render` (e.g. build kernels, reporting through ``logger``).

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from gsrecon.logging.console import Logger
-from gsrecon.render.base import Renderer, RenderOutput
+from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
 
 
 class GsplatUnavailableError(ValueError):
@@ -27,22 +27,27 @@ class GsplatRenderer(Renderer):
     """Rasterizes with gsplat's CUDA kernels; same inputs and outputs as the torch renderer."""
 
     @dataclass
-    class Config:
-        near_plane: float = 0.01
-        far_plane: float = 1e10
-        eps2d: float = 0.3  # screen-space dilation (pixels^2 added to the 2D covariance)
-        tile_size: int = 16
+    class Config(RendererConfig):
         packed: bool = False  # packed intersections: less memory for large scenes
         antialiased: bool = False  # Mip-Splatting style opacity compensation ("antialiased" mode)
         absgrad: bool = False  # also accumulate |grad| of means2d (AbsGS; strategy absgrad)
         sparse_grad: bool = False  # sparse gradients (needs packed and a sparse-aware optimizer)
         radius_clip: float = 0.0  # skip Gaussians whose screen radius is at most this (pixels)
 
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            if self.sparse_grad and not self.packed:
+                raise ValueError("renderer.sparse_grad needs renderer.packed: true")
+            if self.radius_clip < 0.0:
+                raise ValueError(f"renderer radius_clip={self.radius_clip} must be >= 0")
+
     def __init__(self, cfg: Config) -> None:
-        if cfg.sparse_grad and not cfg.packed:
-            raise ValueError("renderer.sparse_grad needs renderer.packed: true")
         self.cfg = cfg
         self._rasterization = None
+
+    @property
+    def sparse_grad(self) -> bool:
+        return self.cfg.sparse_grad
 
     def setup(self, logger: Logger) -> None:
         """Check CUDA, set build variables when unset, and build (or load) gsplat's kernels."""

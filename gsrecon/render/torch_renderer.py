@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gsrecon.geometry import camera_centers, quat_to_rotmat
-from gsrecon.render.base import Renderer, RenderOutput
+from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
 from gsrecon.render.sh import sh_to_color
 
 ALPHA_MIN = 1.0 / 255.0  # a Gaussian with alpha below this is skipped at a pixel
@@ -435,10 +435,7 @@ class TorchRenderer(Renderer):
     """Reference 3DGS renderer in pure PyTorch; see the module docstring."""
 
     @dataclass
-    class Config:
-        near_plane: float = 0.01  # Gaussians with camera z at or below this are culled
-        far_plane: float = 1e10  # ... and at or above this
-        eps2d: float = 0.3  # px^2 added to the 2D covariance (low-pass filter of 3DGS)
+    class Config(RendererConfig):
         tile_size: int = 8  # px; compositing works on tile_size x tile_size pixel blocks
         alpha_max: float = 0.99  # per-Gaussian alpha clamp (3DGS: 0.99; gsplat 1.5: 0.999)
         max_chunk_elements: int = 1 << 16  # (slot x pixel) entries composited at once (cache-sized)
@@ -447,15 +444,7 @@ class TorchRenderer(Renderer):
         max_kept_elements: int = 1 << 24
 
         def __post_init__(self) -> None:
-            if not 0.0 < self.near_plane < self.far_plane:
-                raise ValueError(
-                    f"renderer near_plane={self.near_plane} / far_plane={self.far_plane}: "
-                    "need 0 < near_plane < far_plane"
-                )
-            if self.eps2d < 0.0:
-                raise ValueError(f"renderer eps2d={self.eps2d} must be >= 0")
-            if self.tile_size < 1:
-                raise ValueError(f"renderer tile_size={self.tile_size} must be >= 1")
+            super().__post_init__()
             if not ALPHA_MIN < self.alpha_max < 1.0:
                 raise ValueError(f"renderer alpha_max={self.alpha_max} must be in (1/255, 1)")
             if self.max_chunk_elements < 1:
