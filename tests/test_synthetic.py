@@ -14,6 +14,7 @@ from torch import Tensor
 from gsrecon.cache import cache_dir, cache_file
 from gsrecon.data import synthetic
 from gsrecon.data.cameras import Frame, Scene
+from gsrecon.data.datapipeline import DataPipeline
 from gsrecon.data.synthetic import (
     SyntheticConfig,
     cache_path,
@@ -158,6 +159,28 @@ def test_split_sizes_and_names(scene, cfg, tmp_path):
 
     no_val = load_synthetic(SyntheticConfig(num_views=5, val_every=0, num_points=50, cache_dir=str(tmp_path)))
     assert len(no_val.train) == 5 and no_val.test == []
+
+
+def test_the_shared_data_keys_apply_to_the_synthetic_scene(cfg, tmp_path):
+    """data.factor, data.eval_split and data.max_images mean the same as for photo datasets."""
+    all_train = load_synthetic(cfg, eval_split="none")
+    assert len(all_train.train) == cfg.num_views and all_train.test == []
+    thinned = load_synthetic(cfg, eval_split="every_8", max_images=7)
+    names = [f.name for f in _all_frames(thinned)]
+    assert names == ["view_000", "view_004", "view_008", "view_012", "view_015", "view_019", "view_023"]
+    assert [f.name for f in thinned.test] == ["view_000", "view_008"]  # the scene's own split (val_every)
+
+    small = SyntheticConfig(num_views=2, num_points=50, width=16, height=12, cache_dir=str(tmp_path))
+    half = load_synthetic(small, factor=2)
+    assert half.train[0].image.shape == (6, 8, 3)
+    full_k, half_k = load_synthetic(small).train[0].K, half.train[0].K
+    assert half_k[0, 0] == pytest.approx(full_k[0, 0] / 2) and half_k[0, 2] == pytest.approx(full_k[0, 2] / 2)
+    with pytest.raises(ValueError, match="data.factor=8 leaves no pixels of the 16x6 synthetic scene"):
+        load_synthetic(dataclasses.replace(small, height=6), factor=8)
+    pipeline = DataPipeline(
+        DataPipeline.Config(factor=2, eval_split="none", max_images=3, synthetic=small), torch.device("cpu")
+    )
+    assert len(pipeline.scene.train) == 2 and pipeline.scene.train[0].image.shape == (6, 8, 3)
 
 
 def test_camera_convention(scene, cfg):

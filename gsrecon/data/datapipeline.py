@@ -144,7 +144,7 @@ def _require_path(cfg: DataPipeline.Config, what: str) -> None:
 
 @DATASET_REGISTRY.register("synthetic")
 def _load_synthetic(cfg: DataPipeline.Config) -> Scene:
-    return load_synthetic(cfg.synthetic)
+    return load_synthetic(cfg.synthetic, cfg.factor, cfg.eval_split, cfg.max_images)
 
 
 @DATASET_REGISTRY.register("colmap")

@@ -33,7 +33,7 @@ from gsrecon.atomic import atomic_path
 from gsrecon.cache import cache_file
 from gsrecon.data import undistort
 from gsrecon.data.cameras import Frame, Scene
-from gsrecon.data.splits import split_frames
+from gsrecon.data.splits import check_eval_split, evenly_spaced, split_frames
 from gsrecon.data.undistort import fov_to_focal, intrinsics_matrix
 from gsrecon.geometry import camera_centers, look_at
 
@@ -502,18 +502,30 @@ def _write_cache(path: Path, arrays: dict[str, np.ndarray]) -> None:
         return
 
 
-def load_synthetic(cfg: SyntheticConfig) -> Scene:
+def load_synthetic(cfg: SyntheticConfig, factor: int = 1, eval_split: str = "dataset", max_images: int = 0) -> Scene:
     """The synthetic scene for `cfg`, from the cache when present, else generated (and cached).
 
-    Train frames are the views whose index is not a multiple of ``cfg.val_every``; images are
-    uint8 ``[H, W, 3]`` (``[H, W, 4]`` with ``cfg.alpha``); the point cloud has ``cfg.num_points``
-    points with colours in [0, 1]. The same config always gives bitwise-identical data.
+    Args:
+        cfg: the scene; the same config always gives bitwise-identical data.
+        factor: generate at 1/``factor`` of ``cfg.width`` x ``cfg.height`` (as ``data.factor`` downscales photos).
+        eval_split: ``"none"`` puts every view in train; ``"every_8"`` and ``"dataset"`` use the scene's own
+            split: views whose index is a multiple of ``cfg.val_every`` are test views (none if it is 0).
+        max_images: if > 0, keep this many evenly spaced views before splitting.
+
+    Images are uint8 ``[H, W, 3]`` (``[H, W, 4]`` with ``cfg.alpha``); the point cloud has
+    ``cfg.num_points`` points with colours in [0, 1].
     """
+    check_eval_split(eval_split)
+    if factor > 1:
+        if cfg.width < factor or cfg.height < factor:
+            raise ValueError(f"data.factor={factor} leaves no pixels of the {cfg.width}x{cfg.height} synthetic scene")
+        cfg = dataclasses.replace(cfg, width=cfg.width // factor, height=cfg.height // factor)
     path = cache_path(cfg)
     arrays = _read_cache(path, cfg)
     if arrays is None:
         arrays = _generate(cfg)
         _write_cache(path, arrays)
+    keep = evenly_spaced(cfg.num_views, max_images)
     frames = [
         Frame(
             name=f"view_{i:03d}",
@@ -521,9 +533,10 @@ def load_synthetic(cfg: SyntheticConfig) -> Scene:
             K=torch.from_numpy(arrays["Ks"][i].copy()),
             image=torch.from_numpy(arrays["images"][i].copy()),
         )
-        for i in range(cfg.num_views)
+        for i in keep
     ]
-    train, test = split_frames(frames, "every_8" if cfg.val_every > 0 else "none", every=cfg.val_every)
+    is_test = [cfg.val_every > 0 and i % cfg.val_every == 0 for i in keep]
+    train, test = split_frames(frames, "none" if eval_split == "none" else "dataset", is_test)
     return Scene(
         train=train,
         test=test,
