@@ -63,6 +63,7 @@ def test_export_ply_and_splat_and_init_from_ply(trained: Path, make_config, tmp_
     trainer = DefaultTrainer(parse_structured(DefaultTrainer.Config, cfg))
     for name, value in params.items():
         assert torch.equal(trainer.model.params[name].detach(), value), name
+    assert trainer.model.active_sh_degree(0) == 1  # the PLY's trained SH bands are used from the start
 
 
 def test_eval_from_ply_matches_eval_from_checkpoint(trained: Path, tmp_path: Path) -> None:

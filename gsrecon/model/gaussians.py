@@ -41,13 +41,17 @@ class GaussianModel(torch.nn.Module):
         init_opacity: float = 0.1
         init_scale: float = 1.0  # multiplier on the initial scales (mean distance to the 3 nearest points)
 
-    def __init__(self, cfg: Config, params: dict[str, Tensor]) -> None:
+    def __init__(self, cfg: Config, params: dict[str, Tensor], start_sh_degree: int = 0) -> None:
+        """``start_sh_degree``: the active SH degree at step 0 (Gaussians from a trained PLY start at its degree)."""
         super().__init__()
         if not 0 <= cfg.sh_degree <= MAX_SH_DEGREE:
             raise ValueError(f"model.sh_degree must be between 0 and {MAX_SH_DEGREE}, got {cfg.sh_degree}")
         if cfg.sh_degree_interval < 1:
             raise ValueError(f"model.sh_degree_interval must be >= 1, got {cfg.sh_degree_interval}")
+        if not 0 <= start_sh_degree <= cfg.sh_degree:
+            raise ValueError(f"start_sh_degree={start_sh_degree} is not between 0 and model.sh_degree={cfg.sh_degree}")
         self.cfg = cfg
+        self.start_sh_degree = start_sh_degree
         self.params = torch.nn.ParameterDict({k: torch.nn.Parameter(params[k]) for k in PARAM_NAMES})
 
     @classmethod
@@ -60,7 +64,8 @@ class GaussianModel(torch.nn.Module):
             if not cfg.init_path:
                 raise ValueError("model.init is 'ply' but model.init_path is empty; set it to a .ply file")
             params = load_ply(cfg.init_path)
-            return cls(cfg, _with_sh_degree(params, cfg.sh_degree))
+            start = min(check_params(params), cfg.sh_degree)
+            return cls(cfg, _with_sh_degree(params, cfg.sh_degree), start_sh_degree=start)
         if cfg.init == "sfm":
             if scene.points.shape[0] == 0:
                 raise ValueError("model.init is 'sfm' but the dataset has no points; use model.init=random")
@@ -81,8 +86,8 @@ class GaussianModel(torch.nn.Module):
         return int(self.params["means"].shape[0])
 
     def active_sh_degree(self, step: int) -> int:
-        """SH degree in use at training ``step``: one more every ``sh_degree_interval`` steps."""
-        return min(step // self.cfg.sh_degree_interval, self.cfg.sh_degree)
+        """SH degree in use at training ``step``: ``start_sh_degree``, one more every ``sh_degree_interval`` steps."""
+        return min(self.start_sh_degree + step // self.cfg.sh_degree_interval, self.cfg.sh_degree)
 
 
 def check_params(params: Mapping[str, Tensor]) -> int:
