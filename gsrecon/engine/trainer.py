@@ -243,7 +243,8 @@ class DefaultTrainer:
         checkpoint = load_checkpoint_file(path, "cpu")
         previous = checkpoint.get("config", {})
         old_model, new_model = previous.get("model", {}), self.resolved_config["model"]
-        for key in ("name", "sh_degree"):  # these decide the shapes of the saved parameters
+        structural = getattr(MODEL_REGISTRY.get(new_model["name"]), "structural_keys", ())
+        for key in ("name", *structural):  # these decide the shapes of the saved parameters
             if key in old_model and old_model[key] != new_model.get(key):
                 raise ConfigError(
                     f"{self.source}: cannot resume {path}: it was trained with model.{key}={old_model[key]} but "

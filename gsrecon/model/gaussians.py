@@ -27,8 +27,11 @@ class GaussianModel(torch.nn.Module):
     """A set of 3D Gaussians held in ``self.params`` (a ParameterDict keyed by :data:`PARAM_NAMES`).
 
     Models registered in ``MODEL_REGISTRY`` provide ``from_scene(cfg, scene, seed)``, ``params``,
-    ``num_gaussians`` and ``active_sh_degree(step)``.
+    ``num_gaussians`` and ``active_sh_degree(step)``, and may name in ``structural_keys`` the
+    config keys that decide the parameters' shapes (a checkpoint resumes only if they match).
     """
+
+    structural_keys = ("sh_degree",)
 
     @dataclass
     class Config:
