@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from gsrecon.render.base import RenderOutput
@@ -107,11 +108,12 @@ def _requiring_grad(params: dict[str, Tensor]) -> dict[str, Tensor]:
 def _dense_render(params, viewmats, Ks, width, height, sh_degree, backgrounds, cfg):
     """Brute-force reference: every visible Gaussian at every pixel, composited one at a time."""
     means = params["means"]
-    opacities = torch.sigmoid(params["opacities"])
     factors = quat_scale_to_factor(params["quats"], params["scales"].exp())
     proj = project_gaussians(
-        means, factors, opacities, viewmats, Ks, width, height, cfg.near_plane, cfg.far_plane, cfg.eps2d
-    )
+        means, factors, F.logsigmoid(params["opacities"]), viewmats, Ks, width, height,
+        cfg.near_plane, cfg.far_plane, cfg.eps2d, cfg.antialiased,
+    )  # fmt: skip
+    opacities = proj.log_opacities.exp()  # [C, N]
     centres = -(viewmats[:, :3, :3].transpose(1, 2) @ viewmats[:, :3, 3:]).squeeze(-1)
     dirs = torch.nn.functional.normalize(means[None] - centres[:, None], dim=-1)
     colors = sh_to_color(sh_degree, dirs, torch.cat([params["sh0"], params["shN"]], 1)[None])
@@ -130,7 +132,7 @@ def _dense_render(params, viewmats, Ks, width, height, sh_degree, backgrounds, c
             dx, dy = xs - proj.means2d[c, i, 0], ys - proj.means2d[c, i, 1]
             a, b, cc = proj.conics[c, i]
             sigma = 0.5 * (a * dx * dx + cc * dy * dy) + b * dx * dy
-            alpha = torch.clamp_max(opacities[i] * torch.exp(-sigma), cfg.alpha_max)
+            alpha = torch.clamp_max(opacities[c, i] * torch.exp(-sigma), cfg.alpha_max)
             next_trans = trans * (1.0 - alpha)
             used = (alpha >= ALPHA_MIN) & ~done
             stop = used & (next_trans <= TRANSMITTANCE_MIN)
@@ -153,17 +155,20 @@ def _functional(out: RenderOutput | tuple[Tensor, Tensor, Tensor], weights: list
 
 @pytest.mark.parametrize("opacity_logits", [(-2.0, 2.0), (2.0, 9.0)], ids=["translucent", "opaque"])
 @pytest.mark.parametrize(
-    "tile_size,max_chunk_elements,max_kept_elements",
-    [(8, 1 << 16, 1 << 24), (4, 1 << 16, 0), (5, 300, 1 << 24), (16, 1 << 16, 0)],
-    ids=["tile8-kept", "tile4-recompute", "tile5-small-chunks", "tile16-recompute"],
+    "tile_size,max_chunk_elements,max_kept_elements,antialiased",
+    [(8, 1 << 16, 1 << 24, False), (4, 1 << 16, 0, False), (5, 300, 1 << 24, True), (16, 1 << 16, 0, True)],
+    ids=["tile8-kept", "tile4-recompute", "tile5-small-chunks-antialiased", "tile16-recompute-antialiased"],
 )
-def test_tiles_match_dense_reference(opacity_logits, tile_size, max_chunk_elements, max_kept_elements):
+def test_tiles_match_dense_reference(opacity_logits, tile_size, max_chunk_elements, max_kept_elements, antialiased):
     width, height, focal = 23, 17, 20.0
     params = _requiring_grad(_random_scene(70, width, height, focal, seed=1, opacity_logits=opacity_logits))
     viewmats, Ks = _cameras(width, height, focal, n_cams=2)
     backgrounds = torch.tensor([[0.1, 0.2, 0.3], [0.9, 0.5, 0.0]], dtype=torch.float64)
     cfg = TorchRenderer.Config(
-        tile_size=tile_size, max_chunk_elements=max_chunk_elements, max_kept_elements=max_kept_elements
+        tile_size=tile_size,
+        max_chunk_elements=max_chunk_elements,
+        max_kept_elements=max_kept_elements,
+        antialiased=antialiased,
     )
     out = TorchRenderer(cfg).render(params, viewmats, Ks, width, height, 2, backgrounds)
     ref = _dense_render(params, viewmats, Ks, width, height, 2, backgrounds, cfg)
@@ -180,12 +185,13 @@ def test_tiles_match_dense_reference(opacity_logits, tile_size, max_chunk_elemen
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9, msg=lambda m, k=key: f"d/d{k}: {m}")
 
 
-def test_gradients_match_finite_differences():
+@pytest.mark.parametrize("antialiased", [False, True], ids=["classic", "antialiased"])
+def test_gradients_match_finite_differences(antialiased: bool):
     width, height, focal = 16, 12, 14.0
     params = _random_scene(6, width, height, focal, seed=3, opacity_logits=(-1.0, 1.5), sh_degree=2)
     viewmats, Ks = _cameras(width, height, focal, n_cams=2)
     backgrounds = torch.tensor([[0.3, 0.6, 0.9], [0.0, 0.0, 0.0]], dtype=torch.float64)
-    renderer = TorchRenderer()
+    renderer = TorchRenderer(TorchRenderer.Config(antialiased=antialiased))
     g = torch.Generator().manual_seed(4)
     probes = [torch.randn(3, 2, height, width, ch, generator=g, dtype=torch.float64) for ch in (3, 1, 1)]
 
@@ -236,17 +242,10 @@ def test_projection_covariance_and_jacobian_clamp():
     scales = torch.tensor([[0.1, 0.03, 0.05]] * 3, dtype=torch.float64)
     limit = 1.3 * (width / 2) / focal  # 1.3 tan(fov_x / 2)
     means = torch.tensor([[0.0, 0.0, z], [3.0 * limit * z, 0.0, z], [0.5 * limit * z, 0.0, z]], dtype=torch.float64)
-    proj = project_gaussians(
-        means,
-        quat_scale_to_factor(quats, scales),
-        torch.full((3,), 0.5, dtype=torch.float64),
-        viewmats,
-        Ks,
-        width,
-        height,
-        near_plane=0.01,
-        far_plane=1e10,
-        eps2d=0.3,
+    args = (means, quat_scale_to_factor(quats, scales), torch.full((3,), math.log(0.5), dtype=torch.float64))
+    proj = project_gaussians(*args, viewmats, Ks, width, height, near_plane=0.01, far_plane=1e10, eps2d=0.3)
+    antialiased = project_gaussians(
+        *args, viewmats, Ks, width, height, near_plane=0.01, far_plane=1e10, eps2d=0.3, antialiased=True
     )
     rot = torch.tensor(
         [[math.cos(angle), -math.sin(angle), 0.0], [math.sin(angle), math.cos(angle), 0.0], [0.0, 0.0, 1.0]],
@@ -258,6 +257,11 @@ def test_projection_covariance_and_jacobian_clamp():
         cov2d = jac @ cov3d @ jac.T + 0.3 * torch.eye(2, dtype=torch.float64)
         inv = torch.linalg.inv(cov2d)
         torch.testing.assert_close(proj.conics[0, i], torch.stack([inv[0, 0], inv[0, 1], inv[1, 1]]))
+        # antialiased: opacity x sqrt(det(cov2d without eps2d) / det(cov2d)), same conic
+        compensation = torch.sqrt(torch.linalg.det(cov2d - 0.3 * torch.eye(2, dtype=torch.float64)) / cov2d.det())
+        torch.testing.assert_close(antialiased.log_opacities[0, i].exp(), 0.5 * compensation)
+        torch.testing.assert_close(antialiased.conics[0, i], proj.conics[0, i])
+    assert torch.all(proj.log_opacities == math.log(0.5))
     torch.testing.assert_close(
         proj.means2d[0, 1], torch.tensor([20.0 + 3.0 * limit * focal, 15.0], dtype=torch.float64)
     )

@@ -23,6 +23,7 @@ class RendererConfig:
     far_plane: float = 1e10  # ... and at or above this
     eps2d: float = 0.3  # px^2 added to the 2D covariance (low-pass filter of 3DGS)
     tile_size: int = 16  # px; rasterization works on tile_size x tile_size pixel blocks
+    antialiased: bool = False  # Mip-Splatting opacity compensation for the eps2d dilation (gsplat "antialiased")
 
     def __post_init__(self) -> None:
         if not 0.0 < self.near_plane < self.far_plane:

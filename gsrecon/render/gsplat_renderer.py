@@ -29,7 +29,6 @@ class GsplatRenderer(Renderer):
     @dataclass
     class Config(RendererConfig):
         packed: bool = False  # packed intersections: less memory for large scenes
-        antialiased: bool = False  # Mip-Splatting style opacity compensation ("antialiased" mode)
         absgrad: bool = False  # also accumulate |grad| of means2d (AbsGS; strategy absgrad)
         sparse_grad: bool = False  # sparse gradients (needs packed and a sparse-aware optimizer)
         radius_clip: float = 0.0  # skip Gaussians whose screen radius is at most this (pixels)

@@ -1,7 +1,7 @@
 """Pure-PyTorch 3D Gaussian Splatting renderer (CPU or GPU), the reference renderer of gsrecon.
 
 It implements the forward model of 3DGS as gsplat 1.5 does (pinhole EWA splatting, classic
-mode without opacity compensation) and is differentiable end to end. Compositing runs on
+mode or the "antialiased" opacity compensation of Mip-Splatting) and is differentiable end to end. Compositing runs on
 screen tiles: each tile composites, sorted by depth, only the Gaussians whose alpha can reach
 1/255 in it, so no ``N x H x W`` tensor is ever built and the image does not depend on the tile
 size. Compositing has a hand-written backward (`_BlendTiles`); everything else is
@@ -33,6 +33,7 @@ TRANSMITTANCE_MIN = 1e-4  # a pixel stops before the Gaussian that would take T 
 BBOX_SIGMAS = 3.33  # bounding boxes never extend past this many standard deviations
 N_FEATURES = 5  # composited per Gaussian: r, g, b, depth, 1 (the last accumulates alpha)
 _SKIP = 1e4  # quadratic offset of padding slots: exp(-1e4) is exactly 0
+_TINY = 1e-30  # floor of the undilated covariance determinant (degenerate Gaussians get opacity ~0)
 _LOG2_E = 1.0 / math.log(2.0)
 
 
@@ -53,12 +54,13 @@ class Projection(NamedTuple):
     conics: Tensor  # [C, N, 3] inverse 2D covariance (xx, xy, yy)
     depths: Tensor  # [C, N] camera-space z
     radii: Tensor  # [C, N, 2] int32 bounding-box half extents in pixels, 0 = culled
+    log_opacities: Tensor  # [C, N] ln(opacity) as composited in each camera (with compensation)
 
 
 def project_gaussians(
     means: Tensor,  # [N, 3]
     factors: Tensor,  # [N, 3, 3] covariance factors (`quat_scale_to_factor`)
-    opacities: Tensor,  # [N] activated
+    log_opacities: Tensor,  # [N] ln of the activated opacities
     viewmats: Tensor,  # [C, 4, 4]
     Ks: Tensor,  # [C, 3, 3]
     width: int,
@@ -66,6 +68,7 @@ def project_gaussians(
     near_plane: float,
     far_plane: float,
     eps2d: float,
+    antialiased: bool = False,
 ) -> Projection:
     """EWA projection of 3D Gaussians into pinhole cameras, with culling.
 
@@ -75,6 +78,10 @@ def project_gaussians(
     ``ceil(e * sqrt(cov_ii))`` with ``e = min(3.33, sqrt(2 ln(255 * opacity)))``, which encloses
     every pixel where the Gaussian's alpha reaches 1/255. Radii are 0 for Gaussians outside
     (near_plane, far_plane), with opacity < 1/255, or whose box misses the image.
+
+    ``antialiased`` scales each opacity by ``sqrt(det(cov2d) / det(cov2d + eps2d * I))`` (gsplat's
+    "antialiased" mode), so that the dilation does not make small Gaussians brighter; the box and
+    the 1/255 test use the compensated opacity, as in gsplat.
     """
     rot, trans = viewmats[:, :3, :3], viewmats[:, :3, 3]  # [C, 3, 3], [C, 3]
     means_c = torch.matmul(means, rot.transpose(1, 2)) + trans[:, None, :]  # [C, N, 3]
@@ -93,16 +100,22 @@ def project_gaussians(
     jr_x = (fx / z)[..., None] * (rot[:, None, 0, :] - u[..., None] * rot[:, None, 2, :])
     jr_y = (fy / z)[..., None] * (rot[:, None, 1, :] - v[..., None] * rot[:, None, 2, :])
     b = torch.matmul(torch.stack([jr_x, jr_y], dim=-2), factors)  # [C, N, 2, 3], cov2d = b b^T
-    cov_xx = (b[..., 0, :] * b[..., 0, :]).sum(-1) + eps2d  # [C, N]
+    raw_xx = (b[..., 0, :] * b[..., 0, :]).sum(-1)  # [C, N], before the dilation
     cov_xy = (b[..., 0, :] * b[..., 1, :]).sum(-1)
-    cov_yy = (b[..., 1, :] * b[..., 1, :]).sum(-1) + eps2d
+    raw_yy = (b[..., 1, :] * b[..., 1, :]).sum(-1)
+    cov_xx, cov_yy = raw_xx + eps2d, raw_yy + eps2d
     det = cov_xx * cov_yy - cov_xy * cov_xy
     valid = in_depth & (det > 0)
     det = torch.where(valid, det, torch.ones_like(det))
     conics = torch.stack([cov_yy / det, -cov_xy / det, cov_xx / det], dim=-1)  # [C, N, 3]
+    log_ops = log_opacities.expand_as(det)  # [C, N]
+    if antialiased:
+        det_orig = raw_xx * raw_yy - cov_xy * cov_xy
+        det_orig = torch.where(valid, det_orig, torch.ones_like(det_orig)).clamp_min(_TINY)
+        log_ops = log_ops + 0.5 * (torch.log(det_orig) - torch.log(det))
 
     with torch.no_grad():
-        ops = opacities.detach().expand_as(det)  # [C, N]
+        ops = log_ops.detach().exp()  # [C, N]
         extent = torch.sqrt(2.0 * torch.log(ops * 255.0).clamp_min(0.0)).clamp_max(BBOX_SIGMAS)
         radii = torch.stack(
             [torch.ceil(extent * cov_xx.sqrt()), torch.ceil(extent * cov_yy.sqrt())], dim=-1
@@ -116,7 +129,7 @@ def project_gaussians(
         )
         visible = valid & inside & (ops >= ALPHA_MIN) & (radii > 0).any(-1)
         radii = torch.where(visible[..., None], radii, 0.0).int()
-    return Projection(means2d, conics, means_c[..., 2], radii)
+    return Projection(means2d, conics, means_c[..., 2], radii, log_ops)
 
 
 class TileIntersections(NamedTuple):
@@ -150,7 +163,7 @@ def _min_sigma_over_tiles(x0: Tensor, y0: Tensor, x1: Tensor, y1: Tensor, a: Ten
 def intersect_tiles(
     means2d: Tensor,  # [C, N, 2]
     conics: Tensor,  # [C, N, 3]
-    log_opacities: Tensor,  # [N]
+    log_opacities: Tensor,  # [C, N]
     radii: Tensor,  # [C, N, 2]
     depths: Tensor,  # [C, N]
     tile_size: int,
@@ -189,7 +202,7 @@ def intersect_tiles(
     y0 = tile_y * tile_size + 0.5 - cy.index_select(0, src)
     a, b, c = (v.detach().reshape(-1).index_select(0, flat_ids) for v in conics.unbind(-1))
     min_sigma = _min_sigma_over_tiles(x0, y0, x0 + (tile_size - 1), y0 + (tile_size - 1), a, b, c)
-    log_alpha_max = log_opacities.detach().repeat(n_cams).index_select(0, flat_ids) - min_sigma
+    log_alpha_max = log_opacities.detach().reshape(-1).index_select(0, flat_ids) - min_sigma
     # The small margin guarantees that no pair whose alpha reaches 1/255 is dropped.
     reach = (log_alpha_max >= math.log(ALPHA_MIN) - 1e-4).nonzero().squeeze(1)
     src, flat_ids = src.index_select(0, reach), flat_ids.index_select(0, reach)
@@ -268,7 +281,7 @@ def _pixel_basis(tile_size: int, dtype: torch.dtype, device: torch.device) -> Te
 def _slot_quadratics(
     means2d: Tensor,  # [C, N, 2]
     conics: Tensor,  # [C, N, 3]
-    log_opacities: Tensor,  # [N]
+    log_opacities: Tensor,  # [C, N]
     layout: _Layout,
     tile_size: int,
     tiles_x: int,
@@ -290,7 +303,7 @@ def _slot_quadratics(
     mx = mx - centre_x.index_select(0, layout.slot_tile)  # relative to the tile centre
     my = my - centre_y.index_select(0, layout.slot_tile)
     a, b, c = (v.reshape(-1).index_select(0, g) for v in conics.unbind(-1))
-    log_op = log_opacities.repeat(n_cams).index_select(0, g)
+    log_op = log_opacities.reshape(-1).index_select(0, g)
     ax_by = a * mx + b * my
     bx_cy = b * mx + c * my
     q0 = 0.5 * (ax_by * mx + bx_cy * my) - log_op + layout.padding.to(dtype) * _SKIP
@@ -393,7 +406,7 @@ def _chunk_views(quads: Tensor, feats: Tensor, ch: _Chunk) -> tuple[Tensor, Tens
 def rasterize_tiles(
     means2d: Tensor,  # [C, N, 2]
     conics: Tensor,  # [C, N, 3]
-    log_opacities: Tensor,  # [N]
+    log_opacities: Tensor,  # [C, N]
     colors: Tensor,  # [C, N, 3]
     depths: Tensor,  # [C, N]
     radii: Tensor,  # [C, N, 2]
@@ -468,10 +481,9 @@ class TorchRenderer(Renderer):
         cfg = self.cfg
         means = params["means"]
         factors = quat_scale_to_factor(params["quats"], torch.exp(params["scales"]))
-        opacities = torch.sigmoid(params["opacities"])
         proj = project_gaussians(
-            means, factors, opacities, viewmats, Ks, width, height,
-            cfg.near_plane, cfg.far_plane, cfg.eps2d,
+            means, factors, F.logsigmoid(params["opacities"]), viewmats, Ks, width, height,
+            cfg.near_plane, cfg.far_plane, cfg.eps2d, cfg.antialiased,
         )  # fmt: skip
         means2d = proj.means2d
         if means2d.requires_grad:
@@ -482,7 +494,7 @@ class TorchRenderer(Renderer):
         colors = sh_to_color(sh_degree, dirs, coeffs[None])  # [C, N, 3]
 
         out = rasterize_tiles(
-            means2d, proj.conics, F.logsigmoid(params["opacities"]), colors, proj.depths,
+            means2d, proj.conics, proj.log_opacities, colors, proj.depths,
             proj.radii, width, height, cfg.tile_size, cfg.alpha_max, cfg.max_chunk_elements,
             cfg.max_kept_elements,
         )  # fmt: skip  # [C, H, W, 5]
