@@ -19,13 +19,15 @@ GARDEN = SHARED_DATA / "garden_points" / "test_garden.npz"
 @pytest.fixture(scope="module", params=[False, True], ids=["classic", "antialiased"])
 def renderers(request):
     from gsrecon.logging.console import Logger
-    from gsrecon.render.gsplat_renderer import GsplatRenderer
+    from gsrecon.render.gsplat_renderer import GSPLAT_ALPHA_MAX, GsplatRenderer
     from gsrecon.render.torch_renderer import TorchRenderer
 
     gsplat = GsplatRenderer(GsplatRenderer.Config(antialiased=request.param))
     gsplat.setup(Logger())
     # gsplat clamps alpha at 0.999; the torch renderer's default is the 3DGS paper's 0.99.
-    cfg = TorchRenderer.Config(alpha_max=0.999, tile_size=16, max_chunk_elements=1 << 22, antialiased=request.param)
+    cfg = TorchRenderer.Config(
+        alpha_max=GSPLAT_ALPHA_MAX, tile_size=16, max_chunk_elements=1 << 22, antialiased=request.param
+    )
     return gsplat, TorchRenderer(cfg)
 
 

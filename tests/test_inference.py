@@ -87,6 +87,19 @@ def test_eval_from_ply_matches_eval_from_checkpoint(trained: Path, tmp_path: Pat
     assert a["mean"]["psnr"] == pytest.approx(b["mean"]["psnr"], abs=1e-6)
 
 
+def test_a_gsplat_run_evaluates_on_cpu_with_the_torch_renderer_and_its_settings(
+    trained: Path, tmp_path: Path, capsys
+) -> None:
+    gsplat = ["renderer.name=gsplat", "renderer.antialiased=true", "renderer.eps2d=0.5"]
+    assert main(["eval", "--exp-dir", str(trained), "--device", "cpu", "--out", str(tmp_path / "a"), *gsplat]) == 0
+    assert "rendering with the torch renderer" in capsys.readouterr().err
+    torch_same = ["renderer.name=torch", "renderer.antialiased=true", "renderer.eps2d=0.5", "renderer.alpha_max=0.999"]
+    assert main(["eval", "--exp-dir", str(trained), "--device", "cpu", "--out", str(tmp_path / "b"), *torch_same]) == 0
+    assert main(["eval", "--exp-dir", str(trained), "--device", "cpu", "--out", str(tmp_path / "c")]) == 0
+    a, b, c = (json.loads((tmp_path / x / "metrics.json").read_text())["mean"]["psnr"] for x in "abc")
+    assert a == b != c  # the settings came along (and they change the image)
+
+
 def test_render_video_along_paths(trained: Path, tmp_path: Path) -> None:
     out = tmp_path / "video.mp4"
     assert (

@@ -4,6 +4,7 @@ render camera-path videos and export PLY / .splat files."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -28,8 +29,9 @@ from gsrecon.model.gaussians import check_params
 from gsrecon.model.ply import load_ply, save_ply, save_splat
 from gsrecon.plugins import import_plugins
 from gsrecon.registry import RENDERER_REGISTRY
-from gsrecon.render.base import Renderer, RenderOutput
+from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
 from gsrecon.render.camera_path import ellipse_path, focus_point, interp_path, spiral_path
+from gsrecon.render.gsplat_renderer import GSPLAT_ALPHA_MAX
 from gsrecon.render.video import depth_to_rgb, write_video
 
 CAMERA_PATHS = {"ellipse": ellipse_path, "spiral": spiral_path, "interp": interp_path}
@@ -83,8 +85,19 @@ def load_trained_scene(
 
 
 def build_renderer(scene: TrainedScene, device: torch.device, logger: Logger) -> Renderer:
-    """The renderer the scene was trained with (``auto`` resolved for ``device``)."""
-    renderer = RENDERER_REGISTRY.build(resolve_renderer_entry(scene.cfg.renderer, device, "config"))
+    """The renderer the scene was trained with (``auto`` resolved for ``device``).
+
+    A scene trained with gsplat renders on a machine without CUDA with the torch renderer, given the
+    same shared settings (`RendererConfig`) and gsplat's alpha clamp, so that it sees the same image.
+    """
+    entry = resolve_renderer_entry(scene.cfg.renderer, device, "config")
+    if entry["name"] == "gsplat" and device.type != "cuda":
+        shared = {f.name for f in dataclasses.fields(RendererConfig)} - {
+            "tile_size"
+        }  # tiling leaves images as they are
+        entry = {"name": "torch", **{k: v for k, v in entry.items() if k in shared}, "alpha_max": GSPLAT_ALPHA_MAX}
+        logger.info("trained with renderer gsplat, which needs CUDA: rendering with the torch renderer (same settings)")
+    renderer = RENDERER_REGISTRY.build(entry)
     renderer.setup(logger)
     return renderer
 

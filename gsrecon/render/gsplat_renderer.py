@@ -18,6 +18,8 @@ from torch import Tensor
 from gsrecon.logging.console import Logger
 from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
 
+GSPLAT_ALPHA_MAX = 0.999  # gsplat's per-Gaussian alpha clamp (the torch renderer's alpha_max equivalent)
+
 
 class GsplatUnavailableError(ValueError):
     """gsplat cannot run here (no CUDA device, no CUDA toolkit, or gsplat not installed): use the torch renderer."""
