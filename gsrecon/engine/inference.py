@@ -92,9 +92,8 @@ def build_renderer(scene: TrainedScene, device: torch.device, logger: Logger) ->
     """
     entry = resolve_renderer_entry(scene.cfg.renderer, device, "config")
     if entry["name"] == "gsplat" and device.type != "cuda":
-        shared = {f.name for f in dataclasses.fields(RendererConfig)} - {
-            "tile_size"
-        }  # tiling leaves images as they are
+        shared = {f.name for f in dataclasses.fields(RendererConfig)}
+        shared.discard("tile_size")  # the torch renderer's own tiling gives the same image
         entry = {"name": "torch", **{k: v for k, v in entry.items() if k in shared}, "alpha_max": GSPLAT_ALPHA_MAX}
         logger.info("trained with renderer gsplat, which needs CUDA: rendering with the torch renderer (same settings)")
     renderer = RENDERER_REGISTRY.build(entry)

@@ -32,7 +32,7 @@ class GsplatRenderer(Renderer):
     class Config(RendererConfig):
         packed: bool = False  # packed intersections: less memory for large scenes
         absgrad: bool = False  # also accumulate |grad| of means2d (AbsGS; strategy absgrad)
-        sparse_grad: bool = False  # sparse gradients (needs packed and a sparse-aware optimizer)
+        sparse_grad: bool = False  # sparse gradients for means/quats/scales (needs packed; trains with RowSparseAdam)
         radius_clip: float = 0.0  # skip Gaussians whose screen radius is at most this (pixels)
 
         def __post_init__(self) -> None:

@@ -1,10 +1,10 @@
 """Pure-PyTorch 3D Gaussian Splatting renderer (CPU or GPU), the reference renderer of gsrecon.
 
-It implements the forward model of 3DGS as gsplat 1.5 does (pinhole EWA splatting, classic
-mode or the "antialiased" opacity compensation of Mip-Splatting) and is differentiable end to end. Compositing runs on
-screen tiles: each tile composites, sorted by depth, only the Gaussians whose alpha can reach
-1/255 in it, so no ``N x H x W`` tensor is ever built and the image does not depend on the tile
-size. Compositing has a hand-written backward (`_BlendTiles`); everything else is
+It implements the forward model of 3DGS as gsplat 1.5 does (pinhole EWA splatting, in classic
+mode or with the "antialiased" opacity compensation of Mip-Splatting) and is differentiable end
+to end. Compositing runs on screen tiles: each tile composites, sorted by depth, only the
+Gaussians whose alpha can reach 1/255 in it, so no ``N x H x W`` tensor is ever built and the
+image does not depend on the tile size. Compositing has a hand-written backward (`_BlendTiles`); everything else is
 differentiated by autograd.
 
 The implementation is tuned for one CPU core (the training engine where no GPU is available):
