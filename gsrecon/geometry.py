@@ -24,6 +24,16 @@ def quat_to_rotmat(quats: Tensor) -> Tensor:
     ).reshape(*quats.shape[:-1], 3, 3)  # fmt: skip
 
 
+def quat_scale_to_factor(quats: Tensor, scales: Tensor) -> Tensor:
+    """Factor ``M = R(q) diag(s)`` of the 3D covariance ``M M^T``, [N, 3, 3].
+
+    Args:
+        quats: rotations (w, x, y, z), any non-zero norm, [N, 4].
+        scales: activated (positive) scales, [N, 3].
+    """
+    return quat_to_rotmat(quats) * scales[:, None, :]
+
+
 def rotmat_to_quat(R: Tensor) -> Tensor:
     """Rotation matrices ``[N, 3, 3]`` -> unit quaternions ``[N, 4]`` (w, x, y, z), numerically stable."""
     diag = R.diagonal(dim1=1, dim2=2)  # [N, 3]

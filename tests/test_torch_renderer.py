@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from gsrecon.geometry import quat_scale_to_factor
 from gsrecon.render.base import RenderOutput
 from gsrecon.render.sh import (
     num_sh_bases,
@@ -23,7 +24,6 @@ from gsrecon.render.torch_renderer import (
     TRANSMITTANCE_MIN,
     TorchRenderer,
     project_gaussians,
-    quat_scale_to_factor,
 )
 
 torch.set_num_threads(1)

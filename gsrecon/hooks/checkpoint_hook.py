@@ -27,8 +27,8 @@ class CheckPointHook(Hook):
     When to save: after a training step whose count is a multiple of ``interval``; after a validation
     that improves ``save_best`` (``best.pt``); at the end of training and after Ctrl-C (final
     checkpoint, plus the model as a reference 3DGS ``.ply`` in ``exp_dir``). After a failure (e.g. a
-    non-finite loss) nothing is written, so the last good
-    checkpoint stays. Only the main process writes.
+    non-finite loss) nothing is written, so the last good checkpoint stays. Only the main process
+    writes.
     """
 
     priority = Priority.VERY_LOW
@@ -85,8 +85,8 @@ class CheckPointHook(Hook):
         if not path.exists():
             self.save(trainer)
         if self.cfg.export_ply and trainer.is_main:
-            save_ply(trainer.exp_dir / self.cfg.export_ply, trainer.model.params)
             ply = trainer.exp_dir / self.cfg.export_ply
+            save_ply(ply, trainer.model.params)
             trainer.logger.info(f"wrote {ply} ({trainer.model.num_gaussians} Gaussians)")
 
     def save(self, trainer: DefaultTrainer) -> Path:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from gsrecon.geometry import quat_to_rotmat
+from gsrecon.geometry import quat_scale_to_factor
 from gsrecon.model.strategy import Strategy
 from gsrecon.registry import STRATEGY_REGISTRY
 
@@ -163,7 +163,7 @@ def inject_position_noise(params: torch.nn.ParameterDict, scale: float) -> None:
     """Add noise ~ N(0, Σ) · gate(1 - opacity) · ``scale`` to the means (Eq. 10 of the paper)."""
     opacities = torch.sigmoid(params["opacities"])
     scales = torch.exp(params["scales"])
-    factors = quat_to_rotmat(params["quats"]) * scales[:, None, :]  # [N, 3, 3] R diag(s)
+    factors = quat_scale_to_factor(params["quats"], scales)  # [N, 3, 3]
     covars = factors @ factors.transpose(1, 2)  # [N, 3, 3]
     gate = torch.sigmoid(100.0 * ((1.0 - opacities) - 0.995))  # ~1 only for nearly transparent Gaussians
     noise = torch.randn_like(params["means"]) * gate[:, None] * scale

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gsrecon.geometry import camera_centers, quat_to_rotmat
+from gsrecon.geometry import camera_centers, quat_scale_to_factor
 from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
 from gsrecon.render.sh import sh_to_color
 
@@ -35,16 +35,6 @@ N_FEATURES = 5  # composited per Gaussian: r, g, b, depth, 1 (the last accumulat
 _SKIP = 1e4  # quadratic offset of padding slots: exp(-1e4) is exactly 0
 _TINY = 1e-30  # floor of the undilated covariance determinant (degenerate Gaussians get opacity ~0)
 _LOG2_E = 1.0 / math.log(2.0)
-
-
-def quat_scale_to_factor(quats: Tensor, scales: Tensor) -> Tensor:
-    """Factor ``M = R(q) diag(s)`` of the 3D covariance ``M M^T``, [N, 3, 3].
-
-    Args:
-        quats: rotations (w, x, y, z), any non-zero norm, [N, 4].
-        scales: activated (positive) scales, [N, 3].
-    """
-    return quat_to_rotmat(quats) * scales[:, None, :]
 
 
 class Projection(NamedTuple):
