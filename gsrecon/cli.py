@@ -39,14 +39,50 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train",
         help="train a scene from a YAML config",
-        description="Train a scene. Overrides are key=value pairs, e.g. max_steps=200 "
-        "model.sh_degree=1 hooks.0.log_interval=10.",
+        description="Train a scene. Overrides are key=value pairs, e.g. max_steps=200 model.sh_degree=1 "
+        "hooks.LogHook.log_interval=10 (add a hook: hooks.EmptyCacheHook={}; remove one: hooks.ExportHook=null).",
     )
     p.add_argument("--config", required=True, help="YAML config file")
     p.add_argument("overrides", nargs="*", help="key=value overrides of the config")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint of exp_dir")
     p.add_argument("--overwrite", action="store_true", help="replace a previous run in exp_dir")
     p.set_defaults(func=_train)
+
+
+def _hooks(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from gsrecon.engine.builder import load_run_config, resolve_hooks
+    from gsrecon.hooks.base import Priority, hook_points
+    from gsrecon.plugins import import_plugins
+    from gsrecon.registry import HOOK_REGISTRY
+
+    cfg, source = load_run_config(args.config, args.overrides)
+    import_plugins(cfg.imports, source)
+    table = Table(title=f"hooks of {source}, in the order they run", title_justify="left")
+    for column in ("key", "class", "priority", "arguments", "hook points"):
+        table.add_column(column, overflow="fold")
+    for key, entry in resolve_hooks(cfg.hooks, source).items():
+        name = entry.get("name", key)
+        priority = entry["priority"]
+        named = next((p.name for p in Priority if p == priority), None)
+        arguments = ", ".join(f"{k}={v}" for k, v in entry.items() if k not in ("name", "priority"))
+        points = ", ".join(hook_points(HOOK_REGISTRY.get(name)))
+        table.add_row(key, name, f"{named} ({priority})" if named else str(priority), arguments or "-", points)
+    Console(soft_wrap=False, width=max(_console.width, 160)).print(table)
+    return 0
+
+
+def _add_hooks(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "hooks",
+        help="list the hooks a config runs: order, priority, arguments, hook points",
+        description="Print the hooks `gsrecon train --config CONFIG [key=value ...]` would run, in the order they "
+        "run, with their priorities, arguments (defaults filled in) and the hook points each implements.",
+    )
+    p.add_argument("--config", required=True, help="YAML config file")
+    p.add_argument("overrides", nargs="*", help="key=value overrides of the config, as for train")
+    p.set_defaults(func=_hooks)
 
 
 def _add_source_args(p: argparse.ArgumentParser) -> None:
@@ -200,6 +236,7 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
 
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_train,
+    _add_hooks,
     _add_eval,
     _add_render,
     _add_export,
@@ -241,7 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _is_user_error(exc: BaseException) -> bool:
-    from gsrecon.hooks.invalid_loss_hook import InvalidLossError
+    from gsrecon.hooks.invalid_loss import InvalidLossError
 
     root = exc.__cause__ or exc
     return isinstance(root, (ValueError, KeyError, OSError, InvalidLossError)) or isinstance(exc, (ValueError, OSError))

@@ -4,14 +4,23 @@ One YAML file describes one run. :func:`load_config` reads it into plain dicts a
 :func:`parse_structured` checks it against a dataclass schema and returns the dataclass instance.
 Every error is a :class:`ConfigError` naming the full key path and the file it came from.
 
-Merging (``_base_`` files, then overrides) is key by key, with one rule for registry entries: a
-mapping whose ``name`` changes replaces the earlier one, whose options belonged to the other name
-(``strategy.name=mcmc`` drops the default strategy's options). ``.py`` files in ``imports`` are
-relative to the YAML file that lists them.
+Merging (``defaults``, then ``_base_`` files, then the file, then overrides) is key by key, with
+these rules:
+
+- a mapping whose ``name`` changes replaces the earlier one, whose options belonged to the other
+  name (``strategy.name=mcmc`` drops the default strategy's options);
+- ``hooks:`` is a mapping from an entry key to the hook's arguments, merged entry by entry: a new
+  key adds a hook, an existing key reconfigures it (``hooks.CheckPointHook.interval=500``) and
+  ``null`` removes it. The key is the hook's registry name, or any key with a ``name:`` inside (two
+  hooks of one class). A list of ``{name: ...}`` entries is read as that mapping, keyed by name;
+- ``imports:`` of a child config extend its base's.
+
+``.py`` files in ``imports`` are relative to the YAML file that lists them.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 from collections.abc import Mapping, Sequence
@@ -25,6 +34,8 @@ from omegaconf.errors import OmegaConfBaseException
 T = TypeVar("T")
 
 BASE_KEY = "_base_"
+ENTRY_MAPS = ("hooks",)  # top-level keys holding named registry entries, merged entry by entry
+APPENDED_LISTS = ("imports",)  # top-level lists that a child config extends instead of replacing
 
 
 class ConfigError(ValueError):
@@ -35,8 +46,8 @@ def _first_line(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
-def _read_yaml(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
-    """Read one YAML file, merging its ``_base_`` file(s) underneath it."""
+def _read_yaml(path: Path, chain: tuple[Path, ...], below: dict[str, Any]) -> dict[str, Any]:
+    """Read one YAML file and merge it on top of its ``_base_`` file(s), which go on top of ``below``."""
     if path in chain:
         cycle = " -> ".join(str(p) for p in (*chain, path))
         raise ConfigError(f"{path}: circular {BASE_KEY} include ({cycle})")
@@ -61,35 +72,104 @@ def _read_yaml(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
     bases = [bases] if isinstance(bases, str) else bases
     if not isinstance(bases, list) or not all(isinstance(b, str) for b in bases):
         raise ConfigError(f"{path}: '{BASE_KEY}' must be a relative path or a list of them")
-    imports = data.get("imports")
-    if isinstance(imports, list):
-        data["imports"] = [
-            str((path.parent / e).resolve()) if isinstance(e, str) and e.endswith(".py") else e for e in imports
-        ]
-    merged: dict[str, Any] = {}
     for base in bases:
-        merged = merge_configs(merged, _read_yaml((path.parent / base).resolve(), (*chain, path)))
-    return merge_configs(merged, data)
+        below = _read_yaml((path.parent / base).resolve(), (*chain, path), below)
+    try:
+        _normalize_entry_maps(data)
+        if "imports" in data:
+            data["imports"] = [
+                str((path.parent / e).resolve()) if e.endswith(".py") else e for e in check_imports(data["imports"])
+            ]
+        return merge_configs(below, data)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
 
 
-def merge_configs(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+def check_imports(value: Any) -> list[str]:
+    """The ``imports:`` value, which must be a list of module names or ``.py`` paths."""
+    if isinstance(value, str):
+        raise ConfigError(f"key 'imports': must be a list, e.g. imports: [{value}]")
+    if not isinstance(value, list) or not all(isinstance(e, str) and e for e in value):
+        raise ConfigError(f"key 'imports': must be a list of module names or .py files, got {value!r}")
+    return value
+
+
+def entry_map(value: Any, key: str = "hooks") -> dict[str, dict[str, Any] | None]:
+    """A ``hooks:`` value as the mapping ``{entry key: arguments or None (remove)}``.
+
+    A list of ``{name: ..., **arguments}`` entries is keyed by name (``Name-2`` for a second one).
+    """
+    if value is None:
+        return {}
+    if isinstance(value, list):
+        entries: dict[str, dict[str, Any] | None] = {}
+        for index, item in enumerate(value):
+            if isinstance(item, str):
+                raise ConfigError(
+                    f"key '{key}.{index}': '{item}' is a bare name; write `- name: {item}` "
+                    f"(or as a mapping, `{key}: {{{item}: {{}}}}`)"
+                )
+            if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+                raise ConfigError(f"key '{key}.{index}': an entry is a mapping with a 'name', got {item!r}")
+            entry_key, count = item["name"], 1
+            while entry_key in entries:
+                count += 1
+                entry_key = f"{item['name']}-{count}"
+            entries[entry_key] = item
+        return entry_map(entries, key)
+    if not isinstance(value, dict):
+        raise ConfigError(f"key '{key}': must be a mapping of entry name to arguments, got {value!r}")
+    entries = {}
+    for entry_key, item in value.items():
+        if item is not None and not isinstance(item, dict):
+            raise ConfigError(
+                f"key '{key}.{entry_key}': an entry is a mapping of its arguments ({{}} for its defaults) or "
+                f"null to remove it, got {item!r}"
+            )
+        if item is not None and "name" in item and not isinstance(item["name"], str):
+            raise ConfigError(f"key '{key}.{entry_key}.name': must be a registry name, got {item['name']!r}")
+        if item is not None and item.get("name") == entry_key:  # implied, so that it merges with `LogHook: {...}`
+            item = {k: v for k, v in item.items() if k != "name"}
+        entries[entry_key] = item
+    return entries
+
+
+def _normalize_entry_maps(cfg: dict[str, Any]) -> None:
+    for key in ENTRY_MAPS:
+        if key in cfg:
+            cfg[key] = entry_map(cfg[key], key)
+
+
+def merge_configs(base: dict[str, Any], override: dict[str, Any], path: str = "") -> dict[str, Any]:
     """``override`` on top of ``base``: mappings merge key by key, except that a mapping whose ``name``
-    differs from the base's replaces it; any other value replaces the base's."""
+    differs from the base's replaces it, and ``null`` in an entry map (``hooks``) removes the entry;
+    any other value replaces the base's. ``path`` is the key path of ``base`` (for messages)."""
     out = dict(base)
     for key, value in override.items():
+        where = f"{path}.{key}" if path else str(key)
         old = out.get(key)
+        if value is None and path in ENTRY_MAPS:
+            if key not in out:
+                present = ", ".join(out) or "none"
+                raise ConfigError(f"key '{where}': null removes an entry, but there is no '{key}' (present: {present})")
+            del out[key]
+            continue
         renamed = isinstance(value, dict) and "name" in value and value["name"] != (old or {}).get("name")
         if isinstance(value, dict) and isinstance(old, dict) and not renamed:
-            out[key] = merge_configs(old, value)
+            out[key] = merge_configs(old, value, where)
+        elif where in APPENDED_LISTS and isinstance(old, list) and isinstance(value, list):
+            out[key] = old + [v for v in value if v not in old]
         else:
             out[key] = value
     return out
 
 
 def apply_overrides(cfg: dict[str, Any], overrides: Sequence[str], source: str = "command line") -> dict[str, Any]:
-    """Apply ``key.path=value`` overrides in place (list items by index: ``hooks.0.log_interval=10``).
+    """Apply ``key.path=value`` overrides in place, by the rules of :func:`merge_configs`.
 
-    Values are parsed as YAML (``10``, ``true``, ``[1, 2]``, ``{name: mcmc}``, ``null``).
+    Values are parsed as YAML (``10``, ``true``, ``[1, 2]``, ``{name: mcmc}``, ``null``). Hooks are
+    addressed by entry key (``hooks.LogHook.log_interval=10``, ``hooks.MyHook.every=5`` adds one,
+    ``hooks.CheckPointHook=null`` removes one); other lists by index (``writers.0.x=1``).
     """
     for item in overrides:
         key, sep, raw = item.partition("=")
@@ -102,34 +182,45 @@ def apply_overrides(cfg: dict[str, Any], overrides: Sequence[str], source: str =
             value = raw
         *parents, last = key.split(".")
         node: Any = cfg
-        for depth, part in enumerate(parents):
-            node = node[_list_index(node, part, key, source)] if isinstance(node, list) else node.setdefault(part, {})
-            if not isinstance(node, (dict, list)):
-                raise ConfigError(f"{source}: cannot set '{key}': '{'.'.join(parents[: depth + 1])}' is not a mapping")
-        if isinstance(node, list):
-            index = _list_index(node, last, key, source)
-            node[index] = _merged_value(node[index], value)
-        else:
-            if last == "name" and node.get("name", value) != value:
+        try:
+            parts = key.split(".")
+            if len(parts) > 1 and parts[0] in ENTRY_MAPS and parts[1].isdigit():
+                present = ", ".join(cfg.get(parts[0]) or {}) or "none"
+                raise ConfigError(
+                    f"cannot set '{key}': {parts[0]} are addressed by name, not position "
+                    f"(e.g. {parts[0]}.LogHook.log_interval=10); this config's {parts[0]}: {present}"
+                )
+            for depth, part in enumerate(parents):
+                node = node[_list_index(node, part, key)] if isinstance(node, list) else node.setdefault(part, {})
+                if not isinstance(node, (dict, list)):
+                    raise ConfigError(f"cannot set '{key}': '{'.'.join(parents[: depth + 1])}' is not a mapping")
+            if isinstance(node, list):
+                index = _list_index(node, last, key)
+                node[index] = merge_configs({"v": node[index]}, {"v": value})["v"]
+                continue
+            if key in ENTRY_MAPS:
+                value = entry_map(value, key)
+            elif last == "name" and node.get("name", value) != value:
                 node.clear()  # the options of the previous name do not apply to the new one
-            node[last] = _merged_value(node.get(last), value)
+            merged = merge_configs(node, {last: value}, ".".join(parents))
+            node.clear()
+            node.update(merged)
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
     return cfg
 
 
-def _merged_value(old: Any, value: Any) -> Any:
-    """``value`` set where ``old`` was, by the rules of :func:`merge_configs`."""
-    return merge_configs({"v": old}, {"v": value})["v"]
-
-
-def _list_index(node: list, part: str, key: str, source: str) -> int:
+def _list_index(node: list, part: str, key: str) -> int:
     if not part.isdigit() or int(part) >= len(node):
-        raise ConfigError(f"{source}: cannot set '{key}': '{part}' is not an index of a list of {len(node)} items")
+        raise ConfigError(f"cannot set '{key}': '{part}' is not an index of a list of {len(node)} items")
     return int(part)
 
 
-def load_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
-    """Read a YAML config (with its ``_base_`` includes) and apply ``key=value`` overrides."""
-    cfg = _read_yaml(Path(path).resolve(), ())
+def load_config(
+    path: str | Path, overrides: Sequence[str] = (), defaults: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Read a YAML config (with its ``_base_`` includes, on top of ``defaults``) and apply ``key=value`` overrides."""
+    cfg = _read_yaml(Path(path).resolve(), (), copy.deepcopy(defaults or {}))
     return apply_overrides(cfg, overrides)
 
 

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 from torchmetrics.functional.image import structural_similarity_index_measure
+
+
+@dataclass
+class LossConfig:
+    ssim_lambda: float = 0.2  # loss = (1 - λ)·L1 + λ·(1 - SSIM)
 
 
 def ssim(pred: Tensor, gt: Tensor) -> Tensor:

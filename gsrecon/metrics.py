@@ -11,6 +11,7 @@ import importlib.metadata
 import math
 import pickle
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,11 @@ def psnr(pred: Tensor, gt: Tensor) -> float:
     """
     mse = torch.mean((pred.double() - gt.double()) ** 2).item()
     return math.inf if mse == 0 else -10.0 * math.log10(mse)
+
+
+@dataclass
+class MetricsConfig:
+    lpips_net: str = "alex"  # alex | vgg | none
 
 
 class ImageMetrics:

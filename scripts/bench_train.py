@@ -16,7 +16,8 @@ import time
 
 import torch
 
-from gsrecon.engine.trainer import build_trainer
+from gsrecon.engine.builder import load_run_config
+from gsrecon.engine.trainer import DefaultTrainer
 from gsrecon.hooks import Hook
 from gsrecon.registry import HOOK_REGISTRY
 
@@ -73,18 +74,20 @@ def main() -> None:
         f"device={args.device}",
         f"max_steps={max(at)}",
         f"val_interval={max(at) + 1}",
-        f"hooks=[{{name: BenchRecorderHook, at: {at}}}]",
         "writers=[]",
     ]
-    trainer = build_trainer(args.config, overrides)
+    cfg, source = load_run_config(args.config, overrides)
+    cfg.hooks = {"BenchRecorderHook": {"at": at}}  # only the recorder: no checkpoints or logs in the timings
+    trainer = DefaultTrainer(cfg, source)
     trainer.train()
-    recorder = trainer.hooks[0]
+    recorder = trainer.hooks["BenchRecorderHook"]
     on_gpu = trainer.device.type == "cuda"
     device = torch.cuda.get_device_name(trainer.device) if on_gpu else platform.processor() or platform.machine()
     print(
         f"\n{args.config} {' '.join(args.overrides)} | device {trainer.device} ({device}) | "
         f"torch {torch.__version__} | threads {torch.get_num_threads()} | "
-        f"renderer {trainer.renderer_cfg['name']} | strategy {trainer.strategy_cfg['name']}\n"
+        f"renderer {trainer.resolved_config['renderer']['name']} | "
+        f"strategy {trainer.resolved_config['strategy']['name']}\n"
     )
     print("| step | ms/step | Gaussians | peak memory GiB | PSNR | SSIM | LPIPS |")
     print("|---:|---:|---:|---:|---:|---:|---:|")

@@ -11,6 +11,7 @@ import yaml
 
 from gsrecon.config import parse_structured
 from gsrecon.engine.trainer import DefaultTrainer
+from gsrecon.registry import HOOK_REGISTRY, Registry
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -38,15 +39,32 @@ def tiny_config(exp_dir: Path, cache_dir: Path, **top: Any) -> dict[str, Any]:
         "renderer": {"name": "torch"},
         "metrics": {"lpips_net": "none"},
         "writers": [{"name": "JsonlWriter"}],
-        "hooks": [
-            {"name": "IterTimerHook", "log_interval": 1},
-            {"name": "CheckInvalidLossHook"},
-            {"name": "LogHook", "log_interval": 1, "progress": False},
-            {"name": "CheckPointHook", "interval": 3, "max_keep": 0},
-        ],
+        "hooks": {
+            "IterTimerHook": {"log_interval": 1},
+            "CheckInvalidLossHook": {},
+            "LogHook": {"log_interval": 1, "progress": False},
+            "MetricsHook": {},
+            "CheckPointHook": {"interval": 3, "max_keep": 0},
+            "ExportHook": {},
+        },
     }
     cfg.update(copy.deepcopy(top))
     return cfg
+
+
+@pytest.fixture(autouse=True)
+def hook_registry() -> Registry:
+    """The hook registry, scoped to one test: what a test (or a plugin it imports) registers is undone after it."""
+    with HOOK_REGISTRY.scoped() as registry:
+        yield registry
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    """``../shared/data`` beside the checkout (real captures for development); the test skips where it is absent."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"{SHARED_DATA} is not available (it sits beside a developer's checkout, not a user's clone)")
+    return SHARED_DATA
 
 
 @pytest.fixture(scope="session")

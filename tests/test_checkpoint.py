@@ -13,10 +13,8 @@ from conftest import read_scalars
 from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.engine.trainer import HookError
 from gsrecon.hooks import Hook
-from gsrecon.registry import HOOK_REGISTRY
 
 
-@HOOK_REGISTRY.register()
 class SigintAtStepHook(Hook):
     """Sends this process a real SIGINT (as Ctrl-C does) after a given step (test helper)."""
 
@@ -28,7 +26,6 @@ class SigintAtStepHook(Hook):
             os.kill(os.getpid(), signal.SIGINT)
 
 
-@HOOK_REGISTRY.register()
 class PoisonAtStepHook(Hook):
     """Makes the model's colours NaN before a given step, so that step's loss is NaN (test helper)."""
 
@@ -41,7 +38,6 @@ class PoisonAtStepHook(Hook):
                 trainer.model.params["sh0"].fill_(float("nan"))
 
 
-@HOOK_REGISTRY.register()
 class PoisonMeansAtStepHook(Hook):
     """Makes the model's means NaN after a given step, before other hooks look (test helper)."""
 
@@ -54,6 +50,16 @@ class PoisonMeansAtStepHook(Hook):
         if trainer.step == self.step:
             with torch.no_grad():
                 trainer.model.params["means"][:10] = float("nan")
+
+
+@pytest.fixture(autouse=True)
+def _register_test_hooks(hook_registry) -> None:
+    for cls in (
+        SigintAtStepHook,
+        PoisonAtStepHook,
+        PoisonMeansAtStepHook,
+    ):
+        hook_registry.register()(cls)
 
 
 def _hooks(interval: int, **ckpt) -> list[dict]:
@@ -73,7 +79,7 @@ def test_rotation_keeps_newest_and_last_points_at_newest(make_trainer) -> None:
     assert last["step"] == 7
     assert not list(ckpt_dir.glob(".*tmp*")), "temporary files must not be left behind"
     best = load_checkpoint_file(ckpt_dir / "best.pt")
-    hook = trainer.hooks[-1]
+    hook = trainer.hooks["CheckPointHook"]
     assert best["step"] == hook.best_step and hook.best_value is not None
     psnr = {r: v for r, v in read_scalars(trainer.exp_dir, "val/psnr").items()}
     assert hook.best_value == pytest.approx(max(psnr.values()))
@@ -83,7 +89,7 @@ def test_best_with_rule_less(make_trainer) -> None:
     trainer = make_trainer(max_steps=6, hooks=_hooks(0, save_best="psnr", rule="less"))
     trainer.train()
     psnr = read_scalars(trainer.exp_dir, "val/psnr")
-    hook = trainer.hooks[-1]
+    hook = trainer.hooks["CheckPointHook"]
     assert hook.best_value == pytest.approx(min(psnr.values()))
     assert hook.best_step == min(psnr, key=psnr.get)
 

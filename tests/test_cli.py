@@ -26,7 +26,7 @@ def _run(capsys, *argv: str) -> tuple[int, str]:
         (["max_steps=0"], "max_steps"),
         (["model.sh_degre=1"], "model.sh_degre"),
         (["max_steps=many"], "max_steps"),
-        (["hooks.0.name=NoSuchHook"], "unknown hook 'NoSuchHook'"),
+        (["hooks.NoSuchHook.every=2"], "unknown hook 'NoSuchHook'"),
         (["writers.0.name=NoSuchWriter"], "known writers: JsonlWriter, TensorboardWriter"),
     ],
 )

@@ -18,12 +18,12 @@ def test_base_include_and_overrides(tmp_path: Path) -> None:
         tmp_path / "child.yaml",
         {"_base_": "base/defaults.yaml", "seed": 4, "hooks": [{"name": "LogHook", "log_interval": 5}]},
     )
-    raw = load_config(child, ["max_steps=200", "model.sh_degree=1", "hooks.0.log_interval=10", "resume=ckpt.pt"])
+    raw = load_config(child, ["max_steps=200", "model.sh_degree=1", "hooks.LogHook.log_interval=10", "resume=ckpt.pt"])
     cfg = parse_structured(DefaultTrainer.Config, raw, source=str(child))
     assert cfg.max_steps == 200 and isinstance(cfg.max_steps, int)
     assert cfg.seed == 4
     assert cfg.model["sh_degree"] == 1 and cfg.model["name"] == "gaussians"  # merged into the default entry
-    assert cfg.hooks[0]["log_interval"] == 10
+    assert cfg.hooks["LogHook"]["log_interval"] == 10
     assert cfg.resume == "ckpt.pt"
     assert cfg.data.dataset == "synthetic"  # defaults fill what the files leave out
 
@@ -70,14 +70,14 @@ def test_malformed_override(tmp_path: Path) -> None:
 
 
 def test_hook_arguments_are_validated_against_the_hook_config(make_trainer) -> None:
-    with pytest.raises(ConfigError, match=r"hooks\.0\.bogus"):
+    with pytest.raises(ConfigError, match=r"hooks\.LogHook\.bogus"):
         make_trainer(hooks=[{"name": "LogHook", "bogus": 1}])
-    with pytest.raises(ConfigError, match=r"hooks\.0\.log_interval"):
+    with pytest.raises(ConfigError, match=r"hooks\.LogHook\.log_interval"):
         make_trainer(hooks=[{"name": "LogHook", "log_interval": "often"}])
 
 
 def test_unknown_names_list_the_known_ones(make_trainer) -> None:
-    with pytest.raises(ConfigError, match=r"hooks\.0\.name.*unknown hook 'LogHok'.*LogHook"):
+    with pytest.raises(ConfigError, match=r"hooks\.LogHok.*unknown hook 'LogHok'.*LogHook"):
         make_trainer(hooks=[{"name": "LogHok"}])
     with pytest.raises(ConfigError, match=r"unknown writer 'Tensorboard'.*TensorboardWriter"):
         make_trainer(writers=[{"name": "Tensorboard"}])
@@ -91,8 +91,8 @@ def test_unknown_names_list_the_known_ones(make_trainer) -> None:
         ({"max_steps": 0}, "max_steps"),
         ({"val_interval": 0}, "val_interval"),
         ({"device": "tpu"}, "device"),
-        ({"hooks": [{"name": "LogHook", "priority": "SOMETIMES"}]}, r"hooks\.0\.priority"),
-        ({"hooks": [{"name": "LogHook", "priority": 101}]}, r"hooks\.0\.priority"),
+        ({"hooks": [{"name": "LogHook", "priority": "SOMETIMES"}]}, r"hooks\.LogHook\.priority"),
+        ({"hooks": [{"name": "LogHook", "priority": 101}]}, r"hooks\.LogHook\.priority"),
     ],
 )
 def test_invalid_values(make_trainer, top: dict, message: str) -> None:
@@ -105,7 +105,7 @@ def test_resolved_config_is_written_and_complete(make_trainer) -> None:
     import yaml
 
     written = yaml.safe_load((trainer.exp_dir / "config.yaml").read_text())
-    log_hook = next(h for h in written["hooks"] if h["name"] == "LogHook")
+    log_hook = written["hooks"]["LogHook"]
     assert log_hook["ema_factor"] == 0.4  # defaults of each hook are filled in
     assert written["renderer"]["name"] == "torch" and "eps2d" in written["renderer"]
     assert written["data"]["synthetic"]["width"] == 32

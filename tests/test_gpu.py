@@ -6,14 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import SHARED_DATA
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
-
-GARDEN = SHARED_DATA / "garden_points" / "test_garden.npz"
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["classic", "antialiased"])
@@ -76,11 +73,10 @@ def test_gsplat_matches_torch_on_a_random_scene(renderers) -> None:
     _compare(renderers, params, viewmats.cuda(), Ks.cuda(), 128, 96, 3)
 
 
-@pytest.mark.skipif(not GARDEN.exists(), reason="../shared/data/garden_points is not available")
-def test_gsplat_matches_torch_on_mipnerf360_garden_points(renderers) -> None:
+def test_gsplat_matches_torch_on_mipnerf360_garden_points(renderers, shared_data) -> None:
     from gsrecon.model.gaussians import init_params
 
-    data = np.load(GARDEN)
+    data = np.load(shared_data / "garden_points" / "test_garden.npz")
     colors = torch.from_numpy(data["colors"]).float()
     colors = colors / 255.0 if colors.max() > 1.5 else colors
     params = init_params(torch.from_numpy(data["means3d"]).float(), colors, sh_degree=1, opacity=0.5, scale_mult=1.0)
@@ -92,7 +88,7 @@ def test_gsplat_matches_torch_on_mipnerf360_garden_points(renderers) -> None:
 def test_mcmc_relocation_matches_gsplat_kernel() -> None:
     from gsplat.relocation import compute_relocation
 
-    from gsrecon.model.mcmc_strategy import binomial_table, relocation_update
+    from gsrecon.strategy.mcmc import binomial_table, relocation_update
 
     generator = torch.Generator().manual_seed(0)
     opacities = torch.rand(1000, generator=generator) * 0.9 + 0.05

@@ -9,12 +9,11 @@ import pytest
 
 from gsrecon.engine.trainer import HookError
 from gsrecon.hooks import Hook, Priority, get_priority
-from gsrecon.registry import HOOK_REGISTRY, Registry, RegistryError
+from gsrecon.registry import Registry, RegistryError
 
 CALLS: list[str] = []
 
 
-@HOOK_REGISTRY.register()
 class RecordingHook(Hook):
     """Appends its tag to CALLS at each hook point it sees (test helper)."""
 
@@ -32,10 +31,18 @@ class RecordingHook(Hook):
         CALLS.append(f"{self.tag}:{value}")
 
 
-@HOOK_REGISTRY.register()
 class FailingHook(Hook):
     def after_train_iter(self, trainer) -> None:
         raise RuntimeError("boom")
+
+
+@pytest.fixture(autouse=True)
+def _register_test_hooks(hook_registry) -> None:
+    for cls in (
+        RecordingHook,
+        FailingHook,
+    ):
+        hook_registry.register()(cls)
 
 
 def test_registry_basics() -> None:
@@ -52,6 +59,19 @@ def test_registry_basics() -> None:
         registry.register()(A)
     with pytest.raises(RegistryError, match="unknown thing 'B'; known things: A"):
         registry.get("B")
+
+
+def test_scoped_registry_forgets_what_was_registered_inside() -> None:
+    registry: Registry = Registry("thing")
+
+    @registry.register()
+    class Kept:
+        pass
+
+    with registry.scoped():
+        registry.register()(type("Temporary", (), {}))
+        assert "Temporary" in registry
+    assert registry.names() == ["Kept"]
 
 
 def test_priority_names_and_ints() -> None:
@@ -125,14 +145,20 @@ def test_missing_import_is_a_config_error(make_trainer) -> None:
         make_trainer(imports=["not_a_module_xyz"])
 
 
-def test_removing_log_or_checkpoint_hook_removes_only_its_outputs(make_trainer) -> None:
-    without_log = make_trainer("nolog", hooks=[{"name": "CheckPointHook", "interval": 3}])
-    without_log.train()
-    assert not (without_log.exp_dir / "metrics.json").exists()
-    assert (without_log.exp_dir / "checkpoints" / "last.pt").exists()
-    assert without_log.val_metrics["psnr"] > 0  # validation itself still ran
+def test_removing_a_hook_removes_only_its_outputs(make_trainer) -> None:
+    without_metrics = make_trainer("nometrics", hooks=[{"name": "CheckPointHook", "interval": 3}])
+    without_metrics.train()
+    assert not (without_metrics.exp_dir / "metrics.json").exists()
+    assert (without_metrics.exp_dir / "checkpoints" / "last.pt").exists()
+    assert without_metrics.val_metrics["psnr"] > 0  # validation itself still ran
 
-    without_ckpt = make_trainer("nockpt", hooks=[{"name": "LogHook", "progress": False}])
+    without_ckpt = make_trainer("nockpt", hooks=[{"name": "MetricsHook"}, {"name": "ExportHook"}])
     without_ckpt.train()
     assert (without_ckpt.exp_dir / "metrics.json").exists()
+    assert (without_ckpt.exp_dir / "point_cloud.ply").exists()
     assert not (without_ckpt.exp_dir / "checkpoints").exists()
+
+    without_export = make_trainer("noexport", hooks=[{"name": "CheckPointHook"}])
+    without_export.train()
+    assert (without_export.exp_dir / "checkpoints" / "last.pt").exists()
+    assert not (without_export.exp_dir / "point_cloud.ply").exists()

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
-from conftest import SHARED_DATA
 
-STATUETTE = SHARED_DATA / "statuette_colmap"
-
-
-@pytest.mark.skipif(not STATUETTE.is_dir(), reason="../shared/data/statuette_colmap is not available")
-def test_statuette_trains_and_test_psnr_rises(make_trainer) -> None:
-    data = {"dataset": "colmap", "path": str(STATUETTE), "factor": 8, "background": "white"}
+def test_statuette_trains_and_test_psnr_rises(make_trainer, shared_data) -> None:
+    statuette = shared_data / "statuette_colmap"
+    data = {"dataset": "colmap", "path": str(statuette), "factor": 8, "background": "white"}
     trainer = make_trainer(
         max_steps=400,
         val_interval=400,

@@ -146,20 +146,17 @@ def test_per_image_camera_mode_gives_each_photo_its_own_camera(tmp_path: Path) -
     assert report.num_cameras == report.num_registered
 
 
-STATUETTE = Path("/work/shared/data/statuette_colmap/images")
-
-
 def _size(path: Path) -> tuple[int, int]:
     with Image.open(path) as image:
         return image.size
 
 
 @needs_pycolmap
-@pytest.mark.skipif(not STATUETTE.is_dir(), reason="shared statuette photos not available")
-def test_real_photos_of_slightly_different_sizes_register(tmp_path: Path) -> None:
-    sizes = {_size(path) for path in STATUETTE.iterdir()}
+def test_real_photos_of_slightly_different_sizes_register(tmp_path: Path, shared_data: Path) -> None:
+    photos = shared_data / "statuette_colmap" / "images"
+    sizes = {_size(path) for path in photos.iterdir()}
     assert len(sizes) > 1  # widths 1000, heights 656-662: a single camera cannot hold them all
-    report = run_sfm(str(STATUETTE), str(tmp_path / "scene"), use_gpu=False)
+    report = run_sfm(str(photos), str(tmp_path / "scene"), use_gpu=False)
     assert report.num_images == 23 and report.num_registered >= 20
     assert report.num_cameras <= len(sizes)
     scene = load_colmap(str(report.scene_dir), eval_split="none")

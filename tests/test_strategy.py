@@ -10,24 +10,27 @@ import torch
 from conftest import read_scalars
 from gsplat.strategy import DefaultStrategy as GsplatDefaultStrategy
 
-from gsrecon.distributed import DistributedContext
 from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.hooks import Hook
-from gsrecon.model.default_strategy import DefaultStrategy
 from gsrecon.model.gaussians import PARAM_NAMES
-from gsrecon.model.mcmc_strategy import binomial_table, relocation_update
 from gsrecon.model.optim import OptimizerConfig, build_optimizers
-from gsrecon.registry import HOOK_REGISTRY
+from gsrecon.strategy.default import DefaultStrategy
+from gsrecon.strategy.mcmc import binomial_table, relocation_update
 
 COUNTS: list[int] = []
 
 
-@HOOK_REGISTRY.register()
 class CountGaussiansHook(Hook):
     """Records the number of Gaussians after every step (test helper)."""
 
     def after_train_iter(self, trainer) -> None:
         COUNTS.append(trainer.model.num_gaussians)
+
+
+@pytest.fixture(autouse=True)
+def _register_test_hooks(hook_registry) -> None:
+    for cls in (CountGaussiansHook,):
+        hook_registry.register()(cls)
 
 
 def _random_params(n: int, generator: torch.Generator) -> torch.nn.ParameterDict:
@@ -43,18 +46,6 @@ def _random_params(n: int, generator: torch.Generator) -> torch.nn.ParameterDict
     )
 
 
-class _FakeTrainer:
-    """The attributes DefaultStrategy reads from a trainer (no training involved)."""
-
-    def __init__(self, params: torch.nn.ParameterDict) -> None:
-        self.model = type("M", (), {"params": params, "num_gaussians": property(lambda s: len(s.params["means"]))})()
-        self.optimizers = build_optimizers(params, OptimizerConfig(), scene_extent=1.0)
-        self.dist = DistributedContext()
-        self.scene_extent = 1.0
-        self.renderer_cfg = {"name": "torch"}
-        self.step = 0
-
-
 def _fake_info(n: int, generator: torch.Generator) -> dict:
     means2d = torch.zeros(2, n, 2, requires_grad=True)
     means2d.grad = torch.randn(2, n, 2, generator=generator) * 4e-4
@@ -68,37 +59,37 @@ def test_default_strategy_matches_gsplat_default_strategy() -> None:
     generator = torch.Generator().manual_seed(0)
     ours_params = _random_params(400, generator)
     theirs_params = torch.nn.ParameterDict({k: v.detach().clone() for k, v in ours_params.items()})
-    trainer = _FakeTrainer(ours_params)
+    ours_optimizers = build_optimizers(ours_params, OptimizerConfig(), scene_extent=1.0)
     theirs_optimizers = build_optimizers(theirs_params, OptimizerConfig(), scene_extent=1.0)
     kwargs = dict(refine_start=2, refine_every=3, reset_every=10_000, refine_stop=100)
     ours = DefaultStrategy(DefaultStrategy.Config(**kwargs))
-    ours.initialize(trainer)
+    ours.check_sanity(ours_params, {"name": "torch"})
+    ours_state = ours.initialize_state(scene_extent=1.0)
     theirs = GsplatDefaultStrategy(refine_start_iter=2, refine_every=3, reset_every=10_000, refine_stop_iter=100)
     theirs_state = theirs.initialize_state(scene_scale=1.0)
     for name in PARAM_NAMES:  # one identical Adam step, so there are moments to carry along
         grad = torch.randn(ours_params[name].shape, generator=generator)
         ours_params[name].grad, theirs_params[name].grad = grad.clone(), grad.clone()
-        trainer.optimizers[name].step()
+        ours_optimizers[name].step()
         theirs_optimizers[name].step()
     info_generator = torch.Generator().manual_seed(1)
     for step in range(10):
         n = len(ours_params["means"])
         assert n == len(theirs_params["means"])
         info = _fake_info(n, info_generator)
-        trainer.step = step
         torch.manual_seed(step)
-        ours.step_post_backward(trainer, info)
+        ours.step_post_backward(ours_params, ours_optimizers, ours_state, step, info)
         torch.manual_seed(step)
         theirs.step_post_backward(theirs_params, theirs_optimizers, theirs_state, step, info)
     assert len(ours_params["means"]) != 400, "the test must exercise growth or pruning"
     for name in PARAM_NAMES:
         torch.testing.assert_close(ours_params[name], theirs_params[name])
-        ours_moments = trainer.optimizers[name].state[ours_params[name]]
+        ours_moments = ours_optimizers[name].state[ours_params[name]]
         theirs_moments = theirs_optimizers[name].state[theirs_params[name]]
         torch.testing.assert_close(ours_moments["exp_avg"], theirs_moments["exp_avg"])
         torch.testing.assert_close(ours_moments["exp_avg_sq"], theirs_moments["exp_avg_sq"])
-    torch.testing.assert_close(ours.state["grad2d"], theirs_state["grad2d"])
-    torch.testing.assert_close(ours.state["count"], theirs_state["count"])
+    torch.testing.assert_close(ours_state["grad2d"], theirs_state["grad2d"])
+    torch.testing.assert_close(ours_state["count"], theirs_state["count"])
 
 
 def test_packed_and_dense_render_info_give_the_same_statistics() -> None:
@@ -106,9 +97,10 @@ def test_packed_and_dense_render_info_give_the_same_statistics() -> None:
     cfg = DefaultStrategy.Config(refine_start=1000, refine_scale2d_stop=1000)
     states = []
     for packed in (False, True):
-        trainer = _FakeTrainer(_random_params(100, torch.Generator().manual_seed(0)))
+        params = _random_params(100, torch.Generator().manual_seed(0))
+        optimizers = build_optimizers(params, OptimizerConfig(), scene_extent=1.0)
         strategy = DefaultStrategy(cfg)
-        strategy.initialize(trainer)
+        state = strategy.initialize_state(scene_extent=1.0)
         info = _fake_info(100, torch.Generator().manual_seed(1))
         if packed:
             visible = (info["radii"] > 0).all(-1)
@@ -122,8 +114,8 @@ def test_packed_and_dense_render_info_give_the_same_statistics() -> None:
                 "gaussian_ids": gaussian_ids,
                 "camera_ids": camera_ids,
             }
-        strategy.step_post_backward(trainer, info)
-        states.append(strategy.state)
+        strategy.step_post_backward(params, optimizers, state, 0, info)
+        states.append(state)
     assert states[0]["count"].sum() > 0
     for key in ("grad2d", "count", "radii"):
         torch.testing.assert_close(states[1][key], states[0][key])
@@ -132,14 +124,13 @@ def test_packed_and_dense_render_info_give_the_same_statistics() -> None:
 def test_default_strategy_cap_max_keeps_highest_gradients() -> None:
     generator = torch.Generator().manual_seed(0)
     params = _random_params(300, generator)
-    trainer = _FakeTrainer(params)
+    optimizers = build_optimizers(params, OptimizerConfig(), scene_extent=1.0)
     strategy = DefaultStrategy(
         DefaultStrategy.Config(refine_start=0, refine_every=1, grow_grad2d=0.0, prune_opa=0.0, cap_max=320)
     )
-    strategy.initialize(trainer)
+    state = strategy.initialize_state(scene_extent=1.0)
     for step in range(1, 4):
-        trainer.step = step
-        strategy.step_post_backward(trainer, _fake_info(len(params["means"]), generator))
+        strategy.step_post_backward(params, optimizers, state, step, _fake_info(len(params["means"]), generator))
         assert len(params["means"]) <= 320
     assert len(params["means"]) == 320
 
@@ -147,11 +138,10 @@ def test_default_strategy_cap_max_keeps_highest_gradients() -> None:
 def test_default_strategy_resets_opacity() -> None:
     generator = torch.Generator().manual_seed(0)
     params = _random_params(50, generator)
-    trainer = _FakeTrainer(params)
+    optimizers = build_optimizers(params, OptimizerConfig(), scene_extent=1.0)
     strategy = DefaultStrategy(DefaultStrategy.Config(refine_start=1000, reset_every=5))
-    strategy.initialize(trainer)
-    trainer.step = 5
-    strategy.step_post_backward(trainer, _fake_info(50, generator))
+    state = strategy.initialize_state(scene_extent=1.0)
+    strategy.step_post_backward(params, optimizers, state, 5, _fake_info(50, generator))
     assert torch.sigmoid(params["opacities"]).max() <= 0.01 + 1e-6
 
 
@@ -230,6 +220,7 @@ def test_absgrad_needs_a_renderer_that_provides_it(make_trainer) -> None:
         make_trainer(strategy={"name": "default", "absgrad": True})
 
 
+@pytest.mark.slow
 def test_default_strategy_beats_no_densification_by_2db(make_trainer) -> None:
     """From a sparse point cloud, adaptive density control must clearly help at equal steps (CPU)."""
     steps = 1500

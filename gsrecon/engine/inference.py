@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,16 +15,17 @@ import numpy as np
 import torch
 from torch import Tensor
 
-import gsrecon.render.renderers  # noqa: F401  (registers the built-in renderers)
 from gsrecon.atomic import write_json
 from gsrecon.config import apply_overrides, load_config, parse_structured
-from gsrecon.data.datapipeline import DataPipeline
+from gsrecon.data.datapipeline import Batch, DataPipeline
 from gsrecon.data.images import to_uint8, write_png
 from gsrecon.distributed import DistributedContext
-from gsrecon.engine.checkpoints import latest_checkpoint, load_checkpoint_file
-from gsrecon.engine.trainer import DefaultTrainer, resolve_device, resolve_renderer_entry
+from gsrecon.engine.builder import RunConfig, resolve_device, resolve_renderer_entry
+from gsrecon.engine.checkpoints import load_checkpoint_file
+from gsrecon.engine.evaluator import build_metrics, evaluate_views
+from gsrecon.engine.run_dir import RunDir
 from gsrecon.logging.console import Logger
-from gsrecon.metrics import ImageMetrics, mean_metrics
+from gsrecon.metrics import mean_metrics
 from gsrecon.model.gaussians import check_params
 from gsrecon.model.ply import load_ply, save_ply, save_splat
 from gsrecon.plugins import import_plugins
@@ -41,7 +42,7 @@ CAMERA_PATHS = {"ellipse": ellipse_path, "spiral": spiral_path, "interp": interp
 class TrainedScene:
     """A trained model with the config it was trained with."""
 
-    cfg: DefaultTrainer.Config
+    cfg: RunConfig
     params: dict[str, Tensor]  # pre-activation Gaussian parameters
     step: int | None  # training step of the checkpoint (None for a PLY)
     source: str  # where it was loaded from
@@ -67,9 +68,10 @@ def load_trained_scene(
     if len(given) != 1:
         raise ValueError("give exactly one of --checkpoint, --exp-dir or --ply")
     if exp_dir:
-        found = latest_checkpoint(Path(exp_dir) / "checkpoints")
+        run_dir = RunDir(exp_dir)
+        found = run_dir.latest_checkpoint()
         if found is None:
-            raise FileNotFoundError(f"no checkpoint in {Path(exp_dir) / 'checkpoints'}")
+            raise FileNotFoundError(f"no checkpoint in {run_dir.checkpoints}")
         checkpoint = str(found)
     if ply:
         if not config:
@@ -80,7 +82,7 @@ def load_trained_scene(
         raw = load_config(config, overrides) if config else apply_overrides(copy.deepcopy(ckpt["config"]), overrides)
         source, params, step = config or checkpoint, ckpt["params"], int(ckpt["step"])
     import_plugins(list(raw.get("imports", []) or []), str(source))
-    cfg = parse_structured(DefaultTrainer.Config, raw, source=str(source))
+    cfg = parse_structured(RunConfig, raw, source=str(source))
     return TrainedScene(cfg, {k: v.float() for k, v in params.items()}, step, str(ply or checkpoint))
 
 
@@ -121,20 +123,21 @@ def evaluate(
         )
     renderer = build_renderer(scene, torch_device, logger)
     params = {k: v.to(torch_device) for k, v in scene.params.items()}
-    metrics = ImageMetrics(lpips_net=scene.cfg.metrics.lpips_net, device=torch_device)
+    metrics = build_metrics(scene.cfg.metrics.lpips_net, torch_device, logger)
     batches = list(pipeline.val_batches())
-    views: list[dict[str, Any]] = []
+
+    def render(batch: Batch) -> RenderOutput:
+        return renderer.render(
+            params, batch.viewmats, batch.Ks, batch.width, batch.height, scene.sh_degree, batch.backgrounds
+        )
+
+    def write_view(index: int, outputs: dict[str, Any]) -> None:
+        write_png(out_dir / "renders" / "test" / f"{outputs['name']}.png", outputs["render"])
+        write_png(out_dir / "gt" / f"{outputs['name']}.png", outputs["gt"])
+
+    views = evaluate_views(render, batches, metrics, after_view=write_view)
     with torch.no_grad():
-        for batch in batches:
-            out = renderer.render(
-                params, batch.viewmats, batch.Ks, batch.width, batch.height, scene.sh_degree, batch.backgrounds
-            )
-            render = out.image[0].clamp(0.0, 1.0)
-            name = batch.names[0]
-            write_png(out_dir / "renders" / "test" / f"{name}.png", render)
-            write_png(out_dir / "gt" / f"{name}.png", batch.images[0])
-            views.append({"name": name, **metrics(render, batch.images[0])})
-        fps = _measure_fps(renderer, params, batches, scene.sh_degree, torch_device, fps_repeats)
+        fps = _measure_fps(render, batches, torch_device, fps_repeats)
     mean = mean_metrics(views)
     result = {
         "source": scene.source,
@@ -213,7 +216,7 @@ def export(scene: TrainedScene, out: str | Path, fmt: str = "ply") -> Path:
 
 
 def _measure_fps(
-    renderer: Renderer, params: dict[str, Tensor], batches: list, sh_degree: int, device: torch.device, repeats: int
+    render: Callable[[Batch], RenderOutput], batches: list[Batch], device: torch.device, repeats: int
 ) -> float:
     def synchronize() -> None:
         if device.type == "cuda":
@@ -223,8 +226,8 @@ def _measure_fps(
     for _ in range(max(1, repeats)):
         synchronize()
         start = time.perf_counter()
-        for b in batches:
-            renderer.render(params, b.viewmats, b.Ks, b.width, b.height, sh_degree, b.backgrounds)
+        for batch in batches:
+            render(batch)
         synchronize()
         times.append(time.perf_counter() - start)
     return float(len(batches) / np.median(times))

@@ -2,8 +2,8 @@
 
 A hook is everything that happens *around* the optimisation step. The trainer calls each hook
 point on every hook that defines it, in priority order (lower runs first; equal priorities keep
-the order of the YAML ``hooks:`` list). Hook points receive the trainer first and may read
-anything on it.
+the order of the YAML ``hooks:`` entries). Hook points receive the trainer first and may read
+anything on it; a hook writes only its own outputs and state.
 """
 
 from __future__ import annotations
@@ -13,6 +13,22 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gsrecon.engine.trainer import DefaultTrainer
+
+
+HOOK_POINTS = (
+    "before_run",
+    "after_load_checkpoint",
+    "before_train",
+    "before_train_iter",
+    "after_train_iter",
+    "before_val",
+    "before_val_iter",
+    "after_val_iter",
+    "after_val",
+    "before_save_checkpoint",
+    "after_train",
+    "after_run",
+)
 
 
 class Priority(IntEnum):
@@ -103,3 +119,8 @@ class Hook:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
+
+
+def hook_points(cls: type) -> list[str]:
+    """The standard hook points ``cls`` implements (overrides of :class:`Hook`'s empty methods), in call order."""
+    return [point for point in HOOK_POINTS if getattr(cls, point, None) not in (None, getattr(Hook, point))]

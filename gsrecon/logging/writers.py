@@ -122,3 +122,34 @@ class JsonlWriter(Writer):
 
     def close(self) -> None:
         self._file.close()
+
+
+class Writers:
+    """A run's writers as one: every record goes to each of them (to none on non-main ranks)."""
+
+    def __init__(self, writers: list[Writer]) -> None:
+        self.writers = writers
+
+    def write_scalar(self, name: str, value: float, step: int) -> None:
+        for writer in self.writers:
+            writer.write_scalar(name, value, step)
+
+    def write_image(self, name: str, image: torch.Tensor | np.ndarray, step: int) -> None:
+        for writer in self.writers:
+            writer.write_image(name, image, step)
+
+    def write_histogram(self, name: str, values: torch.Tensor, step: int) -> None:
+        for writer in self.writers:
+            writer.write_histogram(name, values, step)
+
+    def write_config(self, config: dict[str, Any]) -> None:
+        for writer in self.writers:
+            writer.write_config(config)
+
+    def flush(self) -> None:
+        for writer in self.writers:
+            writer.flush()
+
+    def close(self) -> None:
+        for writer in self.writers:
+            writer.close()

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from gsrecon.logging.console import Logger
+from gsrecon.registry import RENDERER_REGISTRY
 from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
 
 GSPLAT_ALPHA_MAX = 0.999  # gsplat's per-Gaussian alpha clamp (the torch renderer's alpha_max equivalent)
@@ -25,6 +26,7 @@ class GsplatUnavailableError(ValueError):
     """gsplat cannot run here (no CUDA device, no CUDA toolkit, or gsplat not installed): use the torch renderer."""
 
 
+@RENDERER_REGISTRY.register("gsplat")
 class GsplatRenderer(Renderer):
     """Rasterizes with gsplat's CUDA kernels; same inputs and outputs as the torch renderer."""
 

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gsrecon.geometry import camera_centers, quat_scale_to_factor
+from gsrecon.registry import RENDERER_REGISTRY
 from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
 from gsrecon.render.sh import sh_to_color
 
@@ -434,6 +435,7 @@ def rasterize_tiles(
     return out[:, :height, :width]
 
 
+@RENDERER_REGISTRY.register("torch")
 class TorchRenderer(Renderer):
     """Reference 3DGS renderer in pure PyTorch; see the module docstring."""
 

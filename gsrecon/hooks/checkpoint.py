@@ -13,7 +13,6 @@ import torch
 from gsrecon.atomic import atomic_path
 from gsrecon.engine.checkpoints import non_finite
 from gsrecon.hooks.base import Hook, Priority
-from gsrecon.model.ply import save_ply
 from gsrecon.registry import HOOK_REGISTRY
 
 if TYPE_CHECKING:
@@ -22,13 +21,13 @@ if TYPE_CHECKING:
 
 @HOOK_REGISTRY.register()
 class CheckPointHook(Hook):
-    """Saves ``<out_dir>/step_<NNNNNN>.pt`` every ``interval`` steps and keeps ``last.pt`` pointing at the newest.
+    """Saves ``<exp_dir>/checkpoints/step_<NNNNNN>.pt`` every ``interval`` steps and keeps ``last.pt``
+    pointing at the newest.
 
     When to save: after a training step whose count is a multiple of ``interval``; after a validation
     that improves ``save_best`` (``best.pt``); at the end of training and after Ctrl-C (final
-    checkpoint, plus the model as a reference 3DGS ``.ply`` in ``exp_dir``). After a failure (e.g. a
-    non-finite loss) nothing is written, so the last good checkpoint stays. Only the main process
-    writes.
+    checkpoint). After a failure (e.g. a non-finite loss) nothing is written, so the last good
+    checkpoint stays. Only the main process writes.
     """
 
     priority = Priority.VERY_LOW
@@ -39,9 +38,7 @@ class CheckPointHook(Hook):
         max_keep: int = 3  # step_*.pt files kept (oldest deleted first); <= 0 keeps all
         save_best: str = ""  # "" (off) | auto (the first validation metric) | a metric name
         rule: str = "greater"  # greater | less: which values of save_best are better
-        out_dir: str = "checkpoints"  # relative to exp_dir (or absolute)
         save_last: bool = True  # save after the last step and after Ctrl-C
-        export_ply: str = "point_cloud.ply"  # reference-layout PLY written after training ("" = none)
 
     def __init__(self, cfg: Config) -> None:
         if cfg.rule not in ("greater", "less"):
@@ -49,9 +46,6 @@ class CheckPointHook(Hook):
         self.cfg = cfg
         self.best_value: float | None = None
         self.best_step: int | None = None
-
-    def checkpoint_dir(self, trainer: DefaultTrainer) -> Path:
-        return trainer.exp_dir / self.cfg.out_dir
 
     def after_train_iter(self, trainer: DefaultTrainer) -> None:
         if self.cfg.interval > 0 and trainer.step % self.cfg.interval == 0:
@@ -75,23 +69,18 @@ class CheckPointHook(Hook):
             self.best_value, self.best_step = float(value), trainer.step
             if trainer.is_main:
                 self._refuse_non_finite(trainer)
-                self._write(trainer.checkpoint(), self.checkpoint_dir(trainer) / "best.pt")
+                self._write(trainer.checkpoint(), trainer.run_dir.checkpoints / "best.pt")
             trainer.logger.info(f"new best {metric} {value:.4f} at step {trainer.step}")
 
     def after_train(self, trainer: DefaultTrainer) -> None:
         if trainer.failed or not self.cfg.save_last:
             return
-        path = self.checkpoint_dir(trainer) / f"step_{trainer.step:06d}.pt"
-        if not path.exists():
+        if not (trainer.run_dir.checkpoints / f"step_{trainer.step:06d}.pt").exists():
             self.save(trainer)
-        if self.cfg.export_ply and trainer.is_main:
-            ply = trainer.exp_dir / self.cfg.export_ply
-            save_ply(ply, trainer.model.params)
-            trainer.logger.info(f"wrote {ply} ({trainer.model.num_gaussians} Gaussians)")
 
     def save(self, trainer: DefaultTrainer) -> Path:
         """Write ``step_<NNNNNN>.pt`` and ``last.pt`` for the current step, then rotate old ones."""
-        directory = self.checkpoint_dir(trainer)
+        directory = trainer.run_dir.checkpoints
         path = directory / f"step_{trainer.step:06d}.pt"
         if not trainer.is_main:
             return path

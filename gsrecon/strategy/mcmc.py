@@ -9,19 +9,17 @@ the paper) is computed here in PyTorch: gsplat's version is a CUDA-only kernel.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from gsrecon.distributed import DistributedContext
 from gsrecon.geometry import quat_scale_to_factor
-from gsrecon.model.strategy import Strategy
 from gsrecon.registry import STRATEGY_REGISTRY
-
-if TYPE_CHECKING:
-    from gsrecon.engine.trainer import DefaultTrainer
+from gsrecon.strategy.base import SINGLE_PROCESS, Optimizers, Params, Strategy
 
 N_MAX = 51  # largest number of copies one relocation step accounts for (as gsplat)
 
@@ -55,31 +53,38 @@ class MCMCStrategy(Strategy):
             raise ValueError(f"strategy.refine_every must be >= 1, got {cfg.refine_every}")
         self.binoms = binomial_table(N_MAX)
 
-    def initialize(self, trainer: DefaultTrainer) -> None:
-        if trainer.model.num_gaussians > self.cfg.cap_max:
+    def check_sanity(self, params: Params, renderer_cfg: Mapping[str, Any]) -> None:
+        n = len(params["means"])
+        if n > self.cfg.cap_max:
             raise ValueError(
-                f"the model starts with {trainer.model.num_gaussians} Gaussians, more than "
-                f"strategy.cap_max={self.cfg.cap_max}; raise cap_max or start from fewer points"
+                f"the model starts with {n} Gaussians, more than strategy.cap_max={self.cfg.cap_max}; "
+                f"raise cap_max or start from fewer points"
             )
 
-    def regularization(self, trainer: DefaultTrainer, info: dict[str, Any]) -> Tensor | None:
-        params = trainer.model.params
+    def regularization(self, params: Params, state: dict[str, Any], info: dict[str, Any]) -> Tensor | None:
         return (
             self.cfg.opacity_reg * torch.sigmoid(params["opacities"]).mean()
             + self.cfg.scale_reg * torch.exp(params["scales"]).mean()
         )
 
     @torch.no_grad()
-    def step_post_backward(self, trainer: DefaultTrainer, info: dict[str, Any]) -> None:
-        cfg, step = self.cfg, trainer.step
-        params, optimizers = trainer.model.params, trainer.optimizers
+    def step_post_backward(
+        self,
+        params: Params,
+        optimizers: Optimizers,
+        state: dict[str, Any],
+        step: int,
+        info: dict[str, Any],
+        dist: DistributedContext = SINGLE_PROCESS,
+    ) -> None:
+        cfg = self.cfg
         if cfg.refine_start < step < cfg.refine_stop and step % cfg.refine_every == 0:
             self._relocate_dead(params, optimizers)
             n = params["means"].shape[0]
             self._add(params, optimizers, max(0, min(cfg.cap_max, int(cfg.grow_rate * n)) - n))
         inject_position_noise(params, optimizers["means"].param_groups[0]["lr"] * cfg.noise_lr)
 
-    def _relocate_dead(self, params: torch.nn.ParameterDict, optimizers: dict) -> None:
+    def _relocate_dead(self, params: Params, optimizers: Optimizers) -> None:
         opacities = torch.sigmoid(params["opacities"])
         dead = opacities <= self.cfg.min_opacity
         alive = (~dead).nonzero(as_tuple=True)[0]
@@ -100,7 +105,7 @@ class MCMCStrategy(Strategy):
 
         update_params(params, optimizers, param_fn, optimizer_fn)
 
-    def _add(self, params: torch.nn.ParameterDict, optimizers: dict, n: int) -> None:
+    def _add(self, params: Params, optimizers: Optimizers, n: int) -> None:
         if n <= 0:
             return
         opacities = torch.sigmoid(params["opacities"])
@@ -113,7 +118,7 @@ class MCMCStrategy(Strategy):
             lambda key, v: torch.cat([v, v.new_zeros((n, *v.shape[1:]))]),
         )
 
-    def _split_sources(self, params: torch.nn.ParameterDict, sources: Tensor) -> None:
+    def _split_sources(self, params: Params, sources: Tensor) -> None:
         """Give each sampled source the opacity and scale of one of its (1 + #samples) copies."""
         ratios = torch.bincount(sources, minlength=params["means"].shape[0])[sources] + 1  # [S]
         new_opacities, new_scales = relocation_update(
@@ -159,7 +164,7 @@ def relocation_update(opacities: Tensor, scales: Tensor, ratios: Tensor, binoms:
     return new_o.to(opacities.dtype), new_scales.to(scales.dtype)
 
 
-def inject_position_noise(params: torch.nn.ParameterDict, scale: float) -> None:
+def inject_position_noise(params: Params, scale: float) -> None:
     """Add noise ~ N(0, Σ) · gate(1 - opacity) · ``scale`` to the means (Eq. 10 of the paper)."""
     opacities = torch.sigmoid(params["opacities"])
     scales = torch.exp(params["scales"])
@@ -171,8 +176,8 @@ def inject_position_noise(params: torch.nn.ParameterDict, scale: float) -> None:
 
 
 def update_params(
-    params: torch.nn.ParameterDict,
-    optimizers: dict[str, torch.optim.Optimizer],
+    params: Params,
+    optimizers: Optimizers,
     param_fn: Callable[[str, Tensor], Tensor],
     optimizer_fn: Callable[[str, Tensor], Tensor],
 ) -> None:

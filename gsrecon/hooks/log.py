@@ -1,4 +1,4 @@
-"""LogHook: EMA loss, the progress bar, training scalars, validation metrics/images and metrics.json."""
+"""LogHook: EMA loss, the progress bar, training scalars, and validation metrics and images."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gsrecon.atomic import write_json
 from gsrecon.hooks.base import Hook, Priority
 from gsrecon.logging.console import ProgressLogger
 from gsrecon.registry import HOOK_REGISTRY
@@ -28,7 +27,7 @@ class LogHook(Hook):
       ``train/num_gaussians``, ``train/sh_degree`` and ``train/lr/<group>``;
     - every ``histogram_interval`` steps (0: never): histograms of opacities and log-scales;
     - after each validation: ``val/<metric>`` scalars, render | ground truth | depth images of the
-      first ``num_val_images`` views, a console line, and ``<exp_dir>/metrics.json`` (per view and mean).
+      first ``num_val_images`` views and a console line.
     """
 
     priority = Priority.BELOW_NORMAL
@@ -40,7 +39,6 @@ class LogHook(Hook):
         progress: bool = True  # draw the progress bar (on interactive terminals)
         num_val_images: int = 4  # validation views written as images
         histogram_interval: int = 0
-        metrics_file: str = "metrics.json"
 
     def __init__(self, cfg: Config) -> None:
         if cfg.log_interval < 1:
@@ -82,20 +80,21 @@ class LogHook(Hook):
                 f"{out['num_gaussians']} Gaussians, {speed:.1f} it/s"
             )
             self._mark = (step, now)
+        writers = trainer.writers
         if step % self.cfg.log_interval == 0:
-            trainer.write_scalar("train/loss", loss)
+            writers.write_scalar("train/loss", loss, step)
             if self.ema_loss is not None:
-                trainer.write_scalar("train/ema_loss", self.ema_loss)
-            trainer.write_scalar("train/l1", float(out["l1"]))
-            trainer.write_scalar("train/ssim", float(out["ssim"]))
-            trainer.write_scalar("train/num_gaussians", out["num_gaussians"])
-            trainer.write_scalar("train/sh_degree", out["sh_degree"])
+                writers.write_scalar("train/ema_loss", self.ema_loss, step)
+            writers.write_scalar("train/l1", float(out["l1"]), step)
+            writers.write_scalar("train/ssim", float(out["ssim"]), step)
+            writers.write_scalar("train/num_gaussians", out["num_gaussians"], step)
+            writers.write_scalar("train/sh_degree", out["sh_degree"], step)
             for name, optimizer in trainer.optimizers.items():
-                trainer.write_scalar(f"train/lr/{name}", optimizer.param_groups[0]["lr"])
+                writers.write_scalar(f"train/lr/{name}", optimizer.param_groups[0]["lr"], step)
         if self.cfg.histogram_interval > 0 and step % self.cfg.histogram_interval == 0:
             params = trainer.model.params
-            trainer.write_histogram("gaussians/opacity", torch.sigmoid(params["opacities"].detach()))
-            trainer.write_histogram("gaussians/log_scale", params["scales"].detach().flatten())
+            writers.write_histogram("gaussians/opacity", torch.sigmoid(params["opacities"].detach()), step)
+            writers.write_histogram("gaussians/log_scale", params["scales"].detach().flatten(), step)
 
     def after_val_iter(self, trainer: DefaultTrainer, index: int, outputs: dict[str, Any]) -> None:
         if index >= self.cfg.num_val_images:
@@ -104,28 +103,16 @@ class LogHook(Hook):
 
         depth = torch.from_numpy(depth_to_rgb(outputs["depth"][..., 0], outputs["alpha"][..., 0])).float() / 255.0
         panel = torch.cat([outputs["render"].cpu(), outputs["gt"].cpu(), depth], dim=1)  # [H, 3W, 3]
-        trainer.write_image(f"val/{outputs['name']}", panel)
+        trainer.writers.write_image(f"val/{outputs['name']}", panel, trainer.step)
 
     def after_val(self, trainer: DefaultTrainer) -> None:
         metrics = trainer.val_metrics
         for name, value in metrics.items():
             if value is not None:
-                trainer.write_scalar(f"val/{name}", value)
+                trainer.writers.write_scalar(f"val/{name}", value, trainer.step)
         text = ", ".join(f"{k} {v:.4f}" if v is not None else f"{k} n/a" for k, v in metrics.items())
         trainer.logger.info(f"step {trainer.step}: validation {text} ({len(trainer.val_results)} views)")
-        if trainer.is_main:
-            write_json(
-                trainer.exp_dir / self.cfg.metrics_file,
-                {
-                    "step": trainer.step,
-                    "num_gaussians": trainer.model.num_gaussians,
-                    "mean": metrics,
-                    "views": trainer.val_results,
-                    "lpips": trainer.metrics.lpips_info,
-                },
-            )
-        for writer in trainer.writers:
-            writer.flush()
+        trainer.writers.flush()
 
     def after_train(self, trainer: DefaultTrainer) -> None:
         if self._progress is not None:

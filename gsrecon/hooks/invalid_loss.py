@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gsrecon.engine.checkpoints import latest_checkpoint, non_finite
+from gsrecon.engine.checkpoints import non_finite
 from gsrecon.hooks.base import Hook, Priority
 from gsrecon.registry import HOOK_REGISTRY
 
@@ -52,7 +52,7 @@ class CheckInvalidLossHook(Hook):
 
 
 def _kept(trainer: DefaultTrainer) -> str:
-    steps = sorted(trainer.checkpoint_dir.glob("step_*.pt"))
-    last = steps[-1] if steps else latest_checkpoint(trainer.checkpoint_dir)
+    steps = sorted(trainer.run_dir.checkpoints.glob("step_*.pt"))
+    last = steps[-1] if steps else trainer.run_dir.latest_checkpoint()
     kept = f"the last good checkpoint {last} is kept" if last else "no checkpoint was written before"
     return f"training stopped ({kept}). Try lower learning rates or check the input images."

@@ -40,13 +40,13 @@ class IterTimerHook(Hook):
         step_time = time.perf_counter() - self._start
         self.total_time += step_time
         self._window.append((step_time, float(trainer.outputs.get("data_time", 0.0))))
-        trainer.outputs["step_time"] = step_time
         if trainer.step % self.cfg.log_interval == 0:
             mean_step = sum(s for s, _ in self._window) / len(self._window)
-            trainer.write_scalar("time/step_s", mean_step)
-            trainer.write_scalar("time/data_s", sum(d for _, d in self._window) / len(self._window))
-            trainer.write_scalar("time/it_s", 1.0 / max(mean_step, 1e-9))
-            trainer.write_scalar("time/total_s", self.total_time)
+            write = trainer.writers.write_scalar
+            write("time/step_s", mean_step, trainer.step)
+            write("time/data_s", sum(d for _, d in self._window) / len(self._window), trainer.step)
+            write("time/it_s", 1.0 / max(mean_step, 1e-9), trainer.step)
+            write("time/total_s", self.total_time, trainer.step)
             self._window.clear()
 
     def state_dict(self) -> dict[str, Any]:

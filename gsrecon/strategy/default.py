@@ -9,18 +9,17 @@ are summed over ranks under torchrun, and an opacity reset that actually runs (g
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from gsplat.strategy.ops import duplicate, remove, reset_opa, split
 from torch import Tensor
 
-from gsrecon.model.strategy import Strategy
+from gsrecon.distributed import DistributedContext
 from gsrecon.registry import STRATEGY_REGISTRY
-
-if TYPE_CHECKING:
-    from gsrecon.engine.trainer import DefaultTrainer
+from gsrecon.strategy.base import SINGLE_PROCESS, Optimizers, Params, Strategy
 
 
 @STRATEGY_REGISTRY.register("default")
@@ -59,45 +58,54 @@ class DefaultStrategy(Strategy):
         for name in ("refine_every", "reset_every"):
             if getattr(cfg, name) < 1:
                 raise ValueError(f"strategy.{name} must be >= 1, got {getattr(cfg, name)}")
-        # Running statistics per Gaussian [N]; gsplat's ops grow and shrink the tensors among them.
-        self.state: dict[str, Any] = {"grad2d": None, "count": None, "radii": None}
-        self.scene_scale = 1.0
 
-    def initialize(self, trainer: DefaultTrainer) -> None:
-        if self.cfg.absgrad and not trainer.renderer_cfg.get("absgrad", False):
+    def check_sanity(self, params: Params, renderer_cfg: Mapping[str, Any]) -> None:
+        if self.cfg.absgrad and not renderer_cfg.get("absgrad", False):
             raise ValueError("strategy.absgrad needs renderer.name=gsplat with renderer.absgrad=true")
-        if self.cfg.cap_max and trainer.model.num_gaussians > self.cfg.cap_max:
-            raise ValueError(
-                f"the model starts with {trainer.model.num_gaussians} Gaussians, more than "
-                f"strategy.cap_max={self.cfg.cap_max}"
-            )
-        self.scene_scale = trainer.scene_extent
+        n = len(params["means"])
+        if self.cfg.cap_max and n > self.cfg.cap_max:
+            raise ValueError(f"the model starts with {n} Gaussians, more than strategy.cap_max={self.cfg.cap_max}")
 
-    def step_pre_backward(self, trainer: DefaultTrainer, info: dict[str, Any]) -> None:
+    def initialize_state(self, scene_extent: float) -> dict[str, Any]:
+        """Running statistics per Gaussian [N] (gsplat's ops grow and shrink the tensors among them)."""
+        return {"grad2d": None, "count": None, "radii": None, "scene_scale": scene_extent}
+
+    def step_pre_backward(
+        self, params: Params, optimizers: Optimizers, state: dict[str, Any], step: int, info: dict[str, Any]
+    ) -> None:
         if torch.is_grad_enabled():
             info["means2d"].retain_grad()
 
     @torch.no_grad()
-    def step_post_backward(self, trainer: DefaultTrainer, info: dict[str, Any]) -> None:
-        cfg, step = self.cfg, trainer.step
+    def step_post_backward(
+        self,
+        params: Params,
+        optimizers: Optimizers,
+        state: dict[str, Any],
+        step: int,
+        info: dict[str, Any],
+        dist: DistributedContext = SINGLE_PROCESS,
+    ) -> None:
+        cfg = self.cfg
         if step >= cfg.refine_stop:
             return
-        self._accumulate(trainer, info)
-        params, optimizers = trainer.model.params, trainer.optimizers
+        self._accumulate(params, state, info, dist)
         if (
             step > cfg.refine_start
             and step % cfg.refine_every == 0
             and step % cfg.reset_every >= cfg.pause_refine_after_reset
         ):
-            self._grow(params, optimizers, step)
-            self._prune(params, optimizers, step)
-            for value in self.state.values():
-                if value is not None:
+            self._grow(params, optimizers, state, step)
+            self._prune(params, optimizers, state, step)
+            for value in state.values():
+                if isinstance(value, Tensor):
                     value.zero_()
         if step > 0 and step % cfg.reset_every == 0:
-            reset_opa(params=params, optimizers=optimizers, state=self.state, value=cfg.prune_opa * 2.0)
+            reset_opa(params=params, optimizers=optimizers, state=state, value=cfg.prune_opa * 2.0)
 
-    def _accumulate(self, trainer: DefaultTrainer, info: dict[str, Any]) -> None:
+    def _accumulate(
+        self, params: Params, state: dict[str, Any], info: dict[str, Any], dist: DistributedContext
+    ) -> None:
         """Add this step's normalised 2D gradient norms and visibility counts (summed over ranks).
 
         ``info`` is dense (``means2d`` / ``radii`` [C, N, 2]) or, from gsplat with ``packed``, one row
@@ -114,64 +122,58 @@ class DefaultStrategy(Strategy):
             visible = (radii > 0).all(dim=-1)  # [C, N]
             ids = torch.where(visible)[1]  # [nnz]
             grads, radii = grads[visible], radii[visible]  # [nnz, 2]
-        n = trainer.model.num_gaussians
+        n = len(params["means"])
         grad_norm = grads.new_zeros(n).index_add_(0, ids, grads.norm(dim=-1))  # [N]
         count = grads.new_zeros(n).index_add_(0, ids, torch.ones_like(ids, dtype=grads.dtype))  # [N]
         increments = [grad_norm, count]
         if self.cfg.refine_scale2d_stop > 0:
             screen = radii.max(dim=-1).values.to(grads.dtype) / float(max(info["width"], info["height"]))
             increments.append(grads.new_zeros(n).scatter_reduce_(0, ids, screen, "amax"))  # [N]
-        trainer.dist.all_reduce_sum(increments[:2])
-        if self.state["grad2d"] is None:
-            self.state["grad2d"] = torch.zeros(n, device=grads.device)
-            self.state["count"] = torch.zeros(n, device=grads.device)
-        self.state["grad2d"] += grad_norm
-        self.state["count"] += count
+        dist.all_reduce_sum(increments[:2])
+        if state["grad2d"] is None:
+            state["grad2d"] = torch.zeros(n, device=grads.device)
+            state["count"] = torch.zeros(n, device=grads.device)
+        state["grad2d"] += grad_norm
+        state["count"] += count
         if self.cfg.refine_scale2d_stop > 0:
-            trainer.dist.all_reduce_max(increments[2])
-            if self.state["radii"] is None:
-                self.state["radii"] = torch.zeros(n, device=grads.device)
-            self.state["radii"] = torch.maximum(self.state["radii"], increments[2])
+            dist.all_reduce_max(increments[2])
+            if state["radii"] is None:
+                state["radii"] = torch.zeros(n, device=grads.device)
+            state["radii"] = torch.maximum(state["radii"], increments[2])
 
-    def _grow(self, params: torch.nn.ParameterDict, optimizers: dict, step: int) -> None:
+    def _grow(self, params: Params, optimizers: Optimizers, state: dict[str, Any], step: int) -> None:
         cfg = self.cfg
-        grads = self.state["grad2d"] / self.state["count"].clamp_min(1)  # [N]
+        grads = state["grad2d"] / state["count"].clamp_min(1)  # [N]
         high = grads > cfg.grow_grad2d
-        small = torch.exp(params["scales"]).max(dim=-1).values <= cfg.grow_scale3d * self.scene_scale
+        small = torch.exp(params["scales"]).max(dim=-1).values <= cfg.grow_scale3d * state["scene_scale"]
         is_dupli = high & small
         is_split = high & ~small
         if step < cfg.refine_scale2d_stop:
-            is_split |= self.state["radii"] > cfg.grow_scale2d
+            is_split |= state["radii"] > cfg.grow_scale2d
         if cfg.cap_max > 0:
             is_dupli, is_split = _limit_growth(is_dupli, is_split, grads, cfg.cap_max - len(grads))
         n_dupli = int(is_dupli.sum())
         if n_dupli > 0:
-            duplicate(params=params, optimizers=optimizers, state=self.state, mask=is_dupli)
+            duplicate(params=params, optimizers=optimizers, state=state, mask=is_dupli)
         is_split = torch.cat([is_split, torch.zeros(n_dupli, dtype=torch.bool, device=is_split.device)])
         if is_split.any():
             split(
                 params=params,
                 optimizers=optimizers,
-                state=self.state,
+                state=state,
                 mask=is_split,
                 revised_opacity=cfg.revised_opacity,
             )
 
-    def _prune(self, params: torch.nn.ParameterDict, optimizers: dict, step: int) -> None:
+    def _prune(self, params: Params, optimizers: Optimizers, state: dict[str, Any], step: int) -> None:
         cfg = self.cfg
         is_prune = torch.sigmoid(params["opacities"]) < cfg.prune_opa
         if step > cfg.reset_every:
-            is_prune |= torch.exp(params["scales"]).max(dim=-1).values > cfg.prune_scale3d * self.scene_scale
+            is_prune |= torch.exp(params["scales"]).max(dim=-1).values > cfg.prune_scale3d * state["scene_scale"]
             if step < cfg.refine_scale2d_stop:
-                is_prune |= self.state["radii"] > cfg.prune_scale2d
+                is_prune |= state["radii"] > cfg.prune_scale2d
         if is_prune.any():
-            remove(params=params, optimizers=optimizers, state=self.state, mask=is_prune)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.state.items() if v is not None}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.state = {"grad2d": None, "count": None, "radii": None, **state}
+            remove(params=params, optimizers=optimizers, state=state, mask=is_prune)
 
 
 def _limit_growth(is_dupli: Tensor, is_split: Tensor, grads: Tensor, budget: int) -> tuple[Tensor, Tensor]:

@@ -1,0 +1,205 @@
+"""A run's config and the components built from it: one place for the trainer and for inference.
+
+:class:`RunConfig` is the schema of a run's YAML. The functions here resolve its registry entries
+(defaults filled in, unknown names and bad arguments refused before any work) and build the pieces
+a run is made of. Nothing here imports the trainer, the hooks or the strategies: a registry imports
+its built-ins when an entry is first looked up, so ``gsrecon eval/export/render`` stay light.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from gsrecon.config import ConfigError, entry_map, load_config, parse_structured, resolved_entry, to_container
+from gsrecon.data.cameras import Scene
+from gsrecon.data.datapipeline import DataPipeline
+from gsrecon.distributed import DistributedContext
+from gsrecon.losses import LossConfig
+from gsrecon.lpips_weights import LPIPS_NETS
+from gsrecon.metrics import MetricsConfig
+from gsrecon.model.optim import OptimizerConfig, SchedulerConfig
+from gsrecon.registry import (
+    HOOK_REGISTRY,
+    MODEL_REGISTRY,
+    RENDERER_REGISTRY,
+    STRATEGY_REGISTRY,
+    WRITER_REGISTRY,
+    Registry,
+    RegistryError,
+)
+
+if TYPE_CHECKING:
+    from gsrecon.hooks.base import Hook
+
+# The hooks of a run whose YAML lists none; a YAML's `hooks:` adds to, reconfigures or removes (null) these.
+DEFAULT_HOOKS: dict[str, dict[str, Any]] = {
+    "IterTimerHook": {},
+    "CheckInvalidLossHook": {},
+    "LogHook": {},
+    "MetricsHook": {},
+    "CheckPointHook": {},
+    "ExportHook": {},
+}
+
+
+@dataclass
+class RunConfig:
+    """One training run, as written in its YAML (the schema of ``DefaultTrainer.Config``)."""
+
+    exp_dir: str = "outputs/run"
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    num_threads: int = 0  # torch CPU threads; 0 keeps torch's default
+    max_steps: int = 30_000
+    val_interval: int = 1_000  # validate every this many steps and after the last one
+    resume: Any = False  # false | true (newest checkpoint of exp_dir) | a checkpoint path
+    imports: list[str] = field(default_factory=list)  # modules or .py files imported before building
+    data: DataPipeline.Config = field(default_factory=DataPipeline.Config)
+    model: dict[str, Any] = field(default_factory=lambda: {"name": "gaussians"})
+    renderer: dict[str, Any] = field(default_factory=lambda: {"name": "auto"})
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    strategy: dict[str, Any] = field(default_factory=lambda: {"name": "none"})
+    loss: LossConfig = field(default_factory=LossConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    writers: list[dict[str, Any]] = field(default_factory=lambda: [{"name": "TensorboardWriter"}])
+    hooks: Any = None  # {entry key: arguments} (see gsrecon.config); None: DEFAULT_HOOKS
+
+
+def load_run_config(path: str, overrides: Sequence[str] = ()) -> tuple[RunConfig, str]:
+    """A run's YAML (on top of :data:`DEFAULT_HOOKS`) plus ``key=value`` overrides, validated.
+
+    Returns the config and a description of its source for messages.
+    """
+    source = str(path) + (" + command line" if overrides else "")
+    raw = load_config(path, overrides, defaults={"hooks": DEFAULT_HOOKS})
+    return parse_structured(RunConfig, raw, source=source), source
+
+
+def check_run_config(cfg: RunConfig, source: str) -> None:
+    """Refuse top-level values that no component checks."""
+    if cfg.max_steps < 1:
+        raise ConfigError(f"{source}: key 'max_steps': must be >= 1, got {cfg.max_steps}")
+    if cfg.val_interval < 1:
+        raise ConfigError(f"{source}: key 'val_interval': must be >= 1, got {cfg.val_interval}")
+    if not 0 <= cfg.loss.ssim_lambda <= 1:  # also refuses NaN
+        raise ConfigError(f"{source}: key 'loss.ssim_lambda': must be in [0, 1], got {cfg.loss.ssim_lambda}")
+    if not (cfg.resume is None or isinstance(cfg.resume, (bool, str))):
+        raise ConfigError(f"{source}: key 'resume': must be true, false or a checkpoint path, got {cfg.resume!r}")
+    if cfg.metrics.lpips_net not in (*LPIPS_NETS, "none"):
+        raise ConfigError(
+            f"{source}: key 'metrics.lpips_net': must be one of {', '.join(LPIPS_NETS)} or none, "
+            f"got '{cfg.metrics.lpips_net}'"
+        )
+
+
+def resolve_device(name: str, dist: DistributedContext) -> torch.device:
+    """``auto`` is CUDA when available; under torchrun ``cuda`` is this process's GPU."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device '{name}' was asked for but CUDA is not available; use device=cpu")
+        if name == "cuda" and dist.world_size > 1:
+            name = f"cuda:{dist.local_rank}"
+    elif name != "cpu":
+        raise ConfigError(f"key 'device': must be auto, cpu, cuda or cuda:N, got '{name}'")
+    return torch.device(name)
+
+
+def resolve_entry(
+    registry: Registry, entry: dict[str, Any], source: str, key: str, extra: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """A registry entry ``{name, **args}`` with its defaults filled in; keys in ``extra`` pass through."""
+    entry = dict(entry)
+    if "name" not in entry:
+        raise ConfigError(f"{source}: key '{key}': needs a 'name' (one of {', '.join(registry.names())})")
+    try:
+        cls = registry.get(entry["name"])
+    except RegistryError as exc:
+        raise ConfigError(f"{source}: key '{key}.name': {exc}") from None
+    passthrough = {k: entry.pop(k) for k in extra if k in entry}
+    name = entry.pop("name")
+    return {"name": name, **passthrough, **resolved_entry(cls, entry, source, key)}
+
+
+def resolve_renderer_entry(entry: dict[str, Any], device: torch.device, source: str) -> dict[str, Any]:
+    """``name: auto`` becomes gsplat on CUDA (when installed) and torch elsewhere."""
+    entry = dict(entry)
+    name = entry.get("name", "auto")
+    if name == "auto":
+        entry["name"] = "gsplat" if device.type == "cuda" and "gsplat" in RENDERER_REGISTRY else "torch"
+    elif name not in RENDERER_REGISTRY:
+        known = ", ".join(["auto", *RENDERER_REGISTRY.names()])
+        raise ConfigError(f"{source}: key 'renderer.name': unknown renderer '{name}'; known renderers: {known}")
+    return resolve_entry(RENDERER_REGISTRY, entry, source, "renderer")
+
+
+def resolve_hooks(hooks: Any, source: str) -> dict[str, dict[str, Any]]:
+    """The ``hooks:`` entries with defaults and priorities filled in, in the order they run.
+
+    Order: priority (the entry's ``priority``, else the class's), then listing order. Each value is
+    ``{name (when it differs from the key), priority, **arguments}``.
+    """
+    from gsrecon.hooks.base import get_priority
+
+    entries = DEFAULT_HOOKS if hooks is None else entry_map(hooks)
+    resolved: list[tuple[int, int, str, dict[str, Any]]] = []
+    for index, (key, args) in enumerate(entries.items()):
+        if args is None:
+            continue
+        args = {"name": key, **args}
+        try:
+            cls = HOOK_REGISTRY.get(args["name"])
+        except RegistryError as exc:
+            present = ", ".join(k for k in entries if k != key) or "none"
+            raise ConfigError(f"{source}: key 'hooks.{key}': {exc}; this config's other hooks: {present}") from None
+        entry = resolve_entry(HOOK_REGISTRY, args, source, f"hooks.{key}", extra=("priority",))
+        try:
+            priority = get_priority(entry.pop("priority", cls.priority))
+        except ValueError as exc:
+            raise ConfigError(f"{source}: key 'hooks.{key}.priority': {exc}") from None
+        name = entry.pop("name")
+        resolved.append(
+            (priority, index, key, {**({"name": name} if name != key else {}), "priority": priority, **entry})
+        )
+    return {key: entry for _, _, key, entry in sorted(resolved, key=lambda t: (t[0], t[1]))}
+
+
+def build_hooks(resolved: dict[str, dict[str, Any]]) -> dict[str, Hook]:
+    """Hook objects from :func:`resolve_hooks` entries, keyed and ordered as given."""
+    hooks = {}
+    for key, entry in resolved.items():
+        args = {k: v for k, v in entry.items() if k != "priority"}
+        hook = HOOK_REGISTRY.build({"name": key, **args})
+        hook.priority = entry["priority"]
+        hooks[key] = hook
+    return hooks
+
+
+def resolve_run_config(cfg: RunConfig, device: torch.device, source: str) -> dict[str, Any]:
+    """The run's config as plain data with every registry entry resolved: what ``config.yaml`` holds."""
+    resolved = to_container(cfg)
+    resolved.pop("resume")
+    resolved["model"] = resolve_entry(MODEL_REGISTRY, cfg.model, source, "model")
+    resolved["renderer"] = resolve_renderer_entry(cfg.renderer, device, source)
+    resolved["strategy"] = resolve_entry(STRATEGY_REGISTRY, cfg.strategy, source, "strategy")
+    resolved["writers"] = [resolve_entry(WRITER_REGISTRY, w, source, f"writers.{i}") for i, w in enumerate(cfg.writers)]
+    resolved["hooks"] = resolve_hooks(cfg.hooks, source)
+    return resolved
+
+
+def build_model(entry: dict[str, Any], scene: Scene, seed: int, source: str = "config") -> torch.nn.Module:
+    """The ``model:`` entry's class, initialised from ``scene`` with its ``from_scene``."""
+    args = dict(entry)
+    cls = MODEL_REGISTRY.get(args.pop("name"))
+    return cls.from_scene(parse_structured(cls.Config, args, source, "model"), scene, seed)
+
+
+def structural_keys(model_entry: dict[str, Any]) -> tuple[str, ...]:
+    """The ``model:`` keys that decide the parameters' shapes (a checkpoint resumes only if they match)."""
+    return ("name", *getattr(MODEL_REGISTRY.get(model_entry["name"]), "structural_keys", ()))

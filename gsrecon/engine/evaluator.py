@@ -1,0 +1,60 @@
+"""Scoring rendered views against their ground truth: one loop for validation and ``gsrecon eval``."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from gsrecon.data.datapipeline import Batch
+from gsrecon.logging.console import Logger
+from gsrecon.metrics import ImageMetrics
+from gsrecon.render.base import RenderOutput
+
+
+def build_metrics(lpips_net: str, device: torch.device, logger: Logger) -> ImageMetrics:
+    """PSNR/SSIM/LPIPS, built without touching the global RNG; their warnings (e.g. missing LPIPS
+    weights) go to ``logger`` once."""
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        metrics = ImageMetrics(lpips_net=lpips_net, device=device)
+    for warning in caught:
+        logger.warning(str(warning.message))
+    return metrics
+
+
+@torch.no_grad()
+def evaluate_views(
+    render: Callable[[Batch], RenderOutput],
+    batches: Iterable[Batch],
+    metrics: ImageMetrics,
+    before_view: Callable[[int], None] | None = None,
+    after_view: Callable[[int, dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Render and score each single-view batch; returns ``[{"name", "psnr", "ssim", "lpips"}]`` per view.
+
+    ``before_view(index)`` runs before a view is rendered, ``after_view(index, outputs)`` after it is
+    scored, with ``outputs``: ``name``, ``render`` / ``gt`` [H, W, 3] in [0, 1], ``depth`` / ``alpha``
+    [H, W, 1] and ``metrics``.
+    """
+    results = []
+    for index, batch in enumerate(batches):
+        if before_view is not None:
+            before_view(index)
+        out = render(batch)
+        image = out.image[0].clamp(0.0, 1.0)  # [H, W, 3]
+        scores = metrics(image, batch.images[0])
+        if after_view is not None:
+            outputs = {
+                "name": batch.names[0],
+                "render": image,
+                "gt": batch.images[0],
+                "depth": out.depth[0],
+                "alpha": out.alpha[0],
+                "metrics": scores,
+            }
+            after_view(index, outputs)
+        results.append({"name": batch.names[0], **scores})
+    return results

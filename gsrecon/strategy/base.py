@@ -1,0 +1,73 @@
+"""The :class:`Strategy` interface: functions of explicit state, as gsplat's strategies are.
+
+A strategy never sees the trainer. It gets the Gaussian parameters, their optimisers, its own state
+dict (made by :meth:`Strategy.initialize_state`, held by the caller and saved in checkpoints), the
+step and the render info, and changes the parameters and optimiser states in place.
+
+Per step, in this order: ``step_pre_backward`` after rendering (to ask for the statistics it needs,
+e.g. ``info["means2d"].retain_grad()``), ``regularization`` (extra loss terms), then, after the
+optimiser step, ``step_post_backward`` (densify, prune or relocate).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gsrecon.distributed import DistributedContext
+from gsrecon.registry import STRATEGY_REGISTRY
+
+Params = torch.nn.ParameterDict  # pre-activation Gaussian parameters keyed by gsrecon.model.gaussians.PARAM_NAMES
+Optimizers = Mapping[str, torch.optim.Optimizer]  # one optimiser per parameter name
+
+SINGLE_PROCESS = DistributedContext()
+
+
+class Strategy:
+    """Base class: keeps the Gaussians as they are."""
+
+    @dataclass
+    class Config:
+        pass
+
+    def __init__(self, cfg: Any) -> None:
+        self.cfg = cfg
+
+    def check_sanity(self, params: Params, renderer_cfg: Mapping[str, Any]) -> None:
+        """Refuse, before training, a model or renderer this strategy cannot work with."""
+
+    def initialize_state(self, scene_extent: float) -> dict[str, Any]:
+        """The strategy's running state for a new run (a dict of tensors and numbers)."""
+        return {}
+
+    def step_pre_backward(
+        self, params: Params, optimizers: Optimizers, state: dict[str, Any], step: int, info: dict[str, Any]
+    ) -> None:
+        """After the render of ``step``, before ``loss.backward()``."""
+
+    def regularization(self, params: Params, state: dict[str, Any], info: dict[str, Any]) -> Tensor | None:
+        """Extra loss terms this strategy needs (e.g. MCMC's opacity and scale penalties), or None."""
+        return None
+
+    def step_post_backward(
+        self,
+        params: Params,
+        optimizers: Optimizers,
+        state: dict[str, Any],
+        step: int,
+        info: dict[str, Any],
+        dist: DistributedContext = SINGLE_PROCESS,
+    ) -> None:
+        """After the optimiser step of ``step`` (0-based); may change the number of Gaussians.
+
+        ``dist`` sums statistics over torchrun processes, so that every rank decides alike.
+        """
+
+
+@STRATEGY_REGISTRY.register("none")
+class NoStrategy(Strategy):
+    """No densification: the initial Gaussians are only optimised."""
