@@ -304,5 +304,61 @@ def test_image_size_disagreeing_with_w_h(tmp_path: Path) -> None:
 
 def test_non_numeric_intrinsic(tmp_path: Path) -> None:
     _write_ngp(tmp_path, fl_y="52")
-    with pytest.raises(DatasetError, match=r"transforms\.json: frame .*: 'fl_y' must be a finite number, got '52'"):
+    with pytest.raises(DatasetError, match=r"transforms\.json: frame .*: 'fl_y' must be a finite number > 0, got '52'"):
+        load_blender(str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"fl_x": 0.0}, "'fl_x' must be a finite number > 0, got 0.0"),
+        ({"fl_y": -52.0}, "'fl_y' must be a finite number > 0, got -52.0"),
+        ({"cx": -1.0}, "'cx' must be a finite number > 0, got -1.0"),
+        ({"w": 0}, "'w' must be a finite number > 0, got 0"),
+        ({"fl_x": None, "camera_angle_x": 0.0}, "'camera_angle_x' must be a finite number > 0, got 0.0"),
+        (
+            {"fl_x": None, "camera_angle_x": 50.0},
+            r"'camera_angle_x' must be below pi \(180 degrees, in radians\), got 50.0",
+        ),
+        ({"fl_y": None, "camera_angle_y": -0.5}, "'camera_angle_y' must be a finite number > 0, got -0.5"),
+    ],
+)
+def test_bad_intrinsics_name_the_file_frame_and_key(tmp_path: Path, fields: dict, message: str) -> None:
+    _write_ngp(tmp_path, **fields)
+    with pytest.raises(DatasetError, match=rf"transforms\.json: frame 'images/frame_00000\.jpg': {message}"):
+        load_blender(str(tmp_path))
+
+
+def test_bad_per_frame_focal_names_that_frame(tmp_path: Path) -> None:
+    content = _write_ngp(tmp_path)
+    content["frames"][3]["fl_x"] = -70.0
+    (tmp_path / "transforms.json").write_text(json.dumps(content))
+    with pytest.raises(
+        DatasetError, match=r"transforms\.json: frame 'images/frame_00003\.jpg': 'fl_x' must be a finite number > 0"
+    ):
+        load_blender(str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("row", "col", "value", "shown"),
+    [
+        (0, 3, float("nan"), "nan"),
+        (1, 1, float("inf"), "inf"),
+        (slice(0, 3), 0, 0.0, r"\[\[0\.0, "),  # a singular rotation
+        (3, slice(None), 0.0, r"\[0\.0, 0\.0, 0\.0, 0\.0\]\]"),  # a singular 4x4 with an invertible rotation
+    ],
+)
+def test_non_finite_or_singular_transform_matrix_names_the_file_frame_and_value(
+    tmp_path: Path, row, col, value: float, shown: str
+) -> None:
+    content = _write_ngp(tmp_path)
+    matrix = np.array(content["frames"][4]["transform_matrix"])
+    matrix[row, col] = value
+    content["frames"][4]["transform_matrix"] = matrix.tolist()
+    (tmp_path / "transforms.json").write_text(json.dumps(content))
+    with pytest.raises(
+        DatasetError,
+        match=rf"transforms\.json: frame 'images/frame_00004\.jpg': 'transform_matrix' must be a finite, invertible "
+        rf"4x4 \(or 3x4\) matrix with last row \[0, 0, 0, 1\], got .*{shown}",
+    ):
         load_blender(str(tmp_path))

@@ -3,6 +3,7 @@ a real scene."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,7 @@ from gsrecon.data.colmap_format import (
 from gsrecon.data.errors import DatasetError
 from gsrecon.data.images import read_image, to_uint8, write_png
 from gsrecon.geometry import rotmat_to_quat
+from gsrecon.model.gaussians import GaussianModel
 
 torch.set_num_threads(1)
 
@@ -463,12 +465,61 @@ def test_image_size_disagreeing_with_camera(scene_dir: Path) -> None:
         load_colmap(str(scene_dir))
 
 
-def test_empty_point_cloud(tmp_path: Path) -> None:
+@pytest.mark.parametrize("ext", [".bin", ".txt"])
+@pytest.mark.parametrize(
+    ("camera_model", "params", "message"),
+    [
+        ("PINHOLE", [0.0, 61.0, 31.3, 24.7], "'fx' must be a finite number > 0, got 0.0"),
+        ("PINHOLE", [58.0, -61.0, 31.3, 24.7], "'fy' must be a finite number > 0, got -61.0"),
+        ("PINHOLE", [58.0, 61.0, float("nan"), 24.7], "'cx' must be a finite number > 0, got nan"),
+        ("PINHOLE", [58.0, 61.0, 31.3, float("inf")], "'cy' must be a finite number > 0, got inf"),
+        ("SIMPLE_PINHOLE", [-58.0, 31.3, 24.7], "'f' must be a finite number > 0, got -58.0"),
+        ("SIMPLE_RADIAL", [58.0, 0.0, 24.7, 0.1], "'cx' must be a finite number > 0, got 0.0"),
+        ("OPENCV", [58.0, 61.0, 31.3, 24.7, float("nan"), 0, 0, 0], "'k1' must be a finite number, got nan"),
+        ("OPENCV_FISHEYE", [58.0, float("-inf"), 31.3, 24.7, 0, 0, 0, 0], "'fy' must be a finite number > 0"),
+    ],
+)
+def test_bad_intrinsics_name_the_file_camera_and_value(
+    tmp_path: Path, ext: str, camera_model: str, params: list[float], message: str
+) -> None:
+    root, _, _ = _make_scene(tmp_path / "s", ext, camera_model=camera_model, params=params)
+    with pytest.raises(DatasetError, match=rf"cameras\{ext}: camera 1 \({camera_model}\): {message}"):
+        load_colmap(str(root))
+
+
+@pytest.mark.parametrize(
+    ("ext", "name"),
+    [(ext, name) for ext in (".bin", ".txt") for name in ("../x.png", "sub/../../x.png", "/etc/passwd")]
+    + [(".bin", "")],  # images.txt cannot hold an empty name
+)
+def test_image_names_leaving_the_images_folder_are_refused(tmp_path: Path, ext: str, name: str) -> None:
+    root, model, _ = _make_scene(tmp_path / "s", ext)
+    model.images[3].name = name
+    write_model(model, root / "sparse" / "0", ext)
+    with pytest.raises(DatasetError, match=rf"images\{ext}: image 3 has the name {re.escape(repr(name))}"):
+        load_colmap(str(root))
+
+
+@pytest.mark.parametrize("ext", [".bin", ".txt"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_points_are_refused(tmp_path: Path, ext: str, value: float) -> None:
+    root, model, _ = _make_scene(tmp_path / "s", ext)
+    model.points.xyz[5, 1] = value
+    write_model(model, root / "sparse" / "0", ext)
+    with pytest.raises(DatasetError, match=rf"points3D\{ext}: point 5 has a non-finite position \[.*{value}.*\]"):
+        load_colmap(str(root))
+
+
+def test_empty_point_cloud_loads_for_random_init(tmp_path: Path) -> None:
     root, model, _ = _make_scene(tmp_path / "s")
     model.points = ColmapPoints.empty()
     write_model(model, root / "sparse" / "0")
-    with pytest.raises(DatasetError, match=r"points3D\.bin: the point cloud is empty"):
-        load_colmap(str(root))
+    scene = load_colmap(str(root))
+    assert scene.points.shape == (0, 3) and scene.colors.shape == (0, 3) and len(scene.train) == 8
+    gaussians = GaussianModel.from_scene(GaussianModel.Config(init="random", init_num_points=50), scene)
+    assert gaussians.num_gaussians == 50
+    with pytest.raises(ValueError, match=r"model.init is 'sfm' but the dataset has no points; use model.init=random"):
+        GaussianModel.from_scene(GaussianModel.Config(init="sfm"), scene)
 
 
 def test_image_with_undefined_camera(tmp_path: Path) -> None:

@@ -1,6 +1,9 @@
-"""Optimisers: row-sparse Adam for renderers that return sparse gradients (gsplat's ``sparse_grad``)."""
+"""Optimisers: row-sparse Adam for renderers that return sparse gradients (gsplat's ``sparse_grad``); learning-rate
+and schedule settings checked when the config is read."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
@@ -8,7 +11,7 @@ from conftest import read_scalars
 from torch import Tensor
 
 from gsrecon.engine.checkpoints import load_checkpoint_file
-from gsrecon.model.optim import RowSparseAdam
+from gsrecon.model.optim import OptimizerConfig, RowSparseAdam, SchedulerConfig
 from gsrecon.registry import RENDERER_REGISTRY
 from gsrecon.render.torch_renderer import TorchRenderer
 
@@ -78,3 +81,36 @@ def test_sparse_gradients_train_densify_and_resume_exactly(make_trainer) -> None
     for step in range(4, 9):
         assert res[step] == pytest.approx(ref[step], rel=1e-5)
     assert torch.equal(resumed.model.params["means"], full.model.params["means"])
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("means", -1.0, "optimizer.means must be a finite number >= 0, got -1.0"),
+        ("scales", float("nan"), "optimizer.scales must be a finite number >= 0, got nan"),
+        ("shN", float("inf"), "optimizer.shN must be a finite number >= 0, got inf"),
+        ("eps", 0.0, "optimizer.eps must be a finite number > 0, got 0.0"),
+        ("eps", float("nan"), "optimizer.eps must be a finite number > 0, got nan"),
+    ],
+)
+def test_negative_or_non_finite_learning_rates_are_refused_naming_the_key(key: str, value: float, message: str) -> None:
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}"):
+        OptimizerConfig(**{key: value})
+
+
+def test_a_zero_learning_rate_freezes_a_group() -> None:
+    assert OptimizerConfig(means=0.0).means == 0.0
+
+
+@pytest.mark.parametrize(
+    ("final_factor", "message"),
+    [
+        ({"means": 0.0}, r"scheduler.final_factor.means must be in \(0, 1\], got 0.0"),
+        ({"means": float("nan")}, r"scheduler.final_factor.means must be in \(0, 1\], got nan"),
+        ({"sh0": 2.0}, r"scheduler.final_factor.sh0 must be in \(0, 1\], got 2.0"),
+        ({"colours": 0.5}, "scheduler.final_factor names unknown group 'colours'; groups: means, scales"),
+    ],
+)
+def test_bad_schedules_are_refused_when_the_config_is_read(final_factor: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SchedulerConfig(final_factor=final_factor)

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from gsrecon.data.cameras import Frame, Scene
-from gsrecon.data.errors import DatasetError
+from gsrecon.data.errors import DatasetError, checked_number
 from gsrecon.data.images import IMAGE_EXTENSIONS, check_factor, load_camera_image, read_image_size
 from gsrecon.data.splits import NameList, check_eval_split, evenly_spaced, frame_name, listed_as_test, split_frames
 from gsrecon.data.undistort import SUPPORTED_MODELS, Distortion, fov_to_focal, intrinsics_matrix
@@ -164,12 +164,14 @@ def _image_path(root: Path, json_path: Path, file_path: str) -> Path:
 
 
 def _number(fields: dict, key: str, json_path: Path, where: str) -> float | None:
+    """The finite number ``fields[key]`` (> 0 for sizes, focal lengths, principal point and angles), or None."""
     value = fields.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise DatasetError(f"{json_path}: {where}: '{key}' must be a finite number, got {value!r}")
-    return float(value)
+    number = checked_number(f"{json_path}: {where}", key, value, positive=key in _INTRINSIC_KEYS)
+    if key.startswith("camera_angle") and number >= math.pi:
+        raise DatasetError(f"{json_path}: {where}: '{key}' must be below pi (180 degrees, in radians), got {value!r}")
+    return number
 
 
 def _frame(root: Path, entry: _Entry, name: str, factor: int) -> Frame:
@@ -242,6 +244,15 @@ def _viewmat(transform_matrix: Any, json_path: Path, where: str) -> np.ndarray:
         raise DatasetError(f"{json_path}: {where}: 'transform_matrix' is not a 4x4 matrix of numbers") from err
     if c2w.shape == (3, 4):
         c2w = np.vstack([c2w, [0.0, 0.0, 0.0, 1.0]])
-    if c2w.shape != (4, 4) or not np.isfinite(c2w).all() or abs(np.linalg.det(c2w[:3, :3])) < 1e-12:
-        raise DatasetError(f"{json_path}: {where}: 'transform_matrix' must be an invertible 4x4 (or 3x4) matrix")
+    usable = (
+        c2w.shape == (4, 4)
+        and np.isfinite(c2w).all()
+        and abs(np.linalg.det(c2w[:3, :3])) >= 1e-12
+        and np.array_equal(c2w[3], [0.0, 0.0, 0.0, 1.0])
+    )
+    if not usable:
+        raise DatasetError(
+            f"{json_path}: {where}: 'transform_matrix' must be a finite, invertible 4x4 (or 3x4) matrix with last "
+            f"row [0, 0, 0, 1], got {c2w.round(4).tolist()}"
+        )
     return np.linalg.inv(c2w @ OPENGL_TO_OPENCV)

@@ -35,9 +35,11 @@ def load_colmap(path: str, factor: int = 1, eval_split: str = "every_8", max_ima
             the extension optional).
         max_images: if > 0, keep this many evenly spaced images (in name order) before splitting.
 
+    The point cloud may be empty (a model without SfM points); the Gaussians then need ``model.init=random``.
+
     Raises:
-        DatasetError: missing or malformed files, unsupported cameras, images that disagree with
-            their camera, an empty point cloud; the message names the file.
+        DatasetError: missing or malformed files, impossible values (see :mod:`gsrecon.data.colmap_format`),
+            unsupported cameras, images that disagree with their camera; the message names the file.
     """
     check_factor(factor)
     check_eval_split(eval_split)
@@ -47,11 +49,9 @@ def load_colmap(path: str, factor: int = 1, eval_split: str = "every_8", max_ima
     sparse_dir = find_sparse_dir(root)
     model = read_model(sparse_dir)
     ext = ".bin" if (sparse_dir / "cameras.bin").is_file() else ".txt"
-    images_file, points_file = sparse_dir / f"images{ext}", sparse_dir / f"points3D{ext}"
+    images_file = sparse_dir / f"images{ext}"
     if not model.images:
         raise DatasetError(f"{images_file}: the model has no registered images")
-    if len(model.points) == 0:
-        raise DatasetError(f"{points_file}: the point cloud is empty (rerun the reconstruction)")
 
     all_images = sorted(model.images.values(), key=lambda image: image.name)
     keep = evenly_spaced(len(all_images), max_images)

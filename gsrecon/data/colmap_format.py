@@ -2,44 +2,49 @@
 
 The layout follows COLMAP's documented output format. Poses are COLMAP's: ``qvec`` (w, x, y, z) and
 ``tvec`` map world to camera in the OpenCV convention. Malformed files raise :class:`DatasetError`
-naming the file and what is wrong.
+naming the file and what is wrong, and so do values no scene can have: camera parameters that are not
+finite, focal lengths or principal points <= 0, image names that leave the images folder, points at
+non-finite positions. The writers check the structure only, so that such files can be written.
 """
 
 from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import numpy as np
 import torch
 
-from gsrecon.data.errors import DatasetError
+from gsrecon.data.errors import DatasetError, checked_number
 from gsrecon.geometry import quat_to_rotmat
 
-# COLMAP camera model id -> (name, number of parameters).
-CAMERA_MODELS: dict[int, tuple[str, int]] = {
-    0: ("SIMPLE_PINHOLE", 3),
-    1: ("PINHOLE", 4),
-    2: ("SIMPLE_RADIAL", 4),
-    3: ("RADIAL", 5),
-    4: ("OPENCV", 8),
-    5: ("OPENCV_FISHEYE", 8),
-    6: ("FULL_OPENCV", 12),
-    7: ("FOV", 5),
-    8: ("SIMPLE_RADIAL_FISHEYE", 4),
-    9: ("RADIAL_FISHEYE", 5),
-    10: ("THIN_PRISM_FISHEYE", 12),
-    11: ("RAD_TAN_THIN_PRISM_FISHEYE", 16),
-    12: ("SIMPLE_DIVISION", 4),
-    13: ("DIVISION", 5),
-    14: ("SIMPLE_FISHEYE", 3),
-    15: ("FISHEYE", 4),
-    16: ("EUCM", 6),
-    17: ("EQUIRECTANGULAR", 2),
+_F, _FXY = ("f", "cx", "cy"), ("fx", "fy", "cx", "cy")
+# COLMAP camera model id -> (name, parameter names in COLMAP's order).
+CAMERA_MODELS: dict[int, tuple[str, tuple[str, ...]]] = {
+    0: ("SIMPLE_PINHOLE", _F),
+    1: ("PINHOLE", _FXY),
+    2: ("SIMPLE_RADIAL", (*_F, "k")),
+    3: ("RADIAL", (*_F, "k1", "k2")),
+    4: ("OPENCV", (*_FXY, "k1", "k2", "p1", "p2")),
+    5: ("OPENCV_FISHEYE", (*_FXY, "k1", "k2", "k3", "k4")),
+    6: ("FULL_OPENCV", (*_FXY, "k1", "k2", "p1", "p2", "k3", "k4", "k5", "k6")),
+    7: ("FOV", (*_FXY, "omega")),
+    8: ("SIMPLE_RADIAL_FISHEYE", (*_F, "k")),
+    9: ("RADIAL_FISHEYE", (*_F, "k1", "k2")),
+    10: ("THIN_PRISM_FISHEYE", (*_FXY, "k1", "k2", "p1", "p2", "k3", "k4", "sx1", "sy1")),
+    11: ("RAD_TAN_THIN_PRISM_FISHEYE", (*_FXY, *(f"k{i}" for i in range(6)), "p0", "p1", "s0", "s1", "s2", "s3")),
+    12: ("SIMPLE_DIVISION", (*_F, "k")),
+    13: ("DIVISION", (*_FXY, "k")),
+    14: ("SIMPLE_FISHEYE", _F),
+    15: ("FISHEYE", _FXY),
+    16: ("EUCM", (*_FXY, "alpha", "beta")),
+    17: ("EQUIRECTANGULAR", ("w", "h")),
 }
 MODEL_IDS: dict[str, int] = {name: model_id for model_id, (name, _) in CAMERA_MODELS.items()}
-MODEL_NUM_PARAMS: dict[str, int] = {name: n for name, n in CAMERA_MODELS.values()}
+MODEL_PARAM_NAMES: dict[str, tuple[str, ...]] = dict(CAMERA_MODELS.values())
+MODEL_NUM_PARAMS: dict[str, int] = {name: len(names) for name, names in MODEL_PARAM_NAMES.items()}
+_POSITIVE_PARAMS = frozenset(_FXY + _F)  # focal lengths and principal point, in pixels
 
 _POINT2D_DTYPE = np.dtype([("x", "<f8"), ("y", "<f8"), ("id", "<i8")])  # one images.bin keypoint
 _POINT3D_MIN_BYTES = struct.calcsize("<Q3d3BdQ")  # one points3D.bin point with an empty track
@@ -200,9 +205,9 @@ def read_cameras_bin(path: str | Path) -> dict[int, ColmapCamera]:
         camera_id, model_id, width, height = reader.unpack("iiQQ", f"camera #{i}")
         if model_id not in CAMERA_MODELS:
             raise DatasetError(f"{path}: camera {camera_id} has unknown camera model id {model_id}")
-        model, num_params = CAMERA_MODELS[model_id]
-        params = reader.array("<f8", num_params, f"the parameters of camera {camera_id}")
-        cameras[camera_id] = ColmapCamera(camera_id, model, width, height, params)
+        model, names = CAMERA_MODELS[model_id]
+        params = reader.array("<f8", len(names), f"the parameters of camera {camera_id}")
+        cameras[camera_id] = _checked_camera(path, ColmapCamera(camera_id, model, width, height, params))
     reader.finish()
     return cameras
 
@@ -214,7 +219,7 @@ def read_images_bin(path: str | Path) -> dict[int, ColmapImage]:
     images = {}
     for i in range(count):
         image_id, *pose, camera_id = reader.unpack("I7di", f"image #{i}")
-        name = reader.cstring(f"the name of image {image_id}")
+        name = _checked_name(path, image_id, reader.cstring(f"the name of image {image_id}"))
         (num_points2D,) = reader.unpack("Q", f"the number of 2D points of image {image_id}")
         points2D = reader.array(_POINT2D_DTYPE, num_points2D, f"the 2D points of image {image_id}")
         xys = np.stack([points2D["x"], points2D["y"]], axis=-1)  # [K, 2]
@@ -242,7 +247,7 @@ def read_points3D_bin(path: str | Path) -> ColmapPoints:
         track = reader.array("<i4", 2 * fields[8], f"the track of point {ids[i]}")
         tracks.append(track.reshape(-1, 2).astype(np.int64))
     reader.finish()
-    return ColmapPoints(ids, xyz, rgb, errors, tracks)
+    return _checked_points(path, ColmapPoints(ids, xyz, rgb, errors, tracks))
 
 
 def write_cameras_bin(cameras: dict[int, ColmapCamera], path: str | Path) -> None:
@@ -315,7 +320,7 @@ def read_cameras_txt(path: str | Path) -> dict[int, ColmapCamera]:
                 f"{path}:{line_no}: camera {camera_id} ({model}) needs {MODEL_NUM_PARAMS[model]} parameters, "
                 f"got {len(params)}"
             )
-        cameras[camera_id] = ColmapCamera(camera_id, model, width, height, params)
+        cameras[camera_id] = _checked_camera(path, ColmapCamera(camera_id, model, width, height, params))
     return cameras
 
 
@@ -339,7 +344,7 @@ def read_images_txt(path: str | Path) -> dict[int, ColmapImage]:
             raise _parse_error(
                 path, line_no, "an image (IMAGE_ID QW QX QY QZ TX TY TZ CAMERA_ID NAME)", header
             ) from err
-        name = " ".join(tokens[9:])
+        name = _checked_name(path, image_id, " ".join(tokens[9:]))
         try:
             values = np.array([float(t) for t in points_line.split()]).reshape(-1, 3)  # [K, 3]
         except ValueError as err:
@@ -375,7 +380,8 @@ def read_points3D_txt(path: str | Path) -> ColmapPoints:
     rgb_array = np.array(rgb)
     if rgb_array.min() < 0 or rgb_array.max() > 255:
         raise DatasetError(f"{path}: point colours must be integers in [0, 255]")
-    return ColmapPoints(np.array(ids, np.int64), np.array(xyz), rgb_array.astype(np.uint8), np.array(errors), tracks)
+    points = ColmapPoints(np.array(ids, np.int64), np.array(xyz), rgb_array.astype(np.uint8), np.array(errors), tracks)
+    return _checked_points(path, points)
 
 
 def write_cameras_txt(cameras: dict[int, ColmapCamera], path: str | Path) -> None:
@@ -421,6 +427,37 @@ def _checked_params(cam: ColmapCamera) -> np.ndarray:
     if len(params) != MODEL_NUM_PARAMS[cam.model]:
         raise ValueError(f"camera {cam.id} ({cam.model}) needs {MODEL_NUM_PARAMS[cam.model]} params, got {len(params)}")
     return params
+
+
+def _checked_camera(path: str | Path, camera: ColmapCamera) -> ColmapCamera:
+    """``camera`` if its parameters are finite and its focal lengths and principal point > 0, else DatasetError."""
+    for name, value in zip(MODEL_PARAM_NAMES[camera.model], camera.params.tolist()):
+        checked_number(f"{path}: camera {camera.id} ({camera.model})", name, value, positive=name in _POSITIVE_PARAMS)
+    return camera
+
+
+def _checked_name(path: str | Path, image_id: int, name: str) -> str:
+    """``name`` if it is a relative path that stays inside the images folder (no '..', not absolute), else
+    DatasetError."""
+    parts = PurePosixPath(name).parts
+    if not parts or PurePosixPath(name).is_absolute() or ".." in parts:
+        raise DatasetError(
+            f"{path}: image {image_id} has the name {name!r}; image names must be paths inside the scene's images/ "
+            "folder (relative, without '..')"
+        )
+    return name
+
+
+def _checked_points(path: str | Path, points: ColmapPoints) -> ColmapPoints:
+    """``points`` if every position is finite, else DatasetError naming the first bad point."""
+    bad = ~np.isfinite(points.xyz).all(axis=1)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise DatasetError(
+            f"{path}: point {points.ids[i]} has a non-finite position {points.xyz[i].tolist()} "
+            f"({int(bad.sum())} of {len(points)} points); rerun the reconstruction"
+        )
+    return points
 
 
 _BIN_READERS = (read_cameras_bin, read_images_bin, read_points3D_bin)

@@ -4,12 +4,16 @@ Derived images (resized and/or undistorted) are computed once and kept as PNG un
 keyed by the source file's path, modification time and size and by the transform, so editing or replacing
 a source image invalidates its cached copies. The cache only saves time: when it cannot be written, it is
 skipped.
+
+Images of more than :data:`MAX_IMAGE_PIXELS` pixels (2^27, e.g. 16384x8192) are refused from their header,
+before any pixel is decoded, so that a file declaring a huge size (a "decompression bomb") costs no memory.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +30,7 @@ from gsrecon.data.undistort import Distortion, undistort_image, undistorted_intr
 FACTORS = (1, 2, 4, 8)
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")  # lower case: compare `suffix.lower()`
 _DEEP_GREY_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I", "F")  # PIL modes of 16/32-bit greyscale images
+MAX_IMAGE_PIXELS = 2**27  # 134,217,728: e.g. 16384x8192, 384 MiB as 8-bit RGB; above PIL's warning threshold
 
 
 @dataclass(frozen=True)
@@ -40,14 +45,29 @@ class ImageTransform:
 
 @contextlib.contextmanager
 def _opened(path: str | Path) -> Iterator[Image.Image]:
-    """The image file opened with PIL; read errors, also while decoding in the block, name the file."""
+    """The image file opened with PIL (its header read, no pixels decoded); read errors, also while decoding
+    in the block, and images of more than :data:`MAX_IMAGE_PIXELS` pixels raise DatasetError naming the file."""
     try:
-        with Image.open(path) as im:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # MAX_IMAGE_PIXELS is the bound
+            opened = Image.open(path)
+        with opened as im:
+            width, height = im.size
+            if width * height > MAX_IMAGE_PIXELS:
+                raise DatasetError(f"{path}: the image has {width}x{height} pixels; {_size_limit()}")
             yield im
     except FileNotFoundError as err:
         raise DatasetError(f"{path}: image file is missing") from err
+    except Image.DecompressionBombError as err:
+        raise DatasetError(
+            f"{path}: the image has more pixels than PIL opens safely (a possible decompression bomb); {_size_limit()}"
+        ) from err
     except (UnidentifiedImageError, OSError, SyntaxError) as err:
         raise DatasetError(f"{path}: cannot read the image ({err})") from err
+
+
+def _size_limit() -> str:
+    return f"gsrecon reads images of at most {MAX_IMAGE_PIXELS:,} pixels (e.g. 16384x8192); downscale it first"
 
 
 def read_image(path: str | Path) -> np.ndarray:

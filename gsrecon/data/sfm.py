@@ -183,7 +183,7 @@ def _same_size_groups(images_dir: Path, names: list[str]) -> list[list[str]]:
         try:
             with Image.open(images_dir / name) as image:
                 size = image.size
-        except OSError as err:  # PIL.UnidentifiedImageError is an OSError too
+        except (OSError, Image.DecompressionBombError) as err:  # PIL.UnidentifiedImageError is an OSError too
             raise DatasetError(f"{images_dir / name}: cannot read the photo ({err}); remove or re-save it") from err
         groups.setdefault(size, []).append(name)
     return [groups[size] for size in sorted(groups)]

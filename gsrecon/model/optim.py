@@ -17,7 +17,10 @@ from gsrecon.model.gaussians import PARAM_NAMES
 
 @dataclass
 class OptimizerConfig:
-    """Adam learning rates of the 3DGS paper. ``means`` is multiplied by the scene extent."""
+    """Adam learning rates of the 3DGS paper. ``means`` is multiplied by the scene extent.
+
+    Rates are finite and >= 0 (0 freezes a group); ``eps`` is finite and > 0. ValueError names the key.
+    """
 
     means: float = 1.6e-4
     scales: float = 5e-3
@@ -27,15 +30,32 @@ class OptimizerConfig:
     shN: float = 2.5e-3 / 20
     eps: float = 1e-15
 
+    def __post_init__(self) -> None:
+        for name in PARAM_NAMES:
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"optimizer.{name} must be a finite number >= 0, got {value!r}")
+        if not (math.isfinite(self.eps) and self.eps > 0):
+            raise ValueError(f"optimizer.eps must be a finite number > 0, got {self.eps!r}")
+
 
 @dataclass
 class SchedulerConfig:
     """Exponential decay per group: the learning rate reaches ``final_factor[group]`` × its start at max_steps.
 
-    Groups not listed keep a constant rate.
+    Groups not listed keep a constant rate. Factors are in (0, 1]; ValueError names the key.
     """
 
     final_factor: dict[str, float] = field(default_factory=lambda: {"means": 0.01})
+
+    def __post_init__(self) -> None:
+        for name, factor in self.final_factor.items():
+            if name not in PARAM_NAMES:
+                raise ValueError(
+                    f"scheduler.final_factor names unknown group '{name}'; groups: {', '.join(PARAM_NAMES)}"
+                )
+            if not 0 < factor <= 1:
+                raise ValueError(f"scheduler.final_factor.{name} must be in (0, 1], got {factor!r}")
 
 
 Optimizers = dict[str, torch.optim.Optimizer]
@@ -82,13 +102,9 @@ def build_optimizers(
 
 
 def build_schedulers(optimizers: Optimizers, cfg: SchedulerConfig, max_steps: int) -> Schedulers:
-    """Exponential learning-rate decay for the groups named in ``cfg.final_factor``."""
+    """Exponential learning-rate decay for the groups named in ``cfg.final_factor`` (checked by the config)."""
     schedulers: Schedulers = {}
     for name, factor in cfg.final_factor.items():
-        if name not in optimizers:
-            raise ValueError(f"scheduler.final_factor names unknown group '{name}'; groups: {', '.join(optimizers)}")
-        if not 0 < factor <= 1:
-            raise ValueError(f"scheduler.final_factor.{name} must be in (0, 1], got {factor}")
         gamma = factor ** (1.0 / max_steps)
         schedulers[name] = torch.optim.lr_scheduler.ExponentialLR(optimizers[name], gamma=gamma)
     return schedulers

@@ -1,0 +1,129 @@
+"""`gsrecon train` on bad scene data or learning rates: one line naming the file / key / value, and exit code 2."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import write_yaml
+from test_blender import _write_ngp
+from test_colmap import _make_scene
+from test_images import png_header_only
+
+from gsrecon.cli import main
+from gsrecon.data.colmap_format import ColmapPoints, write_model
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GSRECON_CACHE", str(tmp_path / "cache"))
+
+
+def _train(capsys, config: dict, *overrides: str) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of ``gsrecon train`` on ``config`` with ``overrides``."""
+    path = write_yaml(Path(config["exp_dir"]).parent / "c.yaml", config)
+    code = main(["train", "--config", str(path), *overrides])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _colmap(root: Path, change: Callable | None = None, **scene_kwargs) -> dict:
+    """A COLMAP scene folder, its model changed by ``change(model)`` when given; the data config for it."""
+    _, model, _ = _make_scene(root, **scene_kwargs)
+    if change is not None:
+        change(model)
+        write_model(model, root / "sparse" / "0")
+    return {"dataset": "colmap", "path": str(root)}
+
+
+def _rename_image(model) -> None:
+    model.images[1].name = "../outside.png"
+
+
+def _nan_point(model) -> None:
+    model.points.xyz[2, 0] = np.nan
+
+
+def _no_points(model) -> None:
+    model.points = ColmapPoints.empty()
+
+
+def _blender(root: Path, frame_fields: dict) -> dict:
+    content = _write_ngp(root)
+    content["frames"][0] |= frame_fields
+    (root / "transforms.json").write_text(json.dumps(content))
+    return {"dataset": "blender", "path": str(root)}
+
+
+def _bomb(root: Path) -> dict:
+    data = _colmap(root)
+    png_header_only(root / "images" / "img_03.png", 100_000, 100_000)
+    return data
+
+
+@pytest.mark.parametrize(
+    ("scene", "message"),
+    [
+        (
+            lambda root: _colmap(root, params=[0.0, 61.0, 31.3, 24.7]),
+            "cameras.bin: camera 1 (PINHOLE): 'fx' must be a finite number > 0, got 0.0",
+        ),
+        (lambda root: _colmap(root, _rename_image), "images.bin: image 1 has the name '../outside.png'"),
+        (lambda root: _colmap(root, _nan_point), "points3D.bin: point 2 has a non-finite position [nan,"),
+        (lambda root: _colmap(root, _no_points), "the dataset has no points; use model.init=random"),
+        (_bomb, "img_03.png: the image has more pixels than PIL opens safely (a possible decompression bomb)"),
+        (
+            lambda root: _blender(root, {"fl_x": -5.0}),
+            "transforms.json: frame 'images/frame_00000.jpg': 'fl_x' must be a finite number > 0, got -5.0",
+        ),
+        (
+            lambda root: _blender(root, {"transform_matrix": [[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 0]]}),
+            "transforms.json: frame 'images/frame_00000.jpg': 'transform_matrix' must be a finite, invertible",
+        ),
+    ],
+)
+def test_bad_scene_data_is_one_line_and_exit_2(capsys, make_config, tmp_path: Path, scene, message: str) -> None:
+    data = scene(tmp_path / "scene")
+    init = "sfm" if data["dataset"] == "colmap" else "random"  # blender scenes have no points
+    code, _, err = _train(capsys, make_config(max_steps=1, data=data), f"model.init={init}")
+    assert code == 2
+    assert message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_random_init_trains_a_colmap_scene_without_points(capsys, make_config, tmp_path: Path) -> None:
+    config = make_config(max_steps=1, data=_colmap(tmp_path / "scene", _no_points))
+    code, out, err = _train(capsys, config, "model.init=random", "model.init_num_points=200")
+    assert code == 0, err
+    assert "finished 1 steps" in out
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("optimizer.means=-1", "optimizer.means must be a finite number >= 0, got -1.0"),
+        ("optimizer.opacities=nan", "optimizer.opacities must be a finite number >= 0, got nan"),
+        ("optimizer.eps=0", "optimizer.eps must be a finite number > 0, got 0.0"),
+        ("scheduler.final_factor.means=inf", "scheduler.final_factor.means must be in (0, 1], got inf"),
+    ],
+)
+def test_bad_learning_rates_are_one_line_and_exit_2(
+    capsys, make_config, tmp_path: Path, override: str, message: str
+) -> None:
+    code, _, err = _train(capsys, make_config(max_steps=1), override)
+    assert code == 2
+    assert message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_decompression_bomb_photo_for_structure_from_motion_is_one_line_and_exit_2(capsys, tmp_path: Path) -> None:
+    (tmp_path / "photos").mkdir()
+    png_header_only(tmp_path / "photos" / "bomb.png", 100_000, 100_000)
+    code = main(["data", "colmap", "--images", str(tmp_path / "photos"), "--out", str(tmp_path / "out"), "--cpu"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "bomb.png: cannot read the photo (Image size (10000000000 pixels) exceeds limit" in err, err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
