@@ -7,8 +7,7 @@ import pytest
 import torch
 from plyfile import PlyData, PlyElement
 
-from gsrecon.model.ply import load_ply, save_ply, save_splat
-from gsrecon.render.sh import SH_C0
+from gsrecon.model.ply import load_ply, ply_antialiased, save_ply
 
 
 def _params(n: int = 50, sh_degree: int = 3, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -48,7 +47,10 @@ def test_layout_matches_reference(tmp_path, sh_degree):
     params = _params(n=7, sh_degree=sh_degree)
     path = tmp_path / "scene.ply"
     save_ply(path, params)
-    assert path.read_bytes().startswith(b"ply\nformat binary_little_endian 1.0\nelement vertex 7\n")
+    assert path.read_bytes().startswith(
+        b"ply\nformat binary_little_endian 1.0\ncomment SplatRenderMode: default\ncomment antialiased 0\n"
+        b"element vertex 7\n"
+    )
     ply = PlyData.read(str(path))
     assert [e.name for e in ply.elements] == ["vertex"]
     vertex = ply["vertex"]
@@ -109,33 +111,12 @@ def test_reads_reference_files(tmp_path, normals, extra):
         assert np.array_equal(loaded["shN"][:, j % 8, j // 8].numpy(), columns[f"f_rest_{j}"]), j
 
 
-def test_splat_layout(tmp_path):
-    params = _params(n=20, sh_degree=1)
-    path = tmp_path / "scene.splat"
-    save_splat(path, params)
-    raw = path.read_bytes()
-    assert len(raw) == 32 * 20
-    records = np.frombuffer(
-        raw, dtype=[("position", "<f4", 3), ("scale", "<f4", 3), ("rgba", "u1", 4), ("rot", "u1", 4)]
-    )
-    opacity = torch.sigmoid(params["opacities"])
-    importance = torch.exp(params["scales"].sum(1)) * opacity
-    order = torch.argsort(importance, descending=True).numpy()
-    assert np.array_equal(records["position"], params["means"].numpy()[order])  # exact, sorted by importance
-    assert np.allclose(records["scale"], torch.exp(params["scales"]).numpy()[order], rtol=1e-6)
-    rgb = (0.5 + SH_C0 * params["sh0"][:, 0]).clamp(0, 1).numpy()[order]
-    assert np.abs(records["rgba"][:, :3] / 255.0 - rgb).max() <= 1 / 255 + 1e-6
-    assert np.abs(records["rgba"][:, 3] / 255.0 - opacity.numpy()[order]).max() <= 1 / 255 + 1e-6
-    quats = torch.nn.functional.normalize(params["quats"], dim=1).numpy()[order]
-    assert np.abs((records["rot"].astype(np.float64) - 128) / 128 - quats).max() <= 1 / 128 + 1e-6
-
-
 @pytest.mark.parametrize(
     ("content", "message"),
     [
         (b"", "not a readable PLY"),
         (b"solid cube\nfacet normal 0 0 1\n", "not a readable PLY"),
-        (None, "early end-of-file"),  # a valid header with the data cut short
+        (None, "header declares 10 'vertex' rows, more than the"),  # a valid header, the data cut short
     ],
 )
 def test_broken_files(tmp_path, content, message):
@@ -176,5 +157,70 @@ def test_save_rejects_bad_params(tmp_path):
     params = _params(n=5)
     del params["shN"]
     with pytest.raises(ValueError, match="missing \\['shN'\\]"):
-        save_splat(tmp_path / "scene.splat", params)
+        save_ply(tmp_path / "scene.ply", params)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("antialiased", [True, False])
+def test_render_mode_is_recorded(tmp_path, antialiased):
+    path = tmp_path / "scene.ply"
+    save_ply(path, _params(n=5), antialiased=antialiased)
+    comments = PlyData.read(str(path)).comments
+    assert comments == [f"SplatRenderMode: {'mip' if antialiased else 'default'}", f"antialiased {int(antialiased)}"]
+    assert ply_antialiased(path) is antialiased
+    assert torch.equal(load_ply(path)["means"], _params(n=5)["means"])  # the comments change nothing else
+
+
+@pytest.mark.parametrize(
+    ("comments", "expected"),
+    [
+        ([], None),  # reference 3DGS files say nothing
+        (["antialiased 1"], True),  # Postshot's spelling
+        (["SplatRenderMode: mip"], True),  # Brush's spelling
+        (["Vertical axis: y", "SplatRenderMode: default"], False),
+        (["antialiased 1", "SplatRenderMode: default"], False),  # the last one wins
+        (["antialiased yes"], None),  # not a recognised value
+    ],
+)
+def test_reads_render_mode_of_other_tools(tmp_path, comments, expected):
+    path = tmp_path / "scene.ply"
+    data = np.zeros(2, dtype=[(name, "<f4") for name in _reference_names(0)])
+    PlyData([PlyElement.describe(data, "vertex")], comments=comments).write(str(path))
+    assert ply_antialiased(path) is expected
+
+
+@pytest.mark.parametrize(
+    ("key", "index", "value", "prop"),
+    [
+        ("means", (3, 0), float("nan"), "x"),
+        ("opacities", (1,), float("inf"), "opacity"),
+        ("quats", (0, 2), float("-inf"), "rot_2"),
+        ("shN", (2, 2, 1), float("nan"), "f_rest_17"),  # coefficient 2 of green: 15 + 2
+    ],
+)
+def test_refuses_non_finite_values(tmp_path, key, index, value, prop):
+    params = _params(n=6)
+    params[key][index] = value
+    save_ply(tmp_path / "scene.ply", params)
+    with pytest.raises(
+        ValueError, match=rf"scene.ply: property '{prop}' has 1 NaN/inf values \(first at row {index[0]}\)"
+    ):
+        load_ply(tmp_path / "scene.ply")
+
+
+def test_refuses_an_empty_scene(tmp_path):
+    save_ply(tmp_path / "empty.ply", _params(n=0))
+    with pytest.raises(ValueError, match="empty.ply: element 'vertex' has 0 Gaussians"):
+        load_ply(tmp_path / "empty.ply")
+
+
+@pytest.mark.parametrize("fmt", ["binary_little_endian", "ascii"])
+def test_refuses_a_header_claiming_more_rows_than_the_file_holds(tmp_path, fmt):
+    names = _reference_names(0)
+    header = f"ply\nformat {fmt} 1.0\nelement vertex {10**12}\n"
+    header += "".join(f"property float {name}\n" for name in names) + "end_header\n"
+    rows = b"\0" * 4 * len(names) * 3 if fmt != "ascii" else ("0 " * len(names) + "\n").encode() * 3
+    path = tmp_path / "huge.ply"
+    path.write_bytes(header.encode() + rows)
+    with pytest.raises(ValueError, match=f"huge.ply: the header declares {10**12} 'vertex' rows, more than the"):
+        load_ply(path)

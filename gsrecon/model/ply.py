@@ -1,4 +1,4 @@
-"""Gaussian scenes on disk: the reference 3DGS ``.ply`` layout and the ``.splat`` web-viewer layout.
+"""Gaussian scenes in the reference 3DGS ``.ply`` layout, and the PLY header checks every reader shares.
 
 The ``.ply`` layout is the one written by the reference 3DGS implementation (Inria) and read by
 the common 3DGS viewers: one ``vertex`` element with the float32 properties
@@ -9,6 +9,11 @@ where normals are zero, ``f_rest`` is channel-major (all K rest coefficients of 
 then blue), ``opacity`` is a logit, ``scale_*`` are logs and ``rot_*`` is an unnormalised
 quaternion (w, x, y, z). Parameters use gsrecon's convention: ``means [N,3]``, ``scales [N,3]``,
 ``quats [N,4]``, ``opacities [N]``, ``sh0 [N,1,3]``, ``shN [N,K,3]`` with ``K = (D+1)^2 - 1``.
+
+The render mode is recorded in two header comments, the spellings of Brush and of Postshot that
+other tools (e.g. PlayCanvas splat-transform) read: ``comment SplatRenderMode: mip`` plus
+``comment antialiased 1`` for a scene trained in antialiased (Mip-Splatting) mode, and
+``comment SplatRenderMode: default`` plus ``comment antialiased 0`` for the classic mode.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,9 +31,27 @@ from torch import Tensor
 
 from gsrecon.atomic import atomic_path
 from gsrecon.model.gaussians import PARAM_NAMES, check_params
-from gsrecon.render.sh import SH_C0, sh_degree_of
+from gsrecon.render.sh import sh_degree_of
 
 _F_REST = re.compile(r"f_rest_(\d+)")
+_MAX_HEADER_BYTES = 1 << 20  # a header longer than this is not a Gaussian scene
+_TYPE_BYTES = {
+    **dict.fromkeys(("char", "int8", "uchar", "uint8"), 1),
+    **dict.fromkeys(("short", "int16", "ushort", "uint16"), 2),
+    **dict.fromkeys(("int", "int32", "uint", "uint32", "float", "float32"), 4),
+    **dict.fromkeys(("double", "float64"), 8),
+}
+_FORMATS = ("ascii", "binary_little_endian", "binary_big_endian")
+
+
+@dataclass(frozen=True)
+class PlyHeader:
+    """What a PLY header declares: ``elements`` as (name, row count, minimum bytes per row) in file order."""
+
+    fmt: str  # ascii | binary_little_endian | binary_big_endian
+    elements: list[tuple[str, int, int]]
+    comments: list[str]
+    size: int  # bytes from the start of the file to the end of the ``end_header`` line
 
 
 def ply_property_names(num_rest: int) -> list[str]:
@@ -37,13 +61,19 @@ def ply_property_names(num_rest: int) -> list[str]:
     return [*names, "opacity", "scale_0", "scale_1", "scale_2", "rot_0", "rot_1", "rot_2", "rot_3"]
 
 
-def save_ply(path: str | os.PathLike, params: Mapping[str, Tensor]) -> None:
+def render_mode_comments(antialiased: bool) -> list[str]:
+    """The header comments that record the render mode (see the module docstring)."""
+    return [f"SplatRenderMode: {'mip' if antialiased else 'default'}", f"antialiased {int(antialiased)}"]
+
+
+def save_ply(path: str | os.PathLike, params: Mapping[str, Tensor], antialiased: bool = False) -> None:
     """Write Gaussian parameters to ``path`` in the reference 3DGS binary little-endian layout.
 
-    Values are stored as float32 (bit-exact for float32 parameters). The file is written atomically
-    (``gsrecon.atomic.atomic_path``), so ``path`` is never left half-written.
+    Values are stored as float32 (bit-exact for float32 parameters); ``antialiased`` is recorded in
+    the header comments. The file is written atomically (``gsrecon.atomic.atomic_path``), so
+    ``path`` is never left half-written.
     """
-    arrays = _numpy_params(params)
+    arrays = {key: value.numpy() for key, value in cpu_params(params).items()}
     n, num_rest = arrays["means"].shape[0], arrays["shN"].shape[1]
     columns = np.concatenate(
         [
@@ -61,7 +91,12 @@ def save_ply(path: str | os.PathLike, params: Mapping[str, Tensor]) -> None:
     vertices = np.empty(n, dtype=[(name, "<f4") for name in names])
     for i, name in enumerate(names):
         vertices[name] = columns[:, i]
-    ply = PlyData([PlyElement.describe(vertices, "vertex")], text=False, byte_order="<")
+    ply = PlyData(
+        [PlyElement.describe(vertices, "vertex")],
+        text=False,
+        byte_order="<",
+        comments=render_mode_comments(antialiased),
+    )
     with atomic_path(path) as tmp:
         ply.write(str(tmp))
 
@@ -75,29 +110,24 @@ def load_ply(path: str | os.PathLike) -> dict[str, Tensor]:
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        ValueError: the file is not a readable PLY, or lacks a property the layout requires.
+        ValueError: the file is not a readable PLY, its header declares more data than the file
+            holds, it lacks a property the layout requires, has no Gaussians, or holds NaN / inf.
     """
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file")
-    try:
-        ply = PlyData.read(str(path))
-    except (PlyParseError, ValueError, EOFError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not a readable PLY file ({e})") from e
-    if "vertex" not in ply:
-        raise ValueError(f"{path}: no 'vertex' element; not a 3DGS scene")
-    vertex = ply["vertex"]
+    vertex = read_ply(path)["vertex"]
     present = {prop.name for prop in vertex.properties}
-    num_rest = _num_rest_coeffs(path, present)
+    num_rest = num_rest_coeffs(path, present)
     required = [name for name in ply_property_names(num_rest) if name not in ("nx", "ny", "nz")]
     missing = [name for name in required if name not in present]
     if missing:
         raise ValueError(f"{path}: missing 3DGS properties {missing}")
+    n = vertex.count
+    if n == 0:
+        raise ValueError(f"{path}: element 'vertex' has 0 Gaussians; there is nothing to load")
 
     def stack(names: list[str]) -> np.ndarray:
-        return np.stack([np.asarray(vertex[name], dtype=np.float32) for name in names], axis=1)
+        return np.stack([finite_column(path, name, vertex[name]) for name in names], axis=1)
 
-    n = vertex.count
     rest = stack([f"f_rest_{i}" for i in range(3 * num_rest)]) if num_rest else np.zeros((n, 0), np.float32)
     arrays = {
         "means": stack(["x", "y", "z"]),  # [N, 3]
@@ -110,40 +140,110 @@ def load_ply(path: str | os.PathLike) -> dict[str, Tensor]:
     return {key: torch.from_numpy(np.ascontiguousarray(value)) for key, value in arrays.items()}
 
 
-def save_splat(path: str | os.PathLike, params: Mapping[str, Tensor]) -> None:
-    """Write Gaussians in the 32-byte-per-Gaussian ``.splat`` layout of the antimatter15 web viewer.
+def ply_antialiased(path: str | os.PathLike) -> bool | None:
+    """The render mode recorded in a PLY's header comments: True (antialiased), False (classic), None (not recorded).
 
-    Per Gaussian, little-endian: position 3 x float32, scale 3 x float32 (activated, ``exp``),
-    colour RGBA 4 x uint8 (``0.5 + SH_C0 * sh0`` and ``sigmoid(opacity)``, times 255, clipped and
-    truncated), rotation 4 x uint8 (normalised quaternion w, x, y, z encoded as ``q * 128 + 128``,
-    clipped). View-dependent colour (``shN``) is dropped. Gaussians are ordered by decreasing
-    ``volume * opacity`` (as the viewer's own converter does). Written atomically like ``save_ply``.
+    Reads both spellings of the module docstring; when several comments say it, the last one wins.
     """
-    arrays = _numpy_params(params)
-    log_scales, logit_opacity = arrays["scales"], arrays["opacities"]  # [N, 3], [N]
-    opacity = 1.0 / (1.0 + np.exp(-logit_opacity))  # [N]
-    order = np.argsort(-np.exp(log_scales.sum(axis=1)) * opacity, kind="stable")  # [N]
-    rgba = np.concatenate([0.5 + SH_C0 * arrays["sh0"][:, 0, :], opacity[:, None]], axis=1)  # [N, 4]
-    quats = arrays["quats"]
-    quats = quats / np.linalg.norm(quats, axis=1, keepdims=True)  # [N, 4]
-    records = np.empty(
-        len(order), dtype=[("position", "<f4", 3), ("scale", "<f4", 3), ("rgba", "u1", 4), ("rot", "u1", 4)]
-    )
-    records["position"] = arrays["means"][order]
-    records["scale"] = np.exp(log_scales[order])
-    records["rgba"] = np.clip(rgba[order] * 255, 0, 255).astype(np.uint8)
-    records["rot"] = np.clip(quats[order] * 128 + 128, 0, 255).astype(np.uint8)
-    with atomic_path(path) as tmp:
-        tmp.write_bytes(records.tobytes())
+    mode = None
+    for comment in read_ply_header(Path(path)).comments:
+        words = comment.split()
+        if words[:1] == ["SplatRenderMode:"] and words[1:] in (["mip"], ["default"]):
+            mode = words[1] == "mip"
+        elif words[:1] == ["antialiased"] and words[1:] in (["0"], ["1"]):
+            mode = words[1] == "1"
+    return mode
 
 
-def _numpy_params(params: Mapping[str, Tensor]) -> dict[str, np.ndarray]:
-    """Validate the shapes of the six Gaussian tensors and return them as float32 numpy arrays."""
+def read_ply(path: Path) -> PlyData:
+    """Read a PLY file with a ``vertex`` element, after checking that its header fits the file size.
+
+    Raises FileNotFoundError or ValueError naming ``path`` (see `load_ply`).
+    """
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    check_ply_size(path, read_ply_header(path))
+    try:
+        ply = PlyData.read(str(path))
+    except (PlyParseError, ValueError, EOFError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not a readable PLY file ({e})") from e
+    if "vertex" not in ply:
+        raise ValueError(f"{path}: no 'vertex' element; not a 3DGS scene")
+    return ply
+
+
+def read_ply_header(path: Path) -> PlyHeader:
+    """Parse the header of the PLY file ``path``, reading at most its first MiB.
+
+    Raises ValueError naming ``path`` when the header is missing or malformed.
+    """
+    with open(path, "rb") as f:
+        head = f.read(_MAX_HEADER_BYTES)
+    match = re.search(rb"^end_header\r?\n", head, re.MULTILINE)
+    if not head.startswith(b"ply") or match is None:
+        raise ValueError(f"{path}: not a readable PLY file (no 'ply ... end_header' header in its first MiB)")
+    fmt, comments = "", []
+    elements: list[tuple[str, int, list[int]]] = []  # name, rows, bytes of each property in a binary row
+    for number, line in enumerate(head[: match.start()].decode("latin-1").splitlines()[1:], start=2):
+        words = line.split()
+        if words[:1] == ["comment"]:
+            comments.append(line.strip()[len("comment") :].strip())
+        elif words[:1] == ["format"] and len(words) == 3 and words[1] in _FORMATS:
+            fmt = words[1]
+        elif words[:1] == ["element"] and len(words) == 3 and words[2].isdigit():
+            elements.append((words[1], int(words[2]), []))
+        elif words[:1] == ["property"] and elements and (size := _property_bytes(words)) is not None:
+            elements[-1][2].append(size)
+        elif words and words[0] != "obj_info":
+            raise ValueError(f"{path}: not a readable PLY file (header line {number} '{line.strip()}' is not valid)")
+    if not fmt:
+        raise ValueError(f"{path}: not a readable PLY file (no valid 'format' line in its header)")
+    rows = [(name, count, 2 * len(sizes) if fmt == "ascii" else sum(sizes)) for name, count, sizes in elements]
+    return PlyHeader(fmt, rows, comments, match.end())  # ascii: each value is at least a digit and a separator
+
+
+def check_ply_size(path: Path, header: PlyHeader) -> None:
+    """Refuse a PLY whose header declares more rows than the bytes after it can hold (before reading them)."""
+    have = path.stat().st_size - header.size
+    slack = 1 if header.fmt == "ascii" else 0  # the last ascii row may end without a separator
+    need = 0
+    for name, count, row_bytes in header.elements:
+        need += count * row_bytes
+        if need > have + slack:
+            raise ValueError(
+                f"{path}: the header declares {count} '{name}' rows, more than the {have} bytes after it can "
+                "hold; the file is truncated or its header is corrupt"
+            )
+
+
+def finite_column(path: Path, name: str, values: np.ndarray) -> np.ndarray:
+    """``values`` as float32, refused with a ValueError naming ``path`` and property ``name`` if any is NaN or inf."""
+    column = np.asarray(values, dtype=np.float32)
+    bad = np.flatnonzero(~np.isfinite(column))
+    if bad.size:
+        raise ValueError(
+            f"{path}: property '{name}' has {bad.size} NaN/inf values (first at row {bad[0]}); "
+            "the scene is corrupt (a diverged run?) and cannot be used"
+        )
+    return column
+
+
+def cpu_params(params: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """Validate the shapes of the six Gaussian tensors and return them as float32 CPU tensors."""
     check_params(params)
-    return {key: params[key].detach().to("cpu", torch.float32).numpy() for key in PARAM_NAMES}
+    return {key: params[key].detach().to("cpu", torch.float32) for key in PARAM_NAMES}
 
 
-def _num_rest_coeffs(path: Path, names: set[str]) -> int:
+def _property_bytes(words: list[str]) -> int | None:
+    """Least bytes a binary row spends on the property declared by ``words``; None if the declaration is invalid."""
+    if len(words) == 3 and words[1] in _TYPE_BYTES:
+        return _TYPE_BYTES[words[1]]
+    if len(words) == 5 and words[1] == "list" and words[2] in _TYPE_BYTES and words[3] in _TYPE_BYTES:
+        return _TYPE_BYTES[words[2]]  # an empty list is just its length
+    return None
+
+
+def num_rest_coeffs(path: Path, names: set[str]) -> int:
     """Rest SH coefficients per channel, from the ``f_rest_*`` names; must be ``(D+1)^2 - 1`` for some D."""
     indices = sorted(int(match[1]) for name in names if (match := _F_REST.fullmatch(name)))
     if indices != list(range(len(indices))):

@@ -1,0 +1,218 @@
+"""Niantic SPZ, versions 2 and 3: the gzip-compressed versions that web viewers read (github.com/nianticlabs/spz).
+
+An SPZ file is a gzip stream of a 16-byte little-endian header (magic 0x5053474e "NGSP", version,
+number of Gaussians as uint32; SH degree, fractional bits, flags (0x1: antialiased), reserved as
+uint8) followed by each attribute for all Gaussians in turn:
+
+- positions: 3 x 24-bit signed fixed point with the header's fractional bits;
+- alphas: ``sigmoid(opacity)`` in 8 bits;
+- colours: the DC coefficient as ``sh0 * 0.15 + 0.5`` in 8 bits (0.15 instead of SH_C0 leaves room
+  for colours outside [0, 1]);
+- scales: log scales as ``(s + 10) * 16`` in 8 bits;
+- rotations of the normalised quaternion (x, y, z, w): version 3 keeps the three smallest
+  components (sign + 9-bit magnitude over sqrt(1/2) each, first in the highest bits) and the index
+  of the largest (top 2 bits) in a little-endian uint32; version 2 keeps x, y, z of the quaternion
+  with w >= 0 as ``q * 127.5 + 127.5`` in 8 bits;
+- SH rest coefficients as ``v * 128 + 128`` in 8 bits, coefficient-major with the colour channel
+  inner, on a 5-bit grid for degree 1 and a 4-bit grid above (the reference encoder's defaults).
+
+SPZ stores right-up-back (RUB) axes and gsrecon right-down-front (RDF, OpenCV, as PLY files): the
+writer turns the scene 180 degrees about x (y and z negate) and the reader turns it back, as the
+reference library does when told the data is RDF. The writer uses 12 fractional bits like the
+reference encoder, fewer when a coordinate would not fit in 24 bits (decoders read the field).
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import os
+import struct
+import zlib
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from gsrecon.atomic import atomic_path
+from gsrecon.export.quantise import (
+    byte_logit,
+    from_smallest_three,
+    pack_2_10_10_10,
+    round_clamp,
+    smallest_three,
+    unpack_2_10_10_10,
+)
+from gsrecon.model.gaussians import check_params
+from gsrecon.model.ply import cpu_params
+from gsrecon.render.sh import MAX_SH_DEGREE, num_sh_bases, sh_basis
+
+SPZ_MAGIC = 0x5053474E
+SPZ_VERSIONS = (2, 3)
+FLAG_ANTIALIASED = 0x1
+_HEADER = struct.Struct("<IIIBBBB")  # magic, version, points, SH degree, fractional bits, flags, reserved
+_COLOR_SCALE = 0.15
+_FRACTIONAL_BITS = 12
+_RDF_TO_RUB = torch.tensor([1.0, -1.0, -1.0])  # 180 degrees about x; its own inverse
+_MAX_DEFLATE_RATIO = 1032  # deflate never expands data by more than this when decompressing
+
+
+def save_spz(
+    path: str | os.PathLike, params: Mapping[str, Tensor], *, antialiased: bool = False, version: int = 3
+) -> None:
+    """Write Gaussians as an SPZ file of ``version`` 2 or 3 (layout in the module docstring), atomically.
+
+    Raises ValueError for another version, or a coordinate beyond the 24-bit range (+-8388607).
+    """
+    if version not in SPZ_VERSIONS:
+        raise ValueError(f"SPZ version must be one of {SPZ_VERSIONS}, got {version}")
+    p = cpu_params(params)
+    n, degree = p["means"].shape[0], check_params(p)
+    means = p["means"].double() * _RDF_TO_RUB  # [N, 3]
+    bits = _fractional_bits(means)
+    fixed = _round_half_away(means * 2**bits).to(torch.int32).numpy().astype("<i4")  # [N, 3]
+    streams = [
+        fixed.view(np.uint8).reshape(n, 3, 4)[:, :, :3],  # two's complement: a little-endian int32's low 3 bytes
+        round_clamp(torch.sigmoid(p["opacities"]) * 255, 255),
+        round_clamp(p["sh0"][:, 0] * (_COLOR_SCALE * 255) + 127.5, 255),
+        round_clamp((p["scales"] + 10) * 16, 255),
+        _pack_rotations(p["quats"], version),
+        _quantise_sh(p["shN"] * _rdf_to_rub_sh_signs(p["shN"].shape[1])[:, None]),
+    ]
+    flags = FLAG_ANTIALIASED if antialiased else 0
+    payload = _HEADER.pack(SPZ_MAGIC, version, n, degree, bits, flags, 0)
+    payload += b"".join(np.asarray(stream, dtype=np.uint8).tobytes() for stream in streams)
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(gzip.compress(payload, compresslevel=6, mtime=0))
+
+
+def load_spz(path: str | os.PathLike) -> tuple[dict[str, Tensor], bool]:
+    """Decode an SPZ file of version 2 or 3: gsrecon's pre-activation parameters and the antialiased flag.
+
+    Raises FileNotFoundError, or ValueError naming ``path`` when it is not a readable SPZ file of
+    these versions (including a header that claims more Gaussians than the file can hold).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    with open(path, "rb") as f:
+        start = f.read(4)
+    if start == b"NGSP":
+        raise ValueError(f"{path}: SPZ version 4 (zstd) is not supported; re-save it as version 3")
+    if start[:2] != b"\x1f\x8b":
+        raise ValueError(f"{path}: not an SPZ file (not gzip-compressed)")
+    try:
+        with gzip.open(path, "rb") as f:
+            header = f.read(_HEADER.size)
+            if len(header) < _HEADER.size:
+                raise ValueError(f"{path}: truncated: {len(header)} of the {_HEADER.size} header bytes")
+            magic, version, n, degree, bits, flags, _ = _HEADER.unpack(header)
+            num_rest = num_sh_bases(min(degree, MAX_SH_DEGREE)) - 1
+            sizes = [9 * n, n, 3 * n, 3 * n, (3 if version == 2 else 4) * n, 3 * num_rest * n]
+            _check_header(path, magic, version, n, degree, bits, sum(sizes))
+            payload = _read_at_most(f, sum(sizes))
+    except (OSError, EOFError, zlib.error) as e:
+        raise ValueError(f"{path}: not a readable SPZ file ({e})") from e
+    if len(payload) < sum(sizes):
+        raise ValueError(f"{path}: truncated: {len(payload)} of the {sum(sizes)} data bytes its header declares")
+    offsets = np.cumsum([0, *sizes])
+    raw = [torch.from_numpy(np.frombuffer(payload, np.uint8, s, o).astype(np.int64)) for s, o in zip(sizes, offsets)]
+    positions, alphas, colors, scales, rotations, sh = raw
+    fixed = positions.reshape(n, 3, 3)
+    fixed = fixed[..., 0] | (fixed[..., 1] << 8) | (fixed[..., 2] << 16)  # [N, 3]
+    fixed = fixed - ((fixed & 0x800000) << 1)  # 24-bit two's complement: bit 23 weighs -2^23
+    params = {
+        "means": (fixed.double() * 2.0**-bits * _RDF_TO_RUB).float(),
+        "scales": scales.reshape(n, 3).float() / 16 - 10,
+        "quats": _unpack_rotations(rotations, n, version),
+        "opacities": byte_logit(alphas),
+        "sh0": ((colors.reshape(n, 1, 3).double() / 255 - 0.5) / _COLOR_SCALE).float(),
+        "shN": (sh.reshape(n, num_rest, 3).float() - 128) / 128 * _rdf_to_rub_sh_signs(num_rest)[:, None],
+    }
+    return params, bool(flags & FLAG_ANTIALIASED)
+
+
+def _check_header(path: Path, magic: int, version: int, n: int, degree: int, bits: int, data_bytes: int) -> None:
+    """Refuse a header that is not SPZ 2 / 3 or declares more data than the compressed file can hold."""
+    if magic != SPZ_MAGIC:
+        raise ValueError(f"{path}: not an SPZ file (magic {magic:#010x}, expected {SPZ_MAGIC:#010x})")
+    if version not in SPZ_VERSIONS:
+        raise ValueError(f"{path}: SPZ version {version} is not supported (only {SPZ_VERSIONS})")
+    if degree > MAX_SH_DEGREE or bits > 23:
+        raise ValueError(f"{path}: SH degree {degree} (max {MAX_SH_DEGREE}) or fractional bits {bits} (max 23)")
+    if n == 0:
+        raise ValueError(f"{path}: the header declares 0 Gaussians; there is nothing to load")
+    if data_bytes > path.stat().st_size * _MAX_DEFLATE_RATIO:
+        raise ValueError(
+            f"{path}: the header declares {n} Gaussians, more than a {path.stat().st_size}-byte file can hold; "
+            "the file is corrupt"
+        )
+
+
+def _read_at_most(f: gzip.GzipFile, size: int) -> bytes:
+    """Up to ``size`` bytes from ``f``, read in blocks so that no buffer of ``size`` is reserved up front."""
+    data = bytearray()
+    while len(data) < size and (block := f.read(min(size - len(data), 1 << 24))):
+        data += block
+    return bytes(data)
+
+
+def _fractional_bits(means: Tensor) -> int:
+    """The most fractional bits, up to the reference's 12, at which every coordinate fits 24-bit fixed point."""
+    largest = float(means.abs().max()) if means.numel() else 0.0
+    for bits in range(_FRACTIONAL_BITS, -1, -1):
+        if _round_half_away(torch.tensor(largest * 2.0**bits)) <= 2**23 - 1:
+            return bits
+    raise ValueError(f"SPZ stores coordinates as 24-bit integers: |coordinate| {largest:g} exceeds {2**23 - 1}")
+
+
+def _round_half_away(x: Tensor) -> Tensor:
+    """Round to the nearest integer, halves away from zero (C++ ``std::round``, which the reference uses)."""
+    return torch.sign(x) * torch.floor(x.abs() + 0.5)
+
+
+def _pack_rotations(quats: Tensor, version: int) -> np.ndarray:
+    """Rotations [N, 4] (w, x, y, z) as SPZ bytes [N, 4] (version 3) or [N, 3] (version 2), in RUB axes."""
+    q = torch.nn.functional.normalize(quats.double(), dim=1)[:, [1, 2, 3, 0]]  # [N, 4] x, y, z, w
+    q[:, :3] *= _RDF_TO_RUB  # the same 180-degree turn about x, applied to the rotation
+    if version == 2:
+        q = q * torch.where(q[:, 3:] < 0, -1.0, 1.0)  # w >= 0
+        return round_clamp(q[:, :3] * 127.5 + 127.5, 255).numpy()
+    largest, rest = smallest_three(q)
+    magnitude = torch.floor(rest.abs() / math.sqrt(0.5) * 511 + 0.5).clamp(max=511).long()
+    fields = ((rest < 0).long() << 9) | magnitude  # [N, 3] sign bit above a 9-bit magnitude
+    words = pack_2_10_10_10(largest, fields).numpy().astype("<u4")
+    return words.view(np.uint8).reshape(-1, 4)
+
+
+def _unpack_rotations(raw: Tensor, n: int, version: int) -> Tensor:
+    """Inverse of `_pack_rotations`: unit quaternions [N, 4] (w, x, y, z) in RDF axes."""
+    if version == 2:
+        xyz = raw.reshape(n, 3).double() / 127.5 - 1
+        q = torch.cat([xyz, (1 - xyz.square().sum(dim=1, keepdim=True)).clamp_min(0).sqrt()], dim=1)
+    else:
+        b = raw.reshape(n, 4)
+        largest, fields = unpack_2_10_10_10(b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16) | (b[:, 3] << 24))
+        rest = math.sqrt(0.5) * (fields & 511) / 511 * (1 - 2 * (fields >> 9))  # [N, 3]
+        q = from_smallest_three(largest, rest)
+    q = q.float()
+    q[:, :3] *= _RDF_TO_RUB
+    return q[:, [3, 0, 1, 2]].contiguous()
+
+
+def _quantise_sh(rest: Tensor) -> np.ndarray:
+    """Rest SH coefficients [N, K, 3] as bytes ``v * 128 + 128`` on the reference's 5-bit (degree 1) / 4-bit grid."""
+    q = _round_half_away(rest.double() * 128) + 128  # [N, K, 3]
+    bucket = torch.full((rest.shape[1], 1), 16.0)
+    bucket[:3] = 8.0  # the 3 degree-1 coefficients keep 5 bits, the others 4
+    q = torch.floor((q + bucket / 2) / bucket) * bucket  # the bucket's start, as the reference's integer division
+    return q.clamp(0, 255).numpy()
+
+
+def _rdf_to_rub_sh_signs(num_rest: int) -> Tensor:
+    """Sign [K] each rest SH coefficient takes when y and z negate: the parity of its basis function in (y, z)."""
+    direction = torch.nn.functional.normalize(torch.tensor([0.2, 0.5, 0.8]), dim=0)  # no basis function is 0 here
+    basis = sh_basis(MAX_SH_DEGREE, direction)[1 : 1 + num_rest]
+    return torch.sign(sh_basis(MAX_SH_DEGREE, direction * _RDF_TO_RUB)[1 : 1 + num_rest] / basis)
