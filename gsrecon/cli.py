@@ -1,19 +1,24 @@
 """The ``gsrecon`` command line: thin argument parsing over the library.
 
-Errors a user can fix (bad config, missing files, bad data) print one red line and exit with 2;
-``--debug`` shows the traceback instead.
+Exit codes: 0 done; 1 an internal error (a bug: please report it with ``--debug``'s traceback);
+2 bad input a user can fix (bad config, missing or malformed files, bad values, a locked run folder,
+a full disk), printed as one red line; 130 training stopped by Ctrl-C and 143 by SIGTERM, both at a
+step boundary after writing a checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Callable, Sequence
 
 from rich.console import Console
+from rich.markup import escape
 
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
+EXIT_USAGE = 2  # bad input: a config, file or value the user can fix (one red line)
+EXIT_INTERRUPTED = 130  # stopped by Ctrl-C (SIGINT) at a step boundary, after a checkpoint
+EXIT_TERMINATED = 143  # stopped by SIGTERM (kill, timeout, Slurm, Kubernetes) likewise
 
 _console = Console(stderr=True, soft_wrap=True)
 
@@ -24,11 +29,12 @@ def _train(args: argparse.Namespace) -> int:
     trainer = build_trainer(args.config, args.overrides, resume=True if args.resume else None, overwrite=args.overwrite)
     trainer.train()
     if trainer.stop_reason:
-        _console.print(
-            f"[yellow]{trainer.stop_reason}; continue with: gsrecon train --config "
-            f"{trainer.exp_dir / 'config.yaml'} --resume[/yellow]"
-        )
-        return EXIT_INTERRUPTED
+        if trainer.run_dir.latest_checkpoint() is None:
+            advice = "no checkpoint was written (the config has no CheckPointHook), so the run cannot be resumed"
+        else:
+            advice = f"continue with: gsrecon train --config {trainer.exp_dir / 'config.yaml'} --resume"
+        _console.print(f"[yellow]{escape(trainer.stop_reason)}; {escape(advice)}[/yellow]")
+        return EXIT_TERMINATED if trainer.stop_signal == signal.SIGTERM else EXIT_INTERRUPTED
     summary = ", ".join(f"{k} {v:.4f}" for k, v in trainer.val_metrics.items() if v is not None)
     print(f"finished {trainer.step} steps{': ' + summary if summary else ''}")
     print(f"outputs: {trainer.exp_dir}")
@@ -90,7 +96,15 @@ def _add_source_args(p: argparse.ArgumentParser) -> None:
     source.add_argument("--checkpoint", help="a training checkpoint (.pt)")
     source.add_argument("--exp-dir", help="a training run folder (uses checkpoints/last.pt)")
     source.add_argument("--ply", help="a 3DGS .ply (needs --config for the dataset)")
-    p.add_argument("--config", help="YAML config to use instead of the checkpoint's")
+    p.add_argument("--config", help="YAML config to use instead of the checkpoint's (its imports: are imported)")
+    p.add_argument(
+        "--imports",
+        action="append",
+        default=[],
+        metavar="MODULE_OR_FILE",
+        help="a plugin to import first (a dataset or renderer of your own; repeat for more); "
+        "code named in a checkpoint is never imported",
+    )
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("overrides", nargs="*", help="key=value overrides of the config, e.g. data.path=...")
 
@@ -98,7 +112,7 @@ def _add_source_args(p: argparse.ArgumentParser) -> None:
 def _load_scene(args: argparse.Namespace):
     from gsrecon.engine.inference import load_trained_scene
 
-    return load_trained_scene(args.checkpoint, args.exp_dir, args.ply, args.config, args.overrides)
+    return load_trained_scene(args.checkpoint, args.exp_dir, args.ply, args.config, args.overrides, args.imports)
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -108,8 +122,8 @@ def _eval(args: argparse.Namespace) -> int:
     out = args.out or _default_eval_dir(args)
     result = evaluate(scene, out, device=args.device)
     mean = ", ".join(f"{k} {v:.4f}" for k, v in result["mean"].items() if v is not None)
-    print(f"{len(result['views'])} test views: {mean}; {result['render_fps']:.1f} FPS on {result['device']}")
-    print(f"wrote {out}/metrics.json, {out}/renders/test/, {out}/gt/")
+    print(f"{len(result['views'])} test views: {mean}; {result['render_fps']:.3g} FPS on {result['device']}")
+    print(f"wrote {out}/metrics.json, {out}/cameras.json, {out}/renders/test/, {out}/gt/")
     return 0
 
 
@@ -166,9 +180,13 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _add_export(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("export", help="write the Gaussians as a 3DGS .ply or a web-viewer .splat")
+    p = sub.add_parser("export", help="write the Gaussians as a 3DGS .ply or a web-viewer format")
     _add_source_args(p)
-    p.add_argument("--format", default="ply", choices=["ply", "splat"])
+    p.add_argument(
+        "--format",
+        default="ply",
+        help="ply (reference 3DGS layout), splat (antimatter15), compressed_ply (SuperSplat/PlayCanvas) or spz",
+    )
     p.add_argument("--out", required=True, help="output file")
     p.set_defaults(func=_export)
 
@@ -285,8 +303,6 @@ def _is_user_error(exc: BaseException) -> bool:
 
 
 def _message(exc: BaseException) -> str:
-    from rich.markup import escape
-
     return escape(str(exc) or type(exc).__name__)
 
 

@@ -34,6 +34,9 @@ from omegaconf.errors import OmegaConfBaseException
 T = TypeVar("T")
 
 BASE_KEY = "_base_"
+MAX_CONFIG_BYTES = 1 << 20  # a YAML file larger than 1 MiB is refused
+MAX_CONFIG_VALUES = 100_000  # values in a config once YAML aliases are expanded (each reference counts)
+MAX_CONFIG_DEPTH = 32  # nesting levels of mappings and lists
 ENTRY_MAPS = ("hooks",)  # top-level keys holding named registry entries, merged entry by entry
 APPENDED_LISTS = ("imports",)  # top-level lists that a child config extends instead of replacing
 
@@ -52,6 +55,8 @@ def _read_yaml(path: Path, chain: tuple[Path, ...], below: dict[str, Any]) -> di
         cycle = " -> ".join(str(p) for p in (*chain, path))
         raise ConfigError(f"{path}: circular {BASE_KEY} include ({cycle})")
     try:
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{path}: a config file may hold at most {MAX_CONFIG_BYTES} bytes")
         text = path.read_text()
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
@@ -68,6 +73,7 @@ def _read_yaml(path: Path, chain: tuple[Path, ...], below: dict[str, Any]) -> di
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of keys, got {type(data).__name__}")
+    check_config_data(data, str(path))
     bases = data.pop(BASE_KEY, [])
     bases = [bases] if isinstance(bases, str) else bases
     if not isinstance(bases, list) or not all(isinstance(b, str) for b in bases):
@@ -83,6 +89,33 @@ def _read_yaml(path: Path, chain: tuple[Path, ...], below: dict[str, Any]) -> di
         return merge_configs(below, data)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+
+
+def check_config_data(data: Any, source: str) -> None:
+    """Refuse config data that expands past :data:`MAX_CONFIG_VALUES` values or :data:`MAX_CONFIG_DEPTH`
+    levels (YAML alias bombs, self-referencing checkpoints: copying them would hang), and ``${...}``
+    interpolation, which would read other keys or environment variables: gsrecon takes values as written.
+    """
+    count = 0
+    stack: list[tuple[Any, int, str]] = [(data, 0, "")]
+    while stack:
+        node, depth, key = stack.pop()
+        count += 1
+        if count > MAX_CONFIG_VALUES:
+            raise ConfigError(
+                f"{source}: the config expands to more than {MAX_CONFIG_VALUES} values (nested YAML aliases?)"
+            )
+        if depth > MAX_CONFIG_DEPTH:
+            raise ConfigError(f"{source}: key '{key}' is nested more than {MAX_CONFIG_DEPTH} levels deep")
+        if isinstance(node, str) and "${" in node:
+            raise ConfigError(
+                f"{source}: key '{key}': '${{...}}' interpolation is not supported (it would read other keys or "
+                f"environment variables); write the value itself, e.g. as key=value on the command line"
+            )
+        if isinstance(node, dict):
+            stack.extend((value, depth + 1, f"{key}.{k}" if key else str(k)) for k, value in node.items())
+        elif isinstance(node, (list, tuple)):
+            stack.extend((value, depth + 1, f"{key}.{i}" if key else str(i)) for i, value in enumerate(node))
 
 
 def check_imports(value: Any) -> list[str]:
@@ -230,6 +263,7 @@ def parse_structured(schema: type[T], cfg: Mapping[str, Any] | None, source: str
     Unknown keys and values of the wrong type raise :class:`ConfigError` naming the full key path
     (``prefix`` is prepended, e.g. ``hooks.0``) and ``source`` (usually the YAML file).
     """
+    check_config_data(cfg, source)
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), cfg or {})
         return OmegaConf.to_object(merged)  # type: ignore[return-value]

@@ -39,6 +39,9 @@ def psnr(pred: Tensor, gt: Tensor) -> float:
     return math.inf if mse == 0 else -10.0 * math.log10(mse)
 
 
+METRIC_NAMES = ("psnr", "ssim", "lpips")  # what ImageMetrics reports per view, in this order
+
+
 @dataclass
 class MetricsConfig:
     lpips_net: str = "alex"  # alex | vgg | none

@@ -13,7 +13,8 @@ from gsrecon.config import ConfigError
 def import_plugins(entries: list[str], source: str = "config") -> None:
     """Import each entry: a dotted module name, or a ``.py`` file (relative to the working directory).
 
-    Importing twice is a no-op, so registrations inside a plugin run once per process.
+    Importing twice is a no-op, so registrations inside a plugin run once per process. A plugin that
+    fails or exits while being imported raises :class:`ConfigError` naming it.
     """
     for entry in entries:
         if entry.endswith(".py"):
@@ -21,7 +22,7 @@ def import_plugins(entries: list[str], source: str = "config") -> None:
             continue
         try:
             importlib.import_module(entry)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             raise ConfigError(f"{source}: key 'imports': cannot import module '{entry}': {_describe(exc)}") from exc
 
 
@@ -38,12 +39,14 @@ def _import_file(path: Path, source: str) -> None:
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         del sys.modules[module_name]
         raise ConfigError(f"{source}: key 'imports': importing {path} failed: {_describe(exc)}") from exc
 
 
-def _describe(exc: Exception) -> str:
+def _describe(exc: BaseException) -> str:
     if isinstance(exc, SyntaxError):
         return f"line {exc.lineno}: {exc.msg}"
+    if isinstance(exc, SystemExit):
+        return f"it called sys.exit({exc.code!r}) while being imported"
     return f"{type(exc).__name__}: {exc}"

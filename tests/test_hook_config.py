@@ -80,7 +80,7 @@ def test_two_hooks_of_one_class_and_run_order(tmp_path: Path) -> None:
     )
     cfg, source = load_run_config(str(config))
     hooks = resolve_hooks(cfg.hooks, source)
-    assert hooks["SecondExport"] == {"name": "ExportHook", "priority": 100, "path": "copy.ply"}
+    assert hooks["SecondExport"] == {"name": "ExportHook", "priority": 100, "path": "copy.ply", "format": "ply"}
     assert hooks["ExportHook"]["path"] == "point_cloud.ply"
     keys = list(hooks)
     assert keys[0] == "LogHook"  # priority 0 first

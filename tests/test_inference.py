@@ -15,7 +15,11 @@ from gsrecon.cli import main
 from gsrecon.config import parse_structured
 from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.engine.trainer import DefaultTrainer
-from gsrecon.model.ply import load_ply
+from gsrecon.export.compressed_ply import load_compressed_ply
+from gsrecon.export.spz import load_spz
+from gsrecon.metrics import psnr
+from gsrecon.model.ply import load_ply, ply_antialiased
+from gsrecon.render.torch_renderer import TorchRenderer
 
 
 @pytest.fixture
@@ -50,6 +54,44 @@ def test_eval_writes_renders_ground_truth_and_metrics(trained: Path, capsys) -> 
         assert render.shape == gt.shape == (24, 32, 3)
         mse = np.mean((render / 255.0 - gt / 255.0) ** 2)
         assert -10 * np.log10(mse) == pytest.approx(view["psnr"], abs=0.1)  # metrics describe the PNGs
+
+
+def test_eval_writes_the_cameras_it_rendered_so_others_can_render_them_again(trained: Path, tmp_path: Path) -> None:
+    assert main(["eval", "--exp-dir", str(trained), "--out", str(tmp_path / "eval")]) == 0
+    cameras = json.loads((tmp_path / "eval" / "cameras.json").read_text())
+    assert [c["name"] for c in cameras] == ["view_000", "view_008"]
+    params = load_checkpoint_file(trained / "checkpoints" / "last.pt")["params"]
+    renderer = TorchRenderer(TorchRenderer.Config())
+    for camera in cameras:
+        viewmat, K = torch.tensor(camera["world_to_camera"]), torch.tensor(camera["K"])
+        assert viewmat.shape == (4, 4) and K.shape == (3, 3) and viewmat[3].tolist() == [0, 0, 0, 1]
+        with torch.no_grad():
+            out = renderer.render(
+                params, viewmat[None], K[None], camera["width"], camera["height"], 1, torch.zeros(1, 3)
+            )
+        png = torch.from_numpy(iio.imread(tmp_path / "eval" / "renders" / "test" / f"{camera['name']}.png")) / 255.0
+        assert psnr(out.image[0].clamp(0, 1), png) > 40  # the same view, up to 8-bit rounding
+
+
+def test_export_web_formats_and_the_antialiased_warning(make_config, tmp_path: Path, capsys) -> None:
+    config = write_yaml(
+        tmp_path / "aa.yaml", make_config("aa", max_steps=3, renderer={"name": "torch", "antialiased": True})
+    )
+    assert (
+        main(["train", "--config", str(config), "hooks.SpzCopy={name: ExportHook, path: copy.spz, format: spz}"]) == 0
+    )
+    run = tmp_path / "aa"
+    assert ply_antialiased(run / "point_cloud.ply") is True
+    assert load_spz(run / "copy.spz")[1] is True
+    capsys.readouterr()
+    for fmt, out in (("compressed_ply", "scene.compressed.ply"), ("spz", "scene.spz")):
+        assert main(["export", "--exp-dir", str(run), "--format", fmt, "--out", str(tmp_path / out)]) == 0
+        err = capsys.readouterr().err
+        assert "trained in antialiased mode" in err and "renderer.antialiased=false" in err
+    assert load_compressed_ply(tmp_path / "scene.compressed.ply")["means"].shape == (300, 3)
+    assert load_spz(tmp_path / "scene.spz")[0]["means"].shape == (300, 3)
+    assert main(["export", "--exp-dir", str(run), "--format", "obj", "--out", str(tmp_path / "x.obj")]) == 2
+    assert "unknown export format 'obj'" in capsys.readouterr().err
 
 
 def test_export_ply_and_splat_and_init_from_ply(trained: Path, make_config, tmp_path: Path) -> None:

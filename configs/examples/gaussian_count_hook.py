@@ -31,6 +31,9 @@ class GaussianCountHook(Hook):
         self.cfg = cfg
         self.rows: list[tuple[int, int]] = []
 
+    def outputs(self) -> list[str]:
+        return [self.cfg.filename]
+
     def after_train_iter(self, trainer) -> None:
         if trainer.step % self.cfg.every == 0:
             self.rows.append((trainer.step, trainer.model.num_gaussians))

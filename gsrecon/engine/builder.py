@@ -170,12 +170,15 @@ def resolve_hooks(hooks: Any, source: str) -> dict[str, dict[str, Any]]:
     return {key: entry for _, _, key, entry in sorted(resolved, key=lambda t: (t[0], t[1]))}
 
 
-def build_hooks(resolved: dict[str, dict[str, Any]]) -> dict[str, Hook]:
+def build_hooks(resolved: dict[str, dict[str, Any]], source: str = "config") -> dict[str, Hook]:
     """Hook objects from :func:`resolve_hooks` entries, keyed and ordered as given."""
     hooks = {}
     for key, entry in resolved.items():
         args = {k: v for k, v in entry.items() if k != "priority"}
-        hook = HOOK_REGISTRY.build({"name": key, **args})
+        try:
+            hook = HOOK_REGISTRY.build({"name": key, **args})
+        except ValueError as exc:
+            raise ConfigError(f"{source}: key 'hooks.{key}': {exc}") from exc
         hook.priority = entry["priority"]
         hooks[key] = hook
     return hooks

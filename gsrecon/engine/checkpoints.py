@@ -9,16 +9,18 @@ resolved config and the scene extent.
 
 from __future__ import annotations
 
+import itertools
 import pickle
 import random
+import warnings
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gsrecon.config import ConfigError
+from gsrecon.config import ConfigError, check_config_data
 from gsrecon.engine.run_dir import RunDir
 
 if TYPE_CHECKING:
@@ -63,14 +65,50 @@ def check_version(checkpoint: dict[str, Any]) -> None:
 
 
 def restore_optimization(
-    checkpoint: dict[str, Any], optimizers: Mapping[str, torch.optim.Optimizer], schedulers: Mapping[str, Any]
-) -> None:
-    """Load the optimiser and scheduler states into optimisers built for the checkpoint's parameters."""
+    checkpoint: dict[str, Any],
+    optimizers: Mapping[str, torch.optim.Optimizer],
+    schedulers: Mapping[str, Any],
+    step: int,
+) -> list[str]:
+    """Load the optimiser and scheduler states into optimisers and schedulers built from this run's config.
+
+    Where this config's learning rate, Adam settings or schedule of a group differ from the saved
+    ones, the group keeps its Adam moments and follows this config's schedule from ``step`` on, as
+    if the run had used it from the start. Returns the names of those groups.
+    """
+    fresh = {name: _settings(o.param_groups[0]) for name, o in optimizers.items()}  # this config's, at step 0
+    fresh_schedules = {name: s.state_dict() for name, s in schedulers.items()}
     for name, state in checkpoint["optimizers"].items():
         optimizers[name].load_state_dict(state)
     for name, state in checkpoint["schedulers"].items():
         if name in schedulers:
             schedulers[name].load_state_dict(state)
+    saved_gammas = {name: state.get("gamma") for name, state in checkpoint["schedulers"].items()}
+    changed = [
+        name
+        for name, optimizer in optimizers.items()
+        if _settings(optimizer.param_groups[0], "initial_lr") != fresh[name]
+        or saved_gammas.get(name) != fresh_schedules.get(name, {}).get("gamma")
+    ]
+    for name in changed:
+        group = optimizers[name].param_groups[0]
+        group.update(fresh[name])
+        group.pop("initial_lr", None)
+        if name in schedulers:
+            group["initial_lr"] = group["lr"]
+            schedulers[name].load_state_dict(fresh_schedules[name])
+            with warnings.catch_warnings():  # stepping a schedule without optimiser steps is the point here
+                warnings.simplefilter("ignore", UserWarning)
+                for _ in range(step):
+                    schedulers[name].step()
+    return changed
+
+
+def _settings(group: dict[str, Any], lr_key: str = "lr") -> dict[str, Any]:
+    """An optimiser group's hyperparameters, its learning rate read from ``lr_key`` (``initial_lr``: before decay)."""
+    settings = {k: v for k, v in group.items() if k not in ("params", "lr", "initial_lr")}
+    settings["lr"] = group.get(lr_key, group["lr"])
+    return settings
 
 
 def restore_strategy_state(checkpoint: dict[str, Any], state: dict[str, Any], device: torch.device) -> None:
@@ -97,21 +135,43 @@ def restore_rng(checkpoint: dict[str, Any]) -> None:
 
 
 def find_resume(
-    resume: Any, run_dir: RunDir, model_entry: dict[str, Any], structural: tuple[str, ...], source: str
+    resume: Any,
+    run_dir: RunDir,
+    model_entry: dict[str, Any],
+    structural: tuple[str, ...],
+    source: str,
+    warn: Callable[[str], None],
 ) -> tuple[Path, dict[str, Any]] | None:
-    """The checkpoint a run's ``resume`` names (true: the run folder's newest), read and checked
-    against the run's model; None for a new run."""
+    """The checkpoint a run's ``resume`` names, read and checked against the run's model; None for a
+    new run. ``resume: true`` takes the run folder's newest readable checkpoint: an unreadable one (a
+    truncated ``last.pt``) is passed over with a warning."""
     if resume is False or resume is None:
         return None
-    path = Path(resume) if isinstance(resume, str) else run_dir.latest_checkpoint()
-    if path is None:
+    candidates = [Path(resume)] if isinstance(resume, str) else run_dir.checkpoint_files()
+    if not candidates:
         raise ConfigError(
             f"{source}: nothing to resume: no checkpoint in {run_dir.checkpoints}; "
             f"drop --resume (resume: true) to start a new run"
         )
-    checkpoint = load_checkpoint_file(path, "cpu")
+    path, checkpoint = _first_readable(candidates, warn)
     check_resumable(checkpoint, model_entry, structural, path, source)
+    broken = non_finite(checkpoint["params"])
+    if broken:
+        raise ConfigError(
+            f"{source}: cannot resume {path}: Gaussian parameters {', '.join(broken)} are not finite; "
+            f"resume from an earlier checkpoint (--config ... resume=<path to a step_*.pt>)"
+        )
     return path, checkpoint
+
+
+def _first_readable(candidates: list[Path], warn: Callable[[str], None]) -> tuple[Path, dict[str, Any]]:
+    """The first of ``candidates`` that reads as a checkpoint (the last one's error is raised)."""
+    for path, fallback in itertools.pairwise(candidates):
+        try:
+            return path, load_checkpoint_file(path, "cpu")
+        except ValueError as exc:
+            warn(f"not resuming from {path}: {exc}; trying {fallback.name}")
+    return candidates[-1], load_checkpoint_file(candidates[-1], "cpu")
 
 
 def check_resumable(
@@ -145,6 +205,7 @@ def load_checkpoint_file(path: str | Path, device: torch.device | str = "cpu") -
         raise ValueError(f"{path} is truncated or not a PyTorch checkpoint ({type(exc).__name__})") from None
     if not isinstance(checkpoint, dict) or "params" not in checkpoint or "step" not in checkpoint:
         raise ValueError(f"{path} is not a gsrecon checkpoint (no 'params'/'step' entries)")
+    check_config_data(checkpoint.get("config", {}), f"{path} (stored config)")
     return checkpoint
 
 

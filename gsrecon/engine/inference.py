@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from gsrecon.atomic import write_json
-from gsrecon.config import apply_overrides, load_config, parse_structured
+from gsrecon.config import ConfigError, apply_overrides, load_config, parse_structured
 from gsrecon.data.datapipeline import Batch, DataPipeline
 from gsrecon.data.images import to_uint8, write_png
 from gsrecon.distributed import DistributedContext
@@ -24,12 +24,13 @@ from gsrecon.engine.builder import RunConfig, resolve_device, resolve_renderer_e
 from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.engine.evaluator import build_metrics, evaluate_views
 from gsrecon.engine.run_dir import RunDir
+from gsrecon.export import export_gaussians
 from gsrecon.logging.console import Logger
 from gsrecon.metrics import mean_metrics
 from gsrecon.model.gaussians import check_params
-from gsrecon.model.ply import load_ply, save_ply, save_splat
+from gsrecon.model.ply import load_ply
 from gsrecon.plugins import import_plugins
-from gsrecon.registry import RENDERER_REGISTRY
+from gsrecon.registry import DATASET_REGISTRY, MODEL_REGISTRY, RENDERER_REGISTRY
 from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
 from gsrecon.render.camera_path import ellipse_path, focus_point, interp_path, spiral_path
 from gsrecon.render.gsplat_renderer import GSPLAT_ALPHA_MAX
@@ -51,6 +52,11 @@ class TrainedScene:
     def sh_degree(self) -> int:
         return check_params(self.params)
 
+    @property
+    def antialiased(self) -> bool:
+        """Trained with Mip-Splatting's opacity compensation (``renderer.antialiased``)."""
+        return bool(self.cfg.renderer.get("antialiased", False))
+
 
 def load_trained_scene(
     checkpoint: str | None = None,
@@ -58,11 +64,14 @@ def load_trained_scene(
     ply: str | None = None,
     config: str | None = None,
     overrides: Sequence[str] = (),
+    imports: Sequence[str] = (),
 ) -> TrainedScene:
     """Load from exactly one of ``checkpoint``, ``exp_dir`` (its ``last.pt``) or ``ply``.
 
     The config comes from the checkpoint, or from ``config`` (required with ``ply``; optional
     otherwise, where it replaces the checkpoint's); ``overrides`` apply on top (e.g. ``data.path=...``).
+    Code is imported only from ``imports`` and from the ``imports:`` of a ``config`` the user names:
+    never from what a checkpoint stores.
     """
     given = [x for x in (checkpoint, exp_dir, ply) if x]
     if len(given) != 1:
@@ -81,9 +90,29 @@ def load_trained_scene(
         ckpt = load_checkpoint_file(checkpoint, "cpu")
         raw = load_config(config, overrides) if config else apply_overrides(copy.deepcopy(ckpt["config"]), overrides)
         source, params, step = config or checkpoint, ckpt["params"], int(ckpt["step"])
-    import_plugins(list(raw.get("imports", []) or []), str(source))
+    trusted = [*imports, *(raw.get("imports") or [] if config else [])]
+    import_plugins(trusted, "--imports" if imports else str(source))
     cfg = parse_structured(RunConfig, raw, source=str(source))
+    _check_registered(cfg, [] if config else cfg.imports, str(source))
     return TrainedScene(cfg, {k: v.float() for k, v in params.items()}, step, str(ply or checkpoint))
+
+
+def _check_registered(cfg: RunConfig, stored_imports: list[str], source: str) -> None:
+    """Refuse names no registry knows, saying when the training run's own (not imported) plugins may hold them."""
+    entries = (
+        (DATASET_REGISTRY, cfg.data.dataset, "data.dataset"),
+        (MODEL_REGISTRY, cfg.model.get("name", "gaussians"), "model.name"),
+        (RENDERER_REGISTRY, cfg.renderer.get("name", "auto"), "renderer.name"),
+    )
+    for registry, name, key in entries:
+        if name != "auto" and name not in registry:
+            hint = (
+                f"; the run registered it through its imports ({', '.join(stored_imports)}), which gsrecon never "
+                f"imports from a checkpoint: pass --imports FILE if you trust that code"
+                if stored_imports
+                else ""
+            )
+            raise ConfigError(f"{source}: key '{key}': unknown {registry.name} '{name}'{hint}")
 
 
 def build_renderer(scene: TrainedScene, device: torch.device, logger: Logger) -> Renderer:
@@ -106,15 +135,19 @@ def build_renderer(scene: TrainedScene, device: torch.device, logger: Logger) ->
 def evaluate(
     scene: TrainedScene, out_dir: str | Path, device: str = "auto", logger: Logger | None = None, fps_repeats: int = 3
 ) -> dict[str, Any]:
-    """Render the test split; write ``renders/test/<name>.png``, ``gt/<name>.png`` and ``metrics.json``.
+    """Render the test split; write ``renders/test/<name>.png``, ``gt/<name>.png``, ``metrics.json`` and
+    ``cameras.json``.
 
     ``metrics.json`` holds PSNR, SSIM and LPIPS per image and their means, the LPIPS network and
     version, the resolution, the number of Gaussians and the rendering speed (frames per second,
     the median over ``fps_repeats`` renders of the whole split; the metrics pass before them warms up).
+    ``cameras.json`` lists the rendered views so another tool can render the same ones: ``name``,
+    ``world_to_camera`` (4×4, OpenCV axes: x right, y down, z forward), ``K`` (3×3, pixels),
+    ``width`` and ``height``.
     """
     logger = logger or Logger()
     out_dir = Path(out_dir)
-    torch_device = resolve_device(device if device != "auto" else scene.cfg.device, DistributedContext())
+    torch_device = _inference_device(scene, device)
     pipeline = DataPipeline(scene.cfg.data, torch_device, scene.cfg.seed)
     if pipeline.num_val == 0:
         raise ValueError(
@@ -136,6 +169,17 @@ def evaluate(
         write_png(out_dir / "gt" / f"{outputs['name']}.png", outputs["gt"])
 
     views = evaluate_views(render, batches, metrics, after_view=write_view)
+    cameras = [
+        {
+            "name": batch.names[0],
+            "world_to_camera": batch.viewmats[0].tolist(),
+            "K": batch.Ks[0].tolist(),
+            "width": batch.width,
+            "height": batch.height,
+        }
+        for batch in batches
+    ]
+    write_json(out_dir / "cameras.json", cameras)
     with torch.no_grad():
         fps = _measure_fps(render, batches, torch_device, fps_repeats)
     mean = mean_metrics(views)
@@ -176,7 +220,7 @@ def render_path_video(
     if Path(out).suffix.lower() != ".mp4":
         raise ValueError(f"--out must be an .mp4 file, got {out}")
     logger = logger or Logger()
-    torch_device = resolve_device(device if device != "auto" else scene.cfg.device, DistributedContext())
+    torch_device = _inference_device(scene, device)
     pipeline = DataPipeline(scene.cfg.data, torch_device, scene.cfg.seed)
     train = pipeline.scene.train
     train_viewmats = torch.stack([f.viewmat for f in train]).float()  # [N, 4, 4]
@@ -206,13 +250,24 @@ def render_path_video(
     return written
 
 
-def export(scene: TrainedScene, out: str | Path, fmt: str = "ply") -> Path:
-    """Write the Gaussians as a reference-layout ``.ply`` or a web-viewer ``.splat``."""
-    writers = {"ply": save_ply, "splat": save_splat}
-    if fmt not in writers:
-        raise ValueError(f"unknown export format '{fmt}'; use ply or splat")
-    writers[fmt](out, scene.params)
-    return Path(out)
+def export(scene: TrainedScene, out: str | Path, fmt: str = "ply", logger: Logger | None = None) -> Path:
+    """Write the Gaussians in one of :data:`gsrecon.export.EXPORT_FORMATS`, recording the render mode
+    where the format can, and warning when the scene needs a viewer with Mip-Splatting's compensation."""
+    path = export_gaussians(scene.params, out, fmt, antialiased=scene.antialiased)
+    if scene.antialiased:
+        (logger or Logger()).warning(
+            f"{path} was trained in antialiased mode (Mip-Splatting opacity compensation): it looks right only in "
+            f"viewers that apply it, which the file records where {fmt} can; for any viewer, train with "
+            f"renderer.antialiased=false"
+        )
+    return path
+
+
+def _inference_device(scene: TrainedScene, device: str) -> torch.device:
+    """``device`` (``auto``: the run's), with the run's ``num_threads`` applied as in training."""
+    if scene.cfg.num_threads > 0:
+        torch.set_num_threads(scene.cfg.num_threads)
+    return resolve_device(device if device != "auto" else scene.cfg.device, DistributedContext())
 
 
 def _measure_fps(

@@ -1,4 +1,4 @@
-"""Stopping a run at a step boundary on Ctrl-C, instead of wherever the signal lands."""
+"""Stopping a run at a step boundary on Ctrl-C (SIGINT) or SIGTERM, instead of wherever the signal lands."""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ from typing import Any
 
 from gsrecon.logging.console import Logger
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C; kill, timeout, Slurm and Kubernetes
+
 
 @contextmanager
-def stop_at_step_boundary(request_stop: Callable[[], None], logger: Logger) -> Iterator[None]:
-    """Inside the block the first Ctrl-C (SIGINT) calls ``request_stop`` and the loop finishes its
-    step; a second one raises KeyboardInterrupt at once. Outside the main thread it does nothing."""
+def stop_at_step_boundary(request_stop: Callable[[int], None], logger: Logger) -> Iterator[None]:
+    """Inside the block the first SIGINT or SIGTERM calls ``request_stop(signum)`` and the loop finishes
+    its step; a second one raises KeyboardInterrupt at once. Outside the main thread it does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -24,11 +26,13 @@ def stop_at_step_boundary(request_stop: Callable[[], None], logger: Logger) -> I
         if received:
             raise KeyboardInterrupt
         received.append(signum)
-        logger.warning("Ctrl-C: stopping after this step (press again to abort at once)")
-        request_stop()
+        name = signal.Signals(signum).name
+        logger.warning(f"{name}: stopping after this step with a checkpoint (send it again to abort at once)")
+        request_stop(signum)
 
-    previous = signal.signal(signal.SIGINT, handler)
+    previous = {signum: signal.signal(signum, handler) for signum in STOP_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, old in previous.items():
+            signal.signal(signum, old)

@@ -79,19 +79,22 @@ class DefaultTrainer:
         self.val_metrics: dict[str, float | None] = {}
         self.val_results: list[dict[str, Any]] = []
         self.stop_reason: str | None = None
+        self.stop_signal: int | None = None  # the signal that stopped training early, if one did
         self.failed = False  # True when training ended with an exception (nothing more is saved)
         self._stop_requested = False
         self._metrics: ImageMetrics | None = None
 
         # Every registry entry is resolved first: unknown names and bad arguments fail before any work.
         self.resolved_config = resolve_run_config(cfg, self.device, source)
-        self.hooks = build_hooks(self.resolved_config["hooks"])
+        self.hooks = build_hooks(self.resolved_config["hooks"], source)
         self.run_dir = RunDir(cfg.exp_dir, source)
         resume = cfg.resume is not False and cfg.resume is not None
         if self.is_main:
             self.run_dir.check(overwrite, resume)
         model = self.resolved_config["model"]
-        self._resume_from = checkpoints.find_resume(cfg.resume, self.run_dir, model, structural_keys(model), source)
+        self._resume_from = checkpoints.find_resume(
+            cfg.resume, self.run_dir, model, structural_keys(model), source, self.logger.warning
+        )
 
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
@@ -108,11 +111,15 @@ class DefaultTrainer:
         # Everything is built: only now may a previous run be replaced and outputs be written.
         self.writers = Writers([])
         if self.is_main:
-            self.run_dir.prepare(overwrite, resume)
+            kept = self.run_dir.prepare(overwrite, resume)
             self.logger.set_log_file(self.exp_dir / "train.log")
+            if kept:
+                self.logger.info(f"--overwrite replaced the previous run and kept what it did not write: {kept}")
             self.writers = Writers(
                 [WRITER_REGISTRY.build(w, exp_dir=self.exp_dir) for w in self.resolved_config["writers"]]
             )
+            hook_outputs = [path for hook in self.hooks.values() for path in hook.outputs()]
+            self.run_dir.record_outputs(["config.yaml", "train.log", *self.writers.outputs(), *hook_outputs])
             save_yaml(self.resolved_config, self.exp_dir / "config.yaml")
             self.writers.write_config(self.resolved_config)
         self.dist.barrier()
@@ -191,10 +198,12 @@ class DefaultTrainer:
         finally:
             self.writers.close()
             self.logger.close()
+            self.run_dir.release()
 
-    def request_stop(self) -> None:
-        """Stop cleanly after the current step (as Ctrl-C does)."""
+    def request_stop(self, signum: int | None = None) -> None:
+        """Stop cleanly after the current step (as Ctrl-C and SIGTERM do, passing their signal number)."""
         self._stop_requested = True
+        self.stop_signal = signum
 
     def render(self, batch: Batch, sh_degree: int | None = None) -> RenderOutput:
         """Render the model from ``batch``'s cameras at the current SH degree (or ``sh_degree``)."""
@@ -281,12 +290,15 @@ class DefaultTrainer:
         for name in PARAM_NAMES:
             self.model.params[name] = torch.nn.Parameter(checkpoint["params"][name].to(self.device))
         self._build_optimizers()
-        checkpoints.restore_optimization(checkpoint, self.optimizers, self.schedulers)
+        step = int(checkpoint["step"])
+        changed = checkpoints.restore_optimization(checkpoint, self.optimizers, self.schedulers, step)
+        if changed:
+            self.logger.info(f"resuming with this config's learning-rate schedule for {', '.join(changed)}")
         self.strategy_state = self.strategy.initialize_state(self.scene_extent)
         checkpoints.restore_strategy_state(checkpoint, self.strategy_state, self.device)
         checkpoints.restore_hooks(checkpoint, self.hooks)
         checkpoints.restore_rng(checkpoint)
-        self.step = int(checkpoint["step"])
+        self.step = step
         self.call_hook("after_load_checkpoint", checkpoint=checkpoint)
 
     def resume_or_load(self) -> None:
@@ -298,9 +310,14 @@ class DefaultTrainer:
         self.load_checkpoint(checkpoint)
         self.logger.info(f"resumed from {path} at step {self.step}")
         changes = checkpoints.changed_settings(checkpoint.get("config", {}), self.resolved_config)
-        if changes:
-            shown = ", ".join(changes[:8]) + (f" and {len(changes) - 8} more" if len(changes) > 8 else "")
-            self.logger.info(f"resuming with changed settings: {shown}")
+        unused = [c for c in changes if c.startswith("model.init")]  # they only shape a new model
+        for label, items in (
+            ("resuming with changed settings", [c for c in changes if c not in unused]),
+            ("not applied on a resume (they only shape a new model)", unused),
+        ):
+            if items:
+                shown = ", ".join(items[:8]) + (f" and {len(items) - 8} more" if len(items) > 8 else "")
+                self.logger.info(f"{label}: {shown}")
         if self.step >= self.max_steps:
             self.logger.info(f"the checkpoint is already at max_steps ({self.max_steps}); raise max_steps to go on")
 

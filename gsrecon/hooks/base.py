@@ -113,6 +113,11 @@ class Hook:
     def after_load_checkpoint(self, trainer: DefaultTrainer, checkpoint: dict[str, Any]) -> None:
         """After a checkpoint was loaded into the trainer, before training continues."""
 
+    def outputs(self) -> list[str]:
+        """Paths (relative to ``exp_dir``) this hook writes: they belong to the run, and ``--overwrite``
+        replaces them with it (anything not listed is left alone)."""
+        return []
+
     def state_dict(self) -> dict[str, Any]:
         """State that must survive a resume (stored in checkpoints)."""
         return {}

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -11,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gsrecon.atomic import atomic_path
-from gsrecon.engine.checkpoints import non_finite
+from gsrecon.engine.checkpoints import load_checkpoint_file, non_finite
 from gsrecon.hooks.base import Hook, Priority
+from gsrecon.metrics import METRIC_NAMES
 from gsrecon.registry import HOOK_REGISTRY
 
 if TYPE_CHECKING:
@@ -42,7 +46,9 @@ class CheckPointHook(Hook):
 
     def __init__(self, cfg: Config) -> None:
         if cfg.rule not in ("greater", "less"):
-            raise ValueError(f"CheckPointHook rule must be 'greater' or 'less', got '{cfg.rule}'")
+            raise ValueError(f"rule must be 'greater' or 'less', got '{cfg.rule}'")
+        if cfg.save_best not in ("", "auto", *METRIC_NAMES):
+            raise ValueError(f"save_best must be '', auto or one of {', '.join(METRIC_NAMES)}; got '{cfg.save_best}'")
         self.cfg = cfg
         self.best_value: float | None = None
         self.best_step: int | None = None
@@ -60,17 +66,31 @@ class CheckPointHook(Hook):
                 f"save_best metric '{metric}' is not a validation metric ({', '.join(trainer.val_metrics)})"
             )
         value = trainer.val_metrics[metric]
-        if value is None or not math.isfinite(value):
+        if value is None or not math.isfinite(value) or not self._better(value):
             return
-        better = self.best_value is None or (
-            value > self.best_value if self.cfg.rule == "greater" else value < self.best_value
-        )
-        if better:
-            self.best_value, self.best_step = float(value), trainer.step
-            if trainer.is_main:
-                self._refuse_non_finite(trainer)
-                self._write(trainer.checkpoint(), trainer.run_dir.checkpoints / "best.pt")
-            trainer.logger.info(f"new best {metric} {value:.4f} at step {trainer.step}")
+        self.best_value, self.best_step = float(value), trainer.step
+        if trainer.is_main:
+            self._refuse_non_finite(trainer)
+            checkpoint = trainer.checkpoint()
+            checkpoint["best"] = {"metric": metric, "value": float(value), "step": trainer.step}
+            save_checkpoint(checkpoint, trainer.run_dir.checkpoints / "best.pt")
+        trainer.logger.info(f"new best {metric} {value:.4f} at step {trainer.step}")
+
+    def after_load_checkpoint(self, trainer: DefaultTrainer, checkpoint: dict[str, Any]) -> None:
+        """A checkpoint saved before a validation in its step holds the best score from before it:
+        take the one ``best.pt`` records when it is better, so a worse model never replaces it."""
+        path = trainer.run_dir.checkpoints / "best.pt"
+        if not self.cfg.save_best or not path.is_file():
+            return
+        with contextlib.suppress(ValueError):
+            record = load_checkpoint_file(path).get("best")
+            if record and self._better(record["value"]):
+                self.best_value, self.best_step = float(record["value"]), int(record["step"])
+
+    def _better(self, value: float) -> bool:
+        if self.best_value is None:
+            return True
+        return value > self.best_value if self.cfg.rule == "greater" else value < self.best_value
 
     def after_train(self, trainer: DefaultTrainer) -> None:
         if trainer.failed or not self.cfg.save_last:
@@ -86,12 +106,12 @@ class CheckPointHook(Hook):
             return path
         self._refuse_non_finite(trainer)
         checkpoint = trainer.checkpoint()
-        self._write(checkpoint, path)
-        with atomic_path(directory / "last.pt") as tmp:
-            try:
+        save_checkpoint(checkpoint, path)
+        try:
+            with atomic_path(directory / "last.pt") as tmp:
                 os.link(path, tmp)
-            except OSError:
-                torch.save(checkpoint, tmp)
+        except OSError:  # no hard links on this file system
+            save_checkpoint(checkpoint, directory / "last.pt")
         self._rotate(directory)
         trainer.logger.info(f"saved checkpoint {path}")
         return path
@@ -100,10 +120,6 @@ class CheckPointHook(Hook):
         broken = non_finite(dict(trainer.model.params.items()))
         if broken:
             raise ValueError(f"not saving step {trainer.step}: Gaussian parameters {', '.join(broken)} are not finite")
-
-    def _write(self, checkpoint: dict[str, Any], path: Path) -> None:
-        with atomic_path(path) as tmp:
-            torch.save(checkpoint, tmp)
 
     def _rotate(self, directory: Path) -> None:
         if self.cfg.max_keep <= 0:
@@ -117,3 +133,37 @@ class CheckPointHook(Hook):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.best_value = state.get("best_value")
         self.best_step = state.get("best_step")
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (disk full, quota, file-size limit); the previous one is intact."""
+
+
+def save_checkpoint(checkpoint: dict[str, Any], path: Path) -> None:
+    """``torch.save`` into ``path`` atomically; a failed write raises :class:`CheckpointWriteError`
+    naming the file and the space it needed, and leaves any previous ``path`` as it was."""
+    try:
+        with atomic_path(path) as tmp:
+            torch.save(checkpoint, tmp)
+    except (OSError, RuntimeError) as exc:
+        # torch's zip writer reports a failed write as a RuntimeError from its C++ checks ("enforce fail").
+        if isinstance(exc, RuntimeError) and not any(word in str(exc) for word in ("enforce fail", "write")):
+            raise
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "the write failed"
+        needed = sum(t.numel() * t.element_size() for t in _tensors(checkpoint)) / 2**20
+        free = shutil.disk_usage(path.parent).free / 2**20
+        raise CheckpointWriteError(
+            f"cannot write {path}: {reason} (it needs about {needed:.1f} MiB; {free:.1f} MiB free there); "
+            f"free some space (or lower CheckPointHook max_keep) and resume"
+        ) from None
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)

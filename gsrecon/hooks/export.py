@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gsrecon.export import EXPORT_FORMATS, export_gaussians
 from gsrecon.hooks.base import Hook, Priority
-from gsrecon.model.ply import save_ply
 from gsrecon.registry import HOOK_REGISTRY
 
 if TYPE_CHECKING:
@@ -16,22 +16,30 @@ if TYPE_CHECKING:
 @HOOK_REGISTRY.register()
 class ExportHook(Hook):
     """When training ends (also after Ctrl-C, not after a failure), writes the Gaussians to
-    ``<exp_dir>/<path>``. Only the main process writes."""
+    ``<exp_dir>/<path>`` in ``format`` (see ``gsrecon.export.EXPORT_FORMATS``), recording the
+    renderer's antialiased mode where the format can. Only the main process writes."""
 
     priority = Priority.LOWEST
 
     @dataclass
     class Config:
         path: str = "point_cloud.ply"  # relative to exp_dir (or absolute)
+        format: str = "ply"  # ply | splat | compressed_ply | spz
 
     def __init__(self, cfg: Config) -> None:
         if not cfg.path:
-            raise ValueError("ExportHook path is empty; remove the hook (hooks.ExportHook=null) to export nothing")
+            raise ValueError("path is empty; remove the hook (hooks.ExportHook=null) to export nothing")
+        if cfg.format not in EXPORT_FORMATS:
+            raise ValueError(f"format must be one of {', '.join(EXPORT_FORMATS)}, got '{cfg.format}'")
         self.cfg = cfg
+
+    def outputs(self) -> list[str]:
+        return [self.cfg.path]
 
     def after_train(self, trainer: DefaultTrainer) -> None:
         if trainer.failed or not trainer.is_main:
             return
         path = trainer.exp_dir / self.cfg.path
-        save_ply(path, trainer.model.params)
+        antialiased = bool(trainer.resolved_config["renderer"].get("antialiased", False))
+        export_gaussians(trainer.model.params, path, self.cfg.format, antialiased=antialiased)
         trainer.logger.info(f"wrote {path} ({trainer.model.num_gaussians} Gaussians)")

@@ -28,6 +28,9 @@ class MetricsHook(Hook):
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
 
+    def outputs(self) -> list[str]:
+        return [self.cfg.filename]
+
     def after_val(self, trainer: DefaultTrainer) -> None:
         if not trainer.is_main:
             return

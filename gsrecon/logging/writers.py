@@ -38,6 +38,10 @@ class Writer(ABC):
     def write_histogram(self, name: str, values: torch.Tensor, step: int) -> None:
         """Record a histogram of ``values``; writers that cannot show one ignore it."""
 
+    def outputs(self) -> list[str]:
+        """Paths (relative to ``exp_dir``) this writer writes; ``--overwrite`` replaces them with the run."""
+        return []
+
     def flush(self) -> None:
         """Push buffered records to disk."""
 
@@ -67,6 +71,9 @@ class TensorboardWriter(Writer):
 
         self.log_dir = self.exp_dir / cfg.subdir
         self._writer = SummaryWriter(str(self.log_dir), flush_secs=cfg.flush_secs)
+
+    def outputs(self) -> list[str]:
+        return [self.cfg.subdir]
 
     def write_scalar(self, name: str, value: float, step: int) -> None:
         self._writer.add_scalar(name, value, step)
@@ -105,6 +112,9 @@ class JsonlWriter(Writer):
         super().__init__(cfg, exp_dir)
         self.path = self.exp_dir / cfg.filename
         self._file = self.path.open("a")
+
+    def outputs(self) -> list[str]:
+        return [self.cfg.filename]
 
     def write_scalar(self, name: str, value: float, step: int) -> None:
         value = float(value)
@@ -145,6 +155,9 @@ class Writers:
     def write_config(self, config: dict[str, Any]) -> None:
         for writer in self.writers:
             writer.write_config(config)
+
+    def outputs(self) -> list[str]:
+        return [path for writer in self.writers for path in writer.outputs()]
 
     def flush(self) -> None:
         for writer in self.writers:
