@@ -272,6 +272,8 @@ def parse_structured(schema: type[T], cfg: Mapping[str, Any] | None, source: str
         full = ".".join(p for p in (prefix, str(key)) if p)
         where = f"key '{full}'" if full else "config"
         raise ConfigError(f"{source}: {where}: {_first_line(exc)}") from None
+    except ValueError as exc:  # a config class's own check (__post_init__), which names its key
+        raise ConfigError(f"{source}: {exc}") from None
 
 
 def to_container(obj: Any) -> Any:

@@ -116,6 +116,7 @@ def test_bad_learning_rates_are_one_line_and_exit_2(
     code, _, err = _train(capsys, make_config(max_steps=1), override)
     assert code == 2
     assert message in err and len(err.strip().splitlines()) == 1, err
+    assert "c.yaml + command line" in err  # the source of the value
     assert not (tmp_path / "run").exists()
 
 
