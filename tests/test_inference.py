@@ -170,6 +170,14 @@ def test_render_video_along_paths(trained: Path, tmp_path: Path) -> None:
     assert len(list(iio.imiter(tmp_path / "interp.mp4"))) == 5
 
 
+def test_render_notes_when_it_pads_an_odd_frame_size(trained: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "odd.mp4"
+    argv = ["render", "--exp-dir", str(trained), "--frames", "2", "--out", str(out), "data.synthetic.width=33"]
+    assert main(argv) == 0
+    assert "33x24: H.264 needs even sizes, so the video repeats the last column" in capsys.readouterr().err
+    assert next(iter(iio.imiter(out))).shape[:2] == (24, 34)
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [

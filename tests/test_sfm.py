@@ -81,7 +81,11 @@ def _write_views(folder: Path) -> None:
 @needs_pycolmap
 def test_sfm_reconstructs_synthetic_views_and_load_colmap_reads_them(tmp_path: Path) -> None:
     _write_views(tmp_path / "photos")
-    report = run_sfm(str(tmp_path / "photos"), str(tmp_path / "scene"), use_gpu=False)
+    stages: list[str] = []
+    report = run_sfm(
+        str(tmp_path / "photos"), str(tmp_path / "scene"), use_gpu=False, on_stage=lambda name, _: stages.append(name)
+    )
+    assert stages == ["features", "matching", "mapping", "undistortion"]
     assert report.num_images == NUM_VIEWS
     assert report.num_registered >= 3 and report.num_points > 100
     assert report.num_registered + len(report.unregistered) == NUM_VIEWS

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -31,6 +31,7 @@ from gsrecon.data.images import IMAGE_EXTENSIONS
 MATCHERS = ("exhaustive", "sequential")
 CAMERA_MODES = ("auto", "per_image")
 MIN_REGISTERED = 3
+STAGES = ("features", "matching", "mapping", "undistortion")  # run_sfm's stages, in order
 MIN_FEATURES = 100  # SIFT features below which a photo is too small, blurred or plain to be matched
 _LISTED = 5  # file names quoted in an error message before "and N more"
 REPLACED = ("images", "sparse", "stereo", "distorted")  # folders under the output folder that a run replaces
@@ -67,6 +68,7 @@ def run_sfm(
     max_image_size: int = 3200,
     use_gpu: bool = True,
     verbose: bool = False,
+    on_stage: Callable[[str, str], None] | None = None,
 ) -> SfmReport:
     """Run feature extraction, matching, incremental mapping and undistortion on the photos in ``images_dir``.
 
@@ -84,6 +86,7 @@ def run_sfm(
         max_image_size: photos are downscaled to this longest side for feature extraction.
         use_gpu: use CUDA for SIFT when pycolmap was built with it.
         verbose: let pycolmap log its progress (to stderr); otherwise it logs errors only.
+        on_stage: called as each stage starts with its name (:data:`STAGES`) and what it does.
 
     Raises:
         ValueError: unknown ``camera_mode`` or ``matcher``.
@@ -108,12 +111,14 @@ def run_sfm(
     shutil.rmtree(mapped, ignore_errors=True)
     mapped.mkdir()
 
+    report_stage = on_stage or (lambda name, what: None)
     device = pycolmap.Device.auto if use_gpu else pycolmap.Device.cpu
     extraction = pycolmap.FeatureExtractionOptions()
     extraction.max_image_size = max_image_size
     options = pycolmap.IncrementalPipelineOptions()
     options.min_model_size = MIN_REGISTERED
     with _pycolmap_logging(pycolmap, verbose):
+        report_stage("features", f"SIFT features of {len(names)} photos ({len(groups)} camera group(s))")
         for group in groups:  # with SINGLE, each call adds one camera for its photos
             pycolmap.extract_features(
                 database,
@@ -124,10 +129,12 @@ def run_sfm(
                 extraction_options=extraction,
                 device=device,
             )
+        report_stage("matching", f"{matcher} matching")
         if matcher == "exhaustive":
             pycolmap.match_exhaustive(database, device=device)
         else:
             pycolmap.match_sequential(database, device=device)
+        report_stage("mapping", "incremental mapping (camera poses and 3D points)")
         reconstructions = pycolmap.incremental_mapping(database, images_path, mapped, options=options)
     best_index = max(reconstructions, key=lambda index: reconstructions[index].num_reg_images(), default=None)
     registered: set[str] = set()
@@ -145,6 +152,7 @@ def run_sfm(
 
     for stale in (out / "images", out / "sparse"):
         shutil.rmtree(stale, ignore_errors=True)
+    report_stage("undistortion", f"undistorting the {len(registered)} registered photos into {out / 'images'}")
     with _pycolmap_logging(pycolmap, verbose):
         pycolmap.undistort_images(output_path=out, input_path=mapped / str(best_index), image_path=images_path)
     sparse0 = out / "sparse" / "0"

@@ -6,7 +6,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.engine.evaluator import build_metrics, evaluate_views
 from gsrecon.engine.run_dir import RunDir
 from gsrecon.export import export_gaussians
-from gsrecon.logging.console import Logger
+from gsrecon.logging.console import Logger, ProgressLogger
 from gsrecon.metrics import mean_metrics
 from gsrecon.model.gaussians import check_params
 from gsrecon.model.ply import load_ply
@@ -34,7 +35,7 @@ from gsrecon.registry import DATASET_REGISTRY, MODEL_REGISTRY, RENDERER_REGISTRY
 from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
 from gsrecon.render.camera_path import ellipse_path, focus_point, interp_path, spiral_path
 from gsrecon.render.gsplat_renderer import GSPLAT_ALPHA_MAX
-from gsrecon.render.video import depth_to_rgb, write_video
+from gsrecon.render.video import VideoWriter, depth_to_rgb
 
 CAMERA_PATHS = {"ellipse": ellipse_path, "spiral": spiral_path, "interp": interp_path}
 
@@ -235,18 +236,24 @@ def render_path_video(
     params = {k: v.to(torch_device) for k, v in scene.params.items()}
     background = pipeline.fixed_background().to(torch_device)[None]
 
-    @torch.no_grad()
-    def renders() -> Iterator[RenderOutput]:  # one frame at a time: long videos need not fit in memory
-        for viewmat in viewmats:
-            yield renderer.render(params, viewmat[None], K[None], width, height, scene.sh_degree, background)
-
+    if width % 2 or height % 2:
+        logger.info(
+            f"frames are {width}x{height}: H.264 needs even sizes, so the video repeats the last "
+            f"{'column' if width % 2 else 'row'}{' and row' if width % 2 and height % 2 else ''}"
+        )
     out = Path(out)
-    written = [out]
-    write_video(out, (to_uint8(r.image[0]) for r in renders()), fps)
-    if depth:
-        depth_path = out.with_name(f"{out.stem}_depth{out.suffix}")
-        write_video(depth_path, (depth_to_rgb(r.depth[0, ..., 0], r.alpha[0, ..., 0]) for r in renders()), fps)
-        written.append(depth_path)
+    written = [out, out.with_name(f"{out.stem}_depth{out.suffix}")] if depth else [out]
+    progress = ProgressLogger(frames, logger.console, label="render", fields={})
+    progress.start(0)
+    with ExitStack() as videos, torch.no_grad():  # one pass, one frame at a time: long videos need no memory
+        videos.callback(progress.stop)
+        rgb_video, *depth_video = [videos.enter_context(VideoWriter(path, fps)) for path in written]
+        for index, viewmat in enumerate(viewmats):
+            frame = renderer.render(params, viewmat[None], K[None], width, height, scene.sh_degree, background)
+            rgb_video.write(to_uint8(frame.image[0]))
+            for video in depth_video:
+                video.write(depth_to_rgb(frame.depth[0, ..., 0], frame.alpha[0, ..., 0]))
+            progress.update(index + 1)
     return written
 
 

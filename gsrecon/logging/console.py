@@ -69,18 +69,27 @@ class _StepsPerSecondColumn(ProgressColumn):
 
 
 class ProgressLogger:
-    """A training progress bar: step, EMA loss, number of Gaussians, it/s and ETA.
+    """A progress bar: ``label``, count, one column per entry of ``fields``, it/s, elapsed time and ETA.
 
     It draws only on an interactive terminal (or when ``force`` is set); elsewhere it is silent.
+    ``fields`` maps a field name given to :meth:`update` to its column's label (training: the EMA
+    loss and the number of Gaussians).
     """
 
-    def __init__(self, total: int, console: Console, force: bool = False) -> None:
+    def __init__(
+        self,
+        total: int,
+        console: Console,
+        force: bool = False,
+        label: str = "train",
+        fields: dict[str, str] | None = None,
+    ) -> None:
+        fields = {"loss": "loss", "num_gaussians": "#GS"} if fields is None else fields
         self._progress = Progress(
-            TextColumn("[bold blue]train"),
+            TextColumn(f"[bold blue]{label}"),
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]}"),
-            TextColumn("#GS {task.fields[num_gaussians]}"),
+            *(TextColumn(f"{title} {{task.fields[{name}]}}") for name, title in fields.items()),
             _StepsPerSecondColumn(),
             TimeElapsedColumn(),
             TextColumn("ETA"),
@@ -89,14 +98,14 @@ class ProgressLogger:
             disable=not (force or console.is_terminal),
             refresh_per_second=5,
         )
-        self._task = self._progress.add_task("train", total=total, loss="-", num_gaussians="-")
+        self._task = self._progress.add_task(label, total=total, **dict.fromkeys(fields, "-"))
 
     def start(self, completed: int) -> None:
         self._progress.update(self._task, completed=completed)
         self._progress.start()
 
     def update(self, completed: int, **fields: Any) -> None:
-        """Move the bar to ``completed`` steps and refresh the text fields (loss, num_gaussians)."""
+        """Move the bar to ``completed`` and refresh the text fields."""
         self._progress.update(self._task, completed=completed, **{k: str(v) for k, v in fields.items()})
 
     def stop(self) -> None:
