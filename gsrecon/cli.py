@@ -70,6 +70,9 @@ def _hooks(args: argparse.Namespace) -> int:
     for column in ("key", "class", "priority", "arguments", "hook points"):
         table.add_column(column, overflow="fold")
     for key, entry in resolve_hooks(cfg.hooks, source).items():
+        if entry is None:
+            table.add_row(key, "-", "-", "removed by this config", "-")
+            continue
         name = entry.get("name", key)
         priority = entry["priority"]
         named = next((p.name for p in Priority if p == priority), None)

@@ -41,6 +41,15 @@ ENTRY_MAPS = ("hooks",)  # top-level keys holding named registry entries, merged
 APPENDED_LISTS = ("imports",)  # top-level lists that a child config extends instead of replacing
 
 
+REFERENCE_RUN_STEPS = 30_000  # the run length of the 3DGS paper, for which step-count defaults are given
+
+
+def run_steps(default: int) -> Any:
+    """A dataclass field holding a step count that suits a :data:`REFERENCE_RUN_STEPS`-step run: where a
+    config leaves it unset, :func:`resolved_entry` scales it to the run's ``max_steps``."""
+    return dataclasses.field(default=default, metadata={"run_steps": True})
+
+
 class ConfigError(ValueError):
     """A config that cannot be used as written; the message names the key and the file."""
 
@@ -307,11 +316,21 @@ def _check_signature(cls: type, kwargs: Mapping[str, Any], source: str, prefix: 
         raise ConfigError(f"{source}: {where}: {cls.__name__}: {exc}") from None
 
 
-def resolved_entry(cls: type, kwargs: Mapping[str, Any], source: str = "config", prefix: str = "") -> dict:
-    """``kwargs`` with the defaults of ``cls.Config`` filled in (unchanged for classes without one)."""
+def resolved_entry(
+    cls: type, kwargs: Mapping[str, Any], source: str = "config", prefix: str = "", max_steps: int | None = None
+) -> dict:
+    """``kwargs`` with the defaults of ``cls.Config`` filled in (unchanged for classes without one).
+
+    With ``max_steps``, each :func:`run_steps` field that ``kwargs`` leaves out is scaled from its
+    default to a ``max_steps`` run (at least 1).
+    """
     config_cls = getattr(cls, "Config", None)
     if config_cls is not None and dataclasses.is_dataclass(config_cls):
-        return to_container(parse_structured(config_cls, dict(kwargs), source, prefix))
+        resolved = to_container(parse_structured(config_cls, dict(kwargs), source, prefix))
+        for f in dataclasses.fields(config_cls):
+            if max_steps is not None and f.metadata.get("run_steps") and f.name not in kwargs:
+                resolved[f.name] = max(1, round(f.default * max_steps / REFERENCE_RUN_STEPS))
+        return resolved
     _check_signature(cls, kwargs, source, prefix)
     return dict(kwargs)
 

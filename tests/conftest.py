@@ -22,6 +22,7 @@ def tiny_config(exp_dir: Path, cache_dir: Path, **top: Any) -> dict[str, Any]:
         "exp_dir": str(exp_dir),
         "seed": 0,
         "device": "cpu",
+        "num_threads": 1,  # fixed: auto threads follow the machine's load, and exact-resume tests compare runs
         "max_steps": 6,
         "val_interval": 3,
         "data": {

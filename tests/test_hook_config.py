@@ -38,7 +38,7 @@ def _tiny_overrides(tmp_path: Path, synthetic_cache: Path, exp_dir: Path) -> lis
 
 def _hook_keys(config: Path, overrides: list[str] = ()) -> list[str]:
     cfg, source = load_run_config(str(config), overrides)
-    return list(resolve_hooks(cfg.hooks, source))
+    return [key for key, entry in resolve_hooks(cfg.hooks, source).items() if entry is not None]
 
 
 def test_a_child_yaml_adding_a_hook_keeps_every_hook_of_its_base(tmp_path: Path) -> None:
@@ -63,7 +63,7 @@ def test_command_line_adds_reconfigures_and_removes_hooks_by_name(tmp_path: Path
     )
     hooks = resolve_hooks(cfg.hooks, source)
     assert hooks["CheckPointHook"]["interval"] == 500
-    assert "EmptyCacheHook" in hooks and "ExportHook" not in hooks
+    assert "EmptyCacheHook" in hooks and hooks["ExportHook"] is None  # removed (and listed as such)
     with pytest.raises(ConfigError, match=r"'hooks\.Nope'.*null removes.*present: IterTimerHook"):
         load_run_config(str(config), ["hooks.Nope=null"])
     with pytest.raises(ConfigError, match=r"addressed by name, not position.*hooks\.LogHook\.log_interval"):
@@ -121,12 +121,24 @@ def test_gsrecon_hooks_prints_order_priority_arguments_and_points(capsys) -> Non
     assert "VERY_LOW (90)" in out and "interval=1000" in out and "after_train_iter" in out
 
 
+def test_resolved_config_yaml_reproduces_the_hooks_including_removed_defaults(make_config, tmp_path: Path) -> None:
+    config = write_yaml(tmp_path / "c.yaml", make_config(hooks={"LogHook": {"progress": False}}))
+    overrides = ["hooks.ExportHook=null", "hooks.EmptyCacheHook={}", "max_steps=1"]
+    assert main(["train", "--config", str(config), *overrides]) == 0
+    written = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["hooks"]
+    assert written["ExportHook"] is None and "EmptyCacheHook" in written
+    again, source = load_run_config(str(tmp_path / "run" / "config.yaml"))
+    assert resolve_hooks(again.hooks, source) == written
+
+
 def test_resolved_config_lists_hooks_in_run_order(make_trainer) -> None:
     trainer = make_trainer(hooks={"ExportHook": {}, "LogHook": {"progress": False}, "IterTimerHook": {}})
     written = yaml.safe_load((trainer.exp_dir / "config.yaml").read_text())
-    assert list(written["hooks"]) == ["IterTimerHook", "LogHook", "ExportHook"]
+    running = [key for key, entry in written["hooks"].items() if entry is not None]
+    assert running == ["IterTimerHook", "LogHook", "ExportHook"]
     assert written["hooks"]["LogHook"]["priority"] == 60 and written["hooks"]["LogHook"]["ema_factor"] == 0.4
-    assert list(trainer.hooks) == list(written["hooks"])
+    assert list(trainer.hooks) == running
+    assert written["hooks"]["MetricsHook"] is None  # a default this config does not run
 
 
 def test_example_custom_hook_config_trains_with_all_builtin_outputs(tmp_path: Path, synthetic_cache, capsys) -> None:

@@ -179,7 +179,15 @@ def test_mcmc_respects_cap_max_exactly(make_trainer) -> None:
 
 def test_mcmc_relocates_dead_gaussians(make_trainer) -> None:
     trainer = make_trainer(
-        max_steps=3, strategy={"name": "mcmc", "cap_max": 300, "refine_start": 0, "refine_every": 2, "noise_lr": 0.0}
+        max_steps=3,
+        strategy={
+            "name": "mcmc",
+            "cap_max": 300,
+            "refine_start": 0,
+            "refine_stop": 100,
+            "refine_every": 2,
+            "noise_lr": 0.0,
+        },
     )
     with torch.no_grad():
         trainer.model.params["opacities"][:100] = -20.0  # dead

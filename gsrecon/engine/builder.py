@@ -8,6 +8,7 @@ its built-ins when an entry is first looked up, so ``gsrecon eval/export/render`
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -53,7 +54,7 @@ class RunConfig:
     exp_dir: str = "outputs/run"
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    num_threads: int = 0  # torch CPU threads; 0 keeps torch's default
+    num_threads: int = 0  # torch CPU threads; 0: auto (the cores other processes leave free, at least 1)
     max_steps: int = 30_000
     val_interval: int = 1_000  # validate every this many steps and after the last one
     resume: Any = False  # false | true (newest checkpoint of exp_dir) | a checkpoint path
@@ -111,10 +112,30 @@ def resolve_device(name: str, dist: DistributedContext) -> torch.device:
     return torch.device(name)
 
 
+def set_cpu_threads(requested: int) -> str:
+    """Set torch's CPU threads: ``requested``, or for 0 the cores this process may use minus the 1-minute
+    load average (at least 1), since threads competing with busy processes slow a CPU render many
+    times over. Returns a line saying what was chosen and why."""
+    if requested > 0:
+        torch.set_num_threads(requested)
+        return f"{requested} CPU threads (num_threads: {requested})"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    threads = max(1, min(cores, round(cores - load)))
+    torch.set_num_threads(threads)
+    return f"{threads} CPU threads (num_threads: 0, auto: {cores} cores, load average {load:.2f})"
+
+
 def resolve_entry(
-    registry: Registry, entry: dict[str, Any], source: str, key: str, extra: tuple[str, ...] = ()
+    registry: Registry,
+    entry: dict[str, Any],
+    source: str,
+    key: str,
+    extra: tuple[str, ...] = (),
+    max_steps: int | None = None,
 ) -> dict[str, Any]:
-    """A registry entry ``{name, **args}`` with its defaults filled in; keys in ``extra`` pass through."""
+    """A registry entry ``{name, **args}`` with its defaults filled in (step counts the entry leaves
+    unset scaled to ``max_steps``, see :func:`gsrecon.config.run_steps`); keys in ``extra`` pass through."""
     entry = dict(entry)
     if "name" not in entry:
         raise ConfigError(f"{source}: key '{key}': needs a 'name' (one of {', '.join(registry.names())})")
@@ -124,7 +145,7 @@ def resolve_entry(
         raise ConfigError(f"{source}: key '{key}.name': {exc}") from None
     passthrough = {k: entry.pop(k) for k in extra if k in entry}
     name = entry.pop("name")
-    return {"name": name, **passthrough, **resolved_entry(cls, entry, source, key)}
+    return {"name": name, **passthrough, **resolved_entry(cls, entry, source, key, max_steps)}
 
 
 def resolve_renderer_entry(entry: dict[str, Any], device: torch.device, source: str) -> dict[str, Any]:
@@ -139,11 +160,12 @@ def resolve_renderer_entry(entry: dict[str, Any], device: torch.device, source: 
     return resolve_entry(RENDERER_REGISTRY, entry, source, "renderer")
 
 
-def resolve_hooks(hooks: Any, source: str) -> dict[str, dict[str, Any]]:
+def resolve_hooks(hooks: Any, source: str) -> dict[str, dict[str, Any] | None]:
     """The ``hooks:`` entries with defaults and priorities filled in, in the order they run.
 
     Order: priority (the entry's ``priority``, else the class's), then listing order. Each value is
-    ``{name (when it differs from the key), priority, **arguments}``.
+    ``{name (when it differs from the key), priority, **arguments}``; a default hook the config
+    removed follows as ``key: None``, so that the resolved config, read again, removes it again.
     """
     from gsrecon.hooks.base import get_priority
 
@@ -167,13 +189,16 @@ def resolve_hooks(hooks: Any, source: str) -> dict[str, dict[str, Any]]:
         resolved.append(
             (priority, index, key, {**({"name": name} if name != key else {}), "priority": priority, **entry})
         )
-    return {key: entry for _, _, key, entry in sorted(resolved, key=lambda t: (t[0], t[1]))}
+    running = {key: entry for _, _, key, entry in sorted(resolved, key=lambda t: (t[0], t[1]))}
+    return {**running, **{key: None for key in DEFAULT_HOOKS if key not in running}}
 
 
-def build_hooks(resolved: dict[str, dict[str, Any]], source: str = "config") -> dict[str, Hook]:
-    """Hook objects from :func:`resolve_hooks` entries, keyed and ordered as given."""
+def build_hooks(resolved: dict[str, dict[str, Any] | None], source: str = "config") -> dict[str, Hook]:
+    """Hook objects from :func:`resolve_hooks` entries (removed ones skipped), keyed and ordered as given."""
     hooks = {}
     for key, entry in resolved.items():
+        if entry is None:
+            continue
         args = {k: v for k, v in entry.items() if k != "priority"}
         try:
             hook = HOOK_REGISTRY.build({"name": key, **args})
@@ -188,9 +213,9 @@ def resolve_run_config(cfg: RunConfig, device: torch.device, source: str) -> dic
     """The run's config as plain data with every registry entry resolved: what ``config.yaml`` holds."""
     resolved = to_container(cfg)
     resolved.pop("resume")
-    resolved["model"] = resolve_entry(MODEL_REGISTRY, cfg.model, source, "model")
+    resolved["model"] = resolve_entry(MODEL_REGISTRY, cfg.model, source, "model", max_steps=cfg.max_steps)
     resolved["renderer"] = resolve_renderer_entry(cfg.renderer, device, source)
-    resolved["strategy"] = resolve_entry(STRATEGY_REGISTRY, cfg.strategy, source, "strategy")
+    resolved["strategy"] = resolve_entry(STRATEGY_REGISTRY, cfg.strategy, source, "strategy", max_steps=cfg.max_steps)
     resolved["writers"] = [resolve_entry(WRITER_REGISTRY, w, source, f"writers.{i}") for i, w in enumerate(cfg.writers)]
     resolved["hooks"] = resolve_hooks(cfg.hooks, source)
     return resolved

@@ -28,6 +28,7 @@ from gsrecon.engine.builder import (
     load_run_config,
     resolve_device,
     resolve_run_config,
+    set_cpu_threads,
     structural_keys,
 )
 from gsrecon.engine.evaluator import build_metrics, evaluate_views
@@ -71,8 +72,7 @@ class DefaultTrainer:
         self.dist = DistributedContext.from_env()
         self.logger = logger or Logger(console=None if self.is_main else Console(quiet=True))
         self.device = resolve_device(cfg.device, self.dist)
-        if cfg.num_threads > 0:
-            torch.set_num_threads(cfg.num_threads)
+        threads = set_cpu_threads(cfg.num_threads)
         self.max_steps = cfg.max_steps
         self.step = 0
         self.outputs: dict[str, Any] = {}
@@ -113,6 +113,7 @@ class DefaultTrainer:
         if self.is_main:
             kept = self.run_dir.prepare(overwrite, resume)
             self.logger.set_log_file(self.exp_dir / "train.log")
+            self.logger.info(f"{source}: {threads}; device {self.device}")
             if kept:
                 self.logger.info(f"--overwrite replaced the previous run and kept what it did not write: {kept}")
             self.writers = Writers(

@@ -15,11 +15,13 @@ import torch
 from scipy.spatial import cKDTree
 from torch import Tensor
 
+from gsrecon.config import run_steps
 from gsrecon.data.cameras import Scene
 from gsrecon.registry import MODEL_REGISTRY
 from gsrecon.render.sh import MAX_SH_DEGREE, num_sh_bases, rgb_to_sh, sh_degree_of
 
 PARAM_NAMES = ("means", "scales", "quats", "opacities", "sh0", "shN")
+INITS = ("auto", "sfm", "random", "ply")
 
 
 @MODEL_REGISTRY.register("gaussians")
@@ -36,13 +38,19 @@ class GaussianModel(torch.nn.Module):
     @dataclass
     class Config:
         sh_degree: int = 3  # maximum SH degree (0..3)
-        sh_degree_interval: int = 1000  # the active degree grows by one every this many steps
-        init: str = "sfm"  # sfm (the dataset's points) | random (points in a box) | ply (init_path)
+        sh_degree_interval: int = run_steps(1000)  # the active degree grows by one every this many steps
+        init: str = "auto"  # auto (sfm when the dataset has points, else random) | sfm | random | ply (init_path)
         init_path: str = ""  # .ply for init: ply
         init_num_points: int = 100_000  # for init: random
         init_extent: float = 3.0  # random points fill a cube of half-size init_extent × scene extent
         init_opacity: float = 0.1
         init_scale: float = 1.0  # multiplier on the initial scales (mean distance to the 3 nearest points)
+
+        def __post_init__(self) -> None:
+            if self.init not in INITS:
+                raise ValueError(f"model.init must be one of {', '.join(INITS)}; got '{self.init}'")
+            if self.init == "ply" and not self.init_path:
+                raise ValueError("model.init is 'ply' but model.init_path is empty; set it to a .ply file")
 
     def __init__(self, cfg: Config, params: dict[str, Tensor], start_sh_degree: int = 0) -> None:
         """``start_sh_degree``: the active SH degree at step 0 (Gaussians from a trained PLY start at its degree)."""
@@ -64,24 +72,21 @@ class GaussianModel(torch.nn.Module):
         if cfg.init == "ply":
             from gsrecon.model.ply import load_ply
 
-            if not cfg.init_path:
-                raise ValueError("model.init is 'ply' but model.init_path is empty; set it to a .ply file")
             params = load_ply(cfg.init_path)
             start = min(check_params(params), cfg.sh_degree)
             return cls(cfg, _with_sh_degree(params, cfg.sh_degree), start_sh_degree=start)
-        if cfg.init == "sfm":
+        init = cfg.init if cfg.init != "auto" else ("sfm" if scene.points.shape[0] > 0 else "random")
+        if init == "sfm":
             if scene.points.shape[0] == 0:
                 raise ValueError("model.init is 'sfm' but the dataset has no points; use model.init=random")
             points, colors = scene.points.float(), scene.colors.float()
-        elif cfg.init == "random":
+        else:
             if cfg.init_num_points < 1:
                 raise ValueError(f"model.init_num_points must be >= 1, got {cfg.init_num_points}")
             center = scene.center
             half = cfg.init_extent * scene.extent
             points = center + (torch.rand(cfg.init_num_points, 3, generator=generator) * 2 - 1) * half
             colors = torch.rand(cfg.init_num_points, 3, generator=generator)
-        else:
-            raise ValueError(f"model.init must be one of sfm, random, ply; got '{cfg.init}'")
         return cls(cfg, init_params(points, colors, cfg.sh_degree, cfg.init_opacity, cfg.init_scale))
 
     @property

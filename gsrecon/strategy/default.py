@@ -17,6 +17,7 @@ import torch
 from gsplat.strategy.ops import duplicate, remove, reset_opa, split
 from torch import Tensor
 
+from gsrecon.config import run_steps
 from gsrecon.distributed import DistributedContext
 from gsrecon.registry import STRATEGY_REGISTRY
 from gsrecon.strategy.base import SINGLE_PROCESS, Optimizers, Params, Strategy
@@ -44,10 +45,10 @@ class DefaultStrategy(Strategy):
         prune_scale3d: float = 0.1
         prune_scale2d: float = 0.15
         refine_scale2d_stop: int = 0  # > 0: also split/prune by screen size until this step
-        refine_start: int = 500
-        refine_stop: int = 15_000
+        refine_start: int = run_steps(500)
+        refine_stop: int = run_steps(15_000)
         refine_every: int = 100
-        reset_every: int = 3000
+        reset_every: int = run_steps(3000)
         pause_refine_after_reset: int = 0
         absgrad: bool = False  # AbsGS gradients (needs renderer gsplat with absgrad: true)
         revised_opacity: bool = False  # opacity of split Gaussians as in arXiv:2404.06109

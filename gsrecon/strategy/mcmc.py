@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from gsrecon.config import run_steps
 from gsrecon.distributed import DistributedContext
 from gsrecon.geometry import quat_scale_to_factor
 from gsrecon.registry import STRATEGY_REGISTRY
@@ -37,8 +38,8 @@ class MCMCStrategy(Strategy):
     class Config:
         cap_max: int = 1_000_000
         noise_lr: float = 5e5
-        refine_start: int = 500
-        refine_stop: int = 25_000
+        refine_start: int = run_steps(500)
+        refine_stop: int = run_steps(25_000)
         refine_every: int = 100
         min_opacity: float = 0.005
         grow_rate: float = 1.05

@@ -1,0 +1,75 @@
+"""Defaults that follow the run: schedules scale with its length, threads with the machine, init with the data."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import write_yaml
+
+from gsrecon.data.cameras import Scene
+from gsrecon.engine.builder import load_run_config, resolve_run_config, set_cpu_threads
+from gsrecon.model.gaussians import GaussianModel
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _resolved(config: Path, *overrides: str) -> dict:
+    cfg, source = load_run_config(str(config), list(overrides))
+    return resolve_run_config(cfg, torch.device("cpu"), source)
+
+
+def test_unset_step_counts_scale_with_max_steps_and_set_ones_stay(tmp_path: Path) -> None:
+    base = REPO / "configs" / "mipnerf360.yaml"
+    full = _resolved(base, "data.path=/x")
+    assert {k: full["strategy"][k] for k in ("refine_start", "refine_stop", "reset_every")} == {
+        "refine_start": 500,
+        "refine_stop": 15_000,
+        "reset_every": 3000,
+    }
+    assert full["model"]["sh_degree_interval"] == 1000  # the 3DGS paper's schedule at 30k steps
+    short = _resolved(base, "data.path=/x", "max_steps=2000")
+    assert short["strategy"]["refine_stop"] == 1000 and short["strategy"]["refine_start"] == 33
+    assert short["strategy"]["reset_every"] == 200 and short["model"]["sh_degree_interval"] == 67
+    assert short["strategy"]["refine_every"] == 100  # not a run-length setting
+    explicit = _resolved(base, "data.path=/x", "max_steps=2000", "strategy.refine_stop=1800")
+    assert explicit["strategy"]["refine_stop"] == 1800
+    mcmc = _resolved(base, "data.path=/x", "max_steps=3000", "strategy={name: mcmc}")
+    assert mcmc["strategy"]["refine_stop"] == 2500 and mcmc["strategy"]["refine_start"] == 50
+
+
+def test_a_config_without_step_counts_gets_them_from_max_steps(make_config, tmp_path: Path) -> None:
+    config = make_config()
+    config["model"] = {"sh_degree": 1}  # sh_degree_interval left to follow max_steps
+    path = write_yaml(tmp_path / "c.yaml", config)
+    assert _resolved(path)["model"]["sh_degree_interval"] == 1  # 1000 × 6 / 30000, at least 1
+    assert _resolved(path, "max_steps=300")["model"]["sh_degree_interval"] == 10
+
+
+@pytest.mark.parametrize("requested", [1, 2])
+def test_thread_counts_are_used_and_said_explicit_or_auto(requested: int) -> None:
+    before = torch.get_num_threads()
+    try:
+        assert set_cpu_threads(requested) == f"{requested} CPU threads (num_threads: {requested})"
+        assert torch.get_num_threads() == requested
+        line = set_cpu_threads(0)
+        assert line.startswith(f"{torch.get_num_threads()} CPU threads (num_threads: 0, auto: ")
+        assert 1 <= torch.get_num_threads() <= len(os.sched_getaffinity(0))
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_auto_init_uses_points_when_the_data_has_them_and_random_otherwise(make_trainer) -> None:
+    trainer = make_trainer(model={"sh_degree": 1, "init": "auto"})
+    assert trainer.model.num_gaussians == 300  # the synthetic scene's SfM-like points
+    scene = trainer.datapipeline.scene
+    no_points = Scene(scene.train, scene.test, torch.zeros(0, 3), torch.zeros(0, 3))
+    cfg = GaussianModel.Config(sh_degree=1, init="auto", init_num_points=123)
+    assert GaussianModel.from_scene(cfg, no_points).num_gaussians == 123
+
+
+def test_init_names_are_checked_before_any_data_is_loaded(make_trainer) -> None:
+    with pytest.raises(ValueError, match=r"model\.init must be one of auto, sfm, random, ply; got 'sfmm'"):
+        make_trainer(model={"init": "sfmm"}, data={"dataset": "colmap", "path": "/does/not/exist"})
