@@ -24,9 +24,13 @@ _console = Console(stderr=True, soft_wrap=True)
 
 
 def _train(args: argparse.Namespace) -> int:
-    from gsrecon.engine.trainer import build_trainer
+    from gsrecon.engine.builder import load_run_config
+    from gsrecon.engine.trainer import DefaultTrainer
 
-    trainer = build_trainer(args.config, args.overrides, resume=True if args.resume else None, overwrite=args.overwrite)
+    cfg, source = load_run_config(args.config, args.overrides)
+    if args.resume:
+        cfg.resume = True
+    trainer = DefaultTrainer(cfg, source=source, overwrite=args.overwrite)
     trainer.train()
     if trainer.stop_reason:
         if trainer.run_dir.latest_checkpoint() is None:

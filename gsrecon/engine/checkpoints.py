@@ -111,9 +111,9 @@ def _settings(group: dict[str, Any], lr_key: str = "lr") -> dict[str, Any]:
     return settings
 
 
-def restore_strategy_state(checkpoint: dict[str, Any], state: dict[str, Any], device: torch.device) -> None:
-    """Update a strategy's fresh ``state`` with the saved one, its tensors moved to ``device``."""
-    state.update({k: v.to(device) if torch.is_tensor(v) else v for k, v in checkpoint["strategy"].items()})
+def restore_strategy_state(checkpoint: dict[str, Any], state: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """A strategy's fresh ``state`` updated with the saved one, its tensors moved to ``device``."""
+    return {**state, **{k: v.to(device) if torch.is_tensor(v) else v for k, v in checkpoint["strategy"].items()}}
 
 
 def restore_hooks(checkpoint: dict[str, Any], hooks: Mapping[str, Hook]) -> None:
@@ -185,6 +185,22 @@ def check_resumable(
                 f"{source}: cannot resume {path}: it was trained with model.{key}={old_model[key]} but "
                 f"this config has model.{key}={model_entry.get(key)}; set model.{key}={old_model[key]}"
             )
+
+
+def describe_changes(old_config: dict[str, Any], new_config: dict[str, Any]) -> list[str]:
+    """Log lines for a resume: the settings that changed since the checkpoint, apart from those that
+    only shape a new model (``model.init*``), which a resume cannot apply."""
+    changes = changed_settings(old_config, new_config)
+    unused = [c for c in changes if c.startswith("model.init")]
+    lines = []
+    for label, items in (
+        ("resuming with changed settings", [c for c in changes if c not in unused]),
+        ("not applied on a resume (they only shape a new model)", unused),
+    ):
+        if items:
+            shown = ", ".join(items[:8]) + (f" and {len(items) - 8} more" if len(items) > 8 else "")
+            lines.append(f"{label}: {shown}")
+    return lines
 
 
 def changed_settings(old: Any, new: Any, prefix: str = "") -> list[str]:

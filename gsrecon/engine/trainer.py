@@ -25,7 +25,6 @@ from gsrecon.engine.builder import (
     build_hooks,
     build_model,
     check_run_config,
-    load_run_config,
     resolve_device,
     resolve_run_config,
     set_cpu_threads,
@@ -295,8 +294,8 @@ class DefaultTrainer:
         changed = checkpoints.restore_optimization(checkpoint, self.optimizers, self.schedulers, step)
         if changed:
             self.logger.info(f"resuming with this config's learning-rate schedule for {', '.join(changed)}")
-        self.strategy_state = self.strategy.initialize_state(self.scene_extent)
-        checkpoints.restore_strategy_state(checkpoint, self.strategy_state, self.device)
+        fresh = self.strategy.initialize_state(self.scene_extent)
+        self.strategy_state = checkpoints.restore_strategy_state(checkpoint, fresh, self.device)
         checkpoints.restore_hooks(checkpoint, self.hooks)
         checkpoints.restore_rng(checkpoint)
         self.step = step
@@ -310,28 +309,7 @@ class DefaultTrainer:
         self._resume_from = None
         self.load_checkpoint(checkpoint)
         self.logger.info(f"resumed from {path} at step {self.step}")
-        changes = checkpoints.changed_settings(checkpoint.get("config", {}), self.resolved_config)
-        unused = [c for c in changes if c.startswith("model.init")]  # they only shape a new model
-        for label, items in (
-            ("resuming with changed settings", [c for c in changes if c not in unused]),
-            ("not applied on a resume (they only shape a new model)", unused),
-        ):
-            if items:
-                shown = ", ".join(items[:8]) + (f" and {len(items) - 8} more" if len(items) > 8 else "")
-                self.logger.info(f"{label}: {shown}")
+        for line in checkpoints.describe_changes(checkpoint.get("config", {}), self.resolved_config):
+            self.logger.info(line)
         if self.step >= self.max_steps:
             self.logger.info(f"the checkpoint is already at max_steps ({self.max_steps}); raise max_steps to go on")
-
-
-def build_trainer(
-    cfg_source: str,
-    overrides: list[str] = (),
-    resume: bool | str | None = None,
-    overwrite: bool = False,
-    logger: Logger | None = None,
-) -> DefaultTrainer:
-    """Load a YAML config (plus ``key=value`` overrides), validate it and build the trainer."""
-    cfg, source = load_run_config(cfg_source, overrides)
-    if resume is not None:
-        cfg.resume = resume
-    return DefaultTrainer(cfg, source=source, overwrite=overwrite, logger=logger)
