@@ -118,7 +118,7 @@ class DefaultTrainer:
             self.writers = Writers(
                 [WRITER_REGISTRY.build(w, exp_dir=self.exp_dir) for w in self.resolved_config["writers"]]
             )
-            hook_outputs = [path for hook in self.hooks.values() for path in hook.outputs()]
+            hook_outputs = [path for hook in self.hooks.values() for path in getattr(hook, "outputs", list)()]
             self.run_dir.record_outputs(["config.yaml", "train.log", *self.writers.outputs(), *hook_outputs])
             save_yaml(self.resolved_config, self.exp_dir / "config.yaml")
             self.writers.write_config(self.resolved_config)
