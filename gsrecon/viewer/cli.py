@@ -1,0 +1,74 @@
+"""``gsrecon view``: a trained scene in the browser, until Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+
+from gsrecon.viewer import INSTALL_HINT
+
+
+def add_view_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register the ``view`` subcommand on ``subparsers`` (its handler returns an exit code)."""
+    from gsrecon.cli import _add_source_args
+
+    p = subparsers.add_parser(
+        "view",
+        help="open a trained scene in the browser viewer",
+        description="Serve a trained scene to a web browser (viser): Gaussians drawn by the browser or rendered "
+        "exactly by gsrecon on this machine, training cameras as frustums. Prints the URL; runs until "
+        f"Ctrl-C. Needs the viewer extra: {INSTALL_HINT}",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    _add_source_args(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: all interfaces)")
+    p.add_argument("--port", type=int, default=8080, help="port to listen on (the next free one if busy; 0: any)")
+    p.add_argument(
+        "--display",
+        default="browser",
+        choices=["browser", "server"],
+        help="what the page shows first: splats drawn by the browser, or gsrecon's exact render from this machine",
+    )
+    p.add_argument("--resolution", type=int, default=512, help="longer side in pixels of gsrecon's renders")
+    p.set_defaults(func=view)
+
+
+def view(args: argparse.Namespace) -> int:
+    """Load the scene named by ``args``, serve it and print its URL; return 0 after Ctrl-C."""
+    from gsrecon.viewer import require_viser
+
+    require_viser()
+    from gsrecon.data.datapipeline import DataPipeline
+    from gsrecon.distributed import DistributedContext
+    from gsrecon.engine.builder import resolve_device
+    from gsrecon.engine.inference import build_renderer, load_trained_scene
+    from gsrecon.logging.console import Logger
+    from gsrecon.viewer.server import SceneViewer
+
+    scene = load_trained_scene(
+        checkpoint=args.checkpoint,
+        exp_dir=args.exp_dir,
+        ply=args.ply,
+        config=args.config,
+        overrides=args.overrides,
+        imports=args.imports,
+    )
+    device = resolve_device(args.device if args.device != "auto" else scene.cfg.device, DistributedContext())
+    logger = Logger()
+    pipeline = DataPipeline(scene.cfg.data, device, scene.cfg.seed)
+    renderer = build_renderer(scene, device, logger)
+    viewer = SceneViewer(
+        renderer,
+        pipeline.scene,
+        pipeline.fixed_background(),
+        host=args.host,
+        port=args.port,
+        display=args.display,
+        resolution=args.resolution,
+    )
+    try:
+        viewer.set_scene({k: v.to(device) for k, v in scene.params.items()}, scene.sh_degree, scene.step)
+        print(f"viewer of {scene.source}: {viewer.url} (Ctrl-C to stop)", flush=True)
+        viewer.serve_forever()
+    finally:
+        viewer.close()
+    return 0

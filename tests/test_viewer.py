@@ -1,0 +1,437 @@
+"""The browser viewer: ViewerHook's refresh and pause logic, server-side renders, camera clicks,
+`gsrecon view` in headless Chromium, and the one-line error without viser."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import math
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+viser = pytest.importorskip("viser")
+import msgspec  # noqa: E402  (viser's dependencies, present when viser is)
+import zstandard  # noqa: E402
+from viser._messages import GuiUpdateMessage, SceneNodeClickMessage, ViewerCameraMessage  # noqa: E402
+from websockets.sync.client import connect  # noqa: E402
+
+import gsrecon.hooks.viewer  # noqa: E402, F401  (registers ViewerHook)
+from gsrecon.config import parse_structured  # noqa: E402
+from gsrecon.data.images import to_uint8  # noqa: E402
+from gsrecon.engine.trainer import DefaultTrainer  # noqa: E402
+from gsrecon.geometry import camera_centers  # noqa: E402
+from gsrecon.hooks import Hook  # noqa: E402
+from gsrecon.hooks.viewer import ViewerHook  # noqa: E402
+from gsrecon.registry import HOOK_REGISTRY  # noqa: E402
+from gsrecon.render.camera_path import focus_point  # noqa: E402
+from gsrecon.viewer import DISPLAYS, ViewerUnavailableError  # noqa: E402
+from gsrecon.viewer.cli import add_view_parser  # noqa: E402
+from gsrecon.viewer.convert import Pose, pose_of, vertical_fov, view_of  # noqa: E402
+from gsrecon.viewer.server import SceneViewer  # noqa: E402
+
+DEADLINE_S = 60.0  # bound on every wait for the server, a page or a subprocess
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = DEADLINE_S) -> None:
+    """Poll ``condition`` until it holds; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def serve_until(viewer: SceneViewer, condition: Callable[[], bool], what: str) -> None:
+    """Let ``viewer`` do what pages ask for (as `gsrecon view`'s loop does) until ``condition`` holds."""
+
+    def served() -> bool:
+        viewer.process(timeout=0.05)
+        return bool(condition())
+
+    wait_for(served, what)
+
+
+class Page:
+    """A websocket client speaking viser's protocol as the browser page does: it reports its camera,
+    clicks scene nodes and records the messages the server sends it."""
+
+    def __init__(self, url: str) -> None:
+        self.ws = connect(url.replace("http://", "ws://"), subprotocols=[f"viser-v{viser.__version__}"], max_size=None)
+        self.received: list[dict[str, Any]] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        decompressor = zstandard.ZstdDecompressor()
+        try:
+            for frame in self.ws:
+                size, compressed = int.from_bytes(frame[:8], "little"), int.from_bytes(frame[8:16], "little")
+                inner = decompressor.decompress(frame[16 : 16 + compressed], max_output_size=size)
+                self.received.extend(msgspec.msgpack.decode(inner)["messages"])
+        except Exception:  # the connection closed
+            return
+
+    def of_type(self, name: str) -> list[dict[str, Any]]:
+        return [m for m in list(self.received) if m["type"] == name]
+
+    def renders(self) -> list[bytes]:
+        """The server-side renders received (encoded images), oldest first."""
+        return [m["rgb_data"] for m in self.of_type("BackgroundImageMessage") if m["rgb_data"] is not None]
+
+    def moves(self, name: str) -> list[dict[str, Any]]:
+        """Camera messages of type ``name`` addressed to this page (not the initial camera of all pages)."""
+        return [m for m in self.of_type(name) if not m["initial"]]
+
+    def send_camera(self, pose: Pose, fov: float, width: int, height: int) -> None:
+        forward = viser.transforms.SO3(pose.wxyz).as_matrix()[:, 2]
+        message = ViewerCameraMessage(
+            wxyz=tuple(pose.wxyz.tolist()),
+            position=tuple(pose.position.tolist()),
+            fov=fov,
+            near=0.01,
+            far=1000.0,
+            image_height=height,
+            image_width=width,
+            look_at=tuple((pose.position + forward).tolist()),
+            up_direction=(0.0, 0.0, 1.0),
+        )
+        self.ws.send(msgspec.msgpack.encode(message.as_serializable_dict()))
+
+    def click(self, node_name: str) -> None:
+        message = SceneNodeClickMessage(node_name, None, (0.0, 0.0, 0.0), (0.0, 0.0, 1.0), (0.5, 0.5), None)
+        self.ws.send(msgspec.msgpack.encode(message.as_serializable_dict()))
+
+    def choose(self, label: str, value: str) -> None:
+        """Set the page's control named ``label`` to ``value``, as a user does."""
+        control = next(m for m in self.received if m.get("props", {}).get("label") == label)
+        self.ws.send(msgspec.msgpack.encode(GuiUpdateMessage(control["uuid"], {"value": value}).as_serializable_dict()))
+
+    def close(self) -> None:
+        self.ws.close()
+        self._reader.join(timeout=DEADLINE_S)
+
+
+def viewer_hook(trainer: DefaultTrainer) -> ViewerHook:
+    return trainer.hooks["ViewerHook"]
+
+
+@HOOK_REGISTRY.register()
+class BrowserPageHook(Hook):
+    """Connects a `Page` to the viewer before training (``connect``) and records the step the viewer
+    shows after every step (test helper; runs after ViewerHook)."""
+
+    priority = "LOWEST"
+
+    def __init__(self, connect: bool = True) -> None:
+        self.connect = connect
+        self.page: Page | None = None
+        self.shown_steps: list[int | None] = []
+
+    def before_train(self, trainer) -> None:
+        viewer = viewer_hook(trainer).viewer
+        if self.connect:
+            self.page = Page(viewer.url)
+            frame = trainer.datapipeline.scene.train[0]
+            self.page.send_camera(pose_of(frame.viewmat), vertical_fov(frame.K, frame.height), 320, 240)
+            wait_for(lambda: viewer.num_clients == 1, "the page to connect")
+
+    def after_train_iter(self, trainer) -> None:
+        self.shown_steps.append(viewer_hook(trainer).viewer.step)
+
+    def after_run(self, trainer) -> None:
+        if self.page is not None:
+            self.page.close()
+
+
+@HOOK_REGISTRY.register()
+class PressPauseHook(Hook):
+    """Presses the page's Pause button after a given step, before ViewerHook runs (test helper)."""
+
+    priority = "HIGHEST"
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def after_train_iter(self, trainer) -> None:
+        if trainer.step == self.step:
+            viewer_hook(trainer).viewer.pause_button.value = True  # what a click in the page does
+
+
+def _viewer_trainer(make_trainer, extra_hooks: dict[str, Any] | None = None, **viewer: Any) -> DefaultTrainer:
+    hooks = {
+        "ViewerHook": {"port": 0, "keep_alive": False, "max_overhead": 1.0, **viewer},
+        "BrowserPageHook": {},
+        **(extra_hooks or {}),
+    }
+    return make_trainer(hooks=hooks)
+
+
+def _page_hook(trainer: DefaultTrainer) -> BrowserPageHook:
+    return trainer.hooks["BrowserPageHook"]
+
+
+def test_hook_refreshes_every_n_steps_while_a_page_is_connected(make_trainer) -> None:
+    trainer = _viewer_trainer(make_trainer, refresh_steps=2, refresh_seconds=0.0)
+    trainer.train()
+    page = _page_hook(trainer)
+    assert page.shown_steps == [1, 1, 3, 3, 5, 5]
+    assert len(page.page.of_type("GaussianSplatsMessage")) == 3  # the page got each refresh
+    assert viewer_hook(trainer).viewer is None  # after_run stopped the server
+
+
+def test_hook_refreshes_at_most_every_s_seconds(make_trainer) -> None:
+    trainer = _viewer_trainer(make_trainer, refresh_steps=1, refresh_seconds=3600.0)
+    trainer.train()
+    assert _page_hook(trainer).shown_steps == [1] * 6
+
+
+def test_hook_does_nothing_without_a_page(make_trainer) -> None:
+    hooks = {"ViewerHook": {"port": 0, "keep_alive": False}, "BrowserPageHook": {"connect": False}}
+    trainer = make_trainer(hooks=hooks)
+    trainer.train()
+    assert _page_hook(trainer).shown_steps == [None] * 6
+    assert viewer_hook(trainer).busy_seconds == 0.0
+
+
+def test_hook_overhead_budget_skips_work_after_a_refresh(make_trainer) -> None:
+    trainer = _viewer_trainer(make_trainer, refresh_steps=1, refresh_seconds=0.0, max_overhead=1e-9)
+    trainer.train()
+    assert _page_hook(trainer).shown_steps == [1] * 6  # the first refresh's time buys a long idle spell
+
+
+def test_pause_blocks_training_until_resume(make_trainer) -> None:
+    trainer = _viewer_trainer(make_trainer, {"PressPauseHook": {"step": 2}})
+    errors: list[BaseException] = []
+
+    def train() -> None:
+        try:
+            trainer.train()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=train)
+    thread.start()
+    hook = viewer_hook(trainer)
+    wait_for(lambda: hook.paused_at == 2 or not thread.is_alive(), "training to pause")
+    thread.join(timeout=1.0)
+    assert thread.is_alive() and trainer.step == 2 and hook.viewer.step == 2
+    assert "Resume" in hook.viewer.pause_button.label
+    hook.viewer.pause_button.value = True  # Resume
+    thread.join(timeout=DEADLINE_S)
+    assert not thread.is_alive() and not errors
+    assert trainer.step == 6 and hook.paused_at is None
+
+
+def test_pause_is_released_when_the_last_page_leaves(make_trainer) -> None:
+    trainer = _viewer_trainer(make_trainer, {"PressPauseHook": {"step": 3}})
+    thread = threading.Thread(target=trainer.train)
+    thread.start()
+    hook = viewer_hook(trainer)
+    wait_for(lambda: hook.paused_at == 3 or not thread.is_alive(), "training to pause")
+    _page_hook(trainer).page.close()
+    thread.join(timeout=DEADLINE_S)
+    assert not thread.is_alive() and trainer.step == 6
+
+
+@pytest.fixture
+def scene_viewer(make_trainer):
+    """A SceneViewer (port 0) of a tiny real model with a real renderer, and that trainer."""
+    trainer = make_trainer()
+    viewer = SceneViewer(
+        trainer.renderer,
+        trainer.datapipeline.scene,
+        trainer.datapipeline.fixed_background(),
+        port=0,
+        display="server",
+        resolution=128,
+    )
+    params = {k: v.detach().clone() for k, v in trainer.model.params.items()}
+    viewer.set_scene(params, trainer.model.cfg.sh_degree, 0)
+    yield viewer, trainer
+    viewer.close()
+
+
+def test_server_display_sends_gsrecon_render_for_the_page_camera(scene_viewer) -> None:
+    viewer, trainer = scene_viewer
+    page = Page(viewer.url)
+    frame = trainer.datapipeline.scene.train[0]
+    fov = vertical_fov(frame.K, frame.height)
+    page.send_camera(pose_of(frame.viewmat), fov, 4 * frame.width, 4 * frame.height)
+    serve_until(viewer, page.renders, "a server-side render")
+    sent = np.asarray(Image.open(io.BytesIO(page.renders()[-1])).convert("RGB")).astype(np.float32)
+
+    view = view_of(pose_of(frame.viewmat), fov, frame.width / frame.height, viewer.resolution_slider.value)
+    with torch.no_grad():
+        out = trainer.renderer.render(
+            trainer.model.params, view.viewmat[None], view.K[None], view.width, view.height, 1, torch.zeros(1, 3)
+        )
+    expected = to_uint8(out.image[0]).astype(np.float32)
+    assert sent.shape == expected.shape == (96, 128, 3)
+    assert np.abs(sent - expected).mean() < 3.0  # JPEG's loss only
+    assert expected.std() > 10.0  # a picture, not a flat colour
+    page.close()
+
+
+def test_output_and_display_switches(scene_viewer) -> None:
+    viewer, trainer = scene_viewer
+    page = Page(viewer.url)
+    frame = trainer.datapipeline.scene.train[0]
+    page.send_camera(pose_of(frame.viewmat), vertical_fov(frame.K, frame.height), 320, 240)
+    serve_until(viewer, page.renders, "a server-side render")
+    assert "TorchRenderer" in viewer.status_text.content
+
+    viewer.output_dropdown.value = "depth"
+    viewer.resolution_slider.value = 64
+    serve_until(viewer, lambda: len(page.renders()) == 2, "a depth render")
+    rgb, depth = (np.asarray(Image.open(io.BytesIO(jpeg))) for jpeg in page.renders())
+    assert rgb.shape == (96, 128, 3) and depth.shape == (48, 64, 3)
+    assert np.abs(depth[..., 2].astype(float) - depth[..., 0]).mean() > 20  # colour-mapped, not grey
+
+    viewer.display_dropdown.value = DISPLAYS["browser"]
+    viewer.process()
+    assert viewer.shown == "browser" and "WebGL" in viewer.status_text.content
+    wait_for(lambda: page.of_type("BackgroundImageMessage")[-1]["rgb_data"] is None, "the render to be cleared")
+    wait_for(lambda: page.of_type("GaussianSplatsMessage"), "the splats")
+    page.close()
+
+
+def test_clicking_a_camera_frustum_moves_the_page_camera_there(scene_viewer) -> None:
+    viewer, trainer = scene_viewer
+    page = Page(viewer.url)
+    first = trainer.datapipeline.scene.train[0]
+    page.send_camera(pose_of(first.viewmat), vertical_fov(first.K, first.height), 320, 240)
+    serve_until(viewer, page.renders, "the server to know the page's camera")
+    page.click("/cameras/00003")
+    wait_for(lambda: page.moves("SetCameraPositionMessage"), "the camera to move")
+    target = trainer.datapipeline.scene.train[3]
+    position = np.array(page.moves("SetCameraPositionMessage")[-1]["position"])
+    np.testing.assert_allclose(position, camera_centers(target.viewmat).numpy(), atol=1e-5)
+    direction = np.array(page.moves("SetCameraLookAtMessage")[-1]["look_at"]) - position
+    np.testing.assert_allclose(direction / np.linalg.norm(direction), target.viewmat[2, :3].numpy(), atol=1e-5)
+    page.close()
+
+
+def test_pose_and_view_round_trip_a_training_camera(make_trainer) -> None:
+    frame = make_trainer().datapipeline.scene.train[2]
+    view = view_of(pose_of(frame.viewmat), vertical_fov(frame.K, frame.height), frame.width / frame.height, 32)
+    torch.testing.assert_close(view.viewmat, frame.viewmat, atol=1e-5, rtol=0)
+    assert (view.width, view.height) == (frame.width, frame.height)
+    torch.testing.assert_close(view.K[1, 1], frame.K[1, 1], atol=1e-3, rtol=0)
+    assert math.isclose(float(view.K[0, 2]), frame.width / 2)
+
+
+def test_without_viser_hook_and_view_fail_in_one_line(monkeypatch, make_trainer, tmp_path) -> None:
+    monkeypatch.setitem(sys.modules, "viser", None)  # `import viser` raises ImportError
+    with pytest.raises(ValueError, match=r"hooks\.ViewerHook.*viser.*pip install -e \.\[viewer\]$") as caught:
+        make_trainer(hooks={"ViewerHook": {}})  # ValueError: the command line's one red line and exit 2
+    assert "\n" not in str(caught.value)
+    args = _view_parser().parse_args(["view", "--exp-dir", str(tmp_path)])
+    with pytest.raises(ViewerUnavailableError, match=r"pip install -e \.\[viewer\]$"):
+        args.func(args)
+
+
+def test_hook_config_errors_name_the_setting(make_trainer) -> None:
+    with pytest.raises(ValueError, match="display must be one of browser, server"):
+        make_trainer(hooks={"ViewerHook": {"display": "vr"}})
+    with pytest.raises(ValueError, match="max_overhead must be in"):
+        make_trainer(hooks={"ViewerHook": {"max_overhead": 0}})
+
+
+def _view_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gsrecon")
+    add_view_parser(parser.add_subparsers(dest="command", required=True))
+    return parser
+
+
+VIEW_MAIN = (
+    "import argparse, sys\n"
+    "from gsrecon.viewer.cli import add_view_parser\n"
+    "parser = argparse.ArgumentParser(prog='gsrecon')\n"
+    "add_view_parser(parser.add_subparsers(dest='command', required=True))\n"
+    "args = parser.parse_args()\n"
+    "sys.exit(args.func(args))\n"
+)
+
+
+def _start_view(*args: str) -> tuple[subprocess.Popen, str]:
+    """Run ``gsrecon view ARGS`` (through add_view_parser) and return it with the URL it prints."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", VIEW_MAIN, "view", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    try:
+        line = lines.get(timeout=DEADLINE_S)
+    except queue.Empty:
+        proc.kill()
+        raise AssertionError(f"gsrecon view printed no URL: {proc.stderr.read()}") from None
+    return proc, next(word for word in line.split() if word.startswith("http://"))
+
+
+def _screenshot(url: str, path: Path) -> np.ndarray:
+    """Headless Chromium's picture of ``url`` (software WebGL), 800 x 600, RGB."""
+    subprocess.run(
+        [
+            "chromium", "--headless", "--no-sandbox", "--disable-gpu", "--use-angle=swiftshader",
+            "--enable-unsafe-swiftshader", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--no-first-run", f"--user-data-dir={path.parent / 'chromium'}",
+            "--virtual-time-budget=15000", "--window-size=800,600", f"--screenshot={path}", url,
+        ],
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )  # fmt: skip
+    return np.asarray(Image.open(path).convert("RGB")).astype(np.float32)
+
+
+def _csv(vector: np.ndarray) -> str:
+    return ",".join(f"{x:.6f}" for x in vector)
+
+
+SCENE_AREA = (slice(300, 560), slice(100, 700))  # rows, columns of the page below its panels
+
+
+def test_gsrecon_view_draws_the_scene_in_chromium(make_config, tmp_path) -> None:
+    if shutil.which("chromium") is None:
+        pytest.skip("needs chromium (apt-get install chromium)")
+    config = make_config(max_steps=3)
+    trainer = DefaultTrainer(parse_structured(DefaultTrainer.Config, config))
+    trainer.train()
+    proc, url = _start_view("--exp-dir", config["exp_dir"], "--port", "0", "--resolution", "256")
+    try:
+        assert url.startswith("http://127.0.0.1:")
+        first = _screenshot(url, tmp_path / "browser_splats.png")
+        scene = trainer.datapipeline.scene
+        focus = focus_point(torch.stack([f.viewmat for f in scene.train]), scene.points).numpy()
+        closer = 0.5 * (focus + camera_centers(scene.train[4].viewmat).numpy())  # inside the ring of cameras
+        query = f"?initialCameraPosition={_csv(closer)}&initialCameraLookAt={_csv(focus)}"
+        moved = _screenshot(url + query, tmp_path / "browser_splats_moved.png")
+        page = Page(url)
+        page.send_camera(pose_of(scene.train[0].viewmat), 0.7, 320, 240)  # viser serves pages that did
+        wait_for(lambda: any(m["type"] == "GuiDropdownMessage" for m in page.received), "the page's controls")
+        page.choose("Display", DISPLAYS["server"])
+        exact = _screenshot(url, tmp_path / "gsrecon_render.png")
+        page.close()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=DEADLINE_S)
+    assert proc.returncode == 0, proc.stderr.read()
+
+    white = np.abs(first[SCENE_AREA] - 255.0).max(axis=-1) < 40  # [h, w] viser's empty page
+    assert white.mean() < 0.8  # the splats cover much of the middle of the page
+    assert np.abs(first[SCENE_AREA] - moved[SCENE_AREA]).mean() > 10.0  # another camera, another picture
+    dark = [shot[SCENE_AREA].max(axis=-1) < 80 for shot in (first, exact)]  # the scene's black background
+    assert dark[0].mean() < 0.05 and dark[1].mean() > 0.25  # shows through gsrecon's render, not the splats
