@@ -115,6 +115,8 @@ class ViewerHook(Hook):
                 self._show(trainer)
                 trainer.logger.info(f"training finished; the viewer still serves {self.viewer.url}: Ctrl-C to exit")
                 self.viewer.serve_forever()
+        except KeyboardInterrupt:
+            pass  # how a user ends keep_alive: the run finished normally
         finally:
             self.viewer.close()
             self.viewer = None

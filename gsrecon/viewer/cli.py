@@ -69,6 +69,8 @@ def view(args: argparse.Namespace) -> int:
         viewer.set_scene({k: v.to(device) for k, v in scene.params.items()}, scene.sh_degree, scene.step)
         print(f"viewer of {scene.source}: {viewer.url} (Ctrl-C to stop)", flush=True)
         viewer.serve_forever()
+    except KeyboardInterrupt:
+        pass  # how a user ends `gsrecon view`
     finally:
         viewer.close()
     return 0

@@ -130,12 +130,9 @@ class SceneViewer:
         self._render_pending()
 
     def serve_forever(self, stop: threading.Event | None = None) -> None:
-        """Serve until Ctrl-C (KeyboardInterrupt, which returns normally) or until ``stop`` is set."""
-        try:
-            while stop is None or not stop.is_set():
-                self.process(timeout=0.5)
-        except KeyboardInterrupt:
-            pass
+        """Serve pages until ``stop`` is set (without one: until Ctrl-C raises KeyboardInterrupt)."""
+        while stop is None or not stop.is_set():
+            self.process(timeout=0.5)
 
     def close(self) -> None:
         """Stop the server (connected pages lose their connection)."""
