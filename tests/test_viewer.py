@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import argparse
+import base64
 import io
+import json
 import math
 import queue
 import shutil
@@ -13,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -381,20 +384,65 @@ def _start_view(*args: str) -> tuple[subprocess.Popen, str]:
     return proc, next(word for word in line.split() if word.startswith("http://"))
 
 
-def _screenshot(url: str, path: Path) -> np.ndarray:
-    """Headless Chromium's picture of ``url`` (software WebGL), 800 x 600, RGB."""
-    subprocess.run(
-        [
-            "chromium", "--headless", "--no-sandbox", "--disable-gpu", "--use-angle=swiftshader",
-            "--enable-unsafe-swiftshader", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--no-first-run", f"--user-data-dir={path.parent / 'chromium'}",
-            "--virtual-time-budget=15000", "--window-size=800,600", f"--screenshot={path}", url,
-        ],
-        capture_output=True,
-        timeout=120,
-        check=True,
-    )  # fmt: skip
-    return np.asarray(Image.open(path).convert("RGB")).astype(np.float32)
+class Chromium:
+    """Headless Chromium (software WebGL, an 800 x 600 page) driven over the DevTools protocol."""
+
+    def __init__(self, profile: Path) -> None:
+        self.proc = subprocess.Popen(
+            [
+                "chromium", "--headless", "--no-sandbox", "--disable-gpu", "--use-angle=swiftshader",
+                "--enable-unsafe-swiftshader", "--disable-background-networking", "--disable-component-update",
+                "--disable-sync", "--no-first-run", f"--user-data-dir={profile}", "--window-size=800,600",
+                "--remote-debugging-port=0", "about:blank",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        port_file = profile / "DevToolsActivePort"
+        wait_for(lambda: port_file.exists() and port_file.read_text().strip(), "Chromium's DevTools port")
+        port = int(port_file.read_text().split()[0])
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json", timeout=DEADLINE_S) as response:
+            tab = next(t for t in json.load(response) if t["type"] == "page")
+        self.ws = connect(tab["webSocketDebuggerUrl"], max_size=None)
+        self._last_id = 0
+        self.call("Emulation.setDeviceMetricsOverride", width=800, height=600, deviceScaleFactor=1, mobile=False)
+
+    def call(self, method: str, **params: Any) -> dict[str, Any]:
+        self._last_id += 1
+        self.ws.send(json.dumps({"id": self._last_id, "method": method, "params": params}))
+        while True:
+            message = json.loads(self.ws.recv(timeout=DEADLINE_S))
+            if message.get("id") == self._last_id:
+                assert "error" not in message, message
+                return message["result"]
+
+    def open(self, url: str) -> None:
+        """Load ``url`` and wait until viser's panel shows the scene's Gaussian count."""
+        self.call("Page.navigate", url=url)
+
+        def loaded() -> bool:
+            text = self.call("Runtime.evaluate", expression="document.body?.innerText ?? ''", returnByValue=True)
+            return "Gaussians" in text["result"]["value"]
+
+        wait_for(loaded, "viser's page to load")
+
+    def screenshot(self, path: Path, until: Callable[[np.ndarray], bool], what: str) -> np.ndarray:
+        """The page's picture (RGB float [600, 800, 3], also written to ``path``) once ``until`` holds for it."""
+        shots: list[np.ndarray] = []
+
+        def taken() -> bool:
+            png = base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"])
+            path.write_bytes(png)
+            shots.append(np.asarray(Image.open(io.BytesIO(png)).convert("RGB")).astype(np.float32))
+            return until(shots[-1])
+
+        wait_for(taken, what)
+        return shots[-1]
+
+    def close(self) -> None:
+        self.ws.close()
+        self.proc.terminate()
+        self.proc.wait(timeout=DEADLINE_S)
 
 
 def _csv(vector: np.ndarray) -> str:
@@ -404,34 +452,47 @@ def _csv(vector: np.ndarray) -> str:
 SCENE_AREA = (slice(300, 560), slice(100, 700))  # rows, columns of the page below its panels
 
 
+def _white(shot: np.ndarray) -> float:
+    """Fraction of the scene area showing viser's empty white page."""
+    return float((np.abs(shot[SCENE_AREA] - 255.0).max(axis=-1) < 40).mean())
+
+
+def _dark(shot: np.ndarray) -> float:
+    """Fraction of the scene area showing the scene's black background (drawn only by gsrecon's render)."""
+    return float((shot[SCENE_AREA].max(axis=-1) < 80).mean())
+
+
 def test_gsrecon_view_draws_the_scene_in_chromium(make_config, tmp_path) -> None:
     if shutil.which("chromium") is None:
         pytest.skip("needs chromium (apt-get install chromium)")
     config = make_config(max_steps=3)
     trainer = DefaultTrainer(parse_structured(DefaultTrainer.Config, config))
     trainer.train()
+    scene = trainer.datapipeline.scene
+    focus = focus_point(torch.stack([f.viewmat for f in scene.train]), scene.points).numpy()
+    closer = 0.5 * (focus + camera_centers(scene.train[4].viewmat).numpy())  # inside the ring of cameras
     proc, url = _start_view("--exp-dir", config["exp_dir"], "--port", "0", "--resolution", "256")
+    browser = Chromium(tmp_path / "chromium")
     try:
         assert url.startswith("http://127.0.0.1:")
-        first = _screenshot(url, tmp_path / "browser_splats.png")
-        scene = trainer.datapipeline.scene
-        focus = focus_point(torch.stack([f.viewmat for f in scene.train]), scene.points).numpy()
-        closer = 0.5 * (focus + camera_centers(scene.train[4].viewmat).numpy())  # inside the ring of cameras
-        query = f"?initialCameraPosition={_csv(closer)}&initialCameraLookAt={_csv(focus)}"
-        moved = _screenshot(url + query, tmp_path / "browser_splats_moved.png")
+        browser.open(url)
+        first = browser.screenshot(tmp_path / "browser_splats.png", lambda shot: _white(shot) < 0.8, "the splats")
+        browser.open(f"{url}?initialCameraPosition={_csv(closer)}&initialCameraLookAt={_csv(focus)}")
+        moved = browser.screenshot(
+            tmp_path / "browser_splats_moved.png",
+            lambda shot: _white(shot) < 0.8 and np.abs(shot - first)[SCENE_AREA].mean() > 10.0,
+            "the splats from another camera",
+        )
         page = Page(url)
         page.send_camera(pose_of(scene.train[0].viewmat), 0.7, 320, 240)  # viser serves pages that did
         wait_for(lambda: any(m["type"] == "GuiDropdownMessage" for m in page.received), "the page's controls")
         page.choose("Display", DISPLAYS["server"])
-        exact = _screenshot(url, tmp_path / "gsrecon_render.png")
+        exact = browser.screenshot(tmp_path / "gsrecon_render.png", lambda shot: _dark(shot) > 0.25, "gsrecon's render")
         page.close()
     finally:
+        browser.close()
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=DEADLINE_S)
     assert proc.returncode == 0, proc.stderr.read()
-
-    white = np.abs(first[SCENE_AREA] - 255.0).max(axis=-1) < 40  # [h, w] viser's empty page
-    assert white.mean() < 0.8  # the splats cover much of the middle of the page
-    assert np.abs(first[SCENE_AREA] - moved[SCENE_AREA]).mean() > 10.0  # another camera, another picture
-    dark = [shot[SCENE_AREA].max(axis=-1) < 80 for shot in (first, exact)]  # the scene's black background
-    assert dark[0].mean() < 0.05 and dark[1].mean() > 0.25  # shows through gsrecon's render, not the splats
+    assert _dark(first) < 0.05 and _dark(moved) < 0.05  # the browser's splats leave the page white around them
+    assert _white(exact) < 0.05  # gsrecon's render fills the page
