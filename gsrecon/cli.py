@@ -232,6 +232,36 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_export)
 
 
+def _view(args: argparse.Namespace) -> int:
+    from gsrecon.viewer.cli import view
+
+    return view(args)
+
+
+def _add_view(sub: argparse._SubParsersAction) -> None:
+    from gsrecon.viewer import INSTALL_HINT
+
+    p = _command(
+        sub,
+        "view",
+        "open a trained scene in the browser viewer",
+        "Serve a trained scene to a web browser (viser): Gaussians drawn by the browser or rendered exactly by "
+        "gsrecon on this machine, training cameras as frustums. Prints the URL; runs until Ctrl-C. Needs the "
+        f"viewer extra: {INSTALL_HINT}",
+    )
+    _add_source_args(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: all interfaces)")
+    p.add_argument("--port", type=int, default=8080, help="port to listen on (the next free one if busy; 0: any)")
+    p.add_argument(
+        "--display",
+        default="browser",
+        choices=["browser", "server"],
+        help="what the page shows first: splats drawn by the browser, or gsrecon's exact render from this machine",
+    )
+    p.add_argument("--resolution", type=int, default=512, help="longer side in pixels of gsrecon's renders")
+    p.set_defaults(func=_view)
+
+
 def _weights(args: argparse.Namespace) -> int:
     from gsrecon.lpips_weights import fetch_lpips_weights
 
@@ -318,6 +348,7 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_eval,
     _add_render,
     _add_export,
+    _add_view,
     _add_weights,
     _add_data,
 ]

@@ -31,17 +31,15 @@ import zstandard  # noqa: E402
 from viser._messages import GuiUpdateMessage, SceneNodeClickMessage, ViewerCameraMessage  # noqa: E402
 from websockets.sync.client import connect  # noqa: E402
 
-import gsrecon.hooks.viewer  # noqa: E402, F401  (registers ViewerHook)
+from gsrecon.cli import build_parser  # noqa: E402
 from gsrecon.config import parse_structured  # noqa: E402
 from gsrecon.data.images import to_uint8  # noqa: E402
 from gsrecon.engine.trainer import DefaultTrainer  # noqa: E402
 from gsrecon.geometry import camera_centers  # noqa: E402
 from gsrecon.hooks import Hook  # noqa: E402
 from gsrecon.hooks.viewer import ViewerHook  # noqa: E402
-from gsrecon.registry import HOOK_REGISTRY  # noqa: E402
 from gsrecon.render.camera_path import focus_point  # noqa: E402
 from gsrecon.viewer import DISPLAYS, ViewerUnavailableError  # noqa: E402
-from gsrecon.viewer.cli import add_view_parser  # noqa: E402
 from gsrecon.viewer.convert import Pose, pose_of, vertical_fov, view_of  # noqa: E402
 from gsrecon.viewer.server import SceneViewer  # noqa: E402
 
@@ -131,7 +129,6 @@ def viewer_hook(trainer: DefaultTrainer) -> ViewerHook:
     return trainer.hooks["ViewerHook"]
 
 
-@HOOK_REGISTRY.register()
 class BrowserPageHook(Hook):
     """Connects a `Page` to the viewer before training (``connect``) and records the step the viewer
     shows after every step (test helper; runs after ViewerHook)."""
@@ -159,7 +156,6 @@ class BrowserPageHook(Hook):
             self.page.close()
 
 
-@HOOK_REGISTRY.register()
 class PressPauseHook(Hook):
     """Presses the page's Pause button after a given step, before ViewerHook runs (test helper)."""
 
@@ -171,6 +167,12 @@ class PressPauseHook(Hook):
     def after_train_iter(self, trainer) -> None:
         if trainer.step == self.step:
             viewer_hook(trainer).viewer.pause_button.value = True  # what a click in the page does
+
+
+@pytest.fixture(autouse=True)
+def _register_test_hooks(hook_registry) -> None:
+    for cls in (BrowserPageHook, PressPauseHook):
+        hook_registry.register()(cls)
 
 
 def _viewer_trainer(make_trainer, extra_hooks: dict[str, Any] | None = None, **viewer: Any) -> DefaultTrainer:
@@ -354,25 +356,13 @@ def test_hook_config_errors_name_the_setting(make_trainer) -> None:
 
 
 def _view_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gsrecon")
-    add_view_parser(parser.add_subparsers(dest="command", required=True))
-    return parser
-
-
-VIEW_MAIN = (
-    "import argparse, sys\n"
-    "from gsrecon.viewer.cli import add_view_parser\n"
-    "parser = argparse.ArgumentParser(prog='gsrecon')\n"
-    "add_view_parser(parser.add_subparsers(dest='command', required=True))\n"
-    "args = parser.parse_args()\n"
-    "sys.exit(args.func(args))\n"
-)
+    return build_parser()
 
 
 def _start_view(*args: str) -> tuple[subprocess.Popen, str]:
-    """Run ``gsrecon view ARGS`` (through add_view_parser) and return it with the URL it prints."""
+    """Run ``gsrecon view ARGS`` and return it with the URL it prints."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", VIEW_MAIN, "view", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-m", "gsrecon", "view", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()

@@ -57,7 +57,7 @@ def ellipse_path(viewmats: Tensor, n_frames: int = 120, focus: Tensor | None = N
     vm = viewmats.detach().cpu().double()
     target = focus_point(vm) if focus is None else focus.detach().cpu().double()  # [3]
     centers = camera_centers(vm)  # [N, 3]
-    up = _mean_up(vm)  # [3]
+    up = mean_up(vm)  # [3]
     height = (centers @ up).mean()
     origin = target + (height - target @ up) * up  # [3] ellipse centre, at the cameras' mean height
     axis_a, axis_b = _plane_basis(up)
@@ -91,7 +91,7 @@ def spiral_path(
     target = focus_point(vm) if focus is None else focus.detach().cpu().double()  # [3]
     centers = camera_centers(vm)  # [N, 3]
     mean_center = centers.mean(0)  # [3]
-    up = _mean_up(vm)  # [3]
+    up = mean_up(vm)  # [3]
     forward = _normalize(vm[:, 2, :3].mean(0))  # [3]
     right = _normalize(torch.linalg.cross(forward, up))  # [3]
     down = torch.linalg.cross(forward, right)  # [3]
@@ -139,7 +139,7 @@ def _catmull_rom(keys: Tensor, t: Tensor) -> Tensor:
     return 0.5 * (2 * p1 + (p2 - p0) * u + (2 * p0 - 5 * p1 + 4 * p2 - p3) * u**2 + (3 * p1 - p0 - 3 * p2 + p3) * u**3)
 
 
-def _mean_up(viewmats: Tensor) -> Tensor:
+def mean_up(viewmats: Tensor) -> Tensor:
     """Unit mean of the cameras' up vectors (-y axes) in world coordinates, ``[3]``."""
     return _normalize(-viewmats[:, 1, :3].mean(0))
 

@@ -4,33 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from gsrecon.viewer import INSTALL_HINT
-
-
-def add_view_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Register the ``view`` subcommand on ``subparsers`` (its handler returns an exit code)."""
-    from gsrecon.cli import _add_source_args
-
-    p = subparsers.add_parser(
-        "view",
-        help="open a trained scene in the browser viewer",
-        description="Serve a trained scene to a web browser (viser): Gaussians drawn by the browser or rendered "
-        "exactly by gsrecon on this machine, training cameras as frustums. Prints the URL; runs until "
-        f"Ctrl-C. Needs the viewer extra: {INSTALL_HINT}",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    _add_source_args(p)
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: all interfaces)")
-    p.add_argument("--port", type=int, default=8080, help="port to listen on (the next free one if busy; 0: any)")
-    p.add_argument(
-        "--display",
-        default="browser",
-        choices=["browser", "server"],
-        help="what the page shows first: splats drawn by the browser, or gsrecon's exact render from this machine",
-    )
-    p.add_argument("--resolution", type=int, default=512, help="longer side in pixels of gsrecon's renders")
-    p.set_defaults(func=view)
-
 
 def view(args: argparse.Namespace) -> int:
     """Load the scene named by ``args``, serve it and print its URL; return 0 after Ctrl-C."""

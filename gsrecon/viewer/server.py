@@ -28,7 +28,7 @@ from gsrecon.data.cameras import Scene
 from gsrecon.data.images import to_uint8
 from gsrecon.geometry import camera_centers
 from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
-from gsrecon.render.camera_path import _mean_up, focus_point
+from gsrecon.render.camera_path import focus_point, mean_up
 from gsrecon.render.video import depth_to_rgb
 from gsrecon.viewer import DISPLAYS, RESOLUTIONS, check_view_settings
 from gsrecon.viewer.convert import Pose, pose_of, splat_arrays, thumbnail, vertical_fov, view_of
@@ -224,7 +224,7 @@ class SceneViewer:
 
     def _add_cameras(self, scene: Scene) -> None:
         viewmats = torch.stack([f.viewmat for f in scene.train]).double().cpu()  # [F, 4, 4]
-        self.server.scene.set_up_direction(tuple(_mean_up(viewmats).tolist()))
+        self.server.scene.set_up_direction(tuple(mean_up(viewmats).tolist()))
         first, distance = scene.train[0], orbit_distance(viewmats, scene)
         forward = viewmats[0, 2, :3]  # [3] the first camera's optical axis in world coordinates
         focus = camera_centers(viewmats[0]) + distance * forward  # [3]
