@@ -29,7 +29,6 @@ torch.set_num_threads(1)
 
 W, H = 64, 48
 NUM_IMAGES = 10
-STATUETTE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "statuette_colmap"
 
 
 @pytest.fixture(autouse=True)
@@ -533,10 +532,10 @@ def test_image_with_undefined_camera(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------------ real scene
 
 
-@pytest.mark.skipif(not STATUETTE.is_dir(), reason="shared statuette_colmap data not present")
-def test_statuette_scene() -> None:
-    model = read_model(STATUETTE / "sparse" / "0")
-    scene = load_colmap(str(STATUETTE), factor=4)
+def test_statuette_scene(shared_data: Path) -> None:
+    statuette = shared_data / "statuette_colmap"
+    model = read_model(statuette / "sparse" / "0")
+    scene = load_colmap(str(statuette), factor=4)
     assert len(scene.train) == 20 and len(scene.test) == 3
     assert {c.model for c in model.cameras.values()} == {"PINHOLE"}
     assert scene.points.shape == (len(model.points), 3) and len(model.points) > 0
