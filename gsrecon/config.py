@@ -39,8 +39,6 @@ MAX_CONFIG_VALUES = 100_000  # values in a config once YAML aliases are expanded
 MAX_CONFIG_DEPTH = 32  # nesting levels of mappings and lists
 ENTRY_MAPS = ("hooks",)  # top-level keys holding named registry entries, merged entry by entry
 APPENDED_LISTS = ("imports",)  # top-level lists that a child config extends instead of replacing
-
-
 REFERENCE_RUN_STEPS = 30_000  # the run length of the 3DGS paper, for which step-count defaults are given
 
 
