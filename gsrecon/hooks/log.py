@@ -51,9 +51,11 @@ class LogHook(Hook):
         self._mark = (0, 0.0)  # (step, time) of the last plain progress line
 
     def before_train(self, trainer: DefaultTrainer) -> None:
+        sizes = sorted({f"{f.width}x{f.height}" for f in trainer.datapipeline.scene.train})
         trainer.logger.info(
-            f"training {trainer.model.num_gaussians} Gaussians on {trainer.datapipeline.num_train} views "
-            f"({trainer.datapipeline.num_val} for validation) on {trainer.device}, "
+            f"training {trainer.model.num_gaussians} Gaussians on {trainer.datapipeline.num_train} views at "
+            f"{', '.join(sizes)} (data.factor {trainer.cfg.data.factor}; {trainer.datapipeline.num_val} for "
+            f"validation) on {trainer.device}, "
             f"{torch.get_num_threads()} CPU threads; output in {trainer.exp_dir}"
         )
         if self.cfg.progress and trainer.is_main and trainer.logger.console.is_terminal:
