@@ -148,7 +148,7 @@ def evaluate(
     """
     logger = logger or Logger()
     out_dir = Path(out_dir)
-    torch_device = _inference_device(scene, device, logger)
+    torch_device = scene_device(scene, device, logger)
     pipeline = DataPipeline(scene.cfg.data, torch_device, scene.cfg.seed)
     if pipeline.num_val == 0:
         raise ValueError(
@@ -221,7 +221,7 @@ def render_path_video(
     if Path(out).suffix.lower() != ".mp4":
         raise ValueError(f"--out must be an .mp4 file, got {out}")
     logger = logger or Logger()
-    torch_device = _inference_device(scene, device, logger)
+    torch_device = scene_device(scene, device, logger)
     pipeline = DataPipeline(scene.cfg.data, torch_device, scene.cfg.seed)
     train = pipeline.scene.train
     train_viewmats = torch.stack([f.viewmat for f in train]).float()  # [N, 4, 4]
@@ -270,7 +270,7 @@ def export(scene: TrainedScene, out: str | Path, fmt: str = "ply", logger: Logge
     return path
 
 
-def _inference_device(scene: TrainedScene, device: str, logger: Logger) -> torch.device:
+def scene_device(scene: TrainedScene, device: str, logger: Logger) -> torch.device:
     """``device`` (``auto``: the run's), with the run's ``num_threads`` applied as in training."""
     logger.info(set_cpu_threads(scene.cfg.num_threads))
     return resolve_device(device if device != "auto" else scene.cfg.device, DistributedContext())

@@ -11,9 +11,7 @@ def view(args: argparse.Namespace) -> int:
 
     require_viser()
     from gsrecon.data.datapipeline import DataPipeline
-    from gsrecon.distributed import DistributedContext
-    from gsrecon.engine.builder import resolve_device
-    from gsrecon.engine.inference import build_renderer, load_trained_scene
+    from gsrecon.engine.inference import build_renderer, load_trained_scene, scene_device
     from gsrecon.logging.console import Logger
     from gsrecon.viewer.server import SceneViewer
 
@@ -25,8 +23,8 @@ def view(args: argparse.Namespace) -> int:
         overrides=args.overrides,
         imports=args.imports,
     )
-    device = resolve_device(args.device if args.device != "auto" else scene.cfg.device, DistributedContext())
     logger = Logger()
+    device = scene_device(scene, args.device, logger)
     pipeline = DataPipeline(scene.cfg.data, device, scene.cfg.seed)
     renderer = build_renderer(scene, device, logger)
     viewer = SceneViewer(
