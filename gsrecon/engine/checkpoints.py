@@ -1,4 +1,4 @@
-"""What a checkpoint holds, and reading one safely.
+"""What a checkpoint holds, writing one atomically and reading one safely.
 
 A checkpoint is a plain dict saved with ``torch.save`` and read with ``weights_only=True``: tensors,
 numbers, strings and containers only, so loading one never imports or runs code. It holds
@@ -12,14 +12,16 @@ from __future__ import annotations
 import itertools
 import pickle
 import random
+import shutil
 import warnings
 import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gsrecon.atomic import atomic_path
 from gsrecon.config import ConfigError, check_config_data
 from gsrecon.engine.run_dir import RunDir
 
@@ -209,6 +211,40 @@ def changed_settings(old: Any, new: Any, prefix: str = "") -> list[str]:
         keys = list(old) + [k for k in new if k not in old]
         return [c for k in keys for c in changed_settings(old.get(k), new.get(k), f"{prefix}{k}.")]
     return [] if old == new else [f"{prefix[:-1]}: {old} -> {new}"]
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (disk full, quota, file-size limit); the previous one is intact."""
+
+
+def save_checkpoint(checkpoint: dict[str, Any], path: Path) -> None:
+    """``torch.save`` into ``path`` atomically; a failed write raises :class:`CheckpointWriteError`
+    naming the file and the space it needed, and leaves any previous ``path`` as it was."""
+    try:
+        with atomic_path(path) as tmp:
+            torch.save(checkpoint, tmp)
+    except (OSError, RuntimeError) as exc:
+        # torch's zip writer reports a failed write as a RuntimeError from its C++ checks ("enforce fail").
+        if isinstance(exc, RuntimeError) and not any(word in str(exc) for word in ("enforce fail", "write")):
+            raise
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "the write failed"
+        needed = sum(t.numel() * t.element_size() for t in _tensors(checkpoint)) / 2**20
+        free = shutil.disk_usage(path.parent).free / 2**20
+        raise CheckpointWriteError(
+            f"cannot write {path}: {reason} (it needs about {needed:.1f} MiB; {free:.1f} MiB free there); "
+            f"free some space (or lower CheckPointHook max_keep) and resume"
+        ) from None
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
 
 
 def load_checkpoint_file(path: str | Path, device: torch.device | str = "cpu") -> dict[str, Any]:

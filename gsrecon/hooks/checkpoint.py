@@ -5,16 +5,12 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import shutil
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from gsrecon.atomic import atomic_path
-from gsrecon.engine.checkpoints import load_checkpoint_file, non_finite
+from gsrecon.engine.checkpoints import load_checkpoint_file, non_finite, save_checkpoint
 from gsrecon.hooks.base import Hook, Priority
 from gsrecon.metrics import METRIC_NAMES
 from gsrecon.registry import HOOK_REGISTRY
@@ -133,37 +129,3 @@ class CheckPointHook(Hook):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.best_value = state.get("best_value")
         self.best_step = state.get("best_step")
-
-
-class CheckpointWriteError(OSError):
-    """A checkpoint could not be written (disk full, quota, file-size limit); the previous one is intact."""
-
-
-def save_checkpoint(checkpoint: dict[str, Any], path: Path) -> None:
-    """``torch.save`` into ``path`` atomically; a failed write raises :class:`CheckpointWriteError`
-    naming the file and the space it needed, and leaves any previous ``path`` as it was."""
-    try:
-        with atomic_path(path) as tmp:
-            torch.save(checkpoint, tmp)
-    except (OSError, RuntimeError) as exc:
-        # torch's zip writer reports a failed write as a RuntimeError from its C++ checks ("enforce fail").
-        if isinstance(exc, RuntimeError) and not any(word in str(exc) for word in ("enforce fail", "write")):
-            raise
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "the write failed"
-        needed = sum(t.numel() * t.element_size() for t in _tensors(checkpoint)) / 2**20
-        free = shutil.disk_usage(path.parent).free / 2**20
-        raise CheckpointWriteError(
-            f"cannot write {path}: {reason} (it needs about {needed:.1f} MiB; {free:.1f} MiB free there); "
-            f"free some space (or lower CheckPointHook max_keep) and resume"
-        ) from None
-
-
-def _tensors(value: Any) -> Iterator[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _tensors(item)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors(item)
