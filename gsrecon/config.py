@@ -223,7 +223,7 @@ def apply_overrides(cfg: dict[str, Any], overrides: Sequence[str], source: str =
         *parents, last = key.split(".")
         node: Any = cfg
         try:
-            parts = key.split(".")
+            parts = [*parents, last]
             if len(parts) > 1 and parts[0] in ENTRY_MAPS and parts[1].isdigit():
                 present = ", ".join(cfg.get(parts[0]) or {}) or "none"
                 raise ConfigError(
