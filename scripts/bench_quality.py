@@ -37,10 +37,14 @@ from gsrecon.engine.trainer import DefaultTrainer
 from gsrecon.hooks import Hook
 from gsrecon.registry import HOOK_REGISTRY
 
-COLUMNS = (
-    "mark", "step", "seconds", "cpu_seconds", "ms_per_step", "cpu_ms_per_step", "gaussians", "peak_rss_gib",
-    "psnr", "ssim", "lpips", "image_psnr", "image_ssim", "image_lpips", "load1",
+# (marks.csv column, markdown table heading)
+COLUMN_HEADINGS = (
+    ("mark", "mark"), ("step", "step"), ("seconds", "train s"), ("cpu_seconds", "CPU s"), ("ms_per_step", "ms/step"),
+    ("cpu_ms_per_step", "CPU ms/step"), ("gaussians", "Gaussians"), ("peak_rss_gib", "peak RSS GiB"),
+    ("peak_gpu_gib", "peak GPU GiB"), ("psnr", "PSNR"), ("ssim", "SSIM"), ("lpips", "LPIPS"),
+    ("image_psnr", "image PSNR"), ("image_ssim", "image SSIM"), ("image_lpips", "image LPIPS"), ("load1", "load"),
 )  # fmt: skip
+COLUMNS = tuple(column for column, _ in COLUMN_HEADINGS)
 
 
 @HOOK_REGISTRY.register()
@@ -96,6 +100,9 @@ class QualityRecorderHook(Hook):
             "cpu_ms_per_step": 1000 * (cpu - last_cpu) / steps,
             "gaussians": trainer.model.num_gaussians,
             "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,  # KiB -> GiB
+            "peak_gpu_gib": torch.cuda.max_memory_allocated(trainer.device) / 2**30
+            if trainer.device.type == "cuda"
+            else None,
             "load1": load_average()[0],
         }
         row.update(trainer.validation())
@@ -106,6 +113,11 @@ class QualityRecorderHook(Hook):
     def after_val_iter(self, trainer: DefaultTrainer, index: int, outputs: dict) -> None:
         if outputs["name"] == self.image and self.image_gt and not Path(self.image_gt).exists():
             write_png(self.image_gt, outputs["gt"])
+
+
+def _peak_gpu_gib(device: torch.device) -> float | None:
+    """Peak memory torch has allocated on a CUDA device so far (None on the CPU)."""
+    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
 
 
 def load_average() -> tuple[float, float, float]:
@@ -144,8 +156,7 @@ def _fmt(value: float | int | str | None, digits: int) -> str:
 
 def markdown_table(rows: list[dict]) -> str:
     lines = [
-        "| mark | step | train s | CPU s | ms/step | CPU ms/step | Gaussians | peak RSS GiB | PSNR | SSIM | LPIPS "
-        "| image PSNR | image SSIM | image LPIPS | load |",
+        "| " + " | ".join(heading for _, heading in COLUMN_HEADINGS) + " |",
         "|---|" + "---:|" * (len(COLUMNS) - 1),
     ]
     digits = {"step": 0, "gaussians": 0, "seconds": 1, "cpu_seconds": 1}

@@ -9,4 +9,9 @@ for spec in gsplat==1.5.3 plyfile==1.1.5 omegaconf==2.3.0 antlr4-python3-runtime
   python3 -m pip download -q --no-deps --python-version 3.12 --implementation cp "${platforms[@]}" \
     --only-binary=:all: -d .whl "$spec" || python3 -m pip download -q --no-deps -d .whl "$spec"
 done
+# A package published only as source (antlr4-python3-runtime) is built into a wheel here: gpu_check.sh installs *.whl.
+for sdist in .whl/*.tar.gz; do
+  [ -e "$sdist" ] || continue
+  python3 -m pip wheel -q --no-deps --no-build-isolation -w .whl "$sdist" && rm "$sdist"
+done
 ls -la .whl

@@ -146,6 +146,18 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(make_trainer) 
     assert last["step"] == 4 and torch.isfinite(last["params"]["sh0"]).all()
 
 
+def test_a_non_finite_loss_between_checks_is_named_by_its_step(make_trainer) -> None:
+    """The loss is read back every ``interval`` steps (a read waits for the GPU), yet names the first bad step."""
+    hooks = [
+        {"name": "CheckInvalidLossHook", "interval": 4, "params_interval": 1000},
+        {"name": "PoisonAtStepHook", "step": 5},
+    ]
+    trainer = make_trainer(max_steps=12, hooks=hooks)
+    with pytest.raises(HookError, match=r"CheckInvalidLossHook.after_train_iter: the loss is nan at step 5"):
+        trainer.train()
+    assert trainer.step == 8
+
+
 def test_broken_checkpoint_files_give_clear_errors(tmp_path: Path, make_trainer) -> None:
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"not a checkpoint")

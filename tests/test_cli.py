@@ -142,3 +142,14 @@ def test_every_subcommand_help_has_a_description_and_shows_defaults(capsys, comm
     assert usage.startswith("usage: gsrecon") and len(description.split()) >= 8, out
     assert default is None or default in out
     assert "(default: None)" not in out and "(default: False)" not in out
+
+
+def test_training_needs_no_ffmpeg(make_config, tmp_path: Path) -> None:
+    """imageio-ffmpeg is for videos only: a run (validation panels, depth colouring, export) trains without it."""
+    config = write_yaml(tmp_path / "c.yaml", make_config(max_steps=3))
+    no_ffmpeg = "import sys; sys.modules['imageio_ffmpeg'] = None; from gsrecon.cli import main; sys.exit(main())"
+    result = subprocess.run(
+        [sys.executable, "-c", no_ffmpeg, "train", "--config", str(config)], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    assert "finished 3 steps" in result.stdout

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from gsrecon.render.video import depth_to_rgb, write_video
+from gsrecon.render.colormap import depth_to_rgb
+from gsrecon.render.video import write_video
 
 
 def _read_frames(path) -> list[np.ndarray]:

@@ -34,8 +34,9 @@ from gsrecon.plugins import import_plugins
 from gsrecon.registry import DATASET_REGISTRY, MODEL_REGISTRY, RENDERER_REGISTRY
 from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
 from gsrecon.render.camera_path import ellipse_path, focus_point, interp_path, spiral_path
+from gsrecon.render.colormap import depth_to_rgb
 from gsrecon.render.gsplat_renderer import GSPLAT_ALPHA_MAX
-from gsrecon.render.video import VideoWriter, depth_to_rgb
+from gsrecon.render.video import VideoWriter
 
 CAMERA_PATHS = {"ellipse": ellipse_path, "spiral": spiral_path, "interp": interp_path}
 

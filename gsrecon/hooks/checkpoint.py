@@ -100,8 +100,8 @@ class CheckPointHook(Hook):
         path = directory / f"step_{trainer.step:06d}.pt"
         if not trainer.is_main:
             return path
+        checkpoint = trainer.checkpoint()  # its before_save_checkpoint hooks may refuse first, saying why
         self._refuse_non_finite(trainer)
-        checkpoint = trainer.checkpoint()
         save_checkpoint(checkpoint, path)
         try:
             with atomic_path(directory / "last.pt") as tmp:

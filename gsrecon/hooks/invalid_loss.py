@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
 
 from gsrecon.engine.checkpoints import non_finite
 from gsrecon.hooks.base import Hook, Priority
@@ -20,35 +22,60 @@ class InvalidLossError(RuntimeError):
 
 @HOOK_REGISTRY.register()
 class CheckInvalidLossHook(Hook):
-    """Raises :class:`InvalidLossError` naming the step when the loss (checked every ``interval``
-    steps) or a Gaussian parameter (every ``params_interval`` steps; renderers skip NaN Gaussians,
-    so the loss alone can stay finite) is NaN or infinite. It runs before the checkpoint hook, so
-    the broken model is never saved and the last good checkpoint stays."""
+    """Raises :class:`InvalidLossError` naming the step when the loss or a Gaussian parameter is NaN or
+    infinite (renderers skip NaN Gaussians, so the loss alone can stay finite).
+
+    Every step records, on the device, the first step whose loss was not finite; that record is read
+    back every ``interval`` steps (a read waits for the GPU), the parameters are checked every
+    ``params_interval`` steps, and both before every checkpoint and at the end. It runs before the
+    checkpoint hook, so a broken model is never saved and the last good checkpoint stays."""
 
     priority = Priority.VERY_HIGH
 
     @dataclass
     class Config:
-        interval: int = 1
+        interval: int = 50
         params_interval: int = 100
 
     def __init__(self, cfg: Config) -> None:
         if cfg.interval < 1 or cfg.params_interval < 1:
             raise ValueError(f"CheckInvalidLossHook intervals must be >= 1, got {cfg.interval}, {cfg.params_interval}")
         self.cfg = cfg
+        self._first_invalid: Tensor | None = None  # float64 [2]: step and loss of the first non-finite one (-1: none)
 
     def after_train_iter(self, trainer: DefaultTrainer) -> None:
-        step = trainer.step
+        step, loss = trainer.step, trainer.outputs["loss"].detach().double()
+        if self._first_invalid is None:
+            self._first_invalid = torch.tensor([-1.0, 0.0], dtype=torch.float64, device=loss.device)
+        first = self._first_invalid[0] < 0
+        self._first_invalid = torch.where(
+            first & ~torch.isfinite(loss), torch.stack([loss.new_tensor(float(step)), loss]), self._first_invalid
+        )
         if step % self.cfg.interval == 0:
-            loss = float(trainer.outputs["loss"])
-            if not math.isfinite(loss):
-                raise InvalidLossError(f"the loss is {loss} at step {step}; {_kept(trainer)}")
+            self._check_loss(trainer)
         if step % self.cfg.params_interval == 0:
-            broken = non_finite(dict(trainer.model.params.items()))
-            if broken:
-                raise InvalidLossError(
-                    f"Gaussian parameters {', '.join(broken)} are not finite at step {step}; {_kept(trainer)}"
-                )
+            self._check_params(trainer)
+
+    def before_save_checkpoint(self, trainer: DefaultTrainer, checkpoint: dict[str, Any]) -> None:
+        self._check_loss(trainer)
+        self._check_params(trainer)
+
+    def after_train(self, trainer: DefaultTrainer) -> None:
+        self._check_loss(trainer)
+
+    def _check_loss(self, trainer: DefaultTrainer) -> None:
+        if self._first_invalid is None:
+            return
+        step, loss = self._first_invalid.tolist()
+        if step >= 0:
+            raise InvalidLossError(f"the loss is {loss} at step {int(step)}; {_kept(trainer)}")
+
+    def _check_params(self, trainer: DefaultTrainer) -> None:
+        broken = non_finite(dict(trainer.model.params.items()))
+        if broken:
+            raise InvalidLossError(
+                f"Gaussian parameters {', '.join(broken)} are not finite at step {trainer.step}; {_kept(trainer)}"
+            )
 
 
 def _kept(trainer: DefaultTrainer) -> str:

@@ -21,10 +21,11 @@ if TYPE_CHECKING:
 class LogHook(Hook):
     """Reports training through the trainer's writers and console.
 
-    - every step: updates the EMA of the loss (``ema = f·loss + (1 - f)·ema``) and the progress bar
-      (on an interactive terminal; elsewhere a plain progress line every ``log_interval`` steps);
-    - every ``log_interval`` steps: ``train/loss``, ``train/ema_loss``, ``train/l1``, ``train/ssim``,
-      ``train/num_gaussians``, ``train/sh_degree`` and ``train/lr/<group>``;
+    - every step: updates the EMA of the loss (``ema = f·loss + (1 - f)·ema``, on the device) and the
+      progress bar (on an interactive terminal; elsewhere a plain progress line every ``log_interval`` steps);
+    - every ``log_interval`` steps (the only steps it reads values back from the GPU): ``train/loss``,
+      ``train/ema_loss``, ``train/l1``, ``train/ssim``, ``train/num_gaussians``, ``train/sh_degree`` and
+      ``train/lr/<group>``; the progress bar's loss is refreshed then;
     - every ``histogram_interval`` steps (0: never): histograms of opacities and log-scales;
     - after each validation: ``val/<metric>`` scalars, render | ground truth | depth images of the
       first ``num_val_images`` views and a console line.
@@ -46,7 +47,8 @@ class LogHook(Hook):
         if not 0 < cfg.ema_factor <= 1:
             raise ValueError(f"LogHook ema_factor must be in (0, 1], got {cfg.ema_factor}")
         self.cfg = cfg
-        self.ema_loss: float | None = None
+        self._ema: torch.Tensor | None = None  # float64 scalar on the loss's device; NaN before the first finite loss
+        self._ema_text = "-"  # the EMA as last read, shown by the progress bar
         self._progress: ProgressLogger | None = None
         self._mark = (0, 0.0)  # (step, time) of the last plain progress line
 
@@ -64,44 +66,49 @@ class LogHook(Hook):
         self._mark = (trainer.step, time.perf_counter())
 
     def after_train_iter(self, trainer: DefaultTrainer) -> None:
+        out, step = trainer.outputs, trainer.step
+        self._update_ema(out["loss"])
+        if step % self.cfg.log_interval == 0:
+            self._log_step(trainer, step)
+        elif self._progress is not None:
+            self._progress.update(step, loss=self._ema_text, num_gaussians=out["num_gaussians"])
+        if self.cfg.histogram_interval > 0 and step % self.cfg.histogram_interval == 0:
+            params = trainer.model.params
+            writers = trainer.writers
+            writers.write_histogram("gaussians/opacity", torch.sigmoid(params["opacities"].detach()), step)
+            writers.write_histogram("gaussians/log_scale", params["scales"].detach().flatten(), step)
+
+    def _log_step(self, trainer: DefaultTrainer, step: int) -> None:
+        """The progress line and the training scalars: the only per-step values read back from the device."""
         out = trainer.outputs
-        loss = float(out["loss"])
-        if math.isfinite(loss):
-            f = self.cfg.ema_factor
-            self.ema_loss = loss if self.ema_loss is None else f * loss + (1.0 - f) * self.ema_loss
+        loss, ema = float(out["loss"]), self.ema_loss
+        self._ema_text = "-" if ema is None else f"{ema:.4f}"
         if self._progress is not None:
-            ema = "-" if self.ema_loss is None else f"{self.ema_loss:.4f}"
-            self._progress.update(trainer.step, loss=ema, num_gaussians=out["num_gaussians"])
-        step = trainer.step
-        if step % self.cfg.log_interval == 0 and self._progress is None and self.cfg.progress:
+            self._progress.update(step, loss=self._ema_text, num_gaussians=out["num_gaussians"])
+        elif self.cfg.progress:
             last_step, last_time = self._mark
             now = time.perf_counter()
             speed = (step - last_step) / max(now - last_time, 1e-9)
             trainer.logger.info(
-                f"step {step}/{trainer.max_steps}: loss {self.ema_loss or loss:.4f}, "
+                f"step {step}/{trainer.max_steps}: loss {ema or loss:.4f}, "
                 f"{out['num_gaussians']} Gaussians, {speed:.1f} it/s"
             )
             self._mark = (step, now)
         writers = trainer.writers
-        if step % self.cfg.log_interval == 0:
-            writers.write_scalar("train/loss", loss, step)
-            if self.ema_loss is not None:
-                writers.write_scalar("train/ema_loss", self.ema_loss, step)
-            writers.write_scalar("train/l1", float(out["l1"]), step)
-            writers.write_scalar("train/ssim", float(out["ssim"]), step)
-            writers.write_scalar("train/num_gaussians", out["num_gaussians"], step)
-            writers.write_scalar("train/sh_degree", out["sh_degree"], step)
-            for name, optimizer in trainer.optimizers.items():
-                writers.write_scalar(f"train/lr/{name}", optimizer.param_groups[0]["lr"], step)
-        if self.cfg.histogram_interval > 0 and step % self.cfg.histogram_interval == 0:
-            params = trainer.model.params
-            writers.write_histogram("gaussians/opacity", torch.sigmoid(params["opacities"].detach()), step)
-            writers.write_histogram("gaussians/log_scale", params["scales"].detach().flatten(), step)
+        writers.write_scalar("train/loss", loss, step)
+        if ema is not None:
+            writers.write_scalar("train/ema_loss", ema, step)
+        writers.write_scalar("train/l1", float(out["l1"]), step)
+        writers.write_scalar("train/ssim", float(out["ssim"]), step)
+        writers.write_scalar("train/num_gaussians", out["num_gaussians"], step)
+        writers.write_scalar("train/sh_degree", out["sh_degree"], step)
+        for name, optimizer in trainer.optimizers.items():
+            writers.write_scalar(f"train/lr/{name}", optimizer.param_groups[0]["lr"], step)
 
     def after_val_iter(self, trainer: DefaultTrainer, index: int, outputs: dict[str, Any]) -> None:
         if index >= self.cfg.num_val_images:
             return
-        from gsrecon.render.video import depth_to_rgb
+        from gsrecon.render.colormap import depth_to_rgb
 
         depth = torch.from_numpy(depth_to_rgb(outputs["depth"][..., 0], outputs["alpha"][..., 0])).float() / 255.0
         panel = torch.cat([outputs["render"].cpu(), outputs["gt"].cpu(), depth], dim=1)  # [H, 3W, 3]
@@ -121,8 +128,23 @@ class LogHook(Hook):
             self._progress.stop()
             self._progress = None
 
+    def _update_ema(self, loss: torch.Tensor) -> None:
+        """``ema = f·loss + (1 - f)·ema`` on the loss's device, skipping a non-finite loss; nothing is read back."""
+        loss = loss.detach().double()
+        previous = loss.new_tensor(math.nan) if self._ema is None else self._ema.to(loss.device)
+        f = self.cfg.ema_factor
+        blended = torch.where(torch.isnan(previous), loss, f * loss + (1.0 - f) * previous)
+        self._ema = torch.where(torch.isfinite(loss), blended, previous)
+
+    @property
+    def ema_loss(self) -> float | None:
+        """The EMA of the training loss (None before the first finite loss); reading it waits for the GPU."""
+        value = math.nan if self._ema is None else float(self._ema)
+        return None if math.isnan(value) else value
+
     def state_dict(self) -> dict[str, Any]:
         return {"ema_loss": self.ema_loss}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.ema_loss = state.get("ema_loss")
+        ema = state.get("ema_loss")
+        self._ema = None if ema is None else torch.tensor(ema, dtype=torch.float64)

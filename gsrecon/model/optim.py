@@ -87,16 +87,18 @@ def build_optimizers(
     sparse: bool = False,
 ) -> Optimizers:
     """One Adam per parameter (`RowSparseAdam` if ``sparse``); rates scale with sqrt(batch_size)
-    (and betas/eps adapt), as in gsplat."""
+    (and betas/eps adapt), as in gsplat. On a GPU the dense Adam is ``fused`` (one kernel per step)."""
     scale = math.sqrt(batch_size)
     adam = RowSparseAdam if sparse else torch.optim.Adam
     optimizers: Optimizers = {}
     for name in PARAM_NAMES:
         lr = getattr(cfg, name) * (scene_extent if name == "means" else 1.0)
+        fused = {} if sparse else {"fused": params[name].is_cuda}
         optimizers[name] = adam(
             [{"params": [params[name]], "lr": lr * scale, "name": name}],
             eps=cfg.eps / scale,
             betas=(1 - batch_size * (1 - 0.9), 1 - batch_size * (1 - 0.999)),
+            **fused,
         )
     return optimizers
 

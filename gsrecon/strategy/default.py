@@ -117,19 +117,20 @@ class DefaultStrategy(Strategy):
         grads[..., 0] *= info["width"] / 2.0 * info["n_cameras"]
         grads[..., 1] *= info["height"] / 2.0 * info["n_cameras"]
         radii = info["radii"]
+        n = len(params["means"])
+        screen = radii.max(dim=-1).values.to(grads.dtype) / float(max(info["width"], info["height"]))
         if info.get("gaussian_ids") is not None:
             ids = info["gaussian_ids"]  # [nnz]
+            grad_norm = grads.new_zeros(n).index_add_(0, ids, grads.norm(dim=-1))  # [N]
+            count = grads.new_zeros(n).index_add_(0, ids, torch.ones_like(ids, dtype=grads.dtype))  # [N]
+            max_screen = grads.new_zeros(n).scatter_reduce_(0, ids, screen, "amax")  # [N]
         else:
+            # Masked sums, not boolean indexing: indexing waits for the GPU to count the visible ones.
             visible = (radii > 0).all(dim=-1)  # [C, N]
-            ids = torch.where(visible)[1]  # [nnz]
-            grads, radii = grads[visible], radii[visible]  # [nnz, 2]
-        n = len(params["means"])
-        grad_norm = grads.new_zeros(n).index_add_(0, ids, grads.norm(dim=-1))  # [N]
-        count = grads.new_zeros(n).index_add_(0, ids, torch.ones_like(ids, dtype=grads.dtype))  # [N]
-        increments = [grad_norm, count]
-        if self.cfg.refine_scale2d_stop > 0:
-            screen = radii.max(dim=-1).values.to(grads.dtype) / float(max(info["width"], info["height"]))
-            increments.append(grads.new_zeros(n).scatter_reduce_(0, ids, screen, "amax"))  # [N]
+            grad_norm = torch.where(visible, grads.norm(dim=-1), 0.0).sum(dim=0)  # [N]
+            count = visible.sum(dim=0).to(grads.dtype)  # [N]
+            max_screen = torch.where(visible, screen, 0.0).amax(dim=0)  # [N]
+        increments = [grad_norm, count, max_screen]
         dist.all_reduce_sum(increments[:2])
         if state["grad2d"] is None:
             state["grad2d"] = torch.zeros(n, device=grads.device)

@@ -29,7 +29,7 @@ from gsrecon.data.images import to_uint8
 from gsrecon.geometry import camera_centers
 from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
 from gsrecon.render.camera_path import focus_point, mean_up
-from gsrecon.render.video import depth_to_rgb
+from gsrecon.render.colormap import depth_to_rgb
 from gsrecon.viewer import DISPLAYS, RESOLUTIONS, check_view_settings
 from gsrecon.viewer.convert import Pose, pose_of, splat_arrays, thumbnail, vertical_fov, view_of
 
