@@ -362,3 +362,26 @@ def test_non_finite_or_singular_transform_matrix_names_the_file_frame_and_value(
         rf"4x4 \(or 3x4\) matrix with last row \[0, 0, 0, 1\], got .*{shown}",
     ):
         load_blender(str(tmp_path))
+
+
+def test_ngp_ply_file_path_gives_the_starting_points(tmp_path: Path) -> None:
+    """nerfstudio's exports name their SfM cloud in ``ply_file_path``: it becomes the scene's points."""
+    from plyfile import PlyData, PlyElement
+
+    vertex = np.array(
+        [(0.1, 0.2, 0.3, 255, 0, 0), (-1.0, 0.5, 2.0, 0, 128, 255)],
+        dtype=[("x", "f4"), ("y", "f4"), ("z", "f4"), ("red", "u1"), ("green", "u1"), ("blue", "u1")],
+    )
+    PlyData([PlyElement.describe(vertex, "vertex")]).write(str(tmp_path / "sparse_pc.ply"))
+    _write_ngp(tmp_path, ply_file_path="sparse_pc.ply")
+    scene = load_blender(str(tmp_path), eval_split="none")
+    torch.testing.assert_close(scene.points, torch.tensor([[0.1, 0.2, 0.3], [-1.0, 0.5, 2.0]]))
+    torch.testing.assert_close(scene.colors, torch.tensor([[1.0, 0.0, 0.0], [0.0, 128 / 255, 1.0]]))
+    _write_ngp(tmp_path / "plain")
+    assert load_blender(str(tmp_path / "plain")).points.shape == (0, 3)
+
+    _write_ngp(tmp_path, ply_file_path="missing.ply")
+    with pytest.raises(
+        DatasetError, match=r"transforms\.json: 'ply_file_path' 'missing\.ply': .*missing\.ply: no such file"
+    ):
+        load_blender(str(tmp_path))

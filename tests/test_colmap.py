@@ -216,6 +216,7 @@ def test_factor_without_prescaled_folder_resizes_and_scales_intrinsics(scene_dir
             expected[2, 2] = 1.0
             torch.testing.assert_close(frame.K, expected)
             torch.testing.assert_close(frame.viewmat, full[frame.name].viewmat)
+            assert frame.source == f"resized 1/{factor}"  # what the first log line reports
         # Resizing really averages the source (not nearest-neighbour picking).
         frame = scene.train[0]
         mean_full = full[frame.name].image.float().mean((0, 1))
@@ -231,6 +232,7 @@ def test_factor_uses_prescaled_folder(scene_dir: Path, _cache: Path) -> None:
     for frame in _frames(scene):
         np.testing.assert_array_equal(frame.image.numpy(), prescaled[frame.name + ".png"])
         np.testing.assert_allclose(frame.K.numpy(), [[29.0, 0, 15.65], [0, 30.5, 12.35], [0, 0, 1]], rtol=1e-6)
+        assert frame.source == "images_2/"
     assert not (_cache / "images").exists()  # nothing to cache
 
 
@@ -270,6 +272,7 @@ def test_distorted_camera_is_undistorted_to_pinhole(tmp_path: Path) -> None:
         K = frame.K.numpy()
         assert K[0, 2] == pytest.approx(31.3 / 2) and K[1, 2] == pytest.approx(24.7 / 2)
         assert K[0, 0] > 58.0 / 2 and K[0, 0] / K[1, 1] == pytest.approx(58.0 / 61.0)  # zoomed in for k1 > 0
+        assert frame.source == "resized 1/2, undistorted"
         np.testing.assert_allclose(frame.viewmat.numpy(), truth["viewmats"][frame.name + ".png"], atol=1e-6)
 
 

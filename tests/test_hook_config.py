@@ -153,4 +153,6 @@ def test_example_custom_hook_config_trains_with_all_builtin_outputs(tmp_path: Pa
     assert (exp_dir / "checkpoints" / "last.pt").is_file()
     assert (exp_dir / "metrics.json").is_file()
     assert (exp_dir / "point_cloud.ply").is_file()
-    assert "on 7 views at 32x24 (data.factor 1; 2 for validation)" in (exp_dir / "train.log").read_text()
+    assert (
+        "on 7 views at 32x24 (data.factor 1; images generated; 2 for validation)" in (exp_dir / "train.log").read_text()
+    )

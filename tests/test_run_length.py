@@ -73,3 +73,9 @@ def test_auto_init_uses_points_when_the_data_has_them_and_random_otherwise(make_
 def test_init_names_are_checked_before_any_data_is_loaded(make_trainer) -> None:
     with pytest.raises(ValueError, match=r"model\.init must be one of auto, sfm, random, ply; got 'sfmm'"):
         make_trainer(model={"init": "sfmm"}, data={"dataset": "colmap", "path": "/does/not/exist"})
+
+
+def test_the_fast_recipe_is_a_budgeted_mcmc_run_whose_window_follows_max_steps() -> None:
+    fast = _resolved(REPO / "configs" / "fast.yaml", "data.path=/x", "max_steps=2000")
+    assert fast["strategy"]["name"] == "mcmc" and fast["strategy"]["cap_ratio"] == 1.5
+    assert fast["strategy"]["refine_stop"] == 1667 and fast["strategy"]["refine_start"] == 33

@@ -177,6 +177,21 @@ def test_mcmc_respects_cap_max_exactly(make_trainer) -> None:
         assert trainer.optimizers[name].state[param]["exp_avg"].shape == param.shape
 
 
+def test_mcmc_cap_ratio_budgets_from_the_starting_gaussians_across_a_resume(make_trainer) -> None:
+    """cap_ratio 1.2 on 300 starting Gaussians caps at 360, also after resuming at 330 Gaussians."""
+    strategy = {"name": "mcmc", "cap_ratio": 1.2, "refine_start": 0, "refine_stop": 100, "refine_every": 2}
+    hooks = [{"name": "LogHook", "progress": False}, {"name": "CheckPointHook", "interval": 5}]
+    first = make_trainer("first", max_steps=5, strategy=strategy, hooks=hooks)
+    first.train()
+    assert first.model.num_gaussians == 330  # 300 -> 315 (after step 2) -> 330 (after step 4)
+    resumed = make_trainer("first", max_steps=14, strategy=strategy, hooks=hooks, resume=True)
+    resumed.train()
+    assert resumed.strategy_state["initial_gaussians"] == 300
+    assert resumed.model.num_gaussians == 360
+    with pytest.raises(ValueError, match="strategy.cap_ratio must be 0 .* got 0.5"):
+        make_trainer("bad", strategy={"name": "mcmc", "cap_ratio": 0.5})
+
+
 def test_mcmc_relocates_dead_gaussians(make_trainer) -> None:
     trainer = make_trainer(
         max_steps=3,

@@ -10,8 +10,9 @@ Two flavours are read:
   an extension; ``images_<f>/`` beside ``images/`` used for downscale factor ``f`` when present.
 
 ``transform_matrix`` is camera-to-world in the OpenGL convention (x right, y up, z backward); frames
-carry world-to-camera matrices in the OpenCV convention. These scenes have no points: the returned
-point cloud is empty and the model initialises randomly.
+carry world-to-camera matrices in the OpenCV convention. A top-level ``ply_file_path`` (nerfstudio's
+exports) names a point cloud in the same world coordinates, which ``model.init: auto`` starts from;
+without one the point cloud is empty and the model initialises randomly.
 """
 
 from __future__ import annotations
@@ -23,12 +24,14 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from gsrecon.data.cameras import Frame, Scene
 from gsrecon.data.errors import DatasetError, checked_number
 from gsrecon.data.images import IMAGE_EXTENSIONS, check_factor, load_camera_image, read_image_size
 from gsrecon.data.splits import NameList, check_eval_split, evenly_spaced, frame_name, listed_as_test, split_frames
 from gsrecon.data.undistort import SUPPORTED_MODELS, Distortion, fov_to_focal, intrinsics_matrix
+from gsrecon.model.ply import read_ply
 
 OPENGL_TO_OPENCV = np.diag([1.0, -1.0, -1.0, 1.0])  # flips the camera's y and z axes
 _INTRINSIC_KEYS = ("fl_x", "fl_y", "cx", "cy", "w", "h", "camera_angle_x", "camera_angle_y")
@@ -45,7 +48,8 @@ class _Entry(NamedTuple):
 
 
 def load_blender(path: str, factor: int = 1, eval_split: str = "every_8", max_images: int = 0) -> Scene:
-    """Read a transforms.json scene folder: pinhole frames at 1/``factor`` resolution, split, no points.
+    """Read a transforms.json scene folder: pinhole frames at 1/``factor`` resolution, split, and the point
+    cloud its ``ply_file_path`` names (nerfstudio's exports; none otherwise).
 
     Args:
         path: the folder holding ``transforms_train.json`` (+ ``transforms_test.json``) or ``transforms.json``.
@@ -79,7 +83,32 @@ def load_blender(path: str, factor: int = 1, eval_split: str = "every_8", max_im
     frames = [_frame(root, entries[i], names[i], factor) for i in order]
     is_test = [bool(entries[i].is_test) for i in order] if eval_split == "dataset" else None
     train, test = split_frames(frames, eval_split, is_test)
-    return Scene(train=train, test=test, points=torch.zeros(0, 3), colors=torch.zeros(0, 3))
+    points, colors = _point_cloud(entries[0].json_path, entries[0].global_fields)
+    return Scene(train=train, test=test, points=points, colors=colors)
+
+
+def _point_cloud(json_path: Path, fields: dict[str, Any]) -> tuple[Tensor, Tensor]:
+    """The points ``[P, 3]`` and colours ``[P, 3]`` in [0, 1] of the PLY that ``ply_file_path`` names
+    (relative to ``json_path``'s folder), in the frames' world coordinates; empty without one."""
+    if "ply_file_path" not in fields:
+        return torch.zeros(0, 3), torch.zeros(0, 3)
+    value = fields["ply_file_path"]
+    if not isinstance(value, str) or not value:
+        raise DatasetError(f"{json_path}: 'ply_file_path' must be a file name, got {value!r}")
+    path = json_path.parent / value
+    try:
+        vertex = read_ply(path)["vertex"]
+        points = np.stack([np.asarray(vertex[axis], np.float32) for axis in "xyz"], axis=-1)  # [P, 3]
+    except (OSError, ValueError) as err:
+        raise DatasetError(f"{json_path}: 'ply_file_path' {value!r}: {err}") from err
+    names = vertex.data.dtype.names or ()
+    if all(c in names for c in ("red", "green", "blue")):
+        colors = np.stack([np.asarray(vertex[c], np.float32) for c in ("red", "green", "blue")], axis=-1) / 255.0
+    else:
+        colors = np.full_like(points, 0.5)  # grey where the cloud has no colours
+    if not np.isfinite(points).all():
+        raise DatasetError(f"{json_path}: 'ply_file_path' {value!r}: the points are not all finite")
+    return torch.from_numpy(points), torch.from_numpy(colors.astype(np.float32))
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -180,7 +209,7 @@ def _frame(root: Path, entry: _Entry, name: str, factor: int) -> Frame:
     fields = {k: v for k, v in entry.global_fields.items() if k != "frames"} | frame  # per-frame values win
     path = _image_path(root, json_path, str(frame["file_path"]))
     size, K, dist = _camera(fields, path, json_path, where)
-    pixels, K = load_camera_image(
+    pixels, K, source = load_camera_image(
         path, size, K, dist, factor, _prescaled_path(root, path, factor), camera=f"{where} of {json_path}"
     )
     return Frame(
@@ -188,6 +217,7 @@ def _frame(root: Path, entry: _Entry, name: str, factor: int) -> Frame:
         viewmat=torch.from_numpy(_viewmat(frame["transform_matrix"], json_path, where).astype(np.float32)),
         K=torch.from_numpy(K.astype(np.float32)),
         image=torch.from_numpy(pixels),
+        source=source,
     )
 
 

@@ -23,6 +23,7 @@ class Frame:
     viewmat: Tensor  # [4, 4] float32, world-to-camera (OpenCV)
     K: Tensor  # [3, 3] float32, pinhole intrinsics in pixels
     image: Tensor  # [H, W, 3] or [H, W, 4] uint8 (RGBA keeps its alpha for background compositing)
+    source: str = ""  # how the pixels were made, for the first log lines: "images_8/", "resized 1/8, undistorted", ...
 
     @property
     def width(self) -> int:

@@ -88,7 +88,7 @@ def _frame(root: Path, image: ColmapImage, model: SparseModel, sparse_dir: Path,
     path = root / "images" / image.name
     if not path.is_file():
         raise DatasetError(f"{path}: image file is missing (referenced by {images_file})")
-    pixels, K = load_camera_image(
+    pixels, K, source = load_camera_image(
         path,
         (camera.width, camera.height),
         K,
@@ -102,6 +102,7 @@ def _frame(root: Path, image: ColmapImage, model: SparseModel, sparse_dir: Path,
         viewmat=torch.from_numpy(viewmat.astype(np.float32)),
         K=torch.from_numpy(K.astype(np.float32)),
         image=torch.from_numpy(pixels),
+        source=source,
     )
 
 

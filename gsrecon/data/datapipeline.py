@@ -134,7 +134,7 @@ class DataPipeline:
 
 
 def _to_device(frame: Frame, device: torch.device) -> Frame:
-    return Frame(frame.name, frame.viewmat.float(), frame.K.float(), frame.image.to(device))
+    return Frame(frame.name, frame.viewmat.float(), frame.K.float(), frame.image.to(device), frame.source)
 
 
 def _require_path(cfg: DataPipeline.Config, what: str) -> None:

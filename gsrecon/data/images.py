@@ -159,8 +159,9 @@ def load_camera_image(
     prescaled_path: Path | None = None,
     *,
     camera: str,
-) -> tuple[np.ndarray, np.ndarray]:
-    """A camera's image at 1/``factor`` resolution, undistorted to a pinhole: (image [h, w, C] uint8, K [3, 3]).
+) -> tuple[np.ndarray, np.ndarray, str]:
+    """A camera's image at 1/``factor`` resolution, undistorted to a pinhole: (image [h, w, C] uint8, K [3, 3],
+    how it was made: ``"images_8/"``, ``"resized 1/8"`` or ``"as stored"``, plus ``", undistorted"``).
 
     ``path`` is the full-resolution image of a ``camera_size`` (width, height) camera with intrinsics ``K``
     and distortion ``dist``. ``prescaled_path``, when it exists, is the same image already downscaled by
@@ -170,7 +171,7 @@ def load_camera_image(
     """
     width, height = camera_size
     if prescaled_path is not None and factor > 1 and prescaled_path.is_file():
-        source = prescaled_path
+        source, how = prescaled_path, f"{prescaled_path.parent.name}/"
         size = read_image_size(source)
         if any(abs(n - full / factor) >= 1.0 for n, full in zip(size, camera_size)):
             raise DatasetError(
@@ -185,6 +186,7 @@ def load_camera_image(
                 f"{source}: image is {source_size[0]}x{source_size[1]}, but its camera says {width}x{height}"
             )
         size = downscaled_size(width, height, factor)
+        how = f"resized 1/{factor}" if factor > 1 else "as stored"
     K = np.asarray(K, np.float64).copy()
     K[0, :] *= size[0] / width
     K[1, :] *= size[1] / height
@@ -196,8 +198,8 @@ def load_camera_image(
         except ValueError as err:
             raise DatasetError(f"{path}: cannot undistort the image of {camera}: {err}") from err
         transform = ImageTransform(size, tuple(K.flat), tuple(K_new.flat), dist)
-        K = K_new
-    return load_transformed(source, transform), K
+        K, how = K_new, f"{how}, undistorted"
+    return load_transformed(source, transform), K, how
 
 
 def load_transformed(path: Path, transform: ImageTransform) -> np.ndarray:

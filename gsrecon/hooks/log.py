@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -53,11 +54,14 @@ class LogHook(Hook):
         self._mark = (0, 0.0)  # (step, time) of the last plain progress line
 
     def before_train(self, trainer: DefaultTrainer) -> None:
-        sizes = sorted({f"{f.width}x{f.height}" for f in trainer.datapipeline.scene.train})
+        train = trainer.datapipeline.scene.train
+        sizes = sorted({f"{f.width}x{f.height}" for f in train})
+        sources = Counter(f.source for f in train if f.source)
+        made = "; ".join(f"{how}" if n == len(train) else f"{n} {how}" for how, n in sources.items())
         trainer.logger.info(
             f"training {trainer.model.num_gaussians} Gaussians on {trainer.datapipeline.num_train} views at "
-            f"{', '.join(sizes)} (data.factor {trainer.cfg.data.factor}; {trainer.datapipeline.num_val} for "
-            f"validation) on {trainer.device}, "
+            f"{', '.join(sizes)} (data.factor {trainer.cfg.data.factor}{'; images ' + made if made else ''}; "
+            f"{trainer.datapipeline.num_val} for validation) on {trainer.device}, "
             f"{torch.get_num_threads()} CPU threads; output in {trainer.exp_dir}"
         )
         if self.cfg.progress and trainer.is_main and trainer.logger.console.is_terminal:

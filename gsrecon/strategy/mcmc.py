@@ -30,13 +30,16 @@ class MCMCStrategy(Strategy):
     """MCMC densification: a fixed budget of Gaussians that moves to where it is needed.
 
     Every ``refine_every`` steps in (``refine_start``, ``refine_stop``): relocate dead Gaussians,
-    then add ``min(cap_max, grow_rate × N) - N`` new ones. Every step: noise on the means
-    (``noise_lr`` × the means' learning rate). The number of Gaussians never exceeds ``cap_max``.
+    then add ``min(cap, grow_rate × N) - N`` new ones. Every step: noise on the means
+    (``noise_lr`` × the means' learning rate). The number of Gaussians never exceeds the cap:
+    ``cap_max``, or with ``cap_ratio`` > 0 a budget of ``cap_ratio`` × the Gaussians the run starts
+    with (its SfM points), whichever is smaller.
     """
 
     @dataclass
     class Config:
         cap_max: int = 1_000_000
+        cap_ratio: float = 0.0  # > 0: also cap at this × the starting Gaussians (1.5: a budget run)
         noise_lr: float = 5e5
         refine_start: int = run_steps(500)
         refine_stop: int = run_steps(25_000)
@@ -50,6 +53,8 @@ class MCMCStrategy(Strategy):
         super().__init__(cfg)
         if cfg.cap_max < 1:
             raise ValueError(f"strategy.cap_max must be >= 1, got {cfg.cap_max}")
+        if not (cfg.cap_ratio == 0 or 1 <= cfg.cap_ratio < math.inf):
+            raise ValueError(f"strategy.cap_ratio must be 0 (off) or a finite number >= 1, got {cfg.cap_ratio}")
         if cfg.refine_every < 1:
             raise ValueError(f"strategy.refine_every must be >= 1, got {cfg.refine_every}")
         self.binoms = binomial_table(N_MAX)
@@ -79,11 +84,18 @@ class MCMCStrategy(Strategy):
         dist: DistributedContext = SINGLE_PROCESS,
     ) -> None:
         cfg = self.cfg
+        state.setdefault("initial_gaussians", params["means"].shape[0])  # at step 0: the starting model
         if cfg.refine_start < step < cfg.refine_stop and step % cfg.refine_every == 0:
             self._relocate_dead(params, optimizers)
             n = params["means"].shape[0]
-            self._add(params, optimizers, max(0, min(cfg.cap_max, int(cfg.grow_rate * n)) - n))
+            self._add(params, optimizers, max(0, min(self.cap(state), int(cfg.grow_rate * n)) - n))
         inject_position_noise(params, optimizers["means"].param_groups[0]["lr"] * cfg.noise_lr)
+
+    def cap(self, state: dict[str, Any]) -> int:
+        """The most Gaussians this run may have: ``cap_max``, or less with a ``cap_ratio`` budget."""
+        if self.cfg.cap_ratio == 0:
+            return self.cfg.cap_max
+        return min(self.cfg.cap_max, int(self.cfg.cap_ratio * state["initial_gaussians"]))
 
     def _relocate_dead(self, params: Params, optimizers: Optimizers) -> None:
         opacities = torch.sigmoid(params["opacities"])
