@@ -15,3 +15,10 @@ for sdist in .whl/*.tar.gz; do
   python3 -m pip wheel -q --no-deps --no-build-isolation -w .whl "$sdist" && rm "$sdist"
 done
 ls -la .whl
+# What the GPU tests and benchmarks read from this machine, staged in .gpu_data/ (git-ignored; carry it too):
+# ../shared/data (absent on a user's clone) and the LPIPS backbone from the gsrecon cache.
+mkdir -p .gpu_data/cache/weights
+if [ -d ../shared/data ]; then rm -rf .gpu_data/shared && cp -r ../shared/data .gpu_data/shared; fi
+lpips="${GSRECON_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gsrecon}/weights/lpips_alex_backbone.pt"
+if [ -f "$lpips" ]; then cp "$lpips" .gpu_data/cache/weights/; fi
+du -sh .whl .gpu_data
