@@ -48,8 +48,9 @@ class CheckInvalidLossHook(Hook):
         if self._first_invalid is None:
             self._first_invalid = torch.tensor([-1.0, 0.0], dtype=torch.float64, device=loss.device)
         first = self._first_invalid[0] < 0
+        # full_like fills on the device; a tensor made from the host's step would be a pageable copy, which waits.
         self._first_invalid = torch.where(
-            first & ~torch.isfinite(loss), torch.stack([loss.new_tensor(float(step)), loss]), self._first_invalid
+            first & ~torch.isfinite(loss), torch.stack([torch.full_like(loss, step), loss]), self._first_invalid
         )
         if step % self.cfg.interval == 0:
             self._check_loss(trainer)
