@@ -78,6 +78,8 @@ class DataPipeline:
         cache_device = device if cfg.cache == "device" else torch.device("cpu")
         self._train = [_to_device(f, cache_device) for f in self.scene.train]
         self._test = [_to_device(f, cache_device) for f in self.scene.test]
+        # On the device once: a per-step copy from the host would wait for the GPU (PyTorch syncs blocking copies).
+        self._background = self.fixed_background().to(device)  # [3]
 
     @property
     def num_train(self) -> int:
@@ -105,13 +107,13 @@ class DataPipeline:
             generator = torch.Generator().manual_seed(self.seed * 1_000_003 + 7919 * step + self.rank)
             backgrounds = torch.rand(len(frames), 3, generator=generator)
         else:
-            backgrounds = self.fixed_background().expand(len(frames), 3)
+            backgrounds = self._background.expand(len(frames), 3).contiguous()  # [B, 3]
         return self._batch(frames, backgrounds.to(self.device))
 
     def val_batches(self) -> Iterator[Batch]:
         """One batch per validation view, over the fixed background (black for ``random``)."""
         for frame in self._test:
-            yield self._batch([frame], self.fixed_background().to(self.device)[None])
+            yield self._batch([frame], self._background[None])
 
     def fixed_background(self) -> Tensor:
         """The background colour used where it is not random, [3]."""
@@ -134,7 +136,9 @@ class DataPipeline:
 
 
 def _to_device(frame: Frame, device: torch.device) -> Frame:
-    return Frame(frame.name, frame.viewmat.float(), frame.K.float(), frame.image.to(device), frame.source)
+    return Frame(
+        frame.name, frame.viewmat.float().to(device), frame.K.float().to(device), frame.image.to(device), frame.source
+    )
 
 
 def _require_path(cfg: DataPipeline.Config, what: str) -> None:
