@@ -48,6 +48,12 @@ def run_steps(default: int) -> Any:
     return dataclasses.field(default=default, metadata={"run_steps": True})
 
 
+def per_device(cpu: int, gpu: int) -> Any:
+    """A dataclass field whose default depends on the device trained on: where a config leaves it
+    unset, :func:`resolved_entry` picks ``cpu`` or ``gpu`` (the dataclass default is ``gpu``)."""
+    return dataclasses.field(default=gpu, metadata={"per_device": (cpu, gpu)})
+
+
 class ConfigError(ValueError):
     """A config that cannot be used as written; the message names the key and the file."""
 
@@ -315,12 +321,18 @@ def _check_signature(cls: type, kwargs: Mapping[str, Any], source: str, prefix: 
 
 
 def resolved_entry(
-    cls: type, kwargs: Mapping[str, Any], source: str = "config", prefix: str = "", max_steps: int | None = None
+    cls: type,
+    kwargs: Mapping[str, Any],
+    source: str = "config",
+    prefix: str = "",
+    max_steps: int | None = None,
+    device_type: str | None = None,
 ) -> dict:
     """``kwargs`` with the defaults of ``cls.Config`` filled in (unchanged for classes without one).
 
     With ``max_steps``, each :func:`run_steps` field that ``kwargs`` leaves out is scaled from its
-    default to a ``max_steps`` run (at least 1).
+    default to a ``max_steps`` run (at least 1). With ``device_type`` ("cpu", "cuda", ...), each
+    :func:`per_device` field that ``kwargs`` leaves out takes that device's default.
     """
     config_cls = getattr(cls, "Config", None)
     if config_cls is not None and dataclasses.is_dataclass(config_cls):
@@ -328,6 +340,9 @@ def resolved_entry(
         for f in dataclasses.fields(config_cls):
             if max_steps is not None and f.metadata.get("run_steps") and f.name not in kwargs:
                 resolved[f.name] = max(1, round(f.default * max_steps / REFERENCE_RUN_STEPS))
+            if device_type is not None and "per_device" in f.metadata and f.name not in kwargs:
+                cpu, gpu = f.metadata["per_device"]
+                resolved[f.name] = cpu if device_type == "cpu" else gpu
         return resolved
     _check_signature(cls, kwargs, source, prefix)
     return dict(kwargs)

@@ -79,3 +79,15 @@ def test_the_fast_recipe_is_a_budgeted_mcmc_run_whose_window_follows_max_steps()
     fast = _resolved(REPO / "configs" / "fast.yaml", "data.path=/x", "max_steps=2000")
     assert fast["strategy"]["name"] == "mcmc" and fast["strategy"]["cap_ratio"] == 1.5
     assert fast["strategy"]["refine_stop"] == 1667 and fast["strategy"]["refine_start"] == 33
+
+
+def test_random_start_size_follows_the_device_unless_set(make_trainer) -> None:
+    """100 000 random points (gsplat's count) on a GPU, 10 000 on a CPU, where each costs far more."""
+    base = REPO / "configs" / "mipnerf360.yaml"
+    for device, expected in (("cpu", 10_000), ("cuda", 100_000)):
+        cfg, source = load_run_config(str(base), ["data.path=/x"])
+        assert resolve_run_config(cfg, torch.device(device), source)["model"]["init_num_points"] == expected
+    assert _resolved(base, "data.path=/x", "model.init_num_points=123")["model"]["init_num_points"] == 123
+    trainer = make_trainer(model={"sh_degree": 1, "init": "random"})
+    assert trainer.model.num_gaussians == 10_000
+    assert trainer.resolved_config["model"]["init_num_points"] == 10_000  # config.yaml records the number

@@ -133,9 +133,11 @@ def resolve_entry(
     key: str,
     extra: tuple[str, ...] = (),
     max_steps: int | None = None,
+    device: torch.device | None = None,
 ) -> dict[str, Any]:
     """A registry entry ``{name, **args}`` with its defaults filled in (step counts the entry leaves
-    unset scaled to ``max_steps``, see :func:`gsrecon.config.run_steps`); keys in ``extra`` pass through."""
+    unset scaled to ``max_steps``, see :func:`gsrecon.config.run_steps`; device-dependent ones for
+    ``device``, see :func:`gsrecon.config.per_device`); keys in ``extra`` pass through."""
     entry = dict(entry)
     if "name" not in entry:
         raise ConfigError(f"{source}: key '{key}': needs a 'name' (one of {', '.join(registry.names())})")
@@ -145,7 +147,8 @@ def resolve_entry(
         raise ConfigError(f"{source}: key '{key}.name': {exc}") from None
     passthrough = {k: entry.pop(k) for k in extra if k in entry}
     name = entry.pop("name")
-    return {"name": name, **passthrough, **resolved_entry(cls, entry, source, key, max_steps)}
+    device_type = device.type if device is not None else None
+    return {"name": name, **passthrough, **resolved_entry(cls, entry, source, key, max_steps, device_type)}
 
 
 def resolve_renderer_entry(entry: dict[str, Any], device: torch.device, source: str) -> dict[str, Any]:
@@ -213,7 +216,9 @@ def resolve_run_config(cfg: RunConfig, device: torch.device, source: str) -> dic
     """The run's config as plain data with every registry entry resolved: what ``config.yaml`` holds."""
     resolved = to_container(cfg)
     resolved.pop("resume")
-    resolved["model"] = resolve_entry(MODEL_REGISTRY, cfg.model, source, "model", max_steps=cfg.max_steps)
+    resolved["model"] = resolve_entry(
+        MODEL_REGISTRY, cfg.model, source, "model", max_steps=cfg.max_steps, device=device
+    )
     resolved["renderer"] = resolve_renderer_entry(cfg.renderer, device, source)
     resolved["strategy"] = resolve_entry(STRATEGY_REGISTRY, cfg.strategy, source, "strategy", max_steps=cfg.max_steps)
     resolved["writers"] = [resolve_entry(WRITER_REGISTRY, w, source, f"writers.{i}") for i, w in enumerate(cfg.writers)]

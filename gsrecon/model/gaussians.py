@@ -15,7 +15,7 @@ import torch
 from scipy.spatial import cKDTree
 from torch import Tensor
 
-from gsrecon.config import run_steps
+from gsrecon.config import per_device, run_steps
 from gsrecon.data.cameras import Scene
 from gsrecon.registry import MODEL_REGISTRY
 from gsrecon.render.sh import MAX_SH_DEGREE, num_sh_bases, rgb_to_sh, sh_degree_of
@@ -41,7 +41,7 @@ class GaussianModel(torch.nn.Module):
         sh_degree_interval: int = run_steps(1000)  # the active degree grows by one every this many steps
         init: str = "auto"  # auto (sfm when the dataset has points, else random) | sfm | random | ply (init_path)
         init_path: str = ""  # .ply for init: ply
-        init_num_points: int = 100_000  # for init: random
+        init_num_points: int = per_device(cpu=10_000, gpu=100_000)  # for init: random (BENCHMARKS.md: CPU)
         init_extent: float = 3.0  # random points fill a cube of half-size init_extent × scene extent
         init_opacity: float = 0.1
         init_scale: float = 1.0  # multiplier on the initial scales (mean distance to the 3 nearest points)
