@@ -57,7 +57,7 @@ class LogHook(Hook):
         train = trainer.datapipeline.scene.train
         sizes = sorted({f"{f.width}x{f.height}" for f in train})
         sources = Counter(f.source for f in train if f.source)
-        made = "; ".join(f"{how}" if n == len(train) else f"{n} {how}" for how, n in sources.items())
+        made = "; ".join(how if n == len(train) else f"{n} {how}" for how, n in sources.items())
         trainer.logger.info(
             f"training {trainer.model.num_gaussians} Gaussians on {trainer.datapipeline.num_train} views at "
             f"{', '.join(sizes)} (data.factor {trainer.cfg.data.factor}{'; images ' + made if made else ''}; "
