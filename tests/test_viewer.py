@@ -33,6 +33,7 @@ from websockets.sync.client import connect  # noqa: E402
 
 from gsrecon.cli import build_parser  # noqa: E402
 from gsrecon.config import parse_structured  # noqa: E402
+from gsrecon.data.cameras import Frame  # noqa: E402
 from gsrecon.data.images import to_uint8  # noqa: E402
 from gsrecon.engine.trainer import DefaultTrainer  # noqa: E402
 from gsrecon.geometry import camera_centers  # noqa: E402
@@ -111,6 +112,10 @@ class Page:
         )
         self.ws.send(msgspec.msgpack.encode(message.as_serializable_dict()))
 
+    def look_through(self, frame: Frame, width: int = 320, height: int = 240) -> None:
+        """Report the camera of the training ``frame``: its pose and vertical field of view."""
+        self.send_camera(pose_of(frame.viewmat), vertical_fov(frame.K, frame.height), width, height)
+
     def click(self, node_name: str) -> None:
         message = SceneNodeClickMessage(node_name, None, (0.0, 0.0, 0.0), (0.0, 0.0, 1.0), (0.5, 0.5), None)
         self.ws.send(msgspec.msgpack.encode(message.as_serializable_dict()))
@@ -144,8 +149,7 @@ class BrowserPageHook(Hook):
         viewer = viewer_hook(trainer).viewer
         if self.connect:
             self.page = Page(viewer.url)
-            frame = trainer.datapipeline.scene.train[0]
-            self.page.send_camera(pose_of(frame.viewmat), vertical_fov(frame.K, frame.height), 320, 240)
+            self.page.look_through(trainer.datapipeline.scene.train[0])
             wait_for(lambda: viewer.num_clients == 1, "the page to connect")
 
     def after_train_iter(self, trainer) -> None:
@@ -293,8 +297,7 @@ def test_server_display_sends_gsrecon_render_for_the_page_camera(scene_viewer) -
 def test_output_and_display_switches(scene_viewer) -> None:
     viewer, trainer = scene_viewer
     page = Page(viewer.url)
-    frame = trainer.datapipeline.scene.train[0]
-    page.send_camera(pose_of(frame.viewmat), vertical_fov(frame.K, frame.height), 320, 240)
+    page.look_through(trainer.datapipeline.scene.train[0])
     serve_until(viewer, page.renders, "a server-side render")
     assert "TorchRenderer" in viewer.status_text.content
 
@@ -316,8 +319,7 @@ def test_output_and_display_switches(scene_viewer) -> None:
 def test_clicking_a_camera_frustum_moves_the_page_camera_there(scene_viewer) -> None:
     viewer, trainer = scene_viewer
     page = Page(viewer.url)
-    first = trainer.datapipeline.scene.train[0]
-    page.send_camera(pose_of(first.viewmat), vertical_fov(first.K, first.height), 320, 240)
+    page.look_through(trainer.datapipeline.scene.train[0])
     serve_until(viewer, page.renders, "the server to know the page's camera")
     page.click("/cameras/00003")
     wait_for(lambda: page.moves("SetCameraPositionMessage"), "the camera to move")
