@@ -155,6 +155,14 @@ class BrowserPageHook(Hook):
     def after_train_iter(self, trainer) -> None:
         self.shown_steps.append(viewer_hook(trainer).viewer.step)
 
+    def after_train(self, trainer) -> None:
+        """Waits until the page has received every refresh the viewer sent (they arrive asynchronously)."""
+        if self.page is not None:
+            refreshes = len({step for step in self.shown_steps if step is not None})
+            wait_for(
+                lambda: len(self.page.of_type("GaussianSplatsMessage")) >= refreshes, "the page to get each refresh"
+            )
+
     def after_run(self, trainer) -> None:
         if self.page is not None:
             self.page.close()
