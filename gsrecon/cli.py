@@ -312,6 +312,36 @@ def _data_colmap(args: argparse.Namespace) -> int:
     return 0
 
 
+def _data_triangulate(args: argparse.Namespace) -> int:
+    from gsrecon.data.triangulate import STAGES, triangulate_scene
+    from gsrecon.logging.console import Logger
+
+    logger = Logger()
+
+    def on_stage(name: str, what: str) -> None:
+        logger.info(f"[{STAGES.index(name) + 1}/{len(STAGES)}] {name}: {what}")
+
+    report = triangulate_scene(
+        args.data,
+        factor=args.factor,
+        matcher=args.matcher,
+        overwrite=args.overwrite,
+        use_gpu=not args.cpu,
+        verbose=args.verbose,
+        on_stage=on_stage,
+    )
+    print(
+        f"triangulated {report.num_points} points from {report.num_images} images at factor {report.factor} "
+        f"(mean track length {report.mean_track_length:.1f} images, mean reprojection error "
+        f"{report.mean_reprojection_error:.2f} px)"
+    )
+    print(f"points: {report.ply_path}")
+    print(f"{report.transforms_path}: {report.change}")
+    print(f"work files: {report.work_dir} (database.db, sparse/: the COLMAP model; safe to delete)")
+    print(f"train with data.dataset=blender data.path={args.data} (model.init: auto starts from these points)")
+    return 0
+
+
 def _add_data(sub: argparse._SubParsersAction) -> None:
     p = _command(sub, "data", "prepare datasets", "Prepare datasets for training (see the subcommands).")
     data_sub = p.add_subparsers(dest="data_command", required=True)
@@ -340,6 +370,34 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--cpu", action="store_true", help="do not use a GPU for SIFT")
     c.add_argument("--verbose", action="store_true", help="show pycolmap's own progress log")
     c.set_defaults(func=_data_colmap)
+    t = _command(
+        data_sub,
+        "triangulate",
+        "sparse points for a transforms.json scene from its known poses, with pycolmap",
+        "Triangulate a sparse point cloud from the images of a transforms.json scene (instant-ngp / nerfstudio) "
+        "with their known cameras and poses held fixed (features, matching, triangulation; each stage is "
+        'announced), write it as sparse_pc.ply beside transforms.json and add "ply_file_path" to that file, '
+        "so that training starts from these points instead of random ones. All frames the file lists are used.",
+    )
+    t.add_argument("--data", required=True, help="scene folder with transforms.json (or transforms_train.json)")
+    t.add_argument(
+        "--factor",
+        type=int,
+        default=0,
+        choices=[0, 1, 2, 4, 8],
+        help="image downscale factor for features (images_<f>/ when present); 0 (default): the smallest that "
+        "brings the longest side to at most 1600 px",
+    )
+    t.add_argument(
+        "--matcher",
+        default="exhaustive",
+        choices=["exhaustive", "sequential"],
+        help="exhaustive for photo sets, sequential for video frames",
+    )
+    t.add_argument("--overwrite", action="store_true", help="replace a ply_file_path the transforms file already names")
+    t.add_argument("--cpu", action="store_true", help="do not use a GPU for SIFT")
+    t.add_argument("--verbose", action="store_true", help="show pycolmap's own progress log")
+    t.set_defaults(func=_data_triangulate)
 
 
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [

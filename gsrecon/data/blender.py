@@ -12,7 +12,8 @@ Two flavours are read:
 ``transform_matrix`` is camera-to-world in the OpenGL convention (x right, y up, z backward); frames
 carry world-to-camera matrices in the OpenCV convention. A top-level ``ply_file_path`` (nerfstudio's
 exports) names a point cloud in the same world coordinates, which ``model.init: auto`` starts from;
-without one the point cloud is empty and the model initialises randomly.
+without one the point cloud is empty and the model initialises randomly (``gsrecon data triangulate``
+makes one from the images and their known poses: :mod:`gsrecon.data.triangulate`).
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ class _Entry(NamedTuple):
     is_test: bool | None  # the dataset's own split; None unless eval_split is "dataset"
 
 
-def load_blender(path: str, factor: int = 1, eval_split: str = "every_8", max_images: int = 0) -> Scene:
+def load_blender(
+    path: str, factor: int = 1, eval_split: str = "every_8", max_images: int = 0, *, point_cloud: bool = True
+) -> Scene:
     """Read a transforms.json scene folder: pinhole frames at 1/``factor`` resolution, split, and the point
     cloud its ``ply_file_path`` names (nerfstudio's exports; none otherwise).
 
@@ -59,6 +62,7 @@ def load_blender(path: str, factor: int = 1, eval_split: str = "every_8", max_im
             ``train_filenames``). nerf_synthetic's ``every_8`` and ``none`` use the train file's frames only,
             so that no official test image is trained on.
         max_images: if > 0, keep this many evenly spaced frames (in name order) before splitting.
+        point_cloud: False leaves ``ply_file_path`` unread (the scene's points empty), e.g. to replace it.
 
     Raises:
         DatasetError: missing or malformed files, missing intrinsics, unsupported cameras, images that
@@ -83,7 +87,9 @@ def load_blender(path: str, factor: int = 1, eval_split: str = "every_8", max_im
     frames = [_frame(root, entries[i], names[i], factor) for i in order]
     is_test = [bool(entries[i].is_test) for i in order] if eval_split == "dataset" else None
     train, test = split_frames(frames, eval_split, is_test)
-    points, colors = _point_cloud(entries[0].json_path, entries[0].global_fields)
+    points, colors = torch.zeros(0, 3), torch.zeros(0, 3)
+    if point_cloud:
+        points, colors = _point_cloud(entries[0].json_path, entries[0].global_fields)
     return Scene(train=train, test=test, points=points, colors=colors)
 
 
@@ -126,15 +132,27 @@ def _read_json(path: Path) -> dict[str, Any]:
     return content
 
 
+def transforms_file(path: str | Path) -> Path:
+    """The scene folder's main transforms file, whose top-level fields (``ply_file_path`` among them) are the
+    scene's: nerf_synthetic's ``transforms_train.json``, else ``transforms.json``.
+
+    Raises:
+        DatasetError: the folder has neither.
+    """
+    root = Path(path)
+    for name in ("transforms_train.json", "transforms.json"):
+        if (root / name).is_file():
+            return root / name
+    raise DatasetError(f"{root}: no transforms_train.json or transforms.json found")
+
+
 def _read_entries(root: Path, eval_split: str) -> list[_Entry]:
     """The frames to load: nerf_synthetic's train file (plus its test file for eval_split "dataset"), or
     the one ``transforms.json``."""
-    train_json, test_json, single_json = (
-        root / f for f in ("transforms_train.json", "transforms_test.json", "transforms.json")
-    )
+    main_json, test_json = transforms_file(root), root / "transforms_test.json"
     dataset = eval_split == "dataset"
-    if train_json.is_file():
-        files = [(train_json, False)]
+    if main_json.name == "transforms_train.json":
+        files = [(main_json, False)]
         if dataset:
             if not test_json.is_file():
                 raise DatasetError(f"{test_json}: missing, and eval_split 'dataset' needs it")
@@ -144,11 +162,9 @@ def _read_entries(root: Path, eval_split: str) -> list[_Entry]:
             content = _read_json(json_path)
             entries += [_Entry(json_path, frame, content, is_test if dataset else None) for frame in content["frames"]]
         return entries
-    if single_json.is_file():
-        content = _read_json(single_json)
-        flags = _listed_test(single_json, content) if dataset else [None] * len(content["frames"])
-        return [_Entry(single_json, frame, content, flag) for frame, flag in zip(content["frames"], flags)]
-    raise DatasetError(f"{root}: no transforms_train.json or transforms.json found")
+    content = _read_json(main_json)
+    flags = _listed_test(main_json, content) if dataset else [None] * len(content["frames"])
+    return [_Entry(main_json, frame, content, flag) for frame, flag in zip(content["frames"], flags)]
 
 
 def _listed_test(json_path: Path, content: dict) -> list[bool]:

@@ -1,0 +1,350 @@
+"""Sparse points for a transforms.json scene from its known poses: pycolmap's SIFT features, matching and
+triangulation with the cameras and poses held fixed.
+
+instant-ngp / nerfstudio captures come posed but without SfM points, so training would start from random
+points. :func:`triangulate_scene` loads the frames as training does (``load_blender``: the same undistorted
+pinhole cameras, and world-to-camera OpenCV poses, which are COLMAP's ``cam_from_world``), triangulates
+points from them, writes the points as ``sparse_pc.ply`` (nerfstudio's name; x y z float32, red green blue
+uint8) beside the transforms file and adds ``"ply_file_path": "sparse_pc.ply"`` to that file as its first
+key, leaving the rest of its text as it was. ``load_blender`` reads that key as the scene's SfM points, so
+``model.init: auto`` starts from them.
+
+Frames: every frame the transforms file lists, test views included, as the 3DGS convention triangulates
+from all images (a point's position carries no test pixel into the metrics); nerf_synthetic's
+``transforms_test.json`` is left out, as training leaves it out.
+
+Work files, replaced by the next run and safe to delete: ``<scene>/triangulation/database.db`` (features
+and matches) and ``<scene>/triangulation/sparse/`` (the COLMAP model: the given cameras and poses, and the
+points with their tracks). The images handed to SIFT (``triangulation/images/``) are removed at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+from PIL import Image
+from plyfile import PlyData, PlyElement
+
+from gsrecon.atomic import atomic_path
+from gsrecon.data.blender import load_blender, transforms_file
+from gsrecon.data.cameras import Frame
+from gsrecon.data.errors import DatasetError
+from gsrecon.data.images import FACTORS
+from gsrecon.data.sfm import MATCHERS, MIN_FEATURES, _pycolmap_logging
+
+PLY_NAME = "sparse_pc.ply"  # nerfstudio's name for the point cloud beside transforms.json
+PLY_KEY = "ply_file_path"
+WORK_DIR = "triangulation"  # under the scene folder: database.db and sparse/
+STAGES = ("features", "matching", "triangulation")  # triangulate_scene's stages, in order
+MAX_SIDE = 1600  # px: the automatic factor is the smallest that brings the longest image side to at most this
+MIN_POINTS = 100  # a sparser cloud is no start for training: refused, and the transforms file is left alone
+_RIGID_TOLERANCE = 1e-3  # how far a pose's rotation may be from orthonormal (float32 matrices from JSON)
+
+
+class PycolmapUnavailableError(ImportError, ValueError):
+    """pycolmap is not installed (a ValueError too: the command line reports it as a user error)."""
+
+
+@dataclass
+class TriangulationReport:
+    """What :func:`triangulate_scene` produced."""
+
+    ply_path: Path  # the point cloud written
+    transforms_path: Path  # the transforms file that now names it
+    change: str  # what changed in the transforms file, e.g. 'added "ply_file_path": "sparse_pc.ply"'
+    work_dir: Path  # database.db and sparse/ (the COLMAP model)
+    factor: int  # the images' downscale factor features were extracted at
+    num_images: int
+    num_points: int
+    mean_track_length: float  # images per point
+    mean_reprojection_error: float  # pixels, at ``factor``
+
+
+def triangulate_scene(
+    path: str | Path,
+    factor: int = 0,
+    matcher: str = "exhaustive",
+    overwrite: bool = False,
+    use_gpu: bool = True,
+    verbose: bool = False,
+    on_stage: Callable[[str, str], None] | None = None,
+) -> TriangulationReport:
+    """Triangulate sparse points from the images and known poses of a transforms.json scene, write them as
+    ``sparse_pc.ply`` beside the transforms file and name them there with ``ply_file_path``.
+
+    Args:
+        path: the scene folder (``transforms.json``, or nerf_synthetic's ``transforms_train.json``).
+        factor: image downscale factor features are extracted at (1, 2, 4, 8; ``images_<f>/`` is used when
+            present); 0 picks the smallest that brings the first frame's longest side to at most
+            :data:`MAX_SIDE` pixels.
+        matcher: "exhaustive" (any order, up to a few hundred images) or "sequential" (video frames).
+        overwrite: replace a ``ply_file_path`` the transforms file already has, and a ``sparse_pc.ply`` it
+            does not name; without it both are refused.
+        use_gpu: use CUDA for SIFT when pycolmap was built with it.
+        verbose: let pycolmap log its progress (to stderr); otherwise it logs errors only.
+        on_stage: called as each stage starts with its name (:data:`STAGES`) and what it does.
+
+    Raises:
+        ValueError: unknown ``matcher`` or ``factor``.
+        DatasetError: no transforms file, a ``ply_file_path`` or ``sparse_pc.ply`` already there (without
+            ``overwrite``), frames ``load_blender`` refuses (missing images, bad cameras), fewer than 2
+            frames, poses that are not rigid, or fewer than :data:`MIN_POINTS` points triangulated (the
+            message names the causes the database shows).
+        PycolmapUnavailableError: pycolmap is not installed.
+    """
+    if matcher not in MATCHERS:
+        raise ValueError(f"matcher must be one of {MATCHERS}, got {matcher!r}")
+    if factor not in (0, *FACTORS):
+        raise ValueError(f"factor must be 0 (automatic) or one of {FACTORS}, got {factor!r}")
+    root = Path(path)
+    if not root.is_dir():
+        raise DatasetError(f"{root}: scene folder does not exist")
+    json_path = transforms_file(root)
+    text, content = _read_transforms(json_path)
+    ply_path = root / PLY_NAME
+    if not overwrite:
+        _check_nothing_replaced(json_path, content, ply_path)
+    pycolmap = _import_pycolmap()
+    factor = factor or _auto_factor(root)
+    frames = load_blender(str(root), factor, "none", point_cloud=False).train
+    if len(frames) < 2:
+        raise DatasetError(f"{json_path}: triangulation needs at least 2 frames, the file lists {len(frames)}")
+    for frame in frames:
+        _check_rigid(json_path, frame)
+
+    work = root / WORK_DIR
+    images_dir, database, model_dir = work / "images", work / "database.db", work / "sparse"
+    for stale in (images_dir, model_dir):
+        shutil.rmtree(stale, ignore_errors=True)
+    database.unlink(missing_ok=True)
+    report_stage = on_stage or (lambda name, what: None)
+    device = pycolmap.Device.auto if use_gpu else pycolmap.Device.cpu
+    try:
+        sizes = sorted({(frame.width, frame.height) for frame in frames}, key=lambda size: size[0] * size[1])
+        at = "x".join(map(str, sizes[0])) + ("" if len(sizes) == 1 else " to " + "x".join(map(str, sizes[-1])))
+        report_stage("features", f"SIFT features of {len(frames)} images at {at} (factor {factor})")
+        reconstruction = _posed_reconstruction(pycolmap, frames, images_dir)
+        _write_database(pycolmap, reconstruction, database)
+        extraction = pycolmap.FeatureExtractionOptions()
+        extraction.max_image_size = max(MAX_SIDE, *(max(frame.width, frame.height) for frame in frames))
+        names = [image.name for image in reconstruction.images.values()]
+        with _pycolmap_logging(pycolmap, verbose):
+            pycolmap.extract_features(
+                database, images_dir, image_names=names, extraction_options=extraction, device=device
+            )
+            report_stage("matching", f"{matcher} matching")
+            if matcher == "exhaustive":
+                pycolmap.match_exhaustive(database, device=device)
+            else:
+                pycolmap.match_sequential(database, device=device)
+            report_stage("triangulation", "points from the matches, cameras and poses held fixed")
+            options = pycolmap.IncrementalPipelineOptions()
+            model_dir.mkdir()
+            reconstruction = pycolmap.triangulate_points(
+                reconstruction, database, images_dir, model_dir, options=options
+            )
+    finally:
+        shutil.rmtree(images_dir, ignore_errors=True)
+    points3d = list(reconstruction.points3D.values())
+    if len(points3d) < MIN_POINTS:
+        causes = "".join(f"; {cause}" for cause in _failure_causes(pycolmap, database, options.min_num_matches))
+        raise DatasetError(
+            f"{json_path}: triangulated {len(points3d)} points from {len(frames)} images (at least {MIN_POINTS} "
+            f"needed){causes}; the images need overlap, texture and sharpness (a smaller --factor gives SIFT more "
+            "pixels)"
+        )
+    points = np.array([point.xyz for point in points3d], dtype=np.float32)  # [P, 3]
+    colors = np.array([point.color for point in points3d], dtype=np.uint8)  # [P, 3]
+    write_points_ply(ply_path, points, colors)
+    change = _name_point_cloud(json_path, text, content)
+    return TriangulationReport(
+        ply_path=ply_path,
+        transforms_path=json_path,
+        change=change,
+        work_dir=work,
+        factor=factor,
+        num_images=len(frames),
+        num_points=len(points3d),
+        mean_track_length=float(reconstruction.compute_mean_track_length()),
+        mean_reprojection_error=float(reconstruction.compute_mean_reprojection_error()),
+    )
+
+
+def write_points_ply(path: str | Path, points: np.ndarray, colors: np.ndarray) -> None:
+    """Write points ``[P, 3]`` and uint8 colours ``[P, 3]`` as a binary PLY (``x y z`` float32, ``red green blue``
+    uchar: the layout of nerfstudio's ``sparse_pc.ply`` and 3DGS's ``points3D.ply``), atomically."""
+    vertices = np.empty(
+        len(points), dtype=[(axis, "<f4") for axis in "xyz"] + [(c, "u1") for c in ("red", "green", "blue")]
+    )
+    for i, axis in enumerate("xyz"):
+        vertices[axis] = points[:, i]
+    for i, channel in enumerate(("red", "green", "blue")):
+        vertices[channel] = colors[:, i]
+    ply = PlyData([PlyElement.describe(vertices, "vertex")], text=False, byte_order="<")
+    with atomic_path(path) as tmp:
+        ply.write(str(tmp))
+
+
+def _import_pycolmap() -> ModuleType:
+    try:
+        import pycolmap
+    except ImportError:
+        raise PycolmapUnavailableError(
+            "gsrecon data triangulate needs pycolmap: install it with `pip install -e .[sfm]` "
+            "(or `pip install pycolmap`)"
+        ) from None
+    return pycolmap
+
+
+def _read_transforms(json_path: Path) -> tuple[str, dict]:
+    """The transforms file's text and its JSON object (load_blender checks the rest of it)."""
+    try:
+        text = json_path.read_text(encoding="utf-8")
+        content = json.loads(text)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise DatasetError(f"{json_path}: cannot read it as JSON ({err})") from err
+    if not isinstance(content, dict):
+        raise DatasetError(f"{json_path}: expected a JSON object with a 'frames' list")
+    return text, content
+
+
+def _check_nothing_replaced(json_path: Path, content: dict, ply_path: Path) -> None:
+    """Refuse to replace a point cloud the transforms file names, or a ``sparse_pc.ply`` it does not name."""
+    if PLY_KEY in content:
+        raise DatasetError(
+            f'{json_path} already names a point cloud ("{PLY_KEY}": {json.dumps(content[PLY_KEY])}); '
+            "pass --overwrite to replace it with triangulated points"
+        )
+    if ply_path.exists():
+        raise DatasetError(
+            f"{ply_path}: exists although {json_path.name} does not name it; move it away or pass --overwrite "
+            "to replace it"
+        )
+
+
+def _auto_factor(root: Path) -> int:
+    """The smallest factor that brings the first frame's longest side to at most :data:`MAX_SIDE` pixels (else 8)."""
+    frame = load_blender(str(root), 1, "none", max_images=1, point_cloud=False).train[0]
+    longest = max(frame.width, frame.height)
+    return next((f for f in FACTORS if longest / f <= MAX_SIDE), FACTORS[-1])
+
+
+def _check_rigid(json_path: Path, frame: Frame) -> None:
+    """Refuse a pose whose rotation is not a rotation (a scaled or mirrored ``transform_matrix``)."""
+    rotation = frame.viewmat[:3, :3].double().numpy()
+    if np.abs(rotation.T @ rotation - np.eye(3)).max() > _RIGID_TOLERANCE or np.linalg.det(rotation) < 0:
+        raise DatasetError(
+            f"{json_path}: frame {frame.name!r}: 'transform_matrix' is not a rotation and a translation (it scales "
+            "or mirrors), so its camera cannot be used for triangulation"
+        )
+
+
+def _posed_reconstruction(pycolmap: ModuleType, frames: list[Frame], images_dir: Path):
+    """A pycolmap Reconstruction with one PINHOLE camera, trivial rig and frame per frame (ids 1, 2, ...) posed
+    at the frame's viewmat, its image written to ``images_dir`` as ``<name>.png`` (alpha composited on black)."""
+    reconstruction = pycolmap.Reconstruction()
+    for index, frame in enumerate(frames, start=1):
+        K = frame.K.double().numpy()  # [3, 3]
+        camera = pycolmap.Camera(
+            model="PINHOLE",
+            width=frame.width,
+            height=frame.height,
+            params=[K[0, 0], K[1, 1], K[0, 2], K[1, 2]],
+            camera_id=index,
+        )
+        reconstruction.add_camera_with_trivial_rig(camera)
+        image = pycolmap.Image(name=f"{frame.name}.png", camera_id=index, image_id=index)
+        cam_from_world = pycolmap.Rigid3d(frame.viewmat[:3, :4].double().numpy())
+        reconstruction.add_image_with_trivial_frame(image, cam_from_world)
+        pixels = frame.image.numpy()  # [H, W, 3] or [H, W, 4] uint8
+        if pixels.shape[2] == 4:
+            pixels = (pixels[..., :3] * (pixels[..., 3:] / 255.0)).round().astype(np.uint8)
+        (images_dir / image.name).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(pixels).save(images_dir / image.name, compress_level=1)  # a temporary copy: fast over small
+    return reconstruction
+
+
+def _write_database(pycolmap: ModuleType, reconstruction, database: Path) -> None:
+    """A new COLMAP database with the reconstruction's cameras, rigs, frames and images under the same ids,
+    which feature extraction then fills (it keeps the camera of an image already in the database)."""
+    db = pycolmap.Database.open(database)
+    try:
+        for camera in reconstruction.cameras.values():
+            db.write_camera(camera, use_camera_id=True)
+        for rig in reconstruction.rigs.values():
+            db.write_rig(rig, use_rig_id=True)
+        for frame in reconstruction.frames.values():
+            db.write_frame(frame, use_frame_id=True)
+        for image in reconstruction.images.values():
+            db.write_image(image, use_image_id=True)
+    finally:
+        db.close()
+
+
+def _failure_causes(pycolmap: ModuleType, database: Path, min_matches: int) -> list[str]:
+    """Why few points were triangulated, as far as the database shows: images with too few features, too few
+    matched image pairs, or (when images do match) poses that do not fit the images."""
+    db = pycolmap.Database.open(database)
+    try:
+        features = {image.name: db.num_keypoints_for_image(image.image_id) for image in db.read_all_images()}
+        _, geometries = db.read_two_view_geometries()
+    finally:
+        db.close()
+    causes = []
+    plain = sorted(name.removesuffix(".png") for name, count in features.items() if count < MIN_FEATURES)
+    if plain:
+        listed = ", ".join(plain[:5]) + (f" and {len(plain) - 5} more" if len(plain) > 5 else "")
+        causes.append(f"{len(plain)} frame(s) with fewer than {MIN_FEATURES} features ({listed})")
+    matched = sum(len(geometry.inlier_matches) >= min_matches for geometry in geometries)
+    if matched == 0:
+        causes.append(f"no two images share {min_matches} or more geometrically consistent feature matches")
+    else:
+        causes.append(
+            f"{matched} image pair(s) match, so the poses may not fit the images (another convention or scale) or "
+            "the cameras barely move between the images"
+        )
+    return causes
+
+
+def _name_point_cloud(json_path: Path, text: str, content: dict) -> str:
+    """Make the transforms file name :data:`PLY_NAME` with ``ply_file_path`` and say what changed.
+
+    A new key goes in as the object's first key, in the file's own layout, and an existing string value is
+    replaced in place: the rest of the text stays byte for byte. A file where that cannot be done (the key
+    also inside a frame, a value that is not a string) is written again as JSON with its indentation.
+    """
+    value = json.dumps(PLY_NAME)
+    if content.get(PLY_KEY) == PLY_NAME:
+        return f'unchanged (it already has "{PLY_KEY}": {value})'
+    expected = {**content, PLY_KEY: PLY_NAME}
+    entry = f'"{PLY_KEY}": {value}'
+    if PLY_KEY in content:
+        old = content[PLY_KEY]
+        change = f'replaced "{PLY_KEY}": {json.dumps(old)} with {value}'
+        change += f" ({old} is left in place)" if isinstance(old, str) else ""
+        spans = [match.span() for match in re.finditer(rf'"{PLY_KEY}"\s*:\s*"(?:[^"\\]|\\.)*"', text)]
+        edit = (*spans[0], entry) if len(spans) == 1 else None  # (start, end, replacement)
+    else:
+        change = f'added "{PLY_KEY}": {value}'
+        opening = re.match(r"\s*\{(\s*)", text)  # the object's brace and the space before its first key
+        edit = (opening.end(), opening.end(), f"{entry},{opening[1] or ' '}") if opening else None
+    new_text = text[: edit[0]] + edit[2] + text[edit[1] :] if edit else ""
+    try:
+        kept = json.loads(new_text) == expected
+    except json.JSONDecodeError:
+        kept = False
+    if not kept:
+        indent = re.search(r"\n([ \t]+)\S", text)
+        new_text = json.dumps(expected, indent=indent[1] if indent else None, ensure_ascii=False) + "\n"
+        change += " (the file was written again as JSON)"
+    with atomic_path(json_path) as tmp:
+        tmp.write_text(new_text, encoding="utf-8")
+        shutil.copymode(json_path, tmp)
+    return change
