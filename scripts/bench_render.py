@@ -1,9 +1,12 @@
 """Benchmark the pure-PyTorch renderer: forward, forward+backward, and one full training step.
 
 Scenes are random Gaussian clouds in front of a pinhole camera whose footprints are a few pixels
-wide (screen-space sigma 0.5-4 px), with SH degree 3. Prints a markdown table (median ms).
+wide (screen-space sigma 0.5-4 px), with SH degree 3; or, with ``--exp-dir``, a trained run's
+Gaussians seen from its first training views. Prints a markdown table (median ms) for each
+``--tile-size`` given.
 
     python scripts/bench_render.py --threads 1 --device cpu --repeats 20
+    python scripts/bench_render.py --exp-dir outputs/synthetic --tile-size 4,8,16 --views 4
 """
 
 from __future__ import annotations
@@ -15,6 +18,10 @@ from collections.abc import Callable
 
 import torch
 
+from gsrecon.data.datapipeline import DataPipeline
+from gsrecon.engine.builder import resolve_renderer_entry
+from gsrecon.engine.inference import load_trained_scene
+from gsrecon.registry import RENDERER_REGISTRY
 from gsrecon.render.sh import rgb_to_sh
 from gsrecon.render.torch_renderer import TorchRenderer
 
@@ -95,29 +102,65 @@ def bench_step(renderer: TorchRenderer, device: torch.device, repeats: int) -> f
     return median_ms(step, repeats, device)
 
 
+def bench_trained(exp_dir: str, tile_size: int, views: int, device: torch.device, repeats: int) -> tuple[float, float]:
+    """Median ms per view of forward and forward+backward (of the L1 loss) over a run's first training views."""
+    scene = load_trained_scene(exp_dir=exp_dir)
+    params = {k: v.to(device).requires_grad_(True) for k, v in scene.params.items()}
+    pipeline = DataPipeline(scene.cfg.data, device, scene.cfg.seed)
+    batches = [pipeline.next_train(step) for step in range(views)]
+    renderer_cfg = dict(scene.cfg.renderer, name="torch", tile_size=tile_size)
+    renderer = RENDERER_REGISTRY.build(resolve_renderer_entry(renderer_cfg, device, exp_dir))
+
+    def render(batch) -> torch.Tensor:
+        return renderer.render(
+            params, batch.viewmats, batch.Ks, batch.width, batch.height, scene.sh_degree, batch.backgrounds
+        ).image
+
+    def forward() -> None:
+        with torch.no_grad():
+            for batch in batches:
+                render(batch)
+
+    def forward_backward() -> None:
+        for batch in batches:
+            (render(batch) - batch.images).abs().mean().backward()
+
+    return median_ms(forward, repeats, device) / views, median_ms(forward_backward, repeats, device) / views
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     parser.add_argument("--repeats", type=int, default=10, help="timed repetitions per case")
-    parser.add_argument("--tile-size", type=int, default=TorchRenderer.Config.tile_size)
+    parser.add_argument("--tile-size", default=str(TorchRenderer.Config.tile_size), help="comma-separated: 4,8,16")
+    parser.add_argument("--exp-dir", help="a trained run: render its Gaussians from its training views instead")
+    parser.add_argument("--views", type=int, default=4, help="training views per timed call (with --exp-dir)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    renderer = TorchRenderer(TorchRenderer.Config(tile_size=args.tile_size))
-
+    tile_sizes = [int(size) for size in args.tile_size.split(",")]
     print(
-        f"torch {torch.__version__}, threads {torch.get_num_threads()}, device {device}, "
-        f"tile {args.tile_size}, SH degree {SH_DEGREE}, median of {args.repeats}\n"
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}, device {device}, median of {args.repeats}, "
+        f"{f'{args.exp_dir}, first {args.views} training views' if args.exp_dir else f'SH degree {SH_DEGREE}'}\n"
     )
-    print("| case | forward ms | forward+backward ms |")
-    print("|---|---:|---:|")
-    for size in SIZES:
-        fwd, fwd_bwd = bench_render(renderer, size, device, args.repeats)
-        print(f"| {size[0]}x{size[1]}, {size[2]} Gaussians | {fwd:.1f} | {fwd_bwd:.1f} |")
-    step = bench_step(renderer, device, args.repeats)
-    w, h, n = STEP_SIZE
-    print(f"\nfull step (render + L1 + backward + Adam), {w}x{h}, {n} Gaussians: {step:.1f} ms")
+    if args.exp_dir:
+        print("| tile | forward ms/view | forward+backward ms/view |")
+        print("|---:|---:|---:|")
+        for tile_size in tile_sizes:
+            fwd, fwd_bwd = bench_trained(args.exp_dir, tile_size, args.views, device, args.repeats)
+            print(f"| {tile_size} | {fwd:.1f} | {fwd_bwd:.1f} |")
+        return
+    for tile_size in tile_sizes:
+        renderer = TorchRenderer(TorchRenderer.Config(tile_size=tile_size))
+        print(f"tile {tile_size}\n\n| case | forward ms | forward+backward ms |")
+        print("|---|---:|---:|")
+        for size in SIZES:
+            fwd, fwd_bwd = bench_render(renderer, size, device, args.repeats)
+            print(f"| {size[0]}x{size[1]}, {size[2]} Gaussians | {fwd:.1f} | {fwd_bwd:.1f} |")
+        step = bench_step(renderer, device, args.repeats)
+        w, h, n = STEP_SIZE
+        print(f"\nfull step (render + L1 + backward + Adam), {w}x{h}, {n} Gaussians: {step:.1f} ms\n")
 
 
 if __name__ == "__main__":

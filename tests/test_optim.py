@@ -1,5 +1,5 @@
-"""Optimisers: row-sparse Adam for renderers that return sparse gradients (gsplat's ``sparse_grad``); learning-rate
-and schedule settings checked when the config is read."""
+"""Optimisers: fused dense Adam; row-sparse Adam for renderers that return sparse gradients (gsplat's
+``sparse_grad``); learning-rate and schedule settings checked when the config is read."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from conftest import read_scalars
 from torch import Tensor
 
 from gsrecon.engine.checkpoints import load_checkpoint_file
-from gsrecon.model.optim import OptimizerConfig, RowSparseAdam, SchedulerConfig
+from gsrecon.model.gaussians import PARAM_NAMES
+from gsrecon.model.optim import OptimizerConfig, RowSparseAdam, SchedulerConfig, build_optimizers
 from gsrecon.registry import RENDERER_REGISTRY
 from gsrecon.render.torch_renderer import TorchRenderer
 
@@ -61,6 +62,40 @@ def test_row_sparse_adam_moves_only_rows_with_a_gradient() -> None:
     before = dense.data.clone()
     opt_dense.step()
     assert torch.equal(dense.data, before)
+
+
+def _reference_adam(optimizer: torch.optim.Adam) -> torch.optim.Adam:
+    """An Adam with ``optimizer``'s parameters and settings in torch's per-tensor implementation."""
+    groups = [{k: v for k, v in group.items() if k not in ("fused", "foreach")} for group in optimizer.param_groups]
+    return torch.optim.Adam(groups, foreach=False, fused=False)
+
+
+def test_dense_adam_is_fused_on_the_cpu_and_steps_as_the_reference_adam_through_densification() -> None:
+    from gsplat.strategy.ops import duplicate, remove
+
+    shapes = {"means": (50, 3), "scales": (50, 3), "quats": (50, 4), "opacities": (50,), "sh0": (50, 1, 3)}
+    shapes["shN"] = (50, 15, 3)
+    generator = torch.Generator().manual_seed(0)
+    start = {k: torch.randn(shape, generator=generator) for k, shape in shapes.items()}
+    runs = []
+    for fused in (True, False):
+        params = torch.nn.ParameterDict({k: torch.nn.Parameter(start[k].clone()) for k in PARAM_NAMES})
+        optimizers = build_optimizers(params, OptimizerConfig(), scene_extent=2.0)
+        if not fused:  # the same settings in torch's reference (per-tensor) implementation
+            optimizers = {k: _reference_adam(o) for k, o in optimizers.items()}
+        assert all(bool(o.param_groups[0]["fused"]) is fused for o in optimizers.values())
+        grads = torch.Generator().manual_seed(1)
+        for step in range(6):
+            for p in params.values():
+                p.grad = torch.randn(p.shape, generator=grads)
+            for optimizer in optimizers.values():
+                optimizer.step()
+            if step == 2:  # densification replaces the parameters and edits the moments in place
+                duplicate(params, optimizers, {}, torch.arange(len(params["means"])) % 5 == 0)
+                remove(params, optimizers, {}, torch.arange(len(params["means"])) % 7 == 0)
+        runs.append(params)
+    for name in PARAM_NAMES:
+        torch.testing.assert_close(runs[0][name], runs[1][name], rtol=1e-5, atol=1e-6)
 
 
 def test_sparse_gradients_train_densify_and_resume_exactly(make_trainer) -> None:
