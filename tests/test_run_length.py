@@ -9,9 +9,10 @@ import pytest
 import torch
 from conftest import write_yaml
 
-from gsrecon.data.cameras import Scene
+from gsrecon.data.cameras import Frame, Scene
+from gsrecon.data.synthetic import SyntheticConfig, load_synthetic
 from gsrecon.engine.builder import load_run_config, resolve_run_config, set_cpu_threads
-from gsrecon.model.gaussians import GaussianModel
+from gsrecon.model.gaussians import GaussianModel, random_start_center
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -91,3 +92,31 @@ def test_random_start_size_follows_the_device_unless_set(make_trainer) -> None:
     trainer = make_trainer(model={"sh_degree": 1, "init": "random"})
     assert trainer.model.num_gaussians == 10_000
     assert trainer.resolved_config["model"]["init_num_points"] == 10_000  # config.yaml records the number
+
+
+@pytest.mark.parametrize("arc_deg", [360.0, 90.0])
+def test_random_start_is_centred_where_the_cameras_look(arc_deg: float, synthetic_cache: Path) -> None:
+    """Not on the cameras' mean position, which for a forward-facing capture lies far in front of the object."""
+    config = SyntheticConfig(
+        width=16, height=12, num_views=8, val_every=0, arc_deg=arc_deg, cache_dir=str(synthetic_cache)
+    )
+    scene = load_synthetic(config, factor=1, eval_split="none")
+    target = torch.tensor(config.look_at)
+    assert (scene.center - target).norm() > 2.0  # above the object on the orbit, or in front of it on the arc
+    cfg = GaussianModel.Config(sh_degree=0, init="random", init_num_points=20_000, init_extent=1.0)
+    means = GaussianModel.from_scene(cfg, scene).params["means"].detach()
+    assert (means.mean(0) - target).norm() < 0.05 * scene.extent
+    assert torch.allclose(means.amax(0) - means.amin(0), torch.full((3,), 2.0 * scene.extent), rtol=0.01)
+
+
+def test_random_start_of_cameras_with_parallel_axes_is_centred_on_the_cameras(synthetic_cache: Path) -> None:
+    """Parallel optical axes meet nowhere: the cloud stays around the cameras' mean position."""
+    config = SyntheticConfig(width=16, height=12, num_views=4, val_every=0, cache_dir=str(synthetic_cache))
+    scene = load_synthetic(config, factor=1, eval_split="none")
+    viewmats = [frame.viewmat.clone() for frame in scene.train]
+    for i, viewmat in enumerate(viewmats):
+        viewmat[:3, :3] = viewmats[0][:3, :3]
+        viewmat[:3, 3] = viewmats[0][:3, 3] + torch.tensor([float(i), 0.0, 0.0])
+    frames = [Frame(f.name, v, f.K, f.image, f.source) for f, v in zip(scene.train, viewmats)]
+    parallel = Scene(frames, [], torch.zeros(0, 3), torch.zeros(0, 3))
+    assert torch.equal(random_start_center(parallel), parallel.center)

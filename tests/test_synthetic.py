@@ -293,6 +293,8 @@ def test_alpha_images_composite_to_the_rgb_images(tmp_path):
         ("val_every", -2),
         ("fov_deg", 180.0),
         ("point_noise", -0.1),
+        ("arc_deg", 0.0),
+        ("arc_deg", 400.0),
         ("elevations_deg", (95.0,)),
         ("background", (0.0, 2.0, 0.0)),
     ],

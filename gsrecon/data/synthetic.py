@@ -6,9 +6,10 @@ normal, a checkered cube and a pillar with a vertical colour gradient. It is lit
 directional light (Lambertian, with cast shadows) plus ambient light; rays that miss
 everything see a plain background colour (or get alpha 0 with ``SyntheticConfig.alpha``).
 
-Cameras orbit the look-at point at a fixed radius, alternating between elevations; every
-``val_every``-th view goes to the test split. An "SfM-like" point cloud is sampled on the
-surfaces the cameras see (area-proportionally), jittered and coloured with the shaded colour.
+Cameras orbit the look-at point at a fixed radius, alternating between elevations, all around it or
+over an arc (a forward-facing capture); every ``val_every``-th view goes to the test split. An
+"SfM-like" point cloud is sampled on the surfaces the cameras see (area-proportionally), jittered and
+coloured with the shaded colour.
 
 Images are supersampled for anti-aliased edges, deterministic for a given config, and cached
 as an ``.npz`` file keyed by a hash of the fields that change the data and of the generator's source
@@ -61,6 +62,7 @@ class SyntheticConfig:
     seed: int = 0  # drives the point cloud (images and cameras do not depend on it)
     fov_deg: float = 50.0  # horizontal field of view; pixels are square
     orbit_radius: float = 4.0  # camera distance from `look_at`
+    arc_deg: float = 360.0  # azimuths the cameras spread over: 360 all around, e.g. 90 for a forward-facing capture
     elevations_deg: tuple[float, ...] = (25.0, 45.0)  # view i uses elevations_deg[i % len]
     look_at: tuple[float, float, float] = (0.0, 0.0, 0.35)  # orbit centre, projects to image centre
     supersample: int = 3  # samples per pixel along each axis
@@ -85,6 +87,8 @@ class SyntheticConfig:
             raise ValueError(f"SyntheticConfig.val_every must be >= 0, got {self.val_every!r}")
         if not 0.0 < self.fov_deg < 180.0:
             raise ValueError(f"SyntheticConfig.fov_deg must be in (0, 180), got {self.fov_deg!r}")
+        if not 0.0 < self.arc_deg <= 360.0:
+            raise ValueError(f"SyntheticConfig.arc_deg must be in (0, 360], got {self.arc_deg!r}")
         if self.point_noise < 0.0:
             raise ValueError(f"SyntheticConfig.point_noise must be >= 0, got {self.point_noise!r}")
         if not self.elevations_deg or not all(0.0 < e < 90.0 for e in self.elevations_deg):
@@ -330,7 +334,7 @@ def _viewmats(cfg: SyntheticConfig) -> Array:
     target = np.asarray(cfg.look_at, dtype=np.float64)
     offsets = np.zeros((cfg.num_views, 3))  # [N, 3] unit vectors from the target to the cameras
     for i in range(cfg.num_views):
-        azimuth = 2.0 * math.pi * i / cfg.num_views
+        azimuth = math.radians(cfg.arc_deg) * i / cfg.num_views
         elevation = math.radians(cfg.elevations_deg[i % len(cfg.elevations_deg)])
         horizontal = math.cos(elevation)
         offsets[i] = [horizontal * math.cos(azimuth), horizontal * math.sin(azimuth), math.sin(elevation)]

@@ -18,6 +18,7 @@ from torch import Tensor
 from gsrecon.config import per_device, run_steps
 from gsrecon.data.cameras import Scene
 from gsrecon.registry import MODEL_REGISTRY
+from gsrecon.render.camera_path import focus_point
 from gsrecon.render.sh import MAX_SH_DEGREE, num_sh_bases, rgb_to_sh, sh_degree_of
 
 PARAM_NAMES = ("means", "scales", "quats", "opacities", "sh0", "shN")
@@ -42,7 +43,8 @@ class GaussianModel(torch.nn.Module):
         init: str = "auto"  # auto (sfm when the dataset has points, else random) | sfm | random | ply (init_path)
         init_path: str = ""  # .ply for init: ply
         init_num_points: int = per_device(cpu=10_000, gpu=100_000)  # for init: random (BENCHMARKS.md: CPU)
-        init_extent: float = 3.0  # random points fill a cube of half-size init_extent × scene extent
+        init_extent: float = 3.0  # random points fill a cube of half-size init_extent × scene extent, centred
+        # where the cameras look
         init_opacity: float = 0.1
         init_scale: float = 1.0  # multiplier on the initial scales (mean distance to the 3 nearest points)
 
@@ -83,7 +85,7 @@ class GaussianModel(torch.nn.Module):
         else:
             if cfg.init_num_points < 1:
                 raise ValueError(f"model.init_num_points must be >= 1, got {cfg.init_num_points}")
-            center = scene.center
+            center = random_start_center(scene)
             half = cfg.init_extent * scene.extent
             points = center + (torch.rand(cfg.init_num_points, 3, generator=generator) * 2 - 1) * half
             colors = torch.rand(cfg.init_num_points, 3, generator=generator)
@@ -96,6 +98,18 @@ class GaussianModel(torch.nn.Module):
     def active_sh_degree(self, step: int) -> int:
         """SH degree in use at training ``step``: ``start_sh_degree``, one more every ``sh_degree_interval`` steps."""
         return min(self.start_sh_degree + step // self.cfg.sh_degree_interval, self.cfg.sh_degree)
+
+
+def random_start_center(scene: Scene) -> Tensor:
+    """Centre of the random starting cloud, [3]: the point the training cameras look at.
+
+    That is the object of a forward-facing capture, where the cameras' mean position lies well in front
+    of it; for captures whose optical axes are parallel (no such point) it is the mean camera position.
+    """
+    try:
+        return focus_point(torch.stack([frame.viewmat for frame in scene.train])).float()
+    except ValueError:
+        return scene.center
 
 
 def check_params(params: Mapping[str, Tensor]) -> int:
