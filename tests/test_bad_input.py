@@ -128,3 +128,17 @@ def test_decompression_bomb_photo_for_structure_from_motion_is_one_line_and_exit
     assert code == 2
     assert "bomb.png: cannot read the photo (Image size (10000000000 pixels) exceeds limit" in err, err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_training_says_what_it_starts_from_and_how_to_triangulate_a_capture_without_points(
+    capsys, make_config, tmp_path: Path
+) -> None:
+    ngp = _blender(tmp_path / "ngp", {})
+    code, _, err = _train(capsys, make_config(max_steps=1, data=ngp), "model.init_num_points=200")
+    assert code == 0, err
+    assert "training 200 Gaussians from random points on " in err  # log lines go to stderr
+    assert f"the data has no SfM points to start from; `gsrecon data triangulate --data {ngp['path']}`" in err
+    config = make_config(max_steps=1, data=_colmap(tmp_path / "colmap"))
+    code, _, err = _train(capsys, config, "--overwrite")
+    assert code == 0, err
+    assert " Gaussians from SfM points on " in err and "triangulate" not in err

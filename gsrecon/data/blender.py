@@ -90,7 +90,8 @@ def load_blender(
     points, colors = torch.zeros(0, 3), torch.zeros(0, 3)
     if point_cloud:
         points, colors = _point_cloud(entries[0].json_path, entries[0].global_fields)
-    return Scene(train=train, test=test, points=points, colors=colors)
+    hint = "" if len(points) else f"`gsrecon data triangulate --data {path}` triangulates them from the known poses"
+    return Scene(train=train, test=test, points=points, colors=colors, points_hint=hint)
 
 
 def _point_cloud(json_path: Path, fields: dict[str, Any]) -> tuple[Tensor, Tensor]:

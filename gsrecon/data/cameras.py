@@ -48,6 +48,7 @@ class Scene:
     points: Tensor  # [P, 3] float32 world positions (may be empty for random init)
     colors: Tensor  # [P, 3] float32 in [0, 1]
     extent: float = field(default=0.0)  # scene radius; filled by `scene_extent` when 0
+    points_hint: str = ""  # where ``points`` is empty: how to make them (said when training starts without them)
 
     def __post_init__(self) -> None:
         if self.extent <= 0.0:

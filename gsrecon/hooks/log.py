@@ -17,6 +17,8 @@ from gsrecon.registry import HOOK_REGISTRY
 if TYPE_CHECKING:
     from gsrecon.engine.trainer import DefaultTrainer
 
+STARTS = {"sfm": "SfM points", "random": "random points", "ply": "a PLY"}  # GaussianModel.start, in words
+
 
 @HOOK_REGISTRY.register()
 class LogHook(Hook):
@@ -58,12 +60,17 @@ class LogHook(Hook):
         sizes = sorted({f"{f.width}x{f.height}" for f in train})
         sources = Counter(f.source for f in train if f.source)
         made = "; ".join(how if n == len(train) else f"{n} {how}" for how, n in sources.items())
+        start = getattr(trainer.model, "start", "") if trainer.step == 0 else ""
+        started = f" from {STARTS.get(start, start)}" if start else ""
         trainer.logger.info(
-            f"training {trainer.model.num_gaussians} Gaussians on {trainer.datapipeline.num_train} views at "
+            f"training {trainer.model.num_gaussians} Gaussians{started} on {trainer.datapipeline.num_train} views at "
             f"{', '.join(sizes)} (data.factor {trainer.cfg.data.factor}{'; images ' + made if made else ''}; "
             f"{trainer.datapipeline.num_val} for validation) on {trainer.device}, "
             f"{torch.get_num_threads()} CPU threads; output in {trainer.exp_dir}"
         )
+        hint = trainer.datapipeline.scene.points_hint
+        if start == "random" and hint:
+            trainer.logger.warning(f"the data has no SfM points to start from; {hint}")
         if self.cfg.progress and trainer.is_main and trainer.logger.console.is_terminal:
             self._progress = ProgressLogger(trainer.max_steps, trainer.logger.console)
             self._progress.start(trainer.step)

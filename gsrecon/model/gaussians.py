@@ -54,8 +54,9 @@ class GaussianModel(torch.nn.Module):
             if self.init == "ply" and not self.init_path:
                 raise ValueError("model.init is 'ply' but model.init_path is empty; set it to a .ply file")
 
-    def __init__(self, cfg: Config, params: dict[str, Tensor], start_sh_degree: int = 0) -> None:
-        """``start_sh_degree``: the active SH degree at step 0 (Gaussians from a trained PLY start at its degree)."""
+    def __init__(self, cfg: Config, params: dict[str, Tensor], start_sh_degree: int = 0, start: str = "") -> None:
+        """``start_sh_degree``: the active SH degree at step 0 (Gaussians from a trained PLY start at its degree);
+        ``start``: what the parameters were made from (``sfm``, ``random`` or ``ply``; said in the first log line)."""
         super().__init__()
         if not 0 <= cfg.sh_degree <= MAX_SH_DEGREE:
             raise ValueError(f"model.sh_degree must be between 0 and {MAX_SH_DEGREE}, got {cfg.sh_degree}")
@@ -65,6 +66,7 @@ class GaussianModel(torch.nn.Module):
             raise ValueError(f"start_sh_degree={start_sh_degree} is not between 0 and model.sh_degree={cfg.sh_degree}")
         self.cfg = cfg
         self.start_sh_degree = start_sh_degree
+        self.start = start
         self.params = torch.nn.ParameterDict({k: torch.nn.Parameter(params[k]) for k in PARAM_NAMES})
 
     @classmethod
@@ -76,7 +78,7 @@ class GaussianModel(torch.nn.Module):
 
             params = load_ply(cfg.init_path)
             start = min(check_params(params), cfg.sh_degree)
-            return cls(cfg, _with_sh_degree(params, cfg.sh_degree), start_sh_degree=start)
+            return cls(cfg, _with_sh_degree(params, cfg.sh_degree), start_sh_degree=start, start="ply")
         init = cfg.init if cfg.init != "auto" else ("sfm" if scene.points.shape[0] > 0 else "random")
         if init == "sfm":
             if scene.points.shape[0] == 0:
@@ -89,7 +91,7 @@ class GaussianModel(torch.nn.Module):
             half = cfg.init_extent * scene.extent
             points = center + (torch.rand(cfg.init_num_points, 3, generator=generator) * 2 - 1) * half
             colors = torch.rand(cfg.init_num_points, 3, generator=generator)
-        return cls(cfg, init_params(points, colors, cfg.sh_degree, cfg.init_opacity, cfg.init_scale))
+        return cls(cfg, init_params(points, colors, cfg.sh_degree, cfg.init_opacity, cfg.init_scale), start=init)
 
     @property
     def num_gaussians(self) -> int:
