@@ -131,6 +131,7 @@ def test_gsplat_without_cuda_is_one_line_with_the_way_out(capsys, make_config, t
         (["export"], "(default: ply)"),
         (["weights"], None),
         (["data", "colmap"], "(default: SIMPLE_RADIAL)"),
+        (["data", "triangulate"], "(default: exhaustive)"),
     ],
 )
 def test_every_subcommand_help_has_a_description_and_shows_defaults(capsys, command, default) -> None:

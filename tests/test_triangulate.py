@@ -149,20 +149,24 @@ def test_bad_folders_are_one_line_and_exit_2(capsys, tmp_path: Path, make, messa
     assert message in _error_line(err) and str(root) in err
 
 
-def test_without_pycolmap_is_one_line_and_exit_2(tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", ["triangulate", "colmap"])
+def test_without_pycolmap_is_one_line_and_exit_2(tmp_path: Path, command: str) -> None:
     _write_ngp(tmp_path)
     before = (tmp_path / "transforms.json").read_text()
     no_pycolmap = "import sys; sys.modules['pycolmap'] = None; from gsrecon.cli import main; sys.exit(main())"
+    args = {
+        "triangulate": ["--data", str(tmp_path)],
+        "colmap": ["--images", str(tmp_path / "images"), "--out", str(tmp_path / "scene")],
+    }[command]
     result = subprocess.run(
-        [sys.executable, "-c", no_pycolmap, "data", "triangulate", "--data", str(tmp_path)],
+        [sys.executable, "-c", no_pycolmap, "data", command, *args],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert result.returncode == 2
-    assert "gsrecon data triangulate needs pycolmap: install it with `pip install -e .[sfm]`" in _error_line(
-        result.stderr
-    )
+    message = f"gsrecon data {command} needs pycolmap: install it with `pip install -e .[sfm]`"
+    assert message in _error_line(result.stderr)
     assert (tmp_path / "transforms.json").read_text() == before
 
 

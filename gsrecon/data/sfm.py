@@ -49,13 +49,18 @@ class SfmReport:
     num_cameras: int  # cameras (intrinsics) in the model: 1 when all registered photos have one size
 
 
-def _import_pycolmap():
+class PycolmapUnavailableError(ImportError, ValueError):
+    """pycolmap is not installed (a ValueError too: the command line reports it as a user error)."""
+
+
+def import_pycolmap(command: str) -> ModuleType:
+    """The pycolmap module; :class:`PycolmapUnavailableError` saying how to install it for ``command`` if absent."""
     try:
         import pycolmap
-    except ImportError as err:
-        raise ImportError(
-            "gsrecon data colmap needs pycolmap: install it with `pip install -e .[sfm]` (or `pip install pycolmap`)"
-        ) from err
+    except ImportError:
+        raise PycolmapUnavailableError(
+            f"{command} needs pycolmap: install it with `pip install -e .[sfm]` (or `pip install pycolmap`)"
+        ) from None
     return pycolmap
 
 
@@ -93,7 +98,7 @@ def run_sfm(
         DatasetError: the folders overlap, no images in ``images_dir``, a photo's size cannot be read
             (``camera_mode="auto"``), or fewer than 3 images registered (the message names the cause when
             the database shows it: unreadable or featureless photos, no matching pairs).
-        ImportError: pycolmap is not installed.
+        PycolmapUnavailableError: pycolmap is not installed.
     """
     if camera_mode not in CAMERA_MODES:
         raise ValueError(f"camera_mode must be one of {CAMERA_MODES}, got {camera_mode!r}")
@@ -103,7 +108,7 @@ def run_sfm(
     _check_folders(images_path, out)
     names = _image_names(images_path)
     groups = [names] if camera_mode == "per_image" else _same_size_groups(images_path, names)
-    pycolmap = _import_pycolmap()
+    pycolmap = import_pycolmap("gsrecon data colmap")
     work = out / "distorted"
     database, mapped = work / "database.db", work / "sparse"
     work.mkdir(parents=True, exist_ok=True)
@@ -117,7 +122,7 @@ def run_sfm(
     extraction.max_image_size = max_image_size
     options = pycolmap.IncrementalPipelineOptions()
     options.min_model_size = MIN_REGISTERED
-    with _pycolmap_logging(pycolmap, verbose):
+    with pycolmap_logging(pycolmap, verbose):
         report_stage("features", f"SIFT features of {len(names)} photos ({len(groups)} camera group(s))")
         for group in groups:  # with SINGLE, each call adds one camera for its photos
             pycolmap.extract_features(
@@ -153,7 +158,7 @@ def run_sfm(
     for stale in (out / "images", out / "sparse"):
         shutil.rmtree(stale, ignore_errors=True)
     report_stage("undistortion", f"undistorting the {len(registered)} registered photos into {out / 'images'}")
-    with _pycolmap_logging(pycolmap, verbose):
+    with pycolmap_logging(pycolmap, verbose):
         pycolmap.undistort_images(output_path=out, input_path=mapped / str(best_index), image_path=images_path)
     sparse0 = out / "sparse" / "0"
     sparse0.mkdir()
@@ -174,7 +179,7 @@ def run_sfm(
 
 
 @contextlib.contextmanager
-def _pycolmap_logging(pycolmap: ModuleType, verbose: bool) -> Iterator[None]:
+def pycolmap_logging(pycolmap: ModuleType, verbose: bool) -> Iterator[None]:
     """Inside the block pycolmap logs errors only (everything with ``verbose``); its setting is restored after."""
     previous = pycolmap.logging.minloglevel
     pycolmap.logging.minloglevel = pycolmap.logging.INFO if verbose else pycolmap.logging.ERROR

@@ -37,7 +37,7 @@ from gsrecon.data.blender import load_blender, transforms_file
 from gsrecon.data.cameras import Frame
 from gsrecon.data.errors import DatasetError
 from gsrecon.data.images import FACTORS
-from gsrecon.data.sfm import MATCHERS, MIN_FEATURES, _pycolmap_logging
+from gsrecon.data.sfm import MATCHERS, MIN_FEATURES, import_pycolmap, pycolmap_logging
 
 PLY_NAME = "sparse_pc.ply"  # nerfstudio's name for the point cloud beside transforms.json
 PLY_KEY = "ply_file_path"
@@ -46,10 +46,6 @@ STAGES = ("features", "matching", "triangulation")  # triangulate_scene's stages
 MAX_SIDE = 1600  # px: the automatic factor is the smallest that brings the longest image side to at most this
 MIN_POINTS = 100  # a sparser cloud is no start for training: refused, and the transforms file is left alone
 _RIGID_TOLERANCE = 1e-3  # how far a pose's rotation may be from orthonormal (float32 matrices from JSON)
-
-
-class PycolmapUnavailableError(ImportError, ValueError):
-    """pycolmap is not installed (a ValueError too: the command line reports it as a user error)."""
 
 
 @dataclass
@@ -111,7 +107,7 @@ def triangulate_scene(
     ply_path = root / PLY_NAME
     if not overwrite:
         _check_nothing_replaced(json_path, content, ply_path)
-    pycolmap = _import_pycolmap()
+    pycolmap = import_pycolmap("gsrecon data triangulate")
     factor = factor or _auto_factor(root)
     frames = load_blender(str(root), factor, "none", point_cloud=False).train
     if len(frames) < 2:
@@ -135,7 +131,7 @@ def triangulate_scene(
         extraction = pycolmap.FeatureExtractionOptions()
         extraction.max_image_size = max(MAX_SIDE, *(max(frame.width, frame.height) for frame in frames))
         names = [image.name for image in reconstruction.images.values()]
-        with _pycolmap_logging(pycolmap, verbose):
+        with pycolmap_logging(pycolmap, verbose):
             pycolmap.extract_features(
                 database, images_dir, image_names=names, extraction_options=extraction, device=device
             )
@@ -190,17 +186,6 @@ def write_points_ply(path: str | Path, points: np.ndarray, colors: np.ndarray) -
     ply = PlyData([PlyElement.describe(vertices, "vertex")], text=False, byte_order="<")
     with atomic_path(path) as tmp:
         ply.write(str(tmp))
-
-
-def _import_pycolmap() -> ModuleType:
-    try:
-        import pycolmap
-    except ImportError:
-        raise PycolmapUnavailableError(
-            "gsrecon data triangulate needs pycolmap: install it with `pip install -e .[sfm]` "
-            "(or `pip install pycolmap`)"
-        ) from None
-    return pycolmap
 
 
 def _read_transforms(json_path: Path) -> tuple[str, dict]:
