@@ -73,6 +73,7 @@ class Page:
     def __init__(self, url: str) -> None:
         self.ws = connect(url.replace("http://", "ws://"), subprotocols=[f"viser-v{viser.__version__}"], max_size=None)
         self.received: list[dict[str, Any]] = []
+        self.closed = False
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -128,6 +129,7 @@ class Page:
     def close(self) -> None:
         self.ws.close()
         self._reader.join(timeout=DEADLINE_S)
+        self.closed = True
 
 
 def viewer_hook(trainer: DefaultTrainer) -> ViewerHook:
@@ -156,8 +158,8 @@ class BrowserPageHook(Hook):
         self.shown_steps.append(viewer_hook(trainer).viewer.step)
 
     def after_train(self, trainer) -> None:
-        """Waits until the page has received every refresh the viewer sent (they arrive asynchronously)."""
-        if self.page is not None:
+        """Waits until a connected page has received every refresh the viewer sent (they arrive asynchronously)."""
+        if self.page is not None and not self.page.closed:
             refreshes = len({step for step in self.shown_steps if step is not None})
             wait_for(
                 lambda: len(self.page.of_type("GaussianSplatsMessage")) >= refreshes, "the page to get each refresh"

@@ -90,7 +90,7 @@ def build_optimizers(
 ) -> Optimizers:
     """One Adam per parameter (`RowSparseAdam` if ``sparse``); rates scale with sqrt(batch_size)
     (and betas/eps adapt), as in gsplat. The dense Adam is ``fused`` on CPUs and GPUs: one pass over each
-    tensor per step (2.8x faster than ``foreach`` for 35k Gaussians on one CPU thread, BENCHMARKS.md)."""
+    tensor per step (3x faster than ``foreach`` for 35k Gaussians on one CPU thread, BENCHMARKS.md)."""
     scale = math.sqrt(batch_size)
     adam = RowSparseAdam if sparse else torch.optim.Adam
     optimizers: Optimizers = {}
