@@ -283,14 +283,20 @@ def _add_weights(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_weights)
 
 
-def _data_colmap(args: argparse.Namespace) -> int:
-    from gsrecon.data.sfm import STAGES, run_sfm
+def _stage_announcer(stages: tuple[str, ...]) -> Callable[[str, str], None]:
+    """An ``on_stage`` callback that logs each stage as it starts: ``[2/4] matching: exhaustive matching``."""
     from gsrecon.logging.console import Logger
 
     logger = Logger()
 
     def on_stage(name: str, what: str) -> None:
-        logger.info(f"[{STAGES.index(name) + 1}/{len(STAGES)}] {name}: {what}")
+        logger.info(f"[{stages.index(name) + 1}/{len(stages)}] {name}: {what}")
+
+    return on_stage
+
+
+def _data_colmap(args: argparse.Namespace) -> int:
+    from gsrecon.data.sfm import STAGES, run_sfm
 
     report = run_sfm(
         args.images,
@@ -300,7 +306,7 @@ def _data_colmap(args: argparse.Namespace) -> int:
         matcher=args.matcher,
         use_gpu=not args.cpu,
         verbose=args.verbose,
-        on_stage=on_stage,
+        on_stage=_stage_announcer(STAGES),
     )
     print(
         f"registered {report.num_registered} of {report.num_images} images with {report.num_cameras} camera(s), "
@@ -314,12 +320,6 @@ def _data_colmap(args: argparse.Namespace) -> int:
 
 def _data_triangulate(args: argparse.Namespace) -> int:
     from gsrecon.data.triangulate import STAGES, triangulate_scene
-    from gsrecon.logging.console import Logger
-
-    logger = Logger()
-
-    def on_stage(name: str, what: str) -> None:
-        logger.info(f"[{STAGES.index(name) + 1}/{len(STAGES)}] {name}: {what}")
 
     report = triangulate_scene(
         args.data,
@@ -328,7 +328,7 @@ def _data_triangulate(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         use_gpu=not args.cpu,
         verbose=args.verbose,
-        on_stage=on_stage,
+        on_stage=_stage_announcer(STAGES),
     )
     print(
         f"triangulated {report.num_points} points from {report.num_images} images at factor {report.factor} "

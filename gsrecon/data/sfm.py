@@ -135,10 +135,7 @@ def run_sfm(
                 device=device,
             )
         report_stage("matching", f"{matcher} matching")
-        if matcher == "exhaustive":
-            pycolmap.match_exhaustive(database, device=device)
-        else:
-            pycolmap.match_sequential(database, device=device)
+        match_features(pycolmap, database, matcher, device)
         report_stage("mapping", "incremental mapping (camera poses and 3D points)")
         reconstructions = pycolmap.incremental_mapping(database, images_path, mapped, options=options)
     best_index = max(reconstructions, key=lambda index: reconstructions[index].num_reg_images(), default=None)
@@ -202,15 +199,29 @@ def _same_size_groups(images_dir: Path, names: list[str]) -> list[list[str]]:
     return [groups[size] for size in sorted(groups)]
 
 
-def _failure_causes(pycolmap: ModuleType, database: Path, names: list[str], min_matches: int) -> list[str]:
-    """Why mapping registered too few photos, as far as the database shows: photos pycolmap could not read,
-    photos with too few features, fewer matched pairs of photos than 3 photos need (empty: not known)."""
+def match_features(pycolmap: ModuleType, database: Path, matcher: str, device: object) -> None:
+    """Match the features in ``database``: of every pair of images ("exhaustive") or of neighbours in name
+    order ("sequential", for video frames); ``device``: a ``pycolmap.Device``."""
+    match = pycolmap.match_exhaustive if matcher == "exhaustive" else pycolmap.match_sequential
+    match(database, device=device)
+
+
+def database_counts(pycolmap: ModuleType, database: Path, min_matches: int) -> tuple[dict[str, int], int]:
+    """From a pycolmap database: the number of features of each image (by name), and the number of image pairs
+    with at least ``min_matches`` geometrically verified matches."""
     db = pycolmap.Database.open(database)
     try:
         features = {image.name: db.num_keypoints_for_image(image.image_id) for image in db.read_all_images()}
         _, geometries = db.read_two_view_geometries()
     finally:
         db.close()
+    return features, sum(len(geometry.inlier_matches) >= min_matches for geometry in geometries)
+
+
+def _failure_causes(pycolmap: ModuleType, database: Path, names: list[str], min_matches: int) -> list[str]:
+    """Why mapping registered too few photos, as far as the database shows: photos pycolmap could not read,
+    photos with too few features, fewer matched pairs of photos than 3 photos need (empty: not known)."""
+    features, matched = database_counts(pycolmap, database, min_matches)
     causes = []
     unread = [name for name in names if name not in features]
     if unread:
@@ -221,7 +232,6 @@ def _failure_causes(pycolmap: ModuleType, database: Path, names: list[str], min_
             f"{_photos(len(plain))} with fewer than {MIN_FEATURES} features, i.e. too small, blurred or plain "
             f"({_listing(plain)})"
         )
-    matched = sum(len(geometry.inlier_matches) >= min_matches for geometry in geometries)
     if matched < MIN_REGISTERED - 1:
         pairs = "no two photos share" if matched == 0 else "only one pair of photos shares"
         causes.append(f"{pairs} {min_matches} or more geometrically consistent feature matches")

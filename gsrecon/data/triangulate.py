@@ -37,7 +37,14 @@ from gsrecon.data.blender import load_blender, transforms_file
 from gsrecon.data.cameras import Frame
 from gsrecon.data.errors import DatasetError
 from gsrecon.data.images import FACTORS
-from gsrecon.data.sfm import MATCHERS, MIN_FEATURES, import_pycolmap, pycolmap_logging
+from gsrecon.data.sfm import (
+    MATCHERS,
+    MIN_FEATURES,
+    database_counts,
+    import_pycolmap,
+    match_features,
+    pycolmap_logging,
+)
 
 PLY_NAME = "sparse_pc.ply"  # nerfstudio's name for the point cloud beside transforms.json
 PLY_KEY = "ply_file_path"
@@ -136,10 +143,7 @@ def triangulate_scene(
                 database, images_dir, image_names=names, extraction_options=extraction, device=device
             )
             report_stage("matching", f"{matcher} matching")
-            if matcher == "exhaustive":
-                pycolmap.match_exhaustive(database, device=device)
-            else:
-                pycolmap.match_sequential(database, device=device)
+            match_features(pycolmap, database, matcher, device)
             report_stage("triangulation", "points from the matches, cameras and poses held fixed")
             options = pycolmap.IncrementalPipelineOptions()
             model_dir.mkdir()
@@ -276,18 +280,12 @@ def _write_database(pycolmap: ModuleType, reconstruction, database: Path) -> Non
 def _failure_causes(pycolmap: ModuleType, database: Path, min_matches: int) -> list[str]:
     """Why few points were triangulated, as far as the database shows: images with too few features, too few
     matched image pairs, or (when images do match) poses that do not fit the images."""
-    db = pycolmap.Database.open(database)
-    try:
-        features = {image.name: db.num_keypoints_for_image(image.image_id) for image in db.read_all_images()}
-        _, geometries = db.read_two_view_geometries()
-    finally:
-        db.close()
+    features, matched = database_counts(pycolmap, database, min_matches)
     causes = []
     plain = sorted(name.removesuffix(".png") for name, count in features.items() if count < MIN_FEATURES)
     if plain:
         listed = ", ".join(plain[:5]) + (f" and {len(plain) - 5} more" if len(plain) > 5 else "")
         causes.append(f"{len(plain)} frame(s) with fewer than {MIN_FEATURES} features ({listed})")
-    matched = sum(len(geometry.inlier_matches) >= min_matches for geometry in geometries)
     if matched == 0:
         causes.append(f"no two images share {min_matches} or more geometrically consistent feature matches")
     else:
