@@ -43,8 +43,7 @@ class GaussianModel(torch.nn.Module):
         init: str = "auto"  # auto (sfm when the dataset has points, else random) | sfm | random | ply (init_path)
         init_path: str = ""  # .ply for init: ply
         init_num_points: int = per_device(cpu=10_000, gpu=100_000)  # for init: random (BENCHMARKS.md: CPU)
-        init_extent: float = 3.0  # random points fill a cube of half-size init_extent × scene extent, centred
-        # where the cameras look
+        init_extent: float = 3.0  # random points: a cube of half-size init_extent × extent where the cameras look
         init_opacity: float = 0.1
         init_scale: float = 1.0  # multiplier on the initial scales (mean distance to the 3 nearest points)
 
