@@ -118,7 +118,8 @@ def _point_cloud(json_path: Path, fields: dict[str, Any]) -> tuple[Tensor, Tenso
     return torch.from_numpy(points), torch.from_numpy(colors.astype(np.float32))
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_transforms(path: Path) -> dict[str, Any]:
+    """A transforms file's JSON object, with a 'frames' list of objects with 'file_path' and 'transform_matrix'."""
     try:
         content = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
@@ -160,10 +161,10 @@ def _read_entries(root: Path, eval_split: str) -> list[_Entry]:
             files.append((test_json, True))
         entries = []
         for json_path, is_test in files:
-            content = _read_json(json_path)
+            content = read_transforms(json_path)
             entries += [_Entry(json_path, frame, content, is_test if dataset else None) for frame in content["frames"]]
         return entries
-    content = _read_json(main_json)
+    content = read_transforms(main_json)
     flags = _listed_test(main_json, content) if dataset else [None] * len(content["frames"])
     return [_Entry(main_json, frame, content, flag) for frame, flag in zip(content["frames"], flags)]
 

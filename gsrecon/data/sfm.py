@@ -225,12 +225,12 @@ def _failure_causes(pycolmap: ModuleType, database: Path, names: list[str], min_
     causes = []
     unread = [name for name in names if name not in features]
     if unread:
-        causes.append(f"pycolmap could not read {_photos(len(unread))} ({_listing(unread)})")
+        causes.append(f"pycolmap could not read {_photos(len(unread))} ({listing(unread)})")
     plain = [name for name in names if features.get(name, MIN_FEATURES) < MIN_FEATURES]
     if plain:
         causes.append(
             f"{_photos(len(plain))} with fewer than {MIN_FEATURES} features, i.e. too small, blurred or plain "
-            f"({_listing(plain)})"
+            f"({listing(plain)})"
         )
     if matched < MIN_REGISTERED - 1:
         pairs = "no two photos share" if matched == 0 else "only one pair of photos shares"
@@ -243,7 +243,7 @@ def _photos(count: int) -> str:
     return f"{count} photo" if count == 1 else f"{count} photos"
 
 
-def _listing(names: list[str]) -> str:
+def listing(names: list[str]) -> str:
     """The first few names, comma-separated, and how many more there are."""
     more = f" and {len(names) - _LISTED} more" if len(names) > _LISTED else ""
     return ", ".join(names[:_LISTED]) + more

@@ -33,7 +33,7 @@ from PIL import Image
 from plyfile import PlyData, PlyElement
 
 from gsrecon.atomic import atomic_path
-from gsrecon.data.blender import load_blender, transforms_file
+from gsrecon.data.blender import load_blender, read_transforms, transforms_file
 from gsrecon.data.cameras import Frame
 from gsrecon.data.errors import DatasetError
 from gsrecon.data.images import FACTORS
@@ -42,6 +42,7 @@ from gsrecon.data.sfm import (
     MIN_FEATURES,
     database_counts,
     import_pycolmap,
+    listing,
     match_features,
     pycolmap_logging,
 )
@@ -110,7 +111,8 @@ def triangulate_scene(
     if not root.is_dir():
         raise DatasetError(f"{root}: scene folder does not exist")
     json_path = transforms_file(root)
-    text, content = _read_transforms(json_path)
+    content = read_transforms(json_path)
+    text = json_path.read_text(encoding="utf-8")  # kept byte for byte where the key is added
     ply_path = root / PLY_NAME
     if not overwrite:
         _check_nothing_replaced(json_path, content, ply_path)
@@ -190,18 +192,6 @@ def write_points_ply(path: str | Path, points: np.ndarray, colors: np.ndarray) -
     ply = PlyData([PlyElement.describe(vertices, "vertex")], text=False, byte_order="<")
     with atomic_path(path) as tmp:
         ply.write(str(tmp))
-
-
-def _read_transforms(json_path: Path) -> tuple[str, dict]:
-    """The transforms file's text and its JSON object (load_blender checks the rest of it)."""
-    try:
-        text = json_path.read_text(encoding="utf-8")
-        content = json.loads(text)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise DatasetError(f"{json_path}: cannot read it as JSON ({err})") from err
-    if not isinstance(content, dict):
-        raise DatasetError(f"{json_path}: expected a JSON object with a 'frames' list")
-    return text, content
 
 
 def _check_nothing_replaced(json_path: Path, content: dict, ply_path: Path) -> None:
@@ -284,8 +274,7 @@ def _failure_causes(pycolmap: ModuleType, database: Path, min_matches: int) -> l
     causes = []
     plain = sorted(name.removesuffix(".png") for name, count in features.items() if count < MIN_FEATURES)
     if plain:
-        listed = ", ".join(plain[:5]) + (f" and {len(plain) - 5} more" if len(plain) > 5 else "")
-        causes.append(f"{len(plain)} frame(s) with fewer than {MIN_FEATURES} features ({listed})")
+        causes.append(f"{len(plain)} frame(s) with fewer than {MIN_FEATURES} features ({listing(plain)})")
     if matched == 0:
         causes.append(f"no two images share {min_matches} or more geometrically consistent feature matches")
     else:
