@@ -102,30 +102,38 @@ def bench_step(renderer: TorchRenderer, device: torch.device, repeats: int) -> f
     return median_ms(step, repeats, device)
 
 
-def bench_trained(exp_dir: str, tile_size: int, views: int, device: torch.device, repeats: int) -> tuple[float, float]:
-    """Median ms per view of forward and forward+backward (of the L1 loss) over a run's first training views."""
+def bench_trained(
+    exp_dir: str, tile_sizes: list[int], views: int, device: torch.device, repeats: int
+) -> list[tuple[float, float]]:
+    """Per tile size, median ms per view of forward and forward+backward (of the L1 loss) over a run's first
+    training views (the run and its views are loaded once)."""
     scene = load_trained_scene(exp_dir=exp_dir)
     params = {k: v.to(device).requires_grad_(True) for k, v in scene.params.items()}
     pipeline = DataPipeline(scene.cfg.data, device, scene.cfg.seed)
     batches = [pipeline.next_train(step) for step in range(views)]
-    renderer_cfg = dict(scene.cfg.renderer, name="torch", tile_size=tile_size)
-    renderer = RENDERER_REGISTRY.build(resolve_renderer_entry(renderer_cfg, device, exp_dir))
+    results = []
+    for tile_size in tile_sizes:
+        renderer_cfg = dict(scene.cfg.renderer, name="torch", tile_size=tile_size)
+        renderer = RENDERER_REGISTRY.build(resolve_renderer_entry(renderer_cfg, device, exp_dir))
 
-    def render(batch) -> torch.Tensor:
-        return renderer.render(
-            params, batch.viewmats, batch.Ks, batch.width, batch.height, scene.sh_degree, batch.backgrounds
-        ).image
+        def render(batch, renderer=renderer) -> torch.Tensor:
+            return renderer.render(
+                params, batch.viewmats, batch.Ks, batch.width, batch.height, scene.sh_degree, batch.backgrounds
+            ).image
 
-    def forward() -> None:
-        with torch.no_grad():
+        def forward() -> None:
+            with torch.no_grad():
+                for batch in batches:
+                    render(batch)
+
+        def forward_backward() -> None:
             for batch in batches:
-                render(batch)
+                (render(batch) - batch.images).abs().mean().backward()
 
-    def forward_backward() -> None:
-        for batch in batches:
-            (render(batch) - batch.images).abs().mean().backward()
-
-    return median_ms(forward, repeats, device) / views, median_ms(forward_backward, repeats, device) / views
+        results.append(
+            (median_ms(forward, repeats, device) / views, median_ms(forward_backward, repeats, device) / views)
+        )
+    return results
 
 
 def main() -> None:
@@ -147,8 +155,8 @@ def main() -> None:
     if args.exp_dir:
         print("| tile | forward ms/view | forward+backward ms/view |")
         print("|---:|---:|---:|")
-        for tile_size in tile_sizes:
-            fwd, fwd_bwd = bench_trained(args.exp_dir, tile_size, args.views, device, args.repeats)
+        timings = bench_trained(args.exp_dir, tile_sizes, args.views, device, args.repeats)
+        for tile_size, (fwd, fwd_bwd) in zip(tile_sizes, timings):
             print(f"| {tile_size} | {fwd:.1f} | {fwd_bwd:.1f} |")
         return
     for tile_size in tile_sizes:
