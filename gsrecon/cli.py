@@ -330,11 +330,7 @@ def _data_triangulate(args: argparse.Namespace) -> int:
         verbose=args.verbose,
         on_stage=_stage_announcer(STAGES),
     )
-    print(
-        f"triangulated {report.num_points} points from {report.num_images} images at factor {report.factor} "
-        f"(mean track length {report.mean_track_length:.1f} images, mean reprojection error "
-        f"{report.mean_reprojection_error:.2f} px)"
-    )
+    print(report.triangulation.describe())
     print(f"points: {report.ply_path}")
     print(f"{report.transforms_path}: {report.change}")
     print(f"work files: {report.work_dir} (database.db, sparse/: the COLMAP model; safe to delete)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -130,14 +131,19 @@ def test_decompression_bomb_photo_for_structure_from_motion_is_one_line_and_exit
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
 
 
-def test_training_says_what_it_starts_from_and_how_to_triangulate_a_capture_without_points(
-    capsys, make_config, tmp_path: Path
+def test_training_says_what_it_starts_from_and_why_a_capture_without_points_starts_at_random(
+    capsys, make_config, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    ngp = _blender(tmp_path / "ngp", {})
+    ngp = _blender(tmp_path / "ngp", {})  # six 64x40 renders of a sphere: too small for SIFT to match
     code, _, err = _train(capsys, make_config(max_steps=1, data=ngp), "model.init_num_points=200")
     assert code == 0, err
     assert "training 200 Gaussians from random points on " in err  # log lines go to stderr
-    assert f"the data has no SfM points to start from; `gsrecon data triangulate --data {ngp['path']}`" in err
+    assert "the data has no SfM points to start from; triangulating them from the known poses failed: " in err
+    assert "triangulated 0 points from 6 images (at least 100 needed)" in err
+    monkeypatch.setitem(sys.modules, "pycolmap", None)
+    code, _, err = _train(capsys, make_config(max_steps=1, data=ngp), "model.init_num_points=200", "--overwrite")
+    assert code == 0, err
+    assert "no SfM points to start from; with pycolmap installed (`pip install pycolmap`) training triangulates" in err
     config = make_config(max_steps=1, data=_colmap(tmp_path / "colmap"))
     code, _, err = _train(capsys, config, "--overwrite")
     assert code == 0, err

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import write_yaml
 from PIL import Image
 from plyfile import PlyData
 from test_blender import _write_ngp
@@ -131,6 +132,34 @@ def test_triangulated_points_lie_on_the_synthetic_surfaces_and_training_reads_th
     assert (root / "transforms.json").read_text() == after
 
 
+def test_training_a_capture_without_points_triangulates_them_once_and_leaves_the_folder_alone(
+    tmp_path: Path, synthetic_cache: Path, make_config, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("pycolmap")
+    frames = load_synthetic(SyntheticConfig(**SCENE, cache_dir=str(synthetic_cache)), eval_split="none").train
+    root = tmp_path / "scene"
+    before = _write_transforms(root, frames)
+    listing = sorted(p.relative_to(root) for p in root.rglob("*"))
+    config = make_config(max_steps=1, data={"dataset": "blender", "path": str(root), "eval_split": "every_8"})
+    config["model"]["init"] = "auto"
+    config_path = write_yaml(tmp_path / "c.yaml", config)
+
+    assert main(["train", "--config", str(config_path)]) == 0
+    err = capsys.readouterr().err
+    for stage in ("[1/3]: SIFT features of 36 images at 320x240", "[2/3]: exhaustive matching", "[3/3]: "):
+        assert f"triangulating SfM points {stage}" in err
+    made = int(err.split("SfM points: triangulated ")[1].split(" points")[0])
+    assert made >= 200
+    assert f"training {made} Gaussians from SfM points on 31 views" in err and "no SfM points" not in err
+    assert (root / "transforms.json").read_text() == before  # the capture is as the user left it
+    assert sorted(p.relative_to(root) for p in root.rglob("*")) == listing
+
+    assert main(["train", "--config", str(config_path), "--overwrite"]) == 0
+    err = capsys.readouterr().err
+    assert f"SfM points: {made} triangulated points of this capture from the cache" in err
+    assert "[1/3]" not in err and f"training {made} Gaussians from SfM points" in err
+
+
 @pytest.mark.parametrize(
     "make, message",
     [
@@ -165,7 +194,7 @@ def test_without_pycolmap_is_one_line_and_exit_2(tmp_path: Path, command: str) -
         timeout=300,
     )
     assert result.returncode == 2
-    message = f"gsrecon data {command} needs pycolmap: install it with `pip install -e .[sfm]`"
+    message = f"gsrecon data {command} needs pycolmap: install it with `pip install pycolmap`"
     assert message in _error_line(result.stderr)
     assert (tmp_path / "transforms.json").read_text() == before
 

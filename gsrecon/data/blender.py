@@ -12,14 +12,17 @@ Two flavours are read:
 ``transform_matrix`` is camera-to-world in the OpenGL convention (x right, y up, z backward); frames
 carry world-to-camera matrices in the OpenCV convention. A top-level ``ply_file_path`` (nerfstudio's
 exports) names a point cloud in the same world coordinates, which ``model.init: auto`` starts from;
-without one the point cloud is empty and the model initialises randomly (``gsrecon data triangulate``
-makes one from the images and their known poses: :mod:`gsrecon.data.triangulate`).
+without one the point cloud is empty, and ``Scene.triangulate`` makes one from the images and their known
+poses when ``model.init: auto`` asks (pycolmap, cached; ``gsrecon data triangulate`` writes it into the
+folder instead: :mod:`gsrecon.data.triangulate`).
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path, PurePosixPath
 from typing import Any, NamedTuple
 
@@ -90,8 +93,18 @@ def load_blender(
     points, colors = torch.zeros(0, 3), torch.zeros(0, 3)
     if point_cloud:
         points, colors = _point_cloud(entries[0].json_path, entries[0].global_fields)
-    hint = "" if len(points) else f"`gsrecon data triangulate --data {path}` triangulates them from the known poses"
-    return Scene(train=train, test=test, points=points, colors=colors, points_hint=hint)
+    if len(points):
+        return Scene(train=train, test=test, points=points, colors=colors)
+    hint = f"`gsrecon data triangulate --data {path}` triangulates them from the known poses"
+    return Scene(train, test, points, colors, points_hint=hint, triangulate=partial(_triangulated_points, root))
+
+
+def _triangulated_points(root: Path, log: Callable[[str], None]) -> tuple[Tensor, Tensor]:
+    """Points [P, 3] and colours [P, 3] in [0, 1] triangulated from the scene's images and poses (cached)."""
+    from gsrecon.data.triangulate import training_points  # it reads scenes with this module
+
+    points, colors = training_points(root, log)
+    return torch.from_numpy(points), torch.from_numpy(colors.astype(np.float32) / 255.0)
 
 
 def _point_cloud(json_path: Path, fields: dict[str, Any]) -> tuple[Tensor, Tensor]:
@@ -196,7 +209,8 @@ def _frame_names(file_paths: list[str]) -> list[str]:
     return [frame_name("/".join(p)) for p in parts]
 
 
-def _image_path(root: Path, json_path: Path, file_path: str) -> Path:
+def image_path(root: Path, json_path: Path, file_path: str) -> Path:
+    """The image file a frame's ``file_path`` names (relative to ``root``; the extension may be left out)."""
     path = root / file_path
     if path.is_file():
         return path
@@ -225,7 +239,7 @@ def _frame(root: Path, entry: _Entry, name: str, factor: int) -> Frame:
     json_path, frame = entry.json_path, entry.frame
     where = f"frame {str(frame['file_path'])!r}"
     fields = {k: v for k, v in entry.global_fields.items() if k != "frames"} | frame  # per-frame values win
-    path = _image_path(root, json_path, str(frame["file_path"]))
+    path = image_path(root, json_path, str(frame["file_path"]))
     size, K, dist = _camera(fields, path, json_path, where)
     pixels, K, source = load_camera_image(
         path, size, K, dist, factor, _prescaled_path(root, path, factor), camera=f"{where} of {json_path}"

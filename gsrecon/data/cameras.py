@@ -7,6 +7,7 @@ stored as uint8 ``[H, W, 3]`` (or ``[H, W, 4]`` with alpha) and converted to flo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -49,6 +50,9 @@ class Scene:
     colors: Tensor  # [P, 3] float32 in [0, 1]
     extent: float = field(default=0.0)  # scene radius; filled by `scene_extent` when 0
     points_hint: str = ""  # where ``points`` is empty: how to make them (said when training starts without them)
+    # Where ``points`` is empty and the reader can make them from the images and known poses: a function that does,
+    # given a function to log progress lines to (``model.init: auto`` calls it); None otherwise.
+    triangulate: Callable[[Callable[[str], None]], tuple[Tensor, Tensor]] | None = None
 
     def __post_init__(self) -> None:
         if self.extent <= 0.0:

@@ -58,9 +58,7 @@ def import_pycolmap(command: str) -> ModuleType:
     try:
         import pycolmap
     except ImportError:
-        raise PycolmapUnavailableError(
-            f"{command} needs pycolmap: install it with `pip install -e .[sfm]` (or `pip install pycolmap`)"
-        ) from None
+        raise PycolmapUnavailableError(f"{command} needs pycolmap: install it with `pip install pycolmap`") from None
     return pycolmap
 
 

@@ -9,6 +9,9 @@ uint8) beside the transforms file and adds ``"ply_file_path": "sparse_pc.ply"`` 
 key, leaving the rest of its text as it was. ``load_blender`` reads that key as the scene's SfM points, so
 ``model.init: auto`` starts from them.
 
+Training does the same without the file: with ``model.init: auto``, a capture without points gets them from
+:func:`training_points`, cached outside the user's folder (``gsrecon/cache.py``), the folder left untouched.
+
 Frames: every frame the transforms file lists, test views included, as the 3DGS convention triangulates
 from all images (a point's position carries no test pixel into the metrics); nerf_synthetic's
 ``transforms_test.json`` is left out, as training leaves it out.
@@ -20,10 +23,14 @@ points with their tracks). The images handed to SIFT (``triangulation/images/``)
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import re
 import shutil
-from collections.abc import Callable
+import tempfile
+import zipfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -33,7 +40,8 @@ from PIL import Image
 from plyfile import PlyData, PlyElement
 
 from gsrecon.atomic import atomic_path
-from gsrecon.data.blender import load_blender, read_transforms, transforms_file
+from gsrecon.cache import cache_dir, cache_file
+from gsrecon.data.blender import image_path, load_blender, read_transforms, transforms_file
 from gsrecon.data.cameras import Frame
 from gsrecon.data.errors import DatasetError
 from gsrecon.data.images import FACTORS
@@ -50,6 +58,7 @@ from gsrecon.data.sfm import (
 PLY_NAME = "sparse_pc.ply"  # nerfstudio's name for the point cloud beside transforms.json
 PLY_KEY = "ply_file_path"
 WORK_DIR = "triangulation"  # under the scene folder: database.db and sparse/
+POINTS_CACHE = "points"  # the cache of points triangulated for training (:func:`training_points`)
 STAGES = ("features", "matching", "triangulation")  # triangulate_scene's stages, in order
 MAX_SIDE = 1600  # px: the automatic factor is the smallest that brings the longest image side to at most this
 MIN_POINTS = 100  # a sparser cloud is no start for training: refused, and the transforms file is left alone
@@ -57,18 +66,34 @@ _RIGID_TOLERANCE = 1e-3  # how far a pose's rotation may be from orthonormal (fl
 
 
 @dataclass
+class Triangulation:
+    """Points triangulated from a scene's frames and known poses (:func:`triangulate_frames`)."""
+
+    points: np.ndarray  # [P, 3] float32, in the frames' world coordinates
+    colors: np.ndarray  # [P, 3] uint8
+    factor: int  # the images' downscale factor features were extracted at
+    num_images: int
+    mean_track_length: float  # images per point
+    mean_reprojection_error: float  # pixels, at ``factor``
+
+    def describe(self) -> str:
+        """One line: how many points from how many images, and how well they fit."""
+        return (
+            f"triangulated {len(self.points)} points from {self.num_images} images at factor {self.factor} (mean "
+            f"track length {self.mean_track_length:.1f} images, mean reprojection error "
+            f"{self.mean_reprojection_error:.2f} px)"
+        )
+
+
+@dataclass
 class TriangulationReport:
     """What :func:`triangulate_scene` produced."""
 
+    triangulation: Triangulation
     ply_path: Path  # the point cloud written
     transforms_path: Path  # the transforms file that now names it
     change: str  # what changed in the transforms file, e.g. 'added "ply_file_path": "sparse_pc.ply"'
     work_dir: Path  # database.db and sparse/ (the COLMAP model)
-    factor: int  # the images' downscale factor features were extracted at
-    num_images: int
-    num_points: int
-    mean_track_length: float  # images per point
-    mean_reprojection_error: float  # pixels, at ``factor``
 
 
 def triangulate_scene(
@@ -98,15 +123,9 @@ def triangulate_scene(
     Raises:
         ValueError: unknown ``matcher`` or ``factor``.
         DatasetError: no transforms file, a ``ply_file_path`` or ``sparse_pc.ply`` already there (without
-            ``overwrite``), frames ``load_blender`` refuses (missing images, bad cameras), fewer than 2
-            frames, poses that are not rigid, or fewer than :data:`MIN_POINTS` points triangulated (the
-            message names the causes the database shows).
+            ``overwrite``), and what :func:`triangulate_frames` refuses.
         PycolmapUnavailableError: pycolmap is not installed.
     """
-    if matcher not in MATCHERS:
-        raise ValueError(f"matcher must be one of {MATCHERS}, got {matcher!r}")
-    if factor not in (0, *FACTORS):
-        raise ValueError(f"factor must be 0 (automatic) or one of {FACTORS}, got {factor!r}")
     root = Path(path)
     if not root.is_dir():
         raise DatasetError(f"{root}: scene folder does not exist")
@@ -116,6 +135,39 @@ def triangulate_scene(
     ply_path = root / PLY_NAME
     if not overwrite:
         _check_nothing_replaced(json_path, content, ply_path)
+    work = root / WORK_DIR
+    triangulation = triangulate_frames(root, work, factor, matcher, use_gpu, verbose, on_stage)
+    write_points_ply(ply_path, triangulation.points, triangulation.colors)
+    change = _name_point_cloud(json_path, text, content)
+    return TriangulationReport(triangulation, ply_path, json_path, change, work)
+
+
+def triangulate_frames(
+    root: Path,
+    work: Path,
+    factor: int = 0,
+    matcher: str = "exhaustive",
+    use_gpu: bool = True,
+    verbose: bool = False,
+    on_stage: Callable[[str, str], None] | None = None,
+) -> Triangulation:
+    """Triangulate points from every frame of the transforms.json scene in ``root`` with its cameras and poses
+    held fixed, leaving pycolmap's work files in ``work`` (``database.db``, ``sparse/``; replaced).
+
+    Arguments as for :func:`triangulate_scene`.
+
+    Raises:
+        ValueError: unknown ``matcher`` or ``factor``.
+        DatasetError: frames ``load_blender`` refuses (missing images, bad cameras), fewer than 2 frames, poses
+            that are not rigid, or fewer than :data:`MIN_POINTS` points triangulated (the message names the
+            causes the database shows).
+        PycolmapUnavailableError: pycolmap is not installed.
+    """
+    if matcher not in MATCHERS:
+        raise ValueError(f"matcher must be one of {MATCHERS}, got {matcher!r}")
+    if factor not in (0, *FACTORS):
+        raise ValueError(f"factor must be 0 (automatic) or one of {FACTORS}, got {factor!r}")
+    json_path = transforms_file(root)
     pycolmap = import_pycolmap("gsrecon data triangulate")
     factor = factor or _auto_factor(root)
     frames = load_blender(str(root), factor, "none", point_cloud=False).train
@@ -124,7 +176,6 @@ def triangulate_scene(
     for frame in frames:
         _check_rigid(json_path, frame)
 
-    work = root / WORK_DIR
     images_dir, database, model_dir = work / "images", work / "database.db", work / "sparse"
     for stale in (images_dir, model_dir):
         shutil.rmtree(stale, ignore_errors=True)
@@ -162,21 +213,69 @@ def triangulate_scene(
             f"needed){causes}; the images need overlap, texture and sharpness (a smaller --factor gives SIFT more "
             "pixels)"
         )
-    points = np.array([point.xyz for point in points3d], dtype=np.float32)  # [P, 3]
-    colors = np.array([point.color for point in points3d], dtype=np.uint8)  # [P, 3]
-    write_points_ply(ply_path, points, colors)
-    change = _name_point_cloud(json_path, text, content)
-    return TriangulationReport(
-        ply_path=ply_path,
-        transforms_path=json_path,
-        change=change,
-        work_dir=work,
+    return Triangulation(
+        points=np.array([point.xyz for point in points3d], dtype=np.float32),
+        colors=np.array([point.color for point in points3d], dtype=np.uint8),
         factor=factor,
         num_images=len(frames),
-        num_points=len(points3d),
         mean_track_length=float(reconstruction.compute_mean_track_length()),
         mean_reprojection_error=float(reconstruction.compute_mean_reprojection_error()),
     )
+
+
+def training_points(root: Path, log: Callable[[str], None]) -> tuple[np.ndarray, np.ndarray]:
+    """Points ``[P, 3]`` float32 and colours ``[P, 3]`` uint8 triangulated from the transforms.json scene in ``root``
+    (:func:`triangulate_frames`), for training to start from; the user's folder is left as it is.
+
+    The result is cached under ``cache_dir("points")``, keyed by the transforms file's bytes and the path, size
+    and modification time of every image it lists, so that the next run of the same capture reads it back.
+    ``log`` receives the stages and a summary line.
+
+    Raises:
+        DatasetError, PycolmapUnavailableError: as :func:`triangulate_frames`.
+    """
+    path = cache_file(POINTS_CACHE, _points_cache_key(root), ".npz")
+    with contextlib.suppress(OSError, ValueError, KeyError, zipfile.BadZipFile):  # no (usable) cache entry
+        with np.load(path, allow_pickle=False) as cached:
+            points, colors = cached["points"], cached["colors"]
+        log(f"SfM points: {len(points)} triangulated points of this capture from the cache ({path})")
+        return points, colors
+    with _work_dir() as work:
+        triangulation = triangulate_frames(
+            root,
+            work,
+            on_stage=lambda name, what: log(f"triangulating SfM points [{STAGES.index(name) + 1}/3]: {what}"),
+        )
+    log(f"SfM points: {triangulation.describe()}")
+    with contextlib.suppress(OSError), atomic_path(path) as tmp, tmp.open("wb") as f:
+        np.savez(f, points=triangulation.points, colors=triangulation.colors)
+    return triangulation.points, triangulation.colors
+
+
+def _points_cache_key(root: Path) -> dict:
+    """What the triangulated points of the scene in ``root`` depend on (see :func:`training_points`)."""
+    json_path = transforms_file(root)
+    images = []
+    for frame in read_transforms(json_path)["frames"]:
+        file = image_path(root, json_path, str(frame["file_path"]))
+        stat = file.stat()
+        images.append([str(file.resolve()), stat.st_size, stat.st_mtime_ns])
+    return {
+        "transforms": hashlib.sha256(json_path.read_bytes()).hexdigest(),
+        "root": str(root.resolve()),
+        "images": images,
+        "max_side": MAX_SIDE,
+    }
+
+
+@contextlib.contextmanager
+def _work_dir() -> Iterator[Path]:
+    """A temporary folder for pycolmap's work files: in the points cache when it can be made, else the system's."""
+    parent = cache_dir(POINTS_CACHE)
+    with contextlib.suppress(OSError):
+        parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=parent if parent.is_dir() else None) as work:
+        yield Path(work)
 
 
 def write_points_ply(path: str | Path, points: np.ndarray, colors: np.ndarray) -> None:

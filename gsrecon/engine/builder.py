@@ -18,7 +18,9 @@ import torch
 from gsrecon.config import ConfigError, entry_map, load_config, parse_structured, resolved_entry, to_container
 from gsrecon.data.cameras import Scene
 from gsrecon.data.datapipeline import DataPipeline
+from gsrecon.data.errors import DatasetError
 from gsrecon.distributed import DistributedContext
+from gsrecon.logging.console import Logger
 from gsrecon.losses import LossConfig
 from gsrecon.lpips_weights import LPIPS_NETS
 from gsrecon.metrics import MetricsConfig
@@ -226,11 +228,35 @@ def resolve_run_config(cfg: RunConfig, device: torch.device, source: str) -> dic
     return resolved
 
 
-def build_model(entry: dict[str, Any], scene: Scene, seed: int, source: str = "config") -> torch.nn.Module:
-    """The ``model:`` entry's class, initialised from ``scene`` with its ``from_scene``."""
+def build_model(
+    entry: dict[str, Any], scene: Scene, seed: int, source: str = "config", logger: Logger | None = None
+) -> torch.nn.Module:
+    """The ``model:`` entry's class, initialised from ``scene`` with its ``from_scene``.
+
+    With ``init: auto``, a scene without points whose reader can triangulate them (``Scene.triangulate``) gets
+    them first, its progress logged to ``logger``; where that cannot be done, ``scene.points_hint`` says why.
+    """
     args = dict(entry)
     cls = MODEL_REGISTRY.get(args.pop("name"))
-    return cls.from_scene(parse_structured(cls.Config, args, source, "model"), scene, seed)
+    cfg = parse_structured(cls.Config, args, source, "model")
+    if getattr(cfg, "init", None) == "auto" and len(scene.points) == 0 and scene.triangulate is not None:
+        _triangulate_points(scene, logger or Logger())
+    return cls.from_scene(cfg, scene, seed)
+
+
+def _triangulate_points(scene: Scene, logger: Logger) -> None:
+    """Fill ``scene.points`` / ``colors`` with ``scene.triangulate``; where it cannot, say why in ``points_hint``."""
+    from gsrecon.data.sfm import PycolmapUnavailableError
+
+    try:
+        scene.points, scene.colors = scene.triangulate(logger.info)
+    except PycolmapUnavailableError:
+        scene.points_hint = (
+            "with pycolmap installed (`pip install pycolmap`) training triangulates them from the images and their "
+            "known poses"
+        )
+    except DatasetError as err:
+        scene.points_hint = f"triangulating them from the known poses failed: {err}"
 
 
 def structural_keys(model_entry: dict[str, Any]) -> tuple[str, ...]:

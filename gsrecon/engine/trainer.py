@@ -98,7 +98,7 @@ class DefaultTrainer:
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
         self.datapipeline = DataPipeline(cfg.data, self.device, cfg.seed, self.dist.rank, self.dist.world_size)
-        self.model = build_model(self.resolved_config["model"], self.datapipeline.scene, cfg.seed, source)
+        self.model = build_model(self.resolved_config["model"], self.datapipeline.scene, cfg.seed, source, self.logger)
         self.model.to(self.device)
         self.dist.broadcast_params(self.model.params)
         self.renderer = RENDERER_REGISTRY.build(self.resolved_config["renderer"])

@@ -1,0 +1,131 @@
+"""A recipe across scenes, run lengths and seeds: final test PSNR / SSIM / LPIPS as mean ± spread.
+
+    taskset -c 1 python scripts/bench_sweep.py --out /tmp/sweep --lengths 1000,2000,7000 --seeds 0,1,2 \\
+        --scene "synthetic=configs/mipnerf360.yaml data.dataset=synthetic data.factor=1 model.init=random" \\
+        --scene "statuette=configs/mipnerf360.yaml data.path=../shared/data/statuette_colmap data.factor=8" \\
+        --variant "default=" --variant "no_reset=strategy.reset_every=1000000"
+
+Each (scene, variant, length, seed) trains ``max_steps=length`` with ``seed`` through
+``bench_quality.run`` (only a recorder hook: no logs, checkpoints or exports) and validates once at
+the end. A row is appended to ``<out>/runs.csv`` as each run ends, and runs already there are
+skipped, so an interrupted sweep continues where it stopped. The summary table gives, per scene,
+length and variant, the mean over seeds and the spread (half the range, max - min over 2), the
+number of Gaussians and the CPU seconds of training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import shlex
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_quality import load_average, run
+
+FIELDS = ("scene", "variant", "length", "seed", "psnr", "ssim", "lpips", "gaussians", "cpu_seconds", "load1")
+METRICS = ("psnr", "ssim", "lpips", "gaussians", "cpu_seconds")
+
+
+def parse_named(spec: str) -> tuple[str, list[str]]:
+    """``LABEL=WORDS`` -> (label, shell-split words)."""
+    label, sep, words = spec.partition("=")
+    if not sep or not label:
+        raise argparse.ArgumentTypeError(f"expected LABEL=..., got {spec!r}")
+    return label, shlex.split(words)
+
+
+def read_runs(path: Path) -> list[dict]:
+    """The rows of ``runs.csv`` (numbers as floats), or none."""
+    if not path.is_file():
+        return []
+    with path.open(newline="") as f:
+        return [
+            {k: (v if k in ("scene", "variant") else float(v)) for k, v in row.items()} for row in csv.DictReader(f)
+        ]
+
+
+def append_run(path: Path, row: dict) -> None:
+    new = not path.is_file()
+    with path.open("a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=FIELDS)
+        if new:
+            writer.writeheader()
+        writer.writerow({k: row[k] for k in FIELDS})
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """Per (scene, length, variant), in first-seen order: mean and spread (half the range) of each metric."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["scene"], int(row["length"]), row["variant"]), []).append(row)
+    summary = []
+    for (scene, length, variant), runs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        entry = {"scene": scene, "length": length, "variant": variant, "seeds": len(runs)}
+        for metric in METRICS:
+            values = [r[metric] for r in runs]
+            entry[metric] = statistics.fmean(values)
+            entry[f"{metric}_spread"] = (max(values) - min(values)) / 2
+        entry["psnr_values"] = [r["psnr"] for r in runs]
+        summary.append(entry)
+    return summary
+
+
+def markdown(summary: list[dict]) -> str:
+    lines = [
+        "| scene | steps | variant | seeds | PSNR (mean ± spread) | per seed | SSIM | LPIPS | Gaussians | CPU s |",
+        "|---|---:|---|---:|---:|---|---:|---:|---:|---:|",
+    ]
+    for e in summary:
+        per_seed = " / ".join(f"{v:.2f}" for v in e["psnr_values"])
+        lines.append(
+            f"| {e['scene']} | {e['length']} | {e['variant']} | {e['seeds']} "
+            f"| {e['psnr']:.2f} ± {e['psnr_spread']:.2f} "
+            f"| {per_seed} | {e['ssim']:.3f} | {e['lpips']:.3f} | {e['gaussians']:.0f} | {e['cpu_seconds']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scene", action="append", type=parse_named, required=True, help="LABEL=CONFIG [k=v ...]")
+    parser.add_argument("--variant", action="append", type=parse_named, default=[], help="LABEL=[k=v ...]")
+    parser.add_argument("--lengths", default="1000,2000,7000", help="max_steps values")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (num_threads)")
+    parser.add_argument("--out", required=True, type=Path)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    variants = args.variant or [("default", [])]
+    runs_csv = args.out / "runs.csv"
+    done = {(r["scene"], r["variant"], int(r["length"]), int(r["seed"])) for r in read_runs(runs_csv)}
+    for length in (int(v) for v in args.lengths.split(",")):
+        for scene, (config, *scene_overrides) in args.scene:
+            for variant, variant_overrides in variants:
+                for seed in (int(v) for v in args.seeds.split(",")):
+                    if (scene, variant, length, seed) in done:
+                        continue
+                    recorder = {"steps": [length], "seconds": [], "clock": "cpu"}
+                    overrides = [*scene_overrides, *variant_overrides, f"seed={seed}", "metrics.lpips_net=alex"]
+                    work = args.out / "work" / f"{scene}_{variant}_{length}_{seed}"
+                    trainer = run(config, overrides, recorder, args.threads, work)
+                    final = trainer.hooks["QualityRecorderHook"].rows[-1]
+                    row = {"scene": scene, "variant": variant, "length": length, "seed": seed}
+                    row |= {k: final[k] for k in ("psnr", "ssim", "lpips", "gaussians", "cpu_seconds", "load1")}
+                    append_run(runs_csv, row)
+                    print(
+                        f"{scene} {variant} {length} steps seed {seed}: {row['psnr']:.2f} dB, {row['gaussians']} "
+                        f"Gaussians, {row['cpu_seconds']:.0f} CPU s, load {row['load1']:.1f}",
+                        flush=True,
+                    )
+    load = " ".join(f"{v:.2f}" for v in load_average())
+    print(f"\nthreads {args.threads} (torch {torch.__version__}), load average at the end {load}\n")
+    print(markdown(summarize(read_runs(runs_csv))))
+
+
+if __name__ == "__main__":
+    main()
