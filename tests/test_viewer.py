@@ -313,9 +313,14 @@ def test_output_and_display_switches(scene_viewer) -> None:
 
     viewer.output_dropdown.value = "depth"
     viewer.resolution_slider.value = 64
-    serve_until(viewer, lambda: len(page.renders()) == 2, "a depth render")
-    rgb, depth = (np.asarray(Image.open(io.BytesIO(jpeg))) for jpeg in page.renders())
-    assert rgb.shape == (96, 128, 3) and depth.shape == (48, 64, 3)
+
+    def decoded(jpeg: bytes) -> np.ndarray:
+        return np.asarray(Image.open(io.BytesIO(jpeg)))
+
+    # A render already asked for may still arrive at the old settings: wait for the new size.
+    serve_until(viewer, lambda: decoded(page.renders()[-1]).shape == (48, 64, 3), "a depth render at 64 px")
+    rgb, depth = decoded(page.renders()[0]), decoded(page.renders()[-1])
+    assert rgb.shape == (96, 128, 3)
     assert np.abs(depth[..., 2].astype(float) - depth[..., 0]).mean() > 20  # colour-mapped, not grey
 
     viewer.display_dropdown.value = DISPLAYS["browser"]
