@@ -42,10 +42,11 @@ APPENDED_LISTS = ("imports",)  # top-level lists that a child config extends ins
 REFERENCE_RUN_STEPS = 30_000  # the run length of the 3DGS paper, for which step-count defaults are given
 
 
-def run_steps(default: int) -> Any:
+def run_steps(default: int, minimum: int = 1) -> Any:
     """A dataclass field holding a step count that suits a :data:`REFERENCE_RUN_STEPS`-step run: where a
-    config leaves it unset, :func:`resolved_entry` scales it to the run's ``max_steps``."""
-    return dataclasses.field(default=default, metadata={"run_steps": True})
+    config leaves it unset, :func:`resolved_entry` scales it to the run's ``max_steps``, never below
+    ``minimum`` (for what takes a fixed number of optimiser steps whatever the run's length)."""
+    return dataclasses.field(default=default, metadata={"run_steps": minimum})
 
 
 def per_device(cpu: int, gpu: int) -> Any:
@@ -331,15 +332,16 @@ def resolved_entry(
     """``kwargs`` with the defaults of ``cls.Config`` filled in (unchanged for classes without one).
 
     With ``max_steps``, each :func:`run_steps` field that ``kwargs`` leaves out is scaled from its
-    default to a ``max_steps`` run (at least 1). With ``device_type`` ("cpu", "cuda", ...), each
+    default to a ``max_steps`` run (at least its ``minimum``). With ``device_type`` ("cpu", "cuda", ...), each
     :func:`per_device` field that ``kwargs`` leaves out takes that device's default.
     """
     config_cls = getattr(cls, "Config", None)
     if config_cls is not None and dataclasses.is_dataclass(config_cls):
         resolved = to_container(parse_structured(config_cls, dict(kwargs), source, prefix))
         for f in dataclasses.fields(config_cls):
-            if max_steps is not None and f.metadata.get("run_steps") and f.name not in kwargs:
-                resolved[f.name] = max(1, round(f.default * max_steps / REFERENCE_RUN_STEPS))
+            if max_steps is not None and "run_steps" in f.metadata and f.name not in kwargs:
+                minimum = f.metadata["run_steps"]
+                resolved[f.name] = max(minimum, round(f.default * max_steps / REFERENCE_RUN_STEPS))
             if device_type is not None and "per_device" in f.metadata and f.name not in kwargs:
                 cpu, gpu = f.metadata["per_device"]
                 resolved[f.name] = cpu if device_type == "cpu" else gpu

@@ -48,7 +48,9 @@ class DefaultStrategy(Strategy):
         refine_start: int = run_steps(500)
         refine_stop: int = run_steps(15_000)
         refine_every: int = 100
-        reset_every: int = run_steps(3000)
+        # Recovering from a reset takes a fixed number of steps, not a share of the run: below 3000 steps
+        # there is none (measured across run lengths in BENCHMARKS.md, "Schedules at every run length").
+        reset_every: int = run_steps(3000, minimum=3000)
         pause_refine_after_reset: int = 0
         absgrad: bool = False  # AbsGS gradients (needs renderer gsplat with absgrad: true)
         revised_opacity: bool = False  # opacity of split Gaussians as in arXiv:2404.06109
