@@ -459,3 +459,31 @@ def test_sh_dc_colour_round_trip_and_errors():
         sh_basis(4, dirs)
     with pytest.raises(ValueError, match="coefficients"):
         spherical_harmonics(2, dirs, torch.zeros(5, 4, 3))
+
+
+@pytest.mark.parametrize("antialiased", [False, True])
+def test_culling_keeps_images_and_gradients(antialiased: bool):
+    width, height, focal = 24, 16, 18.0
+    params = _random_scene(300, width, height, focal, seed=11, opacity_logits=(-7.0, 3.0), sh_degree=3)
+    params["means"][::3] *= torch.tensor([6.0, 6.0, 1.0], dtype=torch.float64)  # many far off-screen
+    params["means"][1::7, 2] *= -1.0  # some behind the cameras
+    viewmats, Ks = _cameras(width, height, focal, n_cams=2)
+    backgrounds = torch.rand(2, 3, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    results = []
+    for cull in (False, True):
+        p = _requiring_grad(params)
+        renderer = TorchRenderer(TorchRenderer.Config(cull=cull, antialiased=antialiased))
+        out = renderer.render(p, viewmats, Ks, width, height, 3, backgrounds)
+        maps = (out.image, out.alpha, out.depth)
+        weights = [torch.rand(t.shape, generator=torch.Generator().manual_seed(2), dtype=t.dtype) for t in maps]
+        _functional(out, weights).backward()
+        results.append((out, {k: p[k].grad for k in PARAMS}))
+    (full, full_grads), (culled, culled_grads) = results
+    visible = (full.info["radii"] > 0).any(-1).any(0)
+    assert 0 < int(visible.sum()) < 200  # the scene exercises culling
+    for key in ("image", "alpha", "depth"):
+        torch.testing.assert_close(getattr(full, key), getattr(culled, key), msg=key)
+    assert torch.equal(full.info["radii"], culled.info["radii"])
+    torch.testing.assert_close(full.info["means2d"].grad, culled.info["means2d"].grad)
+    for key in PARAMS:
+        torch.testing.assert_close(full_grads[key], culled_grads[key], msg=key)

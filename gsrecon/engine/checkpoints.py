@@ -248,9 +248,13 @@ def _tensors(value: Any) -> Iterator[torch.Tensor]:
 
 
 def load_checkpoint_file(path: str | Path, device: torch.device | str = "cpu") -> dict[str, Any]:
-    """Read a checkpoint safely (``weights_only=True``); a clear error for files that are not checkpoints."""
+    """Read a checkpoint safely (``weights_only=True``); a clear error for files that are not checkpoints.
+
+    The file is memory-mapped (copy on write): only the tensors a caller touches are read into
+    memory, so loading the parameters does not also load the optimiser state.
+    """
     try:
-        checkpoint = torch.load(path, map_location=device, weights_only=True)
+        checkpoint = torch.load(path, map_location=device, weights_only=True, mmap=True)
     except FileNotFoundError:
         raise FileNotFoundError(f"checkpoint not found: {path}") from None
     except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, pickle.UnpicklingError) as exc:

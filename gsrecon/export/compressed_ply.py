@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
 import torch
-from plyfile import PlyData, PlyElement
+from plyfile import PlyData
 from torch import Tensor
 
 from gsrecon.atomic import atomic_path
@@ -38,7 +38,14 @@ from gsrecon.export.quantise import (
     smallest_three,
     unpack_2_10_10_10,
 )
-from gsrecon.model.ply import cpu_params, finite_column, num_rest_coeffs, read_ply, render_mode_comments
+from gsrecon.model.ply import (
+    cpu_params,
+    finite_column,
+    num_rest_coeffs,
+    read_ply,
+    render_mode_comments,
+    write_binary_ply,
+)
 from gsrecon.render.sh import rgb_to_sh, sh_to_rgb
 
 CHUNK_SIZE = 256
@@ -52,8 +59,10 @@ _MORTON_BITS = 21  # per axis: three interleaved fit a 63-bit code
 def save_compressed_ply(path: str | os.PathLike, params: Mapping[str, Tensor], *, antialiased: bool = False) -> None:
     """Write Gaussians as a compressed PLY (layout in the module docstring), atomically."""
     p = cpu_params(params)
-    p = {key: value[morton_order(p["means"])] for key, value in p.items()}
-    n, num_rest = p["shN"].shape[:2]
+    order = morton_order(p["means"])  # [N]
+    shN = p.pop("shN")  # [N, K, 3], reordered chunk by chunk below
+    p = {key: value[order] for key, value in p.items()}
+    n, num_rest = shN.shape[:2]
     colors = sh_to_rgb(p["sh0"][:, 0])  # [N, 3]
     bounds = {
         "position": _chunk_bounds(p["means"]),
@@ -70,17 +79,21 @@ def save_compressed_ply(path: str | os.PathLike, params: Mapping[str, Tensor], *
         "packed_color": (rgb[:, 0] << 24) | (rgb[:, 1] << 16) | (rgb[:, 2] << 8) | alpha,
     }
     chunk_columns = torch.cat([torch.cat(bounds[name], dim=1) for name in _BOUNDS], dim=1)  # [C, 18]
+    vertex_columns = torch.stack(list(packed.values()), dim=1).to(torch.int32).numpy().view(np.uint32)  # [N, 4]
+
+    def sh_rows(start: int, stop: int) -> np.ndarray:  # [stop - start, 3K] quantised f_rest_*, channel-major
+        rest_sh = shN[order[start:stop]].transpose(1, 2).reshape(stop - start, 3 * num_rest)
+        return torch.trunc((rest_sh / 8 + 0.5) * 256).clamp(0, 255).to(torch.uint8).numpy()
+
     elements = [
         _element("chunk", CHUNK_PROPERTIES, chunk_columns.numpy(), "<f4"),
-        _element("vertex", VERTEX_PROPERTIES, torch.stack(list(packed.values()), dim=1).numpy(), "<u4"),
+        _element("vertex", VERTEX_PROPERTIES, vertex_columns, "<u4"),
     ]
     if num_rest:
-        rest_sh = p["shN"].transpose(1, 2).reshape(n, 3 * num_rest)  # [N, 3K] channel-major, as f_rest_*
-        quantised = torch.trunc((rest_sh / 8 + 0.5) * 256).clamp(0, 255).numpy()
-        elements.append(_element("sh", [f"f_rest_{i}" for i in range(3 * num_rest)], quantised, "u1"))
-    ply = PlyData(elements, text=False, byte_order="<", comments=render_mode_comments(antialiased))
+        names = [f"f_rest_{i}" for i in range(3 * num_rest)]
+        elements.append(("sh", np.dtype([(name, "u1") for name in names]), n, sh_rows))
     with atomic_path(path) as tmp:
-        ply.write(str(tmp))
+        write_binary_ply(tmp, elements, render_mode_comments(antialiased))
 
 
 def load_compressed_ply(path: str | os.PathLike) -> dict[str, Tensor]:
@@ -177,9 +190,8 @@ def _load_rest_sh(path: Path, ply: PlyData, n: int) -> Tensor:
     return ((level - 0.5) * 8).float().reshape(n, 3, num_rest).transpose(1, 2).contiguous()
 
 
-def _element(name: str, properties: list[str], columns: np.ndarray, dtype: str) -> PlyElement:
-    """A PLY element with one ``dtype`` property per column of ``columns`` [rows, properties]."""
-    rows = np.empty(columns.shape[0], dtype=[(prop, dtype) for prop in properties])
-    for i, prop in enumerate(properties):
-        rows[prop] = columns[:, i]
-    return PlyElement.describe(rows, name)
+def _element(
+    name: str, properties: list[str], columns: np.ndarray, dtype: str
+) -> tuple[str, np.dtype, int, Callable[[int, int], np.ndarray]]:
+    """A `write_binary_ply` element with one ``dtype`` property per column of ``columns`` [rows, properties]."""
+    return name, np.dtype([(prop, dtype) for prop in properties]), columns.shape[0], lambda a, b: columns[a:b]

@@ -9,7 +9,7 @@ import numpy as np
 from torch import Tensor
 
 from gsrecon.atomic import atomic_path
-from gsrecon.model.ply import cpu_params
+from gsrecon.model.ply import WRITE_CHUNK_ROWS, cpu_params
 from gsrecon.render.sh import SH_C0
 
 
@@ -26,15 +26,16 @@ def save_splat(path: str | os.PathLike, params: Mapping[str, Tensor], *, antiali
     log_scales, logit_opacity = arrays["scales"], arrays["opacities"]  # [N, 3], [N]
     opacity = 1.0 / (1.0 + np.exp(-logit_opacity))  # [N]
     order = np.argsort(-np.exp(log_scales.sum(axis=1)) * opacity, kind="stable")  # [N]
-    rgba = np.concatenate([0.5 + SH_C0 * arrays["sh0"][:, 0, :], opacity[:, None]], axis=1)  # [N, 4]
-    quats = arrays["quats"]
-    quats = quats / np.linalg.norm(quats, axis=1, keepdims=True)  # [N, 4]
-    records = np.empty(
-        len(order), dtype=[("position", "<f4", 3), ("scale", "<f4", 3), ("rgba", "u1", 4), ("rot", "u1", 4)]
-    )
-    records["position"] = arrays["means"][order]
-    records["scale"] = np.exp(log_scales[order])
-    records["rgba"] = np.clip(rgba[order] * 255, 0, 255).astype(np.uint8)
-    records["rot"] = np.clip(quats[order] * 128 + 128, 0, 255).astype(np.uint8)
-    with atomic_path(path) as tmp:
-        tmp.write_bytes(records.tobytes())
+    dtype = np.dtype([("position", "<f4", 3), ("scale", "<f4", 3), ("rgba", "u1", 4), ("rot", "u1", 4)])
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        for start in range(0, len(order), WRITE_CHUNK_ROWS):  # bounded memory at millions of Gaussians
+            ids = order[start : start + WRITE_CHUNK_ROWS]  # [M]
+            rgba = np.concatenate([0.5 + SH_C0 * arrays["sh0"][ids, 0, :], opacity[ids, None]], axis=1)  # [M, 4]
+            quats = arrays["quats"][ids]
+            quats = quats / np.linalg.norm(quats, axis=1, keepdims=True)  # [M, 4]
+            records = np.empty(len(ids), dtype=dtype)
+            records["position"] = arrays["means"][ids]
+            records["scale"] = np.exp(log_scales[ids])
+            records["rgba"] = np.clip(rgba * 255, 0, 255).astype(np.uint8)
+            records["rot"] = np.clip(quats * 128 + 128, 0, 255).astype(np.uint8)
+            f.write(records.tobytes())

@@ -46,7 +46,7 @@ from gsrecon.export.quantise import (
     unpack_2_10_10_10,
 )
 from gsrecon.model.gaussians import check_params
-from gsrecon.model.ply import cpu_params
+from gsrecon.model.ply import WRITE_CHUNK_ROWS, cpu_params
 from gsrecon.render.sh import MAX_SH_DEGREE, num_sh_bases, sh_basis
 
 SPZ_MAGIC = 0x5053474E
@@ -70,22 +70,31 @@ def save_spz(
         raise ValueError(f"SPZ version must be one of {SPZ_VERSIONS}, got {version}")
     p = cpu_params(params)
     n, degree = p["means"].shape[0], check_params(p)
-    means = p["means"].double() * _RDF_TO_RUB  # [N, 3]
-    bits = _fractional_bits(means)
-    fixed = _round_half_away(means * 2**bits).to(torch.int32).numpy().astype("<i4")  # [N, 3]
-    streams = [
-        fixed.view(np.uint8).reshape(n, 3, 4)[:, :, :3],  # two's complement: a little-endian int32's low 3 bytes
-        round_clamp(torch.sigmoid(p["opacities"]) * 255, 255),
-        round_clamp(p["sh0"][:, 0] * (_COLOR_SCALE * 255) + 127.5, 255),
-        round_clamp((p["scales"] + 10) * 16, 255),
-        _pack_rotations(p["quats"], version),
-        _quantise_sh(p["shN"] * _rdf_to_rub_sh_signs(p["shN"].shape[1])[:, None]),
+    bits = _fractional_bits(p["means"].double() * _RDF_TO_RUB)
+    sh_signs = _rdf_to_rub_sh_signs(p["shN"].shape[1])[:, None]  # [K, 1]
+    streams = [  # each attribute's bytes [M, ...] for Gaussians start:stop
+        lambda a, b: _pack_positions(p["means"][a:b], bits),
+        lambda a, b: round_clamp(torch.sigmoid(p["opacities"][a:b]) * 255, 255),
+        lambda a, b: round_clamp(p["sh0"][a:b, 0] * (_COLOR_SCALE * 255) + 127.5, 255),
+        lambda a, b: round_clamp((p["scales"][a:b] + 10) * 16, 255),
+        lambda a, b: _pack_rotations(p["quats"][a:b], version),
+        lambda a, b: _quantise_sh(p["shN"][a:b] * sh_signs),
     ]
     flags = FLAG_ANTIALIASED if antialiased else 0
-    payload = _HEADER.pack(SPZ_MAGIC, version, n, degree, bits, flags, 0)
-    payload += b"".join(np.asarray(stream, dtype=np.uint8).tobytes() for stream in streams)
-    with atomic_path(path) as tmp:
-        tmp.write_bytes(gzip.compress(payload, compresslevel=6, mtime=0))
+    # Compressed chunk by chunk (bounded memory); the bytes equal gzip.compress(payload, 6, mtime=0)'s.
+    gz = zlib.compressobj(level=6, wbits=31)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.write(gz.compress(_HEADER.pack(SPZ_MAGIC, version, n, degree, bits, flags, 0)))
+        for stream in streams:
+            for start in range(0, n, WRITE_CHUNK_ROWS):
+                f.write(gz.compress(np.asarray(stream(start, start + WRITE_CHUNK_ROWS), dtype=np.uint8).tobytes()))
+        f.write(gz.flush())
+
+
+def _pack_positions(means: Tensor, bits: int) -> np.ndarray:
+    """Positions [N, 3] (RDF) as SPZ's 24-bit fixed point in RUB axes, bytes [N, 3, 3]."""
+    fixed = _round_half_away(means.double() * _RDF_TO_RUB * 2**bits).to(torch.int32).numpy().astype("<i4")
+    return fixed.view(np.uint8).reshape(-1, 3, 4)[:, :, :3]  # two's complement: a little-endian int32's low 3 bytes
 
 
 def load_spz(path: str | os.PathLike) -> tuple[dict[str, Tensor], bool]:

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from plyfile import PlyData, PlyElement, PlyParseError
+from plyfile import PlyData, PlyParseError
 from torch import Tensor
 
 from gsrecon.atomic import atomic_path
@@ -73,32 +73,57 @@ def save_ply(path: str | os.PathLike, params: Mapping[str, Tensor], antialiased:
     the header comments. The file is written atomically (``gsrecon.atomic.atomic_path``), so
     ``path`` is never left half-written.
     """
-    arrays = {key: value.numpy() for key, value in cpu_params(params).items()}
-    n, num_rest = arrays["means"].shape[0], arrays["shN"].shape[1]
-    columns = np.concatenate(
-        [
-            arrays["means"],  # [N, 3]
-            np.zeros((n, 3), np.float32),  # normals
-            arrays["sh0"].reshape(n, 3),  # [N, 3]
-            arrays["shN"].transpose(0, 2, 1).reshape(n, 3 * num_rest),  # [N, 3K] channel-major
-            arrays["opacities"][:, None],  # [N, 1]
-            arrays["scales"],  # [N, 3]
-            arrays["quats"],  # [N, 4]
-        ],
-        axis=1,
-    )  # [N, P]
+    p = cpu_params(params)
+    n, num_rest = p["means"].shape[0], p["shN"].shape[1]
     names = ply_property_names(num_rest)
-    vertices = np.empty(n, dtype=[(name, "<f4") for name in names])
-    for i, name in enumerate(names):
-        vertices[name] = columns[:, i]
-    ply = PlyData(
-        [PlyElement.describe(vertices, "vertex")],
-        text=False,
-        byte_order="<",
-        comments=render_mode_comments(antialiased),
-    )
+    dtype = np.dtype([(name, "<f4") for name in names])
+
+    def rows(start: int, stop: int) -> np.ndarray:  # [stop - start] records of the vertex element
+        m = stop - start
+        columns = torch.cat(
+            [
+                p["means"][start:stop],  # [M, 3]
+                torch.zeros(m, 3),  # normals
+                p["sh0"][start:stop].reshape(m, 3),  # [M, 3]
+                p["shN"][start:stop].transpose(1, 2).reshape(m, 3 * num_rest),  # [M, 3K] channel-major
+                p["opacities"][start:stop, None],  # [M, 1]
+                p["scales"][start:stop],  # [M, 3]
+                p["quats"][start:stop],  # [M, 4]
+            ],
+            dim=1,
+        )  # [M, P]
+        return columns.numpy()
+
     with atomic_path(path) as tmp:
-        ply.write(str(tmp))
+        write_binary_ply(tmp, [("vertex", dtype, n, rows)], render_mode_comments(antialiased))
+
+
+_PLY_TYPES = {"<f4": "float", "<u4": "uint", "|u1": "uchar", "<i4": "int"}
+WRITE_CHUNK_ROWS = 1 << 16  # rows converted at once by `write_binary_ply` (bounded memory)
+
+
+def write_binary_ply(
+    path: str | os.PathLike,
+    elements: list[tuple[str, np.dtype, int, Callable[[int, int], np.ndarray]]],
+    comments: list[str],
+) -> None:
+    """Write a binary little-endian PLY, each element's rows produced ``WRITE_CHUNK_ROWS`` at a time.
+
+    ``elements`` are ``(name, structured dtype, row count, rows(start, stop))``: the dtype names the
+    properties, ``rows`` returns rows ``start:stop`` as a native little-endian ``[stop - start, P]``
+    array of their (common) type. The bytes are those plyfile writes for the whole arrays, without
+    ever holding a whole element in memory.
+    """
+    header = ["ply", "format binary_little_endian 1.0", *(f"comment {c}" for c in comments)]
+    for name, dtype, count, _ in elements:
+        header.append(f"element {name} {count}")
+        header += [f"property {_PLY_TYPES[field.str]} {prop}" for prop, (field, _) in dtype.fields.items()]
+    header.append("end_header")
+    with open(path, "wb") as f:
+        f.write(("\n".join(header) + "\n").encode("ascii"))
+        for _, _, count, rows in elements:
+            for start in range(0, count, WRITE_CHUNK_ROWS):
+                f.write(np.ascontiguousarray(rows(start, min(start + WRITE_CHUNK_ROWS, count))).tobytes())
 
 
 def load_ply(path: str | os.PathLike) -> dict[str, Tensor]:

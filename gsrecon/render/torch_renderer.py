@@ -123,6 +123,47 @@ def project_gaussians(
     return Projection(means2d, conics, means_c[..., 2], radii, log_ops)
 
 
+@torch.no_grad()
+def cull_gaussians(
+    means: Tensor,  # [N, 3]
+    log_scales: Tensor,  # [N, 3]
+    log_opacities: Tensor,  # [N] ln of the activated opacities
+    viewmats: Tensor,  # [C, 4, 4]
+    Ks: Tensor,  # [C, 3, 3]
+    width: int,
+    height: int,
+    near_plane: float,
+    far_plane: float,
+    eps2d: float,
+) -> Tensor:
+    """Ids of the Gaussians that may be visible in at least one camera, sorted, [M].
+
+    A superset of those `project_gaussians` gives non-zero radii: it drops Gaussians with
+    opacity below 1/255 (compensation only lowers it), outside (near_plane, far_plane), or whose
+    centre lies farther outside the image than an upper bound of their box, ``3.33 * sqrt(cov_ii)``
+    with ``cov_xx <= (fx / z)^2 (1 + u^2) max_scale^2 + eps2d`` (the rows of ``J R`` have that
+    norm, the covariance factor has spectral norm ``max_scale``). It costs a few passes over the
+    means and scales, instead of the full projection and colour evaluation.
+    """
+    rot, trans = viewmats[:, :3, :3], viewmats[:, :3, 3]  # [C, 3, 3], [C, 3]
+    x, y, z = (torch.matmul(means, rot.transpose(1, 2)) + trans[:, None, :]).unbind(-1)  # [C, N]
+    keep = (z > near_plane) & (z < far_plane)
+    z = torch.where(keep, z, torch.ones_like(z))
+    fx, fy = Ks[:, 0, 0, None], Ks[:, 1, 1, None]  # [C, 1]
+    cx, cy = Ks[:, 0, 2, None], Ks[:, 1, 2, None]
+    u, v = x / z, y / z
+    u_c = torch.clamp(u, -(cx / fx + 0.15 * width / fx), (width - cx) / fx + 0.15 * width / fx)
+    v_c = torch.clamp(v, -(cy / fy + 0.15 * height / fy), (height - cy) / fy + 0.15 * height / fy)
+    max_scale = log_scales.amax(dim=-1).exp()  # [N]
+    # 1% and one pixel of slack absorb rounding differences from the exact projection.
+    rx = 1.01 * BBOX_SIGMAS * torch.sqrt((fx / z * max_scale) ** 2 * (1 + u_c * u_c) + eps2d) + 1.0
+    ry = 1.01 * BBOX_SIGMAS * torch.sqrt((fy / z * max_scale) ** 2 * (1 + v_c * v_c) + eps2d) + 1.0
+    px, py = fx * u + cx, fy * v + cy  # [C, N]
+    keep &= (px + rx > 0) & (px - rx < width) & (py + ry > 0) & (py - ry < height)
+    keep = keep.any(dim=0) & (log_opacities >= math.log(ALPHA_MIN) - 1e-5)  # [N]
+    return keep.nonzero().squeeze(1)
+
+
 class TileIntersections(NamedTuple):
     """(tile, Gaussian) pairs, grouped by tile and sorted front to back within each tile."""
 
@@ -447,6 +488,9 @@ class TorchRenderer(Renderer):
         # Up to this many (slot x pixel) entries per render, forward keeps alphas and weights for
         # backward (8 bytes each); above it, backward recomputes them (slower, bounded memory).
         max_kept_elements: int = 1 << 24
+        # Before projecting, drop the Gaussians that cannot be visible (`cull_gaussians`): same
+        # image and gradients, cost proportional to the visible ones at millions of Gaussians.
+        cull: bool = True
 
         def __post_init__(self) -> None:
             super().__post_init__()
@@ -471,32 +515,51 @@ class TorchRenderer(Renderer):
         backgrounds: Tensor,
     ) -> RenderOutput:
         cfg = self.cfg
-        means = params["means"]
-        factors = quat_scale_to_factor(params["quats"], torch.exp(params["scales"]))
+        n_cams, n = viewmats.shape[0], params["means"].shape[0]
+        log_opacities = F.logsigmoid(params["opacities"])  # [N]
+        ids = None  # [M] ids of the Gaussians rendered, None for all of them
+        if cfg.cull:
+            ids = cull_gaussians(
+                params["means"].detach(), params["scales"].detach(), log_opacities.detach(), viewmats,
+                Ks, width, height, cfg.near_plane, cfg.far_plane, cfg.eps2d,
+            )  # fmt: skip
+            if len(ids) == n:
+                ids = None
+        n_sh = (sh_degree + 1) ** 2 - 1
+        # index_select's backward scatters into full-size gradients: culled Gaussians get exact zeros.
+        pick = (lambda t: t) if ids is None else (lambda t: t.index_select(0, ids))
+        means = pick(params["means"])  # [M, 3]
+        factors = quat_scale_to_factor(pick(params["quats"]), torch.exp(pick(params["scales"])))
         proj = project_gaussians(
-            means, factors, F.logsigmoid(params["opacities"]), viewmats, Ks, width, height,
+            means, factors, pick(log_opacities), viewmats, Ks, width, height,
             cfg.near_plane, cfg.far_plane, cfg.eps2d, cfg.antialiased,
         )  # fmt: skip
-        means2d = proj.means2d
+        means2d, radii = proj.means2d, proj.radii  # [C, M, 2] each
+        if ids is not None:  # full-size [C, N, 2] for the strategy; culled rows are 0
+            means2d = means2d.new_zeros(n_cams, n, 2).index_copy(1, ids, means2d)
+            radii = radii.new_zeros(n_cams, n, 2).index_copy_(1, ids, radii)
         if means2d.requires_grad:
             means2d.retain_grad()
 
-        dirs = F.normalize(means[None] - camera_centers(viewmats)[:, None], dim=-1)  # [C, N, 3]
-        coeffs = torch.cat([params["sh0"], params["shN"][:, : (sh_degree + 1) ** 2 - 1]], dim=1)  # [N, K, 3]
-        colors = sh_to_color(sh_degree, dirs, coeffs[None])  # [C, N, 3]
+        dirs = F.normalize(means[None] - camera_centers(viewmats)[:, None], dim=-1)  # [C, M, 3]
+        coeffs = torch.cat([pick(params["sh0"]), pick(params["shN"][:, :n_sh])], dim=1)  # [M, K, 3]
+        colors = sh_to_color(sh_degree, dirs, coeffs[None])  # [C, M, 3]
 
         out = rasterize_tiles(
-            means2d, proj.conics, proj.log_opacities, colors, proj.depths,
-            proj.radii, width, height, cfg.tile_size, cfg.alpha_max, cfg.max_chunk_elements,
-            cfg.max_kept_elements,
+            means2d if ids is None else means2d.index_select(1, ids), proj.conics, proj.log_opacities,
+            colors, proj.depths, proj.radii, width, height, cfg.tile_size, cfg.alpha_max,
+            cfg.max_chunk_elements, cfg.max_kept_elements,
         )  # fmt: skip  # [C, H, W, 5]
         alpha = out[..., 4:5]
         image = out[..., :3] + (1.0 - alpha) * backgrounds[:, None, None, :]
         depth = torch.where(alpha > 0, out[..., 3:4] / alpha.clamp_min(1e-10), 0.0)
+        depths = proj.depths  # [C, M]
+        if ids is not None:
+            depths = depths.new_zeros(n_cams, n).index_copy(1, ids, depths)  # culled: 0
         info = {
             "means2d": means2d,
-            "radii": proj.radii,
-            "depths": proj.depths,
+            "radii": radii,
+            "depths": depths,
             "width": width,
             "height": height,
             "n_cameras": viewmats.shape[0],
