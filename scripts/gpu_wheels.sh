@@ -5,7 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .whl
 platforms=(--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
-for spec in gsplat==1.5.3 plyfile==1.1.5 omegaconf==2.3.0 antlr4-python3-runtime==4.9.3 lpips==0.1.4 pyyaml==6.0.3; do
+# The second line: what gsplat's examples/simple_trainer.py adds (scripts/bench_vs_gsplat.py, gpu_vs_gsplat.sh).
+for spec in gsplat==1.5.3 plyfile==1.1.5 omegaconf==2.3.0 antlr4-python3-runtime==4.9.3 lpips==0.1.4 pyyaml==6.0.3 \
+    tyro==0.9.24 docstring-parser==0.18.0 typeguard==4.6.1 shtab==1.13.0 typing-extensions==4.16.0; do
   python3 -m pip download -q --no-deps --python-version 3.12 --implementation cp "${platforms[@]}" \
     --only-binary=:all: -d .whl "$spec" || python3 -m pip download -q --no-deps -d .whl "$spec"
 done

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# On the GPU machine: gsrecon against gsplat's own simple_trainer.py (bench_vs_gsplat.py) on the statuette at
+# full resolution (data factor 1), 7000 steps, both trainers alternating. Extra arguments go to
+# bench_vs_gsplat.py after the defaults (e.g. --strategies mcmc --seeds 0,1 --cap-max 1000000).
+# Carry .whl and .gpu_data (scripts/gpu_wheels.sh) and .gsplat_examples (scripts/fetch_gsplat_examples.sh).
+# Results: summary.md, summary.csv, runs.csv and logs.tar.gz (each run's log, gsplat's stats/*.json and
+# cfg.yml, gsrecon's metrics.json, config.yaml and scalars.jsonl) in $OUT (else outputs/vs_gsplat).
+# Four 7000-step runs and the builds (gsplat's kernels, fused-ssim) take about one 10-minute device call:
+# run one strategy per call (--strategies default, then --strategies mcmc), then here
+#   python scripts/bench_vs_gsplat.py --merge CALL1/runs.csv CALL2/runs.csv --out DIR
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-outputs/vs_gsplat}"
+work=/tmp/vs_gsplat
+mkdir -p "$out" "$work"
+for needed in .whl .gpu_data/shared/statuette_colmap .gsplat_examples/simple_trainer.py; do
+  [ -e "$needed" ] || { echo "$needed is missing: carry it (see the comment at the top of $0)" >&2; exit 2; }
+done
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+  .whl/*.whl .gsplat_examples/wheels/*.whl
+export PYTHONPATH="/tmp/site:$PWD" TORCH_EXTENSIONS_DIR="$PWD/.torch_extensions" PYTHONUNBUFFERED=1 MAX_JOBS=16
+export GSRECON_CACHE="$PWD/.gpu_data/cache"  # the LPIPS backbone, also AlexNet for gsplat's torchmetrics LPIPS
+# fused-ssim, the CUDA SSIM that simple_trainer.py trains with: built here, for this GPU, once per machine.
+if ! python3 -c "import fused_ssim" 2>/dev/null; then
+  python3 -m pip install -q --no-build-isolation --no-deps --no-cache-dir --target /tmp/site .gsplat_examples/src/fused-ssim
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+python3 -c "import torch, gsplat, tyro, fused_ssim, pycolmap; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gsplat', gsplat.__version__, 'tyro', tyro.__version__)"
+cat .gsplat_examples/TAG
+# gsplat's kernels compile on first import (about a minute): here, so that no run's wall time includes it.
+python3 -c "from gsplat.cuda._backend import _C; assert _C is not None, 'gsplat CUDA kernels did not build'"
+# Stop the runs in time to collect what finished: a device command is killed at 600 s.
+status=0
+timeout "${VS_GSPLAT_SECONDS:-540}" python3 scripts/bench_vs_gsplat.py --data .gpu_data/shared/statuette_colmap \
+  --gsplat-examples .gsplat_examples --out "$work" --python python3 --factor 1 --steps 7000 --seeds 0,1 \
+  --strategies default,mcmc "$@" || status=$?
+cp "$work"/*.csv "$work"/*.md "$out"/ 2>/dev/null || true
+(cd "$work" && tar -czf - --ignore-failed-read *.log */stats/*.json */cfg.yml */metrics.json */config.yaml \
+  */scalars.jsonl */peak_gpu.json 2>/dev/null) > "$out/logs.tar.gz" || true
+ls -la "$out"
+exit "$status"
