@@ -281,12 +281,9 @@ def test_no_transforms_file(tmp_path: Path) -> None:
         load_blender(str(tmp_path))
 
 
-def test_fisheye_is_rejected(tmp_path: Path) -> None:
-    _write_ngp(tmp_path, camera_model="OPENCV_FISHEYE")
-    with pytest.raises(DatasetError, match=r"transforms\.json: frame .* uses the OPENCV_FISHEYE camera model"):
-        load_blender(str(tmp_path))
-    _write_ngp(tmp_path, is_fisheye=True)
-    with pytest.raises(DatasetError, match=r"transforms\.json: frame .* uses a fisheye camera"):
+def test_equirectangular_is_rejected(tmp_path: Path) -> None:
+    _write_ngp(tmp_path, camera_model="EQUIRECTANGULAR")
+    with pytest.raises(DatasetError, match=r"transforms\.json: frame .* uses the EQUIRECTANGULAR camera model"):
         load_blender(str(tmp_path))
 
 

@@ -456,8 +456,8 @@ def test_images_txt_line_without_name_or_fields_names_file_and_line(tmp_path: Pa
 
 
 def test_unsupported_camera_model_names_model_and_camera(tmp_path: Path) -> None:
-    root, _, _ = _make_scene(tmp_path / "s", camera_model="OPENCV_FISHEYE", params=[58, 61, 31, 24, 0.1, 0, 0, 0])
-    with pytest.raises(DatasetError, match=r"cameras\.bin: camera 1 uses the OPENCV_FISHEYE camera model"):
+    root, _, _ = _make_scene(tmp_path / "s", camera_model="THIN_PRISM_FISHEYE", params=[58, 61, 31, 24] + [0.0] * 8)
+    with pytest.raises(DatasetError, match=r"cameras\.bin: camera 1 uses the THIN_PRISM_FISHEYE camera model"):
         load_colmap(str(root))
 
 

@@ -147,7 +147,9 @@ def test_camera_intrinsics_per_model(model, params, expected_K, expected_dist) -
     assert dist == expected_dist
 
 
-@pytest.mark.parametrize("model, num_params", [("OPENCV_FISHEYE", 8), ("FULL_OPENCV", 12), ("FOV", 5), ("FISHEYE", 4)])
+@pytest.mark.parametrize(
+    "model, num_params", [("THIN_PRISM_FISHEYE", 12), ("FULL_OPENCV", 12), ("FOV", 5), ("FISHEYE", 4)]
+)
 def test_unsupported_models_name_model_camera_and_file(model: str, num_params: int) -> None:
     camera = ColmapCamera(42, model, 80, 60, np.ones(num_params))
     with pytest.raises(DatasetError, match=rf"sparse/cameras\.bin: camera 42 uses the {model} camera model"):

@@ -6,6 +6,10 @@ OpenCV's radial-tangential model on normalised coordinates ``(x, y) = ((u - cx) 
     r2 = x^2 + y^2,  radial = 1 + k1 r2 + k2 r2^2 + k3 r2^3
     xd = x radial + 2 p1 x y + p2 (r2 + 2 x^2)
     yd = y radial + p1 (r2 + 2 y^2) + 2 p2 x y
+
+Fisheye cameras (COLMAP ``*_FISHEYE``, OpenCV/nerfstudio ``OPENCV_FISHEYE``) are equidistant with a polynomial
+on the angle ``theta = atan(r)`` from the optical axis: ``theta_d = theta (1 + k1 t^2 + k2 t^4 + k3 t^6 + k4 t^8)``,
+``(xd, yd) = (x, y) theta_d / r``.
 """
 
 from __future__ import annotations
@@ -18,22 +22,28 @@ import numpy as np
 from gsrecon.data.colmap_format import ColmapCamera
 from gsrecon.data.errors import DatasetError
 
-SUPPORTED_MODELS = ("SIMPLE_PINHOLE", "PINHOLE", "SIMPLE_RADIAL", "RADIAL", "OPENCV")  # pinhole + radial-tangential
+SUPPORTED_MODELS = (  # COLMAP model name: number of parameters
+    {"SIMPLE_PINHOLE": 3, "PINHOLE": 4, "SIMPLE_RADIAL": 4, "RADIAL": 5, "OPENCV": 8}
+    | {"SIMPLE_RADIAL_FISHEYE": 4, "RADIAL_FISHEYE": 5, "OPENCV_FISHEYE": 8}
+)
+FISHEYE_MAX_ANGLE = math.radians(80.0)  # widest half-angle an undistorted pinhole image keeps
 
 
 @dataclass(frozen=True)
 class Distortion:
-    """OpenCV radial-tangential distortion coefficients (all zero: a pinhole camera)."""
+    """OpenCV radial-tangential (or, with ``fisheye``, equidistant fisheye) distortion; all zero: a pinhole."""
 
     k1: float = 0.0
     k2: float = 0.0
     k3: float = 0.0
     p1: float = 0.0
     p2: float = 0.0
+    k4: float = 0.0  # fisheye only
+    fisheye: bool = False
 
     @property
     def is_zero(self) -> bool:
-        return not any((self.k1, self.k2, self.k3, self.p1, self.p2))
+        return not self.fisheye and not any((self.k1, self.k2, self.k3, self.p1, self.p2))
 
 
 def intrinsics_matrix(fx: float, fy: float, cx: float, cy: float) -> np.ndarray:
@@ -49,6 +59,17 @@ def fov_to_focal(fov: float, pixels: float) -> float:
 def camera_intrinsics(camera: ColmapCamera, source: str) -> tuple[np.ndarray, Distortion]:
     """(K [3, 3], distortion) of a COLMAP camera; ``source`` (the file it came from) names it in errors."""
     p = [float(v) for v in camera.params]
+    if camera.model in SUPPORTED_MODELS and len(p) != SUPPORTED_MODELS[camera.model]:
+        raise DatasetError(
+            f"{source}: camera {camera.id} ({camera.model}) has {len(p)} parameters, "
+            f"expected {SUPPORTED_MODELS[camera.model]}"
+        )
+    if camera.model == "SIMPLE_RADIAL_FISHEYE":
+        return intrinsics_matrix(p[0], p[0], p[1], p[2]), Distortion(k1=p[3], fisheye=True)
+    if camera.model == "RADIAL_FISHEYE":
+        return intrinsics_matrix(p[0], p[0], p[1], p[2]), Distortion(k1=p[3], k2=p[4], fisheye=True)
+    if camera.model == "OPENCV_FISHEYE":
+        return intrinsics_matrix(*p[:4]), Distortion(k1=p[4], k2=p[5], k3=p[6], k4=p[7], fisheye=True)
     if camera.model == "SIMPLE_PINHOLE":
         return intrinsics_matrix(p[0], p[0], p[1], p[2]), Distortion()
     if camera.model == "PINHOLE":
@@ -68,6 +89,11 @@ def camera_intrinsics(camera: ColmapCamera, source: str) -> tuple[np.ndarray, Di
 
 def distort(x: np.ndarray, y: np.ndarray, dist: Distortion) -> tuple[np.ndarray, np.ndarray]:
     """Distorted normalised coordinates of undistorted ones (any equal shapes)."""
+    if dist.fisheye:
+        r = np.hypot(x, y)
+        theta = np.arctan(r)
+        scale = np.where(r > 1e-12, _fisheye_theta_d(theta, dist) / np.maximum(r, 1e-12), 1.0)
+        return x * scale, y * scale
     r2 = x * x + y * y
     radial = 1.0 + r2 * (dist.k1 + r2 * (dist.k2 + r2 * dist.k3))
     xd = x * radial + 2.0 * dist.p1 * x * y + dist.p2 * (r2 + 2.0 * x * x)
@@ -78,7 +104,19 @@ def distort(x: np.ndarray, y: np.ndarray, dist: Distortion) -> tuple[np.ndarray,
 def undistort_points(
     xd: np.ndarray, yd: np.ndarray, dist: Distortion, iters: int = 30
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Undistorted normalised coordinates of distorted ones (fixed-point inversion of :func:`distort`)."""
+    """Undistorted normalised coordinates of distorted ones (fixed-point inversion of :func:`distort`; Newton
+    on the angle for fisheye, whose angles are capped at :data:`FISHEYE_MAX_ANGLE`)."""
+    if dist.fisheye:
+        rd = np.hypot(xd, yd)
+        theta = rd.copy()
+        for _ in range(iters):
+            t2 = theta * theta
+            slope = 1.0 + t2 * (3 * dist.k1 + t2 * (5 * dist.k2 + t2 * (7 * dist.k3 + t2 * 9 * dist.k4)))
+            theta = theta - (_fisheye_theta_d(theta, dist) - rd) / slope
+        off_lens = ~(np.abs(_fisheye_theta_d(theta, dist) - rd) < 1e-9) | (theta < 0)  # no solution: past the lens
+        theta = np.clip(np.where(off_lens, FISHEYE_MAX_ANGLE, theta), 0.0, FISHEYE_MAX_ANGLE)
+        scale = np.where(rd > 1e-12, np.tan(theta) / np.maximum(rd, 1e-12), 1.0)
+        return xd * scale, yd * scale
     x, y = xd.copy(), yd.copy()
     for _ in range(iters):
         r2 = x * x + y * y
@@ -89,12 +127,19 @@ def undistort_points(
     return x, y
 
 
+def _fisheye_theta_d(theta: np.ndarray, dist: Distortion) -> np.ndarray:
+    """Distorted angle of the fisheye polynomial (any shape)."""
+    t2 = theta * theta
+    return theta * (1.0 + t2 * (dist.k1 + t2 * (dist.k2 + t2 * (dist.k3 + t2 * dist.k4))))
+
+
 def undistorted_intrinsics(K: np.ndarray, dist: Distortion, width: int, height: int) -> np.ndarray:
     """Pinhole K [3, 3] for the undistorted image of a ``width`` x ``height`` distorted camera.
 
-    Same size and principal point as ``K``; the focal lengths are scaled up (never down) by the smallest
-    common factor that makes every undistorted pixel fall inside the distorted image, so that the
-    undistorted image has no blank border.
+    Same size and principal point as ``K``; the focal lengths are scaled up (never down; for fisheye, also
+    down, to the widest view) by the smallest common factor that makes every undistorted pixel fall inside
+    the distorted image, so that the undistorted image has no blank border. A fisheye view wider than
+    :data:`FISHEYE_MAX_ANGLE` is cropped to it.
 
     Raises:
         ValueError: the distortion folds the image edges back (it cannot be inverted up to the border).
@@ -118,7 +163,7 @@ def undistorted_intrinsics(K: np.ndarray, dist: Distortion, width: int, height: 
         (0.5 - cy) / fy / bounds["top"] if bounds["top"] < 0 else np.inf,
         (height - 0.5 - cy) / fy / bounds["bottom"] if bounds["bottom"] > 0 else np.inf,
     ]
-    scale = float(np.max([1.0, *needed]))  # nan (a diverged inversion) propagates
+    scale = float(np.max([0.0 if dist.fisheye else 1.0, *needed]))  # nan (a diverged inversion) propagates
     if not np.isfinite(scale):
         raise ValueError(f"distortion {dist} is too strong to undistort a {width}x{height} image with K={K.tolist()}")
     return intrinsics_matrix(fx * scale, fy * scale, cx, cy)
