@@ -9,9 +9,11 @@ step boundary after writing a checkpoint.
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
@@ -27,7 +29,18 @@ def _train(args: argparse.Namespace) -> int:
     from gsrecon.engine.builder import load_run_config
     from gsrecon.engine.trainer import DefaultTrainer
 
-    cfg, source = load_run_config(args.config, args.overrides)
+    config, overrides = args.config, args.overrides
+    if args.data is not None:
+        data_keys = [f"data.path={json.dumps(args.data)}"]  # quoted: the path stays a string
+        if config is None:
+            config, why = _config_for_data(Path(args.data))
+            exp_dir = f"outputs/{Path(args.data).resolve().name}"
+            data_keys.append(f"exp_dir={json.dumps(exp_dir)}")
+            print(f"using {config} for {args.data}: {why} (exp_dir {exp_dir} unless set)")
+        overrides = [*data_keys, *overrides]  # the command line's own key=value pairs still win
+    if config is None:
+        raise ValueError("gsrecon train needs --config CONFIG, --data SCENE_FOLDER, or both")
+    cfg, source = load_run_config(config, overrides)
     if args.resume:
         cfg.resume = True
     trainer = DefaultTrainer(cfg, source=source, overwrite=args.overwrite)
@@ -53,11 +66,50 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         "Train a scene. Overrides are key=value pairs, e.g. max_steps=200 model.sh_degree=1 "
         "hooks.LogHook.log_interval=10 (add a hook: hooks.EmptyCacheHook={}; remove one: hooks.ExportHook=null).",
     )
-    p.add_argument("--config", required=True, help="YAML config file")
+    p.add_argument("--config", help="YAML config file (without it, --data picks one from what the folder holds)")
+    p.add_argument(
+        "--data",
+        help="scene folder (sets data.path); without --config: sparse/0/ (COLMAP) trains with "
+        "configs/mipnerf360.yaml, transforms.json (phone, nerfstudio) with configs/phone.yaml, "
+        "transforms_train.json + transforms_test.json (NeRF-synthetic) with configs/blender_lego.yaml",
+    )
     p.add_argument("overrides", nargs="*", help="key=value overrides of the config")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint of exp_dir")
     p.add_argument("--overwrite", action="store_true", help="replace a previous run in exp_dir")
     p.set_defaults(func=_train)
+
+
+CONFIGS_DIR = Path(__file__).resolve().parents[1] / "configs"  # the shipped configs, beside the package
+
+
+def _config_for_data(root: Path) -> tuple[str, str]:
+    """(the shipped config for the capture in ``root``, why): by the files the folder holds.
+
+    Raises:
+        DatasetError: the folder holds no capture gsrecon reads, or the configs are not beside the package.
+    """
+    from gsrecon.data.colmap_format import find_sparse_dir
+    from gsrecon.data.errors import DatasetError
+
+    if not root.is_dir():
+        raise DatasetError(f"{root}: --data must be a scene folder, and this one does not exist")
+    if (root / "transforms_train.json").is_file() and (root / "transforms_test.json").is_file():
+        name, why = "blender_lego.yaml", "transforms_train.json + transforms_test.json, a NeRF-synthetic scene"
+    elif (root / "transforms.json").is_file() or (root / "transforms_train.json").is_file():
+        name, why = "phone.yaml", "transforms.json, a phone / nerfstudio capture"
+    else:
+        try:
+            sparse_dir = find_sparse_dir(root)
+        except DatasetError:
+            raise DatasetError(
+                f"{root}: no capture gsrecon knows (a COLMAP sparse/0/, a transforms.json, or NeRF-synthetic's "
+                "transforms_train.json + transforms_test.json); pass --config for your own layout"
+            ) from None
+        name, why = "mipnerf360.yaml", f"{sparse_dir.relative_to(root).as_posix()}/ holds a COLMAP model"
+    config = CONFIGS_DIR / name
+    if not config.is_file():
+        raise DatasetError(f"{config}: missing (gsrecon's configs/ is not beside its package here); pass --config")
+    return str(config), why
 
 
 def _hooks(args: argparse.Namespace) -> int:
@@ -296,24 +348,50 @@ def _stage_announcer(stages: tuple[str, ...]) -> Callable[[str, str], None]:
 
 
 def _data_colmap(args: argparse.Namespace) -> int:
-    from gsrecon.data.sfm import STAGES, run_sfm
+    from gsrecon.data.sfm import REPLACED, STAGES, import_pycolmap, run_sfm
+    from gsrecon.logging.console import Logger
 
+    logger = Logger()
+    announce = _stage_announcer(("frames", *STAGES) if args.video else STAGES)
+    seconds: dict[str, float] = {}
+    images = args.images
+    if args.video:
+        from gsrecon.data.video import OVERSAMPLE, extract_frames
+
+        import_pycolmap("gsrecon data colmap")  # before spending time on the videos
+        frames = extract_frames(
+            args.video,
+            Path(args.out) / "input",
+            frames=args.frames,
+            fps=args.fps,
+            oversample=OVERSAMPLE if args.oversample is None else args.oversample,
+            on_stage=announce,
+            on_video=lambda video: logger.info(f"  {video.describe()}"),
+            replaced=[Path(args.out) / name for name in REPLACED],
+        )
+        seconds["frames"] = frames.seconds
+        images = str(frames.images_dir)
+    elif args.frames is not None or args.fps is not None or args.oversample is not None:
+        raise ValueError("--frames, --fps and --oversample choose video frames: use them with --video, not --images")
     report = run_sfm(
-        args.images,
+        images,
         args.out,
         camera_model=args.camera_model,
         camera_mode=args.camera_mode,
         matcher=args.matcher,
         use_gpu=not args.cpu,
         verbose=args.verbose,
-        on_stage=_stage_announcer(STAGES),
+        on_stage=announce,
     )
+    seconds.update(report.seconds)
     print(
         f"registered {report.num_registered} of {report.num_images} images with {report.num_cameras} camera(s), "
         f"{report.num_points} points"
     )
     if report.unregistered:
         print("not registered: " + ", ".join(report.unregistered))
+    stage_times = ", ".join(f"{name} {value:.1f} s" for name, value in seconds.items())
+    print(f"time per stage: {stage_times} (total {sum(seconds.values()):.1f} s)")
     print(f"scene folder: {report.scene_dir} (train with data.dataset=colmap data.path={report.scene_dir})")
     return 0
 
@@ -345,17 +423,37 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
         data_sub,
         "colmap",
         "structure-from-motion on unposed photos with pycolmap",
-        "Estimate camera poses and a sparse point cloud from photos with pycolmap (features, matching, mapping, "
-        "undistortion; each stage is announced), and write a scene folder gsrecon trains on (images/ + sparse/0/).",
+        "Estimate camera poses and a sparse point cloud from photos or video frames with pycolmap (frames, features, "
+        "matching, mapping, undistortion; each stage is announced and timed), and write a scene folder gsrecon "
+        "trains on (images/ + sparse/0/).",
     )
-    c.add_argument("--images", required=True, help="folder of photos")
+    source = c.add_mutually_exclusive_group(required=True)
+    source.add_argument("--images", help="folder of photos")
+    source.add_argument(
+        "--video",
+        action="append",
+        help="a video, or a folder of videos (repeatable): its sharpest frames go to <out>/input/ as images named "
+        "in time order, then structure from motion runs on them",
+    )
     c.add_argument("--out", required=True, help="scene folder to write (images/ + sparse/0/)")
+    count = c.add_mutually_exclusive_group()
+    count.add_argument(
+        "--frames", type=int, help="--video: frames to keep over all videos, shared by duration (default 150)"
+    )
+    count.add_argument("--fps", type=float, help="--video: frames to keep per second of video, instead of --frames")
+    c.add_argument(
+        "--oversample",
+        type=int,
+        help="--video: candidate frames per kept frame; the sharpest of each window of this many is kept "
+        "(variance of the Laplacian), the blurrier ones dropped (default 3; 1 keeps evenly spaced frames)",
+    )
     c.add_argument("--camera-model", default="SIMPLE_RADIAL", help="COLMAP camera model to fit")
     c.add_argument(
         "--matcher",
-        default="exhaustive",
-        choices=["exhaustive", "sequential"],
-        help="exhaustive for photo sets, sequential for video frames",
+        default="auto",
+        choices=["auto", "exhaustive", "sequential"],
+        help="exhaustive for photo sets, sequential for video frames; auto: sequential when the image names look "
+        "like the frames of one video (one prefix, consecutive numbers), exhaustive otherwise",
     )
     c.add_argument(
         "--camera-mode",

@@ -14,24 +14,43 @@ class LossConfig:
     ssim_lambda: float = 0.2  # loss = (1 - λ)·L1 + λ·(1 - SSIM)
 
 
-def ssim(pred: Tensor, gt: Tensor) -> Tensor:
-    """Mean SSIM (11x11 Gaussian window, sigma 1.5, as in 3DGS) of ``[B, H, W, 3]`` images in [0, 1]."""
-    return structural_similarity_index_measure(
+def ssim(pred: Tensor, gt: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Mean SSIM (11x11 Gaussian window, sigma 1.5, as in 3DGS) of ``[B, H, W, 3]`` images in [0, 1].
+
+    With ``mask`` ([B, H, W, 1], 1 where a pixel counts, 0 where it is ignored): the mean of the SSIM map over
+    the kept pixels, both images' ignored pixels set to 0 first, so that nothing of them enters a window.
+    """
+    if mask is not None:
+        pred, gt = pred * mask, gt * mask
+    value, full = structural_similarity_index_measure(
         pred.permute(0, 3, 1, 2),
         gt.permute(0, 3, 1, 2),
         gaussian_kernel=True,
         sigma=1.5,
         kernel_size=11,
         data_range=1.0,
-    )
+        return_full_image=True,
+    )  # full: [B, 3, H, W]
+    if mask is None:
+        return value
+    weights = mask.permute(0, 3, 1, 2).expand_as(full)  # [B, 3, H, W]
+    return (full * weights).sum() / weights.sum().clamp_min(1.0)
 
 
-def photometric_loss(pred: Tensor, gt: Tensor, ssim_lambda: float) -> dict[str, Tensor]:
-    """The 3DGS loss ``(1 - λ)·L1 + λ·(1 - SSIM)`` on ``[B, H, W, 3]`` images.
+def l1_loss(pred: Tensor, gt: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Mean absolute difference of ``[B, H, W, 3]`` images, over the pixels ``mask`` ([B, H, W, 1]) keeps."""
+    if mask is None:
+        return (pred - gt).abs().mean()
+    return ((pred - gt).abs() * mask).sum() / (mask.sum() * pred.shape[-1]).clamp_min(1.0)
+
+
+def photometric_loss(pred: Tensor, gt: Tensor, ssim_lambda: float, mask: Tensor | None = None) -> dict[str, Tensor]:
+    """The 3DGS loss ``(1 - λ)·L1 + λ·(1 - SSIM)`` on ``[B, H, W, 3]`` images, over the pixels ``mask``
+    ([B, H, W, 1], 1 kept, 0 ignored; None: all) keeps.
 
     Returns ``loss`` (differentiable) and its terms ``l1`` and ``ssim`` (the SSIM value, not 1 - SSIM).
     """
-    l1 = (pred - gt).abs().mean()
-    ssim_value = ssim(pred, gt) if ssim_lambda > 0 else torch.ones((), device=pred.device)
+    l1 = l1_loss(pred, gt, mask)
+    ssim_value = ssim(pred, gt, mask) if ssim_lambda > 0 else torch.ones((), device=pred.device)
     loss = (1.0 - ssim_lambda) * l1 + ssim_lambda * (1.0 - ssim_value)
     return {"loss": loss, "l1": l1, "ssim": ssim_value}

@@ -30,12 +30,17 @@ _TORCHVISION_WEIGHTS = {
 _warned_no_lpips = False
 
 
-def psnr(pred: Tensor, gt: Tensor) -> float:
-    """Peak signal-to-noise ratio in dB of ``pred`` against ``gt`` (same shape, data range 1).
+def psnr(pred: Tensor, gt: Tensor, mask: Tensor | None = None) -> float:
+    """Peak signal-to-noise ratio in dB of ``pred`` against ``gt`` (same shape ``[..., C]``, data range 1), over
+    the pixels ``mask`` (``[..., 1]``, 1 kept, 0 ignored; None: all) keeps.
 
     Identical images give ``math.inf``.
     """
-    mse = torch.mean((pred.double() - gt.double()) ** 2).item()
+    squared = (pred.double() - gt.double()) ** 2
+    if mask is None:
+        mse = torch.mean(squared).item()
+    else:
+        mse = ((squared * mask).sum() / (mask.sum() * pred.shape[-1]).clamp_min(1.0)).item()
     return math.inf if mse == 0 else -10.0 * math.log10(mse)
 
 
@@ -76,9 +81,11 @@ class ImageMetrics:
         }
 
     @torch.no_grad()
-    def __call__(self, pred: Tensor, gt: Tensor) -> dict[str, float | None]:
+    def __call__(self, pred: Tensor, gt: Tensor, mask: Tensor | None = None) -> dict[str, float | None]:
         """Metrics of ``pred`` against ``gt``, both float ``[H, W, 3]`` images in [0, 1] (values are clamped).
 
+        With ``mask`` (``[H, W, 1]``, 1 where a pixel counts, 0 where it is ignored), PSNR and SSIM are means over
+        the kept pixels and LPIPS compares the images with their ignored pixels blacked out in both.
         Returns ``{"psnr": dB, "ssim": ..., "lpips": ... or None}``.
         """
         if pred.shape != gt.shape or pred.ndim != 3 or pred.shape[-1] != 3:
@@ -87,10 +94,13 @@ class ImageMetrics:
             )
         pred = pred.to(self.device, torch.float32).clamp(0, 1)[None]  # [1, H, W, 3]
         gt = gt.to(self.device, torch.float32).clamp(0, 1)[None]  # [1, H, W, 3]
+        if mask is not None:
+            mask = mask.to(self.device, torch.float32)[None]  # [1, H, W, 1]
         lpips_value = None
         if self._lpips is not None:
-            lpips_value = self._lpips(pred.permute(0, 3, 1, 2) * 2 - 1, gt.permute(0, 3, 1, 2) * 2 - 1).item()
-        return {"psnr": psnr(pred, gt), "ssim": float(ssim(pred, gt)), "lpips": lpips_value}
+            seen_pred, seen_gt = (pred, gt) if mask is None else (pred * mask, gt * mask)
+            lpips_value = self._lpips(seen_pred.permute(0, 3, 1, 2) * 2 - 1, seen_gt.permute(0, 3, 1, 2) * 2 - 1).item()
+        return {"psnr": psnr(pred, gt, mask), "ssim": float(ssim(pred, gt, mask)), "lpips": lpips_value}
 
 
 def mean_metrics(results: list[dict[str, Any]]) -> dict[str, float | None]:

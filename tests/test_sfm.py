@@ -244,7 +244,7 @@ def test_unreadable_photo_is_named_before_any_work(tmp_path: Path, monkeypatch: 
 
 def test_unknown_matcher_is_rejected_before_anything_else(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pycolmap", None)
-    with pytest.raises(ValueError, match=r"matcher must be one of \('exhaustive', 'sequential'\), got 'bogus'"):
+    with pytest.raises(ValueError, match=r"matcher must be one of \('exhaustive', 'sequential', 'auto'\), got 'bogus'"):
         run_sfm(str(tmp_path / "photos"), str(tmp_path / "out"), matcher="bogus")
 
 

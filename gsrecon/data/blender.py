@@ -6,15 +6,21 @@ Two flavours are read:
   ignored) with a global ``camera_angle_x`` and RGBA PNGs named without extension (``./train/r_0``).
   The test file is read for eval_split "dataset" only: the other splits divide the train frames.
 * instant-ngp / nerfstudio: one ``transforms.json`` with ``fl_x fl_y cx cy w h`` (or ``camera_angle_x``),
-  optional ``k1 k2 k3 p1 p2`` distortion, any of them overridable per frame; file paths with or without
+  optional ``k1 k2 k3 p1 p2`` distortion (``k1..k4`` with ``camera_model: OPENCV_FISHEYE``), any of them
+  overridable per frame; file paths with or without
   an extension; ``images_<f>/`` beside ``images/`` used for downscale factor ``f`` when present.
 
 ``transform_matrix`` is camera-to-world in the OpenGL convention (x right, y up, z backward); frames
 carry world-to-camera matrices in the OpenCV convention. A top-level ``ply_file_path`` (nerfstudio's
-exports) names a point cloud in the same world coordinates, which ``model.init: auto`` starts from;
-without one the point cloud is empty, and ``Scene.triangulate`` makes one from the images and their known
+exports) names a point cloud in the same world coordinates, which ``model.init: auto`` starts from.
+nerfstudio's ``applied_transform`` (3x4) is the transform it applied to the poses of the COLMAP model it
+converted; its ``ply_file_path`` points were transformed alike, so both are read as they are, and only the
+points of a ``colmap/sparse/0/`` model beside the file (older ``ns-process-data`` output, no
+``ply_file_path``) are moved by it (by nerfstudio's former fixed transform where the field is absent).
+Without either the point cloud is empty, and ``Scene.triangulate`` makes one from the images and their known
 poses when ``model.init: auto`` asks (pycolmap, cached; ``gsrecon data triangulate`` writes it into the
-folder instead: :mod:`gsrecon.data.triangulate`).
+folder instead: :mod:`gsrecon.data.triangulate`). A frame's mask (:mod:`gsrecon.data.masks`) is its
+``mask_path``, else the file of its name in ``masks/`` beside ``images/``.
 """
 
 from __future__ import annotations
@@ -31,8 +37,10 @@ import torch
 from torch import Tensor
 
 from gsrecon.data.cameras import Frame, Scene
+from gsrecon.data.colmap_format import read_model
 from gsrecon.data.errors import DatasetError, checked_number
-from gsrecon.data.images import IMAGE_EXTENSIONS, check_factor, load_camera_image, read_image_size
+from gsrecon.data.images import IMAGE_EXTENSIONS, ImageFile, camera_image_file, check_factor, read_image_size
+from gsrecon.data.masks import MASKS_FOLDER, MaskFile, find_mask, mask_file
 from gsrecon.data.splits import NameList, check_eval_split, evenly_spaced, frame_name, listed_as_test, split_frames
 from gsrecon.data.undistort import SUPPORTED_MODELS, Distortion, fov_to_focal, intrinsics_matrix
 from gsrecon.model.ply import read_ply
@@ -40,6 +48,8 @@ from gsrecon.model.ply import read_ply
 OPENGL_TO_OPENCV = np.diag([1.0, -1.0, -1.0, 1.0])  # flips the camera's y and z axes
 _INTRINSIC_KEYS = ("fl_x", "fl_y", "cx", "cy", "w", "h", "camera_angle_x", "camera_angle_y")
 _DISTORTION_KEYS = ("k1", "k2", "k3", "p1", "p2")
+# nerfstudio's applied_transform for COLMAP conversions made before the field was written: swaps x and y, flips z.
+_LEGACY_APPLIED_TRANSFORM = np.array([[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, -1.0, 0.0]])
 
 
 class _Entry(NamedTuple):
@@ -52,7 +62,13 @@ class _Entry(NamedTuple):
 
 
 def load_blender(
-    path: str, factor: int = 1, eval_split: str = "every_8", max_images: int = 0, *, point_cloud: bool = True
+    path: str,
+    factor: int = 1,
+    eval_split: str = "every_8",
+    max_images: int = 0,
+    *,
+    point_cloud: bool = True,
+    lazy: bool = False,
 ) -> Scene:
     """Read a transforms.json scene folder: pinhole frames at 1/``factor`` resolution, split, and the point
     cloud its ``ply_file_path`` names (nerfstudio's exports; none otherwise).
@@ -66,6 +82,7 @@ def load_blender(
             so that no official test image is trained on.
         max_images: if > 0, keep this many evenly spaced frames (in name order) before splitting.
         point_cloud: False leaves ``ply_file_path`` unread (the scene's points empty), e.g. to replace it.
+        lazy: leave the pixels in their files (read headers only), to be decoded when needed (``data.cache: disk``).
 
     Raises:
         DatasetError: missing or malformed files, missing intrinsics, unsupported cameras, images that
@@ -87,7 +104,7 @@ def load_blender(
         seen[name] = entry.json_path
     order = sorted(range(len(entries)), key=lambda i: names[i])
     order = [order[i] for i in evenly_spaced(len(order), max_images)]
-    frames = [_frame(root, entries[i], names[i], factor) for i in order]
+    frames = [_frame(root, entries[i], names[i], factor, lazy) for i in order]
     is_test = [bool(entries[i].is_test) for i in order] if eval_split == "dataset" else None
     train, test = split_frames(frames, eval_split, is_test)
     points, colors = torch.zeros(0, 3), torch.zeros(0, 3)
@@ -109,9 +126,11 @@ def _triangulated_points(root: Path, log: Callable[[str], None]) -> tuple[Tensor
 
 def _point_cloud(json_path: Path, fields: dict[str, Any]) -> tuple[Tensor, Tensor]:
     """The points ``[P, 3]`` and colours ``[P, 3]`` in [0, 1] of the PLY that ``ply_file_path`` names
-    (relative to ``json_path``'s folder), in the frames' world coordinates; empty without one."""
+    (relative to ``json_path``'s folder), in the frames' world coordinates; without one, those of a
+    ``colmap/sparse/0/`` model beside it moved by ``applied_transform``; empty without either."""
+    applied = _applied_transform(json_path, fields)  # [3, 4]
     if "ply_file_path" not in fields:
-        return torch.zeros(0, 3), torch.zeros(0, 3)
+        return _colmap_points(json_path.parent / "colmap" / "sparse" / "0", applied)
     value = fields["ply_file_path"]
     if not isinstance(value, str) or not value:
         raise DatasetError(f"{json_path}: 'ply_file_path' must be a file name, got {value!r}")
@@ -129,6 +148,30 @@ def _point_cloud(json_path: Path, fields: dict[str, Any]) -> tuple[Tensor, Tenso
     if not np.isfinite(points).all():
         raise DatasetError(f"{json_path}: 'ply_file_path' {value!r}: the points are not all finite")
     return torch.from_numpy(points), torch.from_numpy(colors.astype(np.float32))
+
+
+def _applied_transform(json_path: Path, fields: dict[str, Any]) -> np.ndarray:
+    """nerfstudio's ``applied_transform`` [3, 4] (from COLMAP's world to the poses'), or its former fixed value."""
+    if "applied_transform" not in fields:
+        return _LEGACY_APPLIED_TRANSFORM
+    value = fields["applied_transform"]
+    try:
+        transform = np.array(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        transform = np.zeros(0)
+    if transform.shape != (3, 4) or not np.isfinite(transform).all():
+        raise DatasetError(f"{json_path}: 'applied_transform' must be a 3x4 matrix of finite numbers, got {value!r}")
+    return transform
+
+
+def _colmap_points(sparse_dir: Path, applied: np.ndarray) -> tuple[Tensor, Tensor]:
+    """The points [P, 3] moved by ``applied`` [3, 4] and colours [P, 3] in [0, 1] of the COLMAP model in
+    ``sparse_dir``; empty where there is none."""
+    if not any((sparse_dir / f"points3D{ext}").is_file() for ext in (".bin", ".txt")):
+        return torch.zeros(0, 3), torch.zeros(0, 3)
+    points = read_model(sparse_dir).points
+    xyz = points.xyz @ applied[:, :3].T + applied[:, 3]  # [P, 3]
+    return torch.from_numpy(xyz.astype(np.float32)), torch.from_numpy(points.rgb.astype(np.float32) / 255.0)
 
 
 def read_transforms(path: Path) -> dict[str, Any]:
@@ -195,7 +238,7 @@ def _listed_test(json_path: Path, content: dict) -> list[bool]:
     if not lists:
         raise DatasetError(
             f"{json_path}: eval_split 'dataset' needs 'test_filenames' or 'train_filenames' in this file; "
-            "use eval_split 'every_8' or 'none' otherwise"
+            "use eval_split 'every_8' or 'none' otherwise (configs/phone.yaml is made for such captures)"
         )
     file_paths = [str(frame["file_path"]) for frame in content["frames"]]
     return listed_as_test(file_paths, lists.get("test"), lists.get("train"))
@@ -235,22 +278,55 @@ def _number(fields: dict, key: str, json_path: Path, where: str) -> float | None
     return number
 
 
-def _frame(root: Path, entry: _Entry, name: str, factor: int) -> Frame:
+def _frame(root: Path, entry: _Entry, name: str, factor: int, lazy: bool) -> Frame:
     json_path, frame = entry.json_path, entry.frame
     where = f"frame {str(frame['file_path'])!r}"
     fields = {k: v for k, v in entry.global_fields.items() if k != "frames"} | frame  # per-frame values win
     path = image_path(root, json_path, str(frame["file_path"]))
     size, K, dist = _camera(fields, path, json_path, where)
-    pixels, K, source = load_camera_image(
+    image_file, K, source = camera_image_file(
         path, size, K, dist, factor, _prescaled_path(root, path, factor), camera=f"{where} of {json_path}"
     )
     return Frame(
         name=name,
         viewmat=torch.from_numpy(_viewmat(frame["transform_matrix"], json_path, where).astype(np.float32)),
         K=torch.from_numpy(K.astype(np.float32)),
-        image=torch.from_numpy(pixels),
+        pixels=image_file if lazy else torch.from_numpy(image_file.load()),
         source=source,
+        mask=_mask(root, entry, path, image_file, factor, where, lazy),
     )
+
+
+def _mask(
+    root: Path, entry: _Entry, path: Path, image_file: ImageFile, factor: int, where: str, lazy: bool
+) -> Tensor | MaskFile | None:
+    """The frame's mask (its ``mask_path``, else its file in ``masks/`` beside ``images/``), None without one."""
+    if "mask_path" in entry.frame:
+        value = entry.frame["mask_path"]
+        if not isinstance(value, str) or not value:
+            raise DatasetError(f"{entry.json_path}: {where}: 'mask_path' must be a file name, got {value!r}")
+        mask_path = root / value
+        if not mask_path.is_file():
+            raise DatasetError(f"{mask_path}: mask file is missing (the 'mask_path' of {where} in {entry.json_path})")
+    else:
+        relative = _images_relative(root, path)
+        mask_path = None if relative is None else find_mask(root / MASKS_FOLDER, relative)
+        if mask_path is None:
+            return None
+    prescaled = _prescaled_path(root, mask_path, factor, MASKS_FOLDER) if factor > 1 else None
+    mask = mask_file(mask_path, prescaled, image_file, path)
+    return mask if lazy else torch.from_numpy(mask.load())
+
+
+def _images_relative(root: Path, path: Path, folder: str = "images") -> PurePosixPath | None:
+    """``path`` relative to ``<root>/<folder>/``, or None where it lies elsewhere."""
+    try:
+        relative = path.relative_to(root).parts
+    except ValueError:
+        return None
+    if len(relative) < 2 or relative[0] != folder:
+        return None
+    return PurePosixPath(*relative[1:])
 
 
 def _camera(fields: dict, path: Path, json_path: Path, where: str) -> tuple[tuple[int, int], np.ndarray, Distortion]:
@@ -259,12 +335,9 @@ def _camera(fields: dict, path: Path, json_path: Path, where: str) -> tuple[tupl
     if model not in SUPPORTED_MODELS:
         raise DatasetError(
             f"{json_path}: {where} uses the {model} camera model, which gsrecon cannot undistort "
-            f"(supported: {', '.join(SUPPORTED_MODELS)} with k1 k2 k3 p1 p2)"
+            f"(supported: {', '.join(SUPPORTED_MODELS)} with k1 k2 k3 k4 p1 p2)"
         )
-    if fields.get("is_fisheye") or _number(fields, "k4", json_path, where):
-        raise DatasetError(
-            f"{json_path}: {where} uses a fisheye camera (is_fisheye / k4), which gsrecon cannot undistort"
-        )
+    fisheye = model.endswith("FISHEYE") or bool(fields.get("is_fisheye"))
     values = {k: _number(fields, k, json_path, where) for k in _INTRINSIC_KEYS + _DISTORTION_KEYS}
     if values["w"] is not None and values["h"] is not None:
         size = (int(values["w"]), int(values["h"]))
@@ -283,19 +356,18 @@ def _camera(fields: dict, path: Path, json_path: Path, where: str) -> tuple[tupl
     fy = fx if fy is None else fy
     cx = size[0] / 2 if values["cx"] is None else values["cx"]
     cy = size[1] / 2 if values["cy"] is None else values["cy"]
-    dist = Distortion(**{k: values[k] or 0.0 for k in _DISTORTION_KEYS})
+    dist = Distortion(
+        **{k: values[k] or 0.0 for k in _DISTORTION_KEYS},
+        k4=_number(fields, "k4", json_path, where) or 0.0,
+        fisheye=fisheye,
+    )
     return size, intrinsics_matrix(fx, fy, cx, cy), dist
 
 
-def _prescaled_path(root: Path, path: Path, factor: int) -> Path | None:
-    """``<root>/images_<factor>/...`` for an image under ``<root>/images/``, else None."""
-    try:
-        relative = path.relative_to(root).parts
-    except ValueError:
-        return None
-    if len(relative) < 2 or relative[0] != "images":
-        return None
-    return root / f"images_{factor}" / Path(*relative[1:])
+def _prescaled_path(root: Path, path: Path, factor: int, folder: str = "images") -> Path | None:
+    """``<root>/<folder>_<factor>/...`` for a file under ``<root>/<folder>/``, else None."""
+    relative = _images_relative(root, path, folder)
+    return None if relative is None else root / f"{folder}_{factor}" / relative
 
 
 def _viewmat(transform_matrix: Any, json_path: Path, where: str) -> np.ndarray:

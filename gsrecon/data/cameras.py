@@ -7,32 +7,63 @@ stored as uint8 ``[H, W, 3]`` (or ``[H, W, 4]`` with alpha) and converted to flo
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from gsrecon.geometry import camera_centers
 
 
+@runtime_checkable
+class PixelFile(Protocol):
+    """Pixels kept in a file and decoded when read (:class:`gsrecon.data.images.ImageFile`, or a mask file alike)."""
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """(width, height) of the decoded pixels, known without decoding them."""
+
+    def load(self) -> np.ndarray:
+        """The decoded pixels, [H, W] or [H, W, C]."""
+
+
 @dataclass
 class Frame:
-    """One posed photograph (already undistorted to a pinhole camera)."""
+    """One posed photograph (already undistorted to a pinhole camera), its pixels decoded or left in a file.
+
+    A frame read with ``data.cache: disk`` holds :class:`PixelFile` s instead of tensors; ``image`` decodes one
+    when read and :meth:`decoded` gives a copy with every such field decoded.
+    """
 
     name: str  # unique within a scene; used for output file names (no extension)
     viewmat: Tensor  # [4, 4] float32, world-to-camera (OpenCV)
     K: Tensor  # [3, 3] float32, pinhole intrinsics in pixels
-    image: Tensor  # [H, W, 3] or [H, W, 4] uint8 (RGBA keeps its alpha for background compositing)
+    pixels: Tensor | PixelFile  # [H, W, 3] or [H, W, 4] uint8 (RGBA keeps its alpha for background compositing)
     source: str = ""  # how the pixels were made, for the first log lines: "images_8/", "resized 1/8, undistorted", ...
+    # Pixels the loss and the metrics ignore: [H, W] bool, True where kept (or a file decoding to it); None: all kept.
+    mask: Tensor | PixelFile | None = None
+
+    @property
+    def image(self) -> Tensor:
+        """The pixels, uint8 [H, W, 3|4]: those held, or decoded from their file now (and not kept)."""
+        return decoded(self.pixels)
 
     @property
     def width(self) -> int:
-        return int(self.image.shape[1])
+        return _size(self.pixels)[0]
 
     @property
     def height(self) -> int:
-        return int(self.image.shape[0])
+        return _size(self.pixels)[1]
+
+    def decoded(self) -> Frame:
+        """This frame with every field held in a :class:`PixelFile` (the pixels, a mask) decoded to a tensor."""
+        files = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return dataclasses.replace(self, **{k: decoded(v) for k, v in files.items() if isinstance(v, PixelFile)})
 
     @property
     def camera_center(self) -> Tensor:
@@ -63,6 +94,16 @@ class Scene:
         """Mean camera position, [3] (the centre of the sphere ``extent`` measures)."""
         frames = self.train + self.test
         return torch.stack([f.camera_center for f in frames]).mean(0) if frames else torch.zeros(3)
+
+
+def decoded(pixels: Tensor | PixelFile) -> Tensor:
+    """``pixels`` as a tensor: itself, or decoded from its file."""
+    return torch.from_numpy(pixels.load()) if isinstance(pixels, PixelFile) else pixels
+
+
+def _size(pixels: Tensor | PixelFile) -> tuple[int, int]:
+    """(width, height) of ``pixels`` [H, W, ...], without decoding a file."""
+    return pixels.size if isinstance(pixels, PixelFile) else (int(pixels.shape[1]), int(pixels.shape[0]))
 
 
 def scene_extent(frames: list[Frame]) -> float:

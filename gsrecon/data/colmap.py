@@ -7,24 +7,30 @@ Layout::
     <scene>/sparse/0/ or <scene>/sparse/
         cameras.bin  images.bin  points3D.bin     (or the .txt versions)
     <scene>/test.txt, <scene>/train.txt  optional image-name lists for ``eval_split="dataset"``
+    <scene>/masks/<stem>.png           optional per-image masks (or <name>.png; :mod:`gsrecon.data.masks`),
+    <scene>/masks_<f>/<stem>.png       at 1/f beside images_<f>/
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from gsrecon.data.cameras import Frame, Scene
 from gsrecon.data.colmap_format import ColmapImage, SparseModel, find_sparse_dir, read_model
 from gsrecon.data.errors import DatasetError
-from gsrecon.data.images import check_factor, load_camera_image
+from gsrecon.data.images import ImageFile, camera_image_file, check_factor
+from gsrecon.data.masks import MASKS_FOLDER, MaskFile, find_mask, mask_file
 from gsrecon.data.splits import NameList, check_eval_split, evenly_spaced, frame_name, listed_as_test, split_frames
 from gsrecon.data.undistort import camera_intrinsics
 
 
-def load_colmap(path: str, factor: int = 1, eval_split: str = "every_8", max_images: int = 0) -> Scene:
+def load_colmap(
+    path: str, factor: int = 1, eval_split: str = "every_8", max_images: int = 0, *, lazy: bool = False
+) -> Scene:
     """Read a COLMAP scene folder: undistorted pinhole frames at 1/``factor`` resolution, split, and SfM points.
 
     Args:
@@ -34,6 +40,7 @@ def load_colmap(path: str, factor: int = 1, eval_split: str = "every_8", max_ima
             ``"dataset"`` (``test.txt``, else ``train.txt``: image names in the scene folder, one per line,
             the extension optional).
         max_images: if > 0, keep this many evenly spaced images (in name order) before splitting.
+        lazy: leave the pixels in their files (read headers only), to be decoded when needed (``data.cache: disk``).
 
     The point cloud may be empty (a model without SfM points); the Gaussians then need ``model.init=random``.
 
@@ -59,7 +66,7 @@ def load_colmap(path: str, factor: int = 1, eval_split: str = "every_8", max_ima
     if eval_split == "dataset":  # the lists may name images that max_images leaves out
         listed = _dataset_split(root, [image.name for image in all_images])
         is_test = [listed[i] for i in keep]
-    frames = [_frame(root, all_images[i], model, sparse_dir, ext, factor) for i in keep]
+    frames = [_frame(root, all_images[i], model, sparse_dir, ext, factor, lazy) for i in keep]
     if len({f.name for f in frames}) < len(frames):
         raise DatasetError(f"{images_file}: image names differ only by extension or '/' vs '_'; rename them")
     train, test = split_frames(frames, eval_split, is_test)
@@ -71,7 +78,9 @@ def load_colmap(path: str, factor: int = 1, eval_split: str = "every_8", max_ima
     )
 
 
-def _frame(root: Path, image: ColmapImage, model: SparseModel, sparse_dir: Path, ext: str, factor: int) -> Frame:
+def _frame(
+    root: Path, image: ColmapImage, model: SparseModel, sparse_dir: Path, ext: str, factor: int, lazy: bool
+) -> Frame:
     images_file = sparse_dir / f"images{ext}"
     camera = model.cameras.get(image.camera_id)
     if camera is None:
@@ -88,7 +97,7 @@ def _frame(root: Path, image: ColmapImage, model: SparseModel, sparse_dir: Path,
     path = root / "images" / image.name
     if not path.is_file():
         raise DatasetError(f"{path}: image file is missing (referenced by {images_file})")
-    pixels, K, source = load_camera_image(
+    image_file, K, source = camera_image_file(
         path,
         (camera.width, camera.height),
         K,
@@ -101,9 +110,22 @@ def _frame(root: Path, image: ColmapImage, model: SparseModel, sparse_dir: Path,
         name=frame_name(image.name),
         viewmat=torch.from_numpy(viewmat.astype(np.float32)),
         K=torch.from_numpy(K.astype(np.float32)),
-        image=torch.from_numpy(pixels),
+        pixels=image_file if lazy else torch.from_numpy(image_file.load()),
         source=source,
+        mask=_mask(root, image.name, path, image_file, factor, lazy),
     )
+
+
+def _mask(
+    root: Path, name: str, path: Path, image_file: ImageFile, factor: int, lazy: bool
+) -> Tensor | MaskFile | None:
+    """The mask of the image ``name`` in ``masks/`` (decoded unless ``lazy``), None without one."""
+    mask_path = find_mask(root / MASKS_FOLDER, PurePosixPath(name))
+    if mask_path is None:
+        return None
+    prescaled = find_mask(root / f"{MASKS_FOLDER}_{factor}", PurePosixPath(name)) if factor > 1 else None
+    mask = mask_file(mask_path, prescaled, image_file, path)
+    return mask if lazy else torch.from_numpy(mask.load())
 
 
 def _dataset_split(root: Path, names: list[str]) -> list[bool]:

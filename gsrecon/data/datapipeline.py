@@ -8,13 +8,24 @@ exact same sequence, and ranks always see disjoint views within a step.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from gsrecon.data.cameras import Frame, Scene
+from gsrecon.data.cameras import Frame, Scene, decoded
+from gsrecon.data.frame_source import (
+    CACHE_MODES,
+    FrameDecoder,
+    Prefetcher,
+    available_device_bytes,
+    available_host_bytes,
+    choose_cache,
+    decode_threads,
+    decoded_bytes,
+)
 from gsrecon.data.images import FACTORS
 from gsrecon.data.splits import EVAL_SPLITS
 from gsrecon.data.synthetic import SyntheticConfig, load_synthetic
@@ -34,6 +45,7 @@ class Batch:
     names: list[str]
     width: int
     height: int
+    masks: Tensor | None = None  # [B, H, W, 1] float, 1 where a pixel counts in the loss and metrics, 0 where ignored
 
 
 class DataPipeline:
@@ -47,15 +59,18 @@ class DataPipeline:
         eval_split: str = "every_8"  # every_8 | none | dataset
         max_images: int = 0  # > 0: use at most this many images (quick runs)
         background: str = "black"  # black | white | random (per step, for RGBA images)
-        cache: str = "device"  # keep uint8 images on the training device, or on the cpu
+        cache: str = "device"  # uint8 images kept on the training device | cpu | disk (decoded when needed) | auto
+        prefetch: int = 4  # cache disk: batches decoded ahead of use, by up to 4 threads
         batch_size: int = 1  # views per step and process
         synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
     def __init__(self, cfg: Config, device: torch.device, seed: int = 0, rank: int = 0, world_size: int = 1) -> None:
         if cfg.background not in BACKGROUNDS:
             raise ValueError(f"data.background must be one of {', '.join(BACKGROUNDS)}; got '{cfg.background}'")
-        if cfg.cache not in ("device", "cpu"):
-            raise ValueError(f"data.cache must be 'device' or 'cpu'; got '{cfg.cache}'")
+        if cfg.cache not in CACHE_MODES:
+            raise ValueError(f"data.cache must be one of {', '.join(CACHE_MODES)}; got '{cfg.cache}'")
+        if cfg.prefetch < 1:
+            raise ValueError(f"data.prefetch must be >= 1, got {cfg.prefetch}")
         if cfg.batch_size < 1:
             raise ValueError(f"data.batch_size must be >= 1, got {cfg.batch_size}")
         if cfg.factor not in FACTORS:
@@ -75,9 +90,16 @@ class DataPipeline:
             raise ValueError(f"dataset '{cfg.dataset}' ({cfg.path or 'built-in'}) has no training images")
         if cfg.batch_size > 1 and len({(f.width, f.height) for f in self.scene.train}) > 1:
             raise ValueError("data.batch_size > 1 needs training images of one size; this scene mixes sizes")
-        cache_device = device if cfg.cache == "device" else torch.device("cpu")
-        self._train = [_to_device(f, cache_device) for f in self.scene.train]
-        self._test = [_to_device(f, cache_device) for f in self.scene.test]
+        self.cache, self.cache_note = self._choose_cache()
+        self.mask_note = _mask_note(self.scene)  # "" without masks
+        cache_device = device if self.cache == "device" else torch.device("cpu")
+        self._train = [_to_device(f if self.cache == "disk" else f.decoded(), cache_device) for f in self.scene.train]
+        self._test = [_to_device(f if self.cache == "disk" else f.decoded(), cache_device) for f in self.scene.test]
+        self.decoder: FrameDecoder | None = None  # cache disk: decodes the frames of the batches to come
+        if self.cache == "disk":
+            self.decoder = FrameDecoder(decode_threads(cfg.prefetch, cfg.batch_size))
+            self._train_ahead = Prefetcher(self.decoder, self._train, self.train_indices, cfg.prefetch)
+            self._val_ahead = Prefetcher(self.decoder, self._test, self._val_indices, cfg.prefetch)
         # On the device once: a per-step copy from the host would wait for the GPU (PyTorch syncs blocking copies).
         self._background = self.fixed_background().to(device)  # [3]
 
@@ -102,7 +124,10 @@ class DataPipeline:
 
     def next_train(self, step: int) -> Batch:
         """The training batch of ``step`` (deterministic in seed, step and rank)."""
-        frames = [self._train[i] for i in self.train_indices(step)]
+        if self.decoder is not None:
+            frames = self._train_ahead.get(step)
+        else:
+            frames = [self._train[i] for i in self.train_indices(step)]
         if self.cfg.background == "random":
             generator = torch.Generator().manual_seed(self.seed * 1_000_003 + 7919 * step + self.rank)
             backgrounds = torch.rand(len(frames), 3, generator=generator)
@@ -112,12 +137,33 @@ class DataPipeline:
 
     def val_batches(self) -> Iterator[Batch]:
         """One batch per validation view, over the fixed background (black for ``random``)."""
-        for frame in self._test:
-            yield self._batch([frame], self._background[None])
+        for index, frame in enumerate(self._test):  # no decoded frame is held while the batch is used
+            yield self._batch(
+                self._val_ahead.get(index) if self.decoder is not None else [frame], self._background[None]
+            )
 
     def fixed_background(self) -> Tensor:
         """The background colour used where it is not random, [3]."""
         return torch.ones(3) if self.cfg.background == "white" else torch.zeros(3)
+
+    def _val_indices(self, index: int) -> list[int]:
+        return [index] if index < len(self._test) else []
+
+    def _choose_cache(self) -> tuple[str, str]:
+        """(where decoded images are kept: device | cpu | disk, the sentence the first log line gives for it)."""
+        mode = self.cfg.cache
+        if mode == "auto":
+            needed = decoded_bytes(self.scene.train + self.scene.test)
+            chosen, why = choose_cache(needed, self.device, available_device_bytes(self.device), available_host_bytes())
+            return chosen, f"data.cache auto chose {chosen}: {why}"
+        if mode == "disk":
+            threads = decode_threads(self.cfg.prefetch, self.cfg.batch_size)
+            return mode, (
+                f"images decoded from disk when needed, {self.cfg.prefetch} batches ahead by {threads} threads "
+                "(data.cache: disk)"
+            )
+        where = self.device if mode == "device" else "cpu"
+        return mode, f"images decoded once and kept on {where} (data.cache: {mode})"
 
     def _batch(self, frames: list[Frame], backgrounds: Tensor) -> Batch:
         images = torch.stack([f.image.to(self.device) for f in frames]).float() / 255.0  # [B, H, W, 3|4]
@@ -132,13 +178,36 @@ class DataPipeline:
             names=[f.name for f in frames],
             width=frames[0].width,
             height=frames[0].height,
+            masks=self._masks(frames),
         )
+
+    def _masks(self, frames: list[Frame]) -> Tensor | None:
+        """[B, H, W, 1] float of the frames' masks (ones for a frame without one); None where none has one."""
+        if all(f.mask is None for f in frames):
+            return None
+        masks = [torch.ones(f.height, f.width, dtype=torch.bool) if f.mask is None else decoded(f.mask) for f in frames]
+        return torch.stack([m.to(self.device) for m in masks]).float()[..., None]
+
+
+def _mask_note(scene: Scene) -> str:
+    """The log line saying how many frames have masks and what they do; "" where none has one."""
+    frames = scene.train + scene.test
+    masked = sum(f.mask is not None for f in frames)
+    if masked == 0:
+        return ""
+    unmasked = f" ({len(frames) - masked} have none: all their pixels count)" if masked < len(frames) else ""
+    return (
+        f"masks: {masked} of {len(frames)} images have one{unmasked}; the loss and the test-view metrics "
+        "(PSNR, SSIM over kept pixels; LPIPS with masked pixels blacked out) ignore their masked pixels"
+    )
 
 
 def _to_device(frame: Frame, device: torch.device) -> Frame:
-    return Frame(
-        frame.name, frame.viewmat.float().to(device), frame.K.float().to(device), frame.image.to(device), frame.source
-    )
+    """``frame`` with its tensors on ``device`` (poses as float32); pixels left in files stay there."""
+    fields = {f.name: getattr(frame, f.name) for f in dataclasses.fields(frame)}
+    moved = {name: value.to(device) for name, value in fields.items() if isinstance(value, Tensor)}
+    moved |= {"viewmat": frame.viewmat.float().to(device), "K": frame.K.float().to(device)}
+    return dataclasses.replace(frame, **moved)
 
 
 def _require_path(cfg: DataPipeline.Config, what: str) -> None:
@@ -156,7 +225,7 @@ def _load_colmap(cfg: DataPipeline.Config) -> Scene:
     from gsrecon.data.colmap import load_colmap
 
     _require_path(cfg, "a folder with images/ and sparse/0/")
-    return load_colmap(cfg.path, cfg.factor, cfg.eval_split, cfg.max_images)
+    return load_colmap(cfg.path, cfg.factor, cfg.eval_split, cfg.max_images, lazy=cfg.cache in ("disk", "auto"))
 
 
 @DATASET_REGISTRY.register("blender")
@@ -164,4 +233,4 @@ def _load_blender(cfg: DataPipeline.Config) -> Scene:
     from gsrecon.data.blender import load_blender
 
     _require_path(cfg, "a folder with transforms.json or transforms_train.json")
-    return load_blender(cfg.path, cfg.factor, cfg.eval_split, cfg.max_images)
+    return load_blender(cfg.path, cfg.factor, cfg.eval_split, cfg.max_images, lazy=cfg.cache in ("disk", "auto"))

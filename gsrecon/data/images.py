@@ -150,7 +150,24 @@ def check_factor(factor: int) -> None:
         raise ValueError(f"factor must be one of {FACTORS}, got {factor!r}")
 
 
-def load_camera_image(
+@dataclass(frozen=True)
+class ImageFile:
+    """An image file and the transform that prepares it: pixels decoded when asked for (``data.cache: disk``)."""
+
+    path: Path
+    transform: ImageTransform
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """(width, height) of the prepared image."""
+        return self.transform.size
+
+    def load(self) -> np.ndarray:
+        """The prepared pixels, uint8 [h, w, C] (derived images read from the cache once made)."""
+        return load_transformed(self.path, self.transform)
+
+
+def camera_image_file(
     path: Path,
     camera_size: tuple[int, int],
     K: np.ndarray,
@@ -159,9 +176,10 @@ def load_camera_image(
     prescaled_path: Path | None = None,
     *,
     camera: str,
-) -> tuple[np.ndarray, np.ndarray, str]:
-    """A camera's image at 1/``factor`` resolution, undistorted to a pinhole: (image [h, w, C] uint8, K [3, 3],
-    how it was made: ``"images_8/"``, ``"resized 1/8"`` or ``"as stored"``, plus ``", undistorted"``).
+) -> tuple[ImageFile, np.ndarray, str]:
+    """A camera's image at 1/``factor`` resolution, undistorted to a pinhole, from its header only: (the file and
+    its transform, K [3, 3], how it is made: ``"images_8/"``, ``"resized 1/8"`` or ``"as stored"``, plus
+    ``", undistorted"``).
 
     ``path`` is the full-resolution image of a ``camera_size`` (width, height) camera with intrinsics ``K``
     and distortion ``dist``. ``prescaled_path``, when it exists, is the same image already downscaled by
@@ -199,7 +217,7 @@ def load_camera_image(
             raise DatasetError(f"{path}: cannot undistort the image of {camera}: {err}") from err
         transform = ImageTransform(size, tuple(K.flat), tuple(K_new.flat), dist)
         K, how = K_new, f"{how}, undistorted"
-    return load_transformed(source, transform), K, how
+    return ImageFile(source, transform), K, how
 
 
 def load_transformed(path: Path, transform: ImageTransform) -> np.ndarray:

@@ -16,7 +16,10 @@ device is solved with a single camera and a mixed set with one camera per device
 from __future__ import annotations
 
 import contextlib
+import itertools
+import re
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +32,7 @@ from gsrecon.data.errors import DatasetError
 from gsrecon.data.images import IMAGE_EXTENSIONS
 
 MATCHERS = ("exhaustive", "sequential")
+AUTO_MATCHER = "auto"  # run_sfm picks one of MATCHERS from the image names (see :func:`auto_matcher`)
 CAMERA_MODES = ("auto", "per_image")
 MIN_REGISTERED = 3
 STAGES = ("features", "matching", "mapping", "undistortion")  # run_sfm's stages, in order
@@ -47,6 +51,7 @@ class SfmReport:
     num_points: int  # sparse points
     unregistered: list[str]  # names of the input images without a pose
     num_cameras: int  # cameras (intrinsics) in the model: 1 when all registered photos have one size
+    seconds: dict[str, float]  # wall-clock time of each stage that ran (:data:`STAGES`), in order
 
 
 class PycolmapUnavailableError(ImportError, ValueError):
@@ -67,7 +72,7 @@ def run_sfm(
     out_dir: str,
     camera_model: str = "SIMPLE_RADIAL",
     camera_mode: str = "auto",
-    matcher: str = "exhaustive",
+    matcher: str = AUTO_MATCHER,
     max_image_size: int = 3200,
     use_gpu: bool = True,
     verbose: bool = False,
@@ -85,7 +90,8 @@ def run_sfm(
         camera_mode: "auto": the photos of each image size share one camera (a single camera when all
             have the same size); "per_image": every photo has its own intrinsics (zoom changed between
             shots, or photos cropped differently).
-        matcher: "exhaustive" (any order, up to a few hundred photos) or "sequential" (video frames).
+        matcher: "exhaustive" (any order, up to a few hundred photos), "sequential" (video frames) or "auto"
+            (chosen by :func:`auto_matcher`; the matching stage's announcement says which and why).
         max_image_size: photos are downscaled to this longest side for feature extraction.
         use_gpu: use CUDA for SIFT when pycolmap was built with it.
         verbose: let pycolmap log its progress (to stderr); otherwise it logs errors only.
@@ -100,12 +106,13 @@ def run_sfm(
     """
     if camera_mode not in CAMERA_MODES:
         raise ValueError(f"camera_mode must be one of {CAMERA_MODES}, got {camera_mode!r}")
-    if matcher not in MATCHERS:
-        raise ValueError(f"matcher must be one of {MATCHERS}, got {matcher!r}")
+    if matcher not in (*MATCHERS, AUTO_MATCHER):
+        raise ValueError(f"matcher must be one of {(*MATCHERS, AUTO_MATCHER)}, got {matcher!r}")
     images_path, out = Path(images_dir), Path(out_dir)
     _check_folders(images_path, out)
     names = _image_names(images_path)
     groups = [names] if camera_mode == "per_image" else _same_size_groups(images_path, names)
+    matcher, matching = auto_matcher(names) if matcher == AUTO_MATCHER else (matcher, f"{matcher} matching")
     pycolmap = import_pycolmap("gsrecon data colmap")
     work = out / "distorted"
     database, mapped = work / "database.db", work / "sparse"
@@ -114,14 +121,14 @@ def run_sfm(
     shutil.rmtree(mapped, ignore_errors=True)
     mapped.mkdir()
 
-    report_stage = on_stage or (lambda name, what: None)
+    clock = _StageClock(on_stage)
     device = pycolmap.Device.auto if use_gpu else pycolmap.Device.cpu
     extraction = pycolmap.FeatureExtractionOptions()
     extraction.max_image_size = max_image_size
     options = pycolmap.IncrementalPipelineOptions()
     options.min_model_size = MIN_REGISTERED
     with pycolmap_logging(pycolmap, verbose):
-        report_stage("features", f"SIFT features of {len(names)} photos ({len(groups)} camera group(s))")
+        clock.start("features", f"SIFT features of {len(names)} photos ({len(groups)} camera group(s))")
         for group in groups:  # with SINGLE, each call adds one camera for its photos
             pycolmap.extract_features(
                 database,
@@ -132,10 +139,11 @@ def run_sfm(
                 extraction_options=extraction,
                 device=device,
             )
-        report_stage("matching", f"{matcher} matching")
+        clock.start("matching", matching)
         match_features(pycolmap, database, matcher, device)
-        report_stage("mapping", "incremental mapping (camera poses and 3D points)")
+        clock.start("mapping", "incremental mapping (camera poses and 3D points)")
         reconstructions = pycolmap.incremental_mapping(database, images_path, mapped, options=options)
+        clock.stop()
     best_index = max(reconstructions, key=lambda index: reconstructions[index].num_reg_images(), default=None)
     registered: set[str] = set()
     if best_index is not None:
@@ -152,7 +160,7 @@ def run_sfm(
 
     for stale in (out / "images", out / "sparse"):
         shutil.rmtree(stale, ignore_errors=True)
-    report_stage("undistortion", f"undistorting the {len(registered)} registered photos into {out / 'images'}")
+    clock.start("undistortion", f"undistorting the {len(registered)} registered photos into {out / 'images'}")
     with pycolmap_logging(pycolmap, verbose):
         pycolmap.undistort_images(output_path=out, input_path=mapped / str(best_index), image_path=images_path)
     sparse0 = out / "sparse" / "0"
@@ -162,6 +170,7 @@ def run_sfm(
     shutil.rmtree(out / "stereo", ignore_errors=True)  # multi-view stereo set-up, not used by gsrecon
     for script in out.glob("run-colmap-*.sh"):
         script.unlink()
+    clock.stop()
     model = read_model(sparse0)
     return SfmReport(
         scene_dir=out,
@@ -170,6 +179,55 @@ def run_sfm(
         num_points=len(model.points),
         unregistered=sorted(set(names) - registered),
         num_cameras=len({image.camera_id for image in model.images.values()}),
+        seconds=clock.seconds,
+    )
+
+
+class _StageClock:
+    """Announces stages through an ``on_stage`` callback and times each one until the next starts or ``stop``."""
+
+    def __init__(self, on_stage: Callable[[str, str], None] | None) -> None:
+        self.on_stage = on_stage or (lambda name, what: None)
+        self.seconds: dict[str, float] = {}  # stage name -> seconds, in the order the stages ran
+        self._running: tuple[str, float] | None = None
+
+    def start(self, name: str, what: str) -> None:
+        self.stop()
+        self.on_stage(name, what)
+        self._running = (name, time.perf_counter())
+
+    def stop(self) -> None:
+        if self._running is not None:
+            name, started = self._running
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - started
+            self._running = None
+
+
+_FRAME_NAME = re.compile(r"(.*?)(\d+)")  # a file name's stem: a prefix and a trailing number
+
+
+def auto_matcher(names: list[str]) -> tuple[str, str]:
+    """The matcher for photos with these relative paths (sorted): "sequential" when they look like the frames of
+    one video (in name order, one common prefix and consecutive numbers: frame_00001.jpg, frame_00002.jpg, ...),
+    else "exhaustive"; and one sentence saying why.
+    """
+    stems = [_FRAME_NAME.fullmatch(name.rsplit(".", 1)[0]) for name in names]
+    numbers = [int(stem.group(2)) for stem in stems if stem is not None]
+    one_video = (
+        len(names) >= MIN_REGISTERED
+        and len(numbers) == len(names)
+        and len({stem.group(1) for stem in stems if stem is not None}) == 1
+        and all(b == a + 1 for a, b in itertools.pairwise(numbers))
+    )
+    if one_video:
+        return "sequential", (
+            f"sequential matching: the {len(names)} image names look like video frames ({names[0]} ... {names[-1]}: "
+            "one prefix, consecutive numbers), so each is matched with its neighbours; pass --matcher exhaustive "
+            "to match every pair"
+        )
+    return "exhaustive", (
+        f"exhaustive matching: the {len(names)} image names do not look like the frames of one video (one prefix, "
+        "consecutive numbers), so every pair is matched; pass --matcher sequential for video frames"
     )
 
 

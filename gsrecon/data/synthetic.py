@@ -535,7 +535,7 @@ def load_synthetic(cfg: SyntheticConfig, factor: int = 1, eval_split: str = "dat
             name=f"view_{i:03d}",
             viewmat=torch.from_numpy(arrays["viewmats"][i].copy()),
             K=torch.from_numpy(arrays["Ks"][i].copy()),
-            image=torch.from_numpy(arrays["images"][i].copy()),
+            pixels=torch.from_numpy(arrays["images"][i].copy()),
             source="generated",
         )
         for i in keep

@@ -24,6 +24,7 @@ from gsrecon.logging.console import Logger
 from gsrecon.losses import LossConfig
 from gsrecon.lpips_weights import LPIPS_NETS
 from gsrecon.metrics import MetricsConfig
+from gsrecon.model.appearance import AppearanceConfig
 from gsrecon.model.optim import OptimizerConfig, SchedulerConfig
 from gsrecon.registry import (
     HOOK_REGISTRY,
@@ -68,6 +69,7 @@ class RunConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     strategy: dict[str, Any] = field(default_factory=lambda: {"name": "none"})
     loss: LossConfig = field(default_factory=LossConfig)
+    appearance: AppearanceConfig = field(default_factory=AppearanceConfig)  # per-image colour transforms
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     writers: list[dict[str, Any]] = field(default_factory=lambda: [{"name": "TensorboardWriter"}])
     hooks: Any = None  # {entry key: arguments} (see gsrecon.config); None: DEFAULT_HOOKS

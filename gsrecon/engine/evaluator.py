@@ -32,25 +32,32 @@ def evaluate_views(
     metrics: ImageMetrics,
     before_view: Callable[[int], None] | None = None,
     after_view: Callable[[int, dict[str, Any]], None] | None = None,
+    adjust: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> list[dict[str, Any]]:
     """Render and score each single-view batch; returns ``[{"name", "psnr", "ssim", "lpips"}]`` per view.
 
     ``before_view(index)`` runs before a view is rendered, ``after_view(index, outputs)`` after it is
     scored, with ``outputs``: ``name``, ``render`` / ``gt`` [H, W, 3] in [0, 1], ``depth`` / ``alpha``
-    [H, W, 1] and ``metrics``.
+    [H, W, 1] and ``metrics``. A view's mask (``batch.masks``) leaves its ignored pixels out of the metrics.
+    ``adjust(render, gt)``, when given, returns the pair that is scored and passed
+    on instead (e.g. a test view's appearance fitted on one half, the other half scored); a mask keeps the
+    columns of the pair it returns, the right-most ones.
     """
     results = []
     for index, batch in enumerate(batches):
         if before_view is not None:
             before_view(index)
         out = render(batch)
-        image = out.image[0].clamp(0.0, 1.0)  # [H, W, 3]
-        scores = metrics(image, batch.images[0])
+        image, gt = out.image[0].clamp(0.0, 1.0), batch.images[0]  # [H, W, 3]
+        if adjust is not None:
+            image, gt = adjust(image, gt)
+        mask = None if batch.masks is None else batch.masks[0, :, batch.width - image.shape[1] :]  # [H, W', 1]
+        scores = metrics(image, gt, mask)
         if after_view is not None:
             outputs = {
                 "name": batch.names[0],
                 "render": image,
-                "gt": batch.images[0],
+                "gt": gt,
                 "depth": out.depth[0],
                 "alpha": out.alpha[0],
                 "metrics": scores,

@@ -37,6 +37,13 @@ from gsrecon.logging.console import Logger
 from gsrecon.logging.writers import Writers
 from gsrecon.losses import photometric_loss
 from gsrecon.metrics import ImageMetrics, mean_metrics
+from gsrecon.model.appearance import (
+    appearance_state,
+    build_appearance,
+    build_appearance_optimizer,
+    fit_left_half,
+    load_appearance_state,
+)
 from gsrecon.model.gaussians import PARAM_NAMES
 from gsrecon.model.optim import build_optimizers, build_schedulers
 from gsrecon.plugins import import_plugins
@@ -53,8 +60,9 @@ class DefaultTrainer:
 
     Attributes hooks may read: ``cfg``, ``resolved_config``, ``run_dir`` / ``exp_dir``, ``device``,
     ``step`` (completed steps), ``max_steps``, ``datapipeline``, ``model``, ``renderer``,
-    ``optimizers``, ``schedulers``, ``strategy`` and ``strategy_state``, ``hooks`` (key -> hook, in
-    run order), ``writers``, ``logger``, ``outputs`` (the last step's loss terms), ``val_metrics`` /
+    ``optimizers``, ``schedulers``, ``appearance`` (None when off) and ``appearance_optimizer``,
+    ``strategy`` and ``strategy_state``, ``hooks`` (key -> hook, in run order), ``writers``, ``logger``,
+    ``outputs`` (the last step's loss terms), ``val_metrics`` /
     ``val_results`` (the last validation), ``stop_reason`` (None, or why training ended early),
     ``failed`` (it ended with an exception) and ``dist``.
     """
@@ -103,6 +111,8 @@ class DefaultTrainer:
         self.dist.broadcast_params(self.model.params)
         self.renderer = RENDERER_REGISTRY.build(self.resolved_config["renderer"])
         self.renderer.setup(self.logger)
+        train_names = [frame.name for frame in self.datapipeline.scene.train]
+        self.appearance = build_appearance(cfg.appearance, train_names, self.device)
         self._build_optimizers()
         self.strategy = STRATEGY_REGISTRY.build(self.resolved_config["strategy"])
         self.strategy.check_sanity(self.model.params, self.resolved_config["renderer"])
@@ -112,7 +122,9 @@ class DefaultTrainer:
         if self.is_main:
             kept = self.run_dir.prepare(overwrite, resume)
             self.logger.set_log_file(self.exp_dir / "train.log")
-            self.logger.info(f"{source}: {threads}; device {self.device}")
+            self.logger.info(f"{source}: {threads}; device {self.device}; {self.datapipeline.cache_note}")
+            if self.datapipeline.mask_note:
+                self.logger.info(self.datapipeline.mask_note)
             if kept:
                 self.logger.info(f"--overwrite replaced the previous run and kept what it did not write: {kept}")
             self.writers = Writers(
@@ -144,6 +156,8 @@ class DefaultTrainer:
             self.model.params, self.cfg.optimizer, self.scene_extent, global_batch, self.renderer.sparse_grad
         )
         self.schedulers = build_schedulers(self.optimizers, self.cfg.scheduler, self.cfg.max_steps)
+        if self.appearance is not None:
+            self.appearance_optimizer = build_appearance_optimizer(self.appearance, self.cfg.appearance)
 
     def call_hook(self, fn_name: str, **kwargs: Any) -> None:
         """Call ``fn_name(self, **kwargs)`` on every hook that has it, in priority order.
@@ -222,13 +236,20 @@ class DefaultTrainer:
         data_time = time.perf_counter() - start
         out = self.render(batch)
         self.strategy.step_pre_backward(params, self.optimizers, state, self.step, out.info)
-        losses = photometric_loss(out.image, batch.images, self.cfg.loss.ssim_lambda)
+        image = out.image if self.appearance is None else self.appearance(out.image, batch.names)  # [B, H, W, 3]
+        losses = photometric_loss(image, batch.images, self.cfg.loss.ssim_lambda, batch.masks)
         total = losses["loss"]
+        if self.appearance is not None:
+            total = total + self.appearance.regularization()
         regularization = self.strategy.regularization(params, state, out.info)
         if regularization is not None:
             total = total + regularization
         total.backward()
         self.dist.all_reduce_grads(params)
+        if self.appearance is not None:
+            self.dist.all_reduce_grads(dict(self.appearance.named_parameters()))
+            self.appearance_optimizer.step()
+            self.appearance_optimizer.zero_grad(set_to_none=True)
         for optimizer in self.optimizers.values():
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -258,12 +279,14 @@ class DefaultTrainer:
         if self.datapipeline.num_val == 0:
             return {}
         self.call_hook("before_val")
+        fit_left = self.appearance is not None and self.cfg.appearance.eval == "fit_left"
         self.val_results = evaluate_views(
             self.render,
             self.datapipeline.val_batches(),
             self.metrics,
             before_view=lambda index: self.call_hook("before_val_iter", index=index),
             after_view=lambda index, outputs: self.call_hook("after_val_iter", index=index, outputs=outputs),
+            adjust=self._fit_left_half if fit_left else None,
         )
         self.val_metrics = mean_metrics(self.val_results)
         self.call_hook("after_val")
@@ -281,8 +304,14 @@ class DefaultTrainer:
             config=self.resolved_config,
             scene_extent=self.scene_extent,
         )
+        if self.appearance is not None:
+            checkpoint["appearance"] = appearance_state(self.appearance, self.appearance_optimizer)
         self.call_hook("before_save_checkpoint", checkpoint=checkpoint)
         return checkpoint
+
+    def _fit_left_half(self, render: torch.Tensor, gt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A validation view's colour transform fitted on its left half; the right halves to score."""
+        return fit_left_half(render, gt, self.cfg.appearance.eval_steps, self.cfg.appearance.eval_lr)
 
     def load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Restore a :meth:`checkpoint` dict into this trainer."""
@@ -294,6 +323,8 @@ class DefaultTrainer:
         changed = checkpoints.restore_optimization(checkpoint, self.optimizers, self.schedulers, step)
         if changed:
             self.logger.info(f"resuming with this config's learning-rate schedule for {', '.join(changed)}")
+        if self.appearance is not None and "appearance" in checkpoint:
+            load_appearance_state(self.appearance, self.appearance_optimizer, checkpoint["appearance"])
         fresh = self.strategy.initialize_state(self.scene_extent)
         self.strategy_state = checkpoints.restore_strategy_state(checkpoint, fresh, self.device)
         checkpoints.restore_hooks(checkpoint, self.hooks)
