@@ -53,7 +53,7 @@ def colmap_run(tmp_path_factory: pytest.TempPathFactory, synthetic_cache: Path) 
 def test_photos_of_two_cameras_get_a_camera_each(colmap_run: tuple[Path, str, str]) -> None:
     """All 48 photos register, with one camera per image size and each camera's own focal length."""
     scene, out, err = colmap_run
-    assert "[2/4] matching: exhaustive matching: the 48 image names do not look like the frames of one video" in err
+    assert "[2/4] matching: exhaustive matching: the 48 images do not look like the frames of one video" in err
     assert "[1/4] features: SIFT features of 48 photos (2 camera group(s))" in err
     registered = int(out.split("registered ", 1)[1].split(" ")[0])
     assert registered >= 44 and "of 48 images with 2 camera(s)" in out

@@ -152,9 +152,25 @@ def test_several_videos_share_the_frames_by_duration_with_a_prefix_each(tmp_path
     ],
 )
 def test_the_matcher_follows_the_image_names(tmp_path: Path, names: list[str], matcher: str) -> None:
-    chosen, why = auto_matcher(sorted(names))  # as run_sfm lists them
+    for name in names:
+        Image.new("RGB", (4, 4)).save(tmp_path / name)
+    chosen, why = auto_matcher(tmp_path, sorted(names))  # as run_sfm lists them
     assert chosen == matcher
-    assert why.startswith(f"{matcher} matching: the {len(names)} image names ")
+    assert why.startswith(f"{matcher} matching: the {len(names)} images ")
+
+
+def test_phone_photos_named_like_frames_are_matched_exhaustively(tmp_path: Path) -> None:
+    """IMG_0001.JPG, IMG_0002.JPG ...: consecutive names, but a camera's photos (EXIF), not a video's frames."""
+    names = [f"IMG_{i:04d}.JPG" for i in range(1, 6)]
+    exif = Image.Exif()
+    exif[0x010F], exif[0x0110] = "Apple", "iPhone 15"
+    for name in names:
+        Image.new("RGB", (4, 4)).save(tmp_path / name, exif=exif)
+    chosen, why = auto_matcher(tmp_path, names)
+    assert chosen == "exhaustive"
+    assert why.startswith(
+        "exhaustive matching: the 5 images are a camera's photos (Apple iPhone 15, in their EXIF), not video"
+    )
 
 
 def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -266,9 +282,9 @@ def test_cli_reports_the_frames_it_kept_and_the_matcher_before_structure_from_mo
         "  noise.mp4: 12 frames decoded, 12 scored, kept 4 (the sharpest of each 3 by variance of the Laplacian), "
         "dropped 8 blurrier ones",
         "[2/5] features: SIFT features of 4 photos (1 camera group(s))",
-        "[3/5] matching: sequential matching: the 4 image names look like video frames (frame_00001.jpg ... "
-        "frame_00004.jpg: one prefix, consecutive numbers), so each is matched with its neighbours; pass --matcher "
-        "exhaustive to match every pair",
+        "[3/5] matching: sequential matching: the 4 images look like video frames (frame_00001.jpg ... "
+        "frame_00004.jpg: one prefix, consecutive numbers, no camera in the EXIF), so each is matched with its "
+        "neighbours; pass --matcher exhaustive to match every pair",
     ]
     assert "structure from motion registered" in err.strip().splitlines()[-1]
     assert sorted(p.name for p in (out / "input").iterdir()) == [f"frame_{n:05d}.jpg" for n in range(1, 5)]
@@ -293,7 +309,7 @@ def test_video_to_registered_frames_to_trained_scene(
         "clip.mp4: 180 frames decoded, 180 scored, kept 60 (the sharpest of each 3 by variance of the Laplacian), "
         "dropped 120 blurrier ones" in err
     )
-    assert "[3/5] matching: sequential matching: the 60 image names look like video frames" in err
+    assert "[3/5] matching: sequential matching: the 60 images look like video frames" in err
     assert all(f"[{i}/5] {stage}:" in err for i, stage in enumerate(("frames", "features", "matching"), start=1))
     registered = int(out.split("registered ", 1)[1].split(" ")[0])
     assert registered >= 55 and "of 60 images with 1 camera(s)" in out

@@ -112,7 +112,9 @@ def run_sfm(
     _check_folders(images_path, out)
     names = _image_names(images_path)
     groups = [names] if camera_mode == "per_image" else _same_size_groups(images_path, names)
-    matcher, matching = auto_matcher(names) if matcher == AUTO_MATCHER else (matcher, f"{matcher} matching")
+    matcher, matching = (
+        auto_matcher(images_path, names) if matcher == AUTO_MATCHER else (matcher, f"{matcher} matching")
+    )
     pycolmap = import_pycolmap("gsrecon data colmap")
     work = out / "distorted"
     database, mapped = work / "database.db", work / "sparse"
@@ -206,29 +208,46 @@ class _StageClock:
 _FRAME_NAME = re.compile(r"(.*?)(\d+)")  # a file name's stem: a prefix and a trailing number
 
 
-def auto_matcher(names: list[str]) -> tuple[str, str]:
-    """The matcher for photos with these relative paths (sorted): "sequential" when they look like the frames of
-    one video (in name order, one common prefix and consecutive numbers: frame_00001.jpg, frame_00002.jpg, ...),
-    else "exhaustive"; and one sentence saying why.
+def auto_matcher(images_dir: Path, names: list[str]) -> tuple[str, str]:
+    """The matcher for the photos ``names`` (sorted relative paths in ``images_dir``): "sequential" when they look
+    like the frames of one video (in name order, one common prefix and consecutive numbers: frame_00001.jpg,
+    frame_00002.jpg, ...; and no camera model in the first one's EXIF, which a phone's IMG_0001.JPG, IMG_0002.JPG
+    ... photos carry), else "exhaustive"; and one sentence saying why.
     """
     stems = [_FRAME_NAME.fullmatch(name.rsplit(".", 1)[0]) for name in names]
     numbers = [int(stem.group(2)) for stem in stems if stem is not None]
-    one_video = (
+    frame_names = (
         len(names) >= MIN_REGISTERED
         and len(numbers) == len(names)
         and len({stem.group(1) for stem in stems if stem is not None}) == 1
         and all(b == a + 1 for a, b in itertools.pairwise(numbers))
     )
-    if one_video:
+    camera = _exif_camera(images_dir / names[0]) if frame_names else ""
+    if frame_names and not camera:
         return "sequential", (
-            f"sequential matching: the {len(names)} image names look like video frames ({names[0]} ... {names[-1]}: "
-            "one prefix, consecutive numbers), so each is matched with its neighbours; pass --matcher exhaustive "
-            "to match every pair"
+            f"sequential matching: the {len(names)} images look like video frames ({names[0]} ... {names[-1]}: "
+            "one prefix, consecutive numbers, no camera in the EXIF), so each is matched with its neighbours; "
+            "pass --matcher exhaustive to match every pair"
         )
-    return "exhaustive", (
-        f"exhaustive matching: the {len(names)} image names do not look like the frames of one video (one prefix, "
-        "consecutive numbers), so every pair is matched; pass --matcher sequential for video frames"
+    why = (
+        f"are a camera's photos ({camera}, in their EXIF), not video frames"
+        if camera
+        else "do not look like the frames of one video (one prefix, consecutive numbers)"
     )
+    return "exhaustive", (
+        f"exhaustive matching: the {len(names)} images {why}, so every pair is matched; pass --matcher sequential "
+        "for video frames"
+    )
+
+
+def _exif_camera(path: Path) -> str:
+    """The camera make and model an image's EXIF names ("" for none, or an unreadable file)."""
+    try:
+        with Image.open(path) as image:
+            exif = image.getexif()
+    except (OSError, ValueError):
+        return ""
+    return " ".join(str(exif[tag]).strip() for tag in (0x010F, 0x0110) if str(exif.get(tag, "")).strip())  # Make, Model
 
 
 @contextlib.contextmanager
