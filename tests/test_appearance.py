@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import write_yaml
 
 from gsrecon.cli import main
 from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.engine.evaluator import evaluate_views
 from gsrecon.engine.trainer import DefaultTrainer
 from gsrecon.model.appearance import AffineAppearance, apply_affine, fit_left_half, identity_affine
-from tests.conftest import write_yaml
 
 AFFINE = {"mode": "affine", "lr": 5e-3}
 

@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import tiny_config
 from gsplat.strategy import DefaultStrategy, MCMCStrategy
-
-from tests.conftest import tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC = importlib.util.spec_from_file_location("bench_vs_gsplat", REPO / "scripts" / "bench_vs_gsplat.py")
