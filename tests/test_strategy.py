@@ -145,6 +145,16 @@ def test_default_strategy_resets_opacity() -> None:
     assert torch.sigmoid(params["opacities"]).max() <= 0.01 + 1e-6
 
 
+def test_default_strategy_regularises_opacity_and_scale_only_when_asked() -> None:
+    params = _random_params(40, torch.Generator().manual_seed(0))
+    assert DefaultStrategy(DefaultStrategy.Config()).regularization(params, {}, {}) is None
+    penalty = DefaultStrategy(DefaultStrategy.Config(opacity_reg=0.5, scale_reg=0.25)).regularization(params, {}, {})
+    expected = 0.5 * torch.sigmoid(params["opacities"]).mean() + 0.25 * torch.exp(params["scales"]).mean()
+    assert torch.allclose(penalty, expected)
+    penalty.backward()
+    assert (params["opacities"].grad > 0).all() and (params["scales"].grad > 0).all()  # toward transparent, small
+
+
 def test_relocation_update_preserves_the_gaussian() -> None:
     binoms = binomial_table(51)
     opacities = torch.tensor([0.3, 0.3, 0.9, 0.05])

@@ -27,6 +27,14 @@ Optimizers = Mapping[str, torch.optim.Optimizer]  # one optimiser per parameter 
 SINGLE_PROCESS = DistributedContext()
 
 
+def opacity_scale_penalty(params: Params, opacity_reg: float, scale_reg: float) -> Tensor | None:
+    """``opacity_reg`` × mean opacity + ``scale_reg`` × mean scale (L1 on the activated values, as 3DGS-MCMC),
+    or None when both weights are 0: pushes Gaussians that no photo needs toward transparency and smallness."""
+    if opacity_reg == 0 and scale_reg == 0:
+        return None
+    return opacity_reg * torch.sigmoid(params["opacities"]).mean() + scale_reg * torch.exp(params["scales"]).mean()
+
+
 class Strategy:
     """Base class: keeps the Gaussians as they are."""
 

@@ -20,7 +20,7 @@ from torch import Tensor
 from gsrecon.config import run_steps
 from gsrecon.distributed import DistributedContext
 from gsrecon.registry import STRATEGY_REGISTRY
-from gsrecon.strategy.base import SINGLE_PROCESS, Optimizers, Params, Strategy
+from gsrecon.strategy.base import SINGLE_PROCESS, Optimizers, Params, Strategy, opacity_scale_penalty
 
 
 @STRATEGY_REGISTRY.register("default")
@@ -55,6 +55,8 @@ class DefaultStrategy(Strategy):
         absgrad: bool = False  # AbsGS gradients (needs renderer gsplat with absgrad: true)
         revised_opacity: bool = False  # opacity of split Gaussians as in arXiv:2404.06109
         cap_max: int = 0  # hard cap on the number of Gaussians; 0: none
+        opacity_reg: float = 0.0  # > 0: L1 on opacities, as MCMC (measured against floaters: BENCHMARKS.md)
+        scale_reg: float = 0.0  # > 0: L1 on scales
 
     def __init__(self, cfg: Config) -> None:
         super().__init__(cfg)
@@ -68,6 +70,9 @@ class DefaultStrategy(Strategy):
         n = len(params["means"])
         if self.cfg.cap_max and n > self.cfg.cap_max:
             raise ValueError(f"the model starts with {n} Gaussians, more than strategy.cap_max={self.cfg.cap_max}")
+
+    def regularization(self, params: Params, state: dict[str, Any], info: dict[str, Any]) -> Tensor | None:
+        return opacity_scale_penalty(params, self.cfg.opacity_reg, self.cfg.scale_reg)
 
     def initialize_state(self, scene_extent: float) -> dict[str, Any]:
         """Running statistics per Gaussian [N] (gsplat's ops grow and shrink the tensors among them)."""

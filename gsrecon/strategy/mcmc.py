@@ -20,7 +20,7 @@ from gsrecon.config import run_steps
 from gsrecon.distributed import DistributedContext
 from gsrecon.geometry import quat_scale_to_factor
 from gsrecon.registry import STRATEGY_REGISTRY
-from gsrecon.strategy.base import SINGLE_PROCESS, Optimizers, Params, Strategy
+from gsrecon.strategy.base import SINGLE_PROCESS, Optimizers, Params, Strategy, opacity_scale_penalty
 
 N_MAX = 51  # largest number of copies one relocation step accounts for (as gsplat)
 
@@ -68,10 +68,7 @@ class MCMCStrategy(Strategy):
             )
 
     def regularization(self, params: Params, state: dict[str, Any], info: dict[str, Any]) -> Tensor | None:
-        return (
-            self.cfg.opacity_reg * torch.sigmoid(params["opacities"]).mean()
-            + self.cfg.scale_reg * torch.exp(params["scales"]).mean()
-        )
+        return opacity_scale_penalty(params, self.cfg.opacity_reg, self.cfg.scale_reg)
 
     @torch.no_grad()
     def step_post_backward(
