@@ -278,7 +278,8 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--format",
         default="ply",
-        help="ply (reference 3DGS layout), splat (antimatter15), compressed_ply (SuperSplat/PlayCanvas) or spz",
+        help="ply (reference 3DGS layout), splat (antimatter15), compressed_ply (SuperSplat/PlayCanvas), spz (Niantic) "
+        "or sog (PlayCanvas SOG: a .sog bundle, or the folder of a path named meta.json)",
     )
     p.add_argument("--out", required=True, help="output file")
     p.set_defaults(func=_export)

@@ -40,7 +40,8 @@ def _unit(quats: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def test_export_refuses_an_unknown_format(tmp_path):
-    with pytest.raises(ValueError, match="unknown export format 'obj'; use one of ply, splat, compressed_ply, spz"):
+    message = "unknown export format 'obj'; use one of ply, splat, compressed_ply, spz, sog$"
+    with pytest.raises(ValueError, match=message):
         export_gaussians(_params(), tmp_path / "scene.obj", "obj")
     assert list(tmp_path.iterdir()) == []
 

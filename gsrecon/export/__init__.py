@@ -13,6 +13,7 @@ from pathlib import Path
 from torch import Tensor
 
 from gsrecon.export.compressed_ply import save_compressed_ply
+from gsrecon.export.sog import save_sog
 from gsrecon.export.splat import save_splat
 from gsrecon.export.spz import save_spz
 from gsrecon.model.ply import save_ply
@@ -22,6 +23,7 @@ EXPORT_FORMATS: dict[str, Callable[..., None]] = {
     "splat": save_splat,  # antimatter15 web viewer: 32 bytes per Gaussian, no view-dependent colour
     "compressed_ply": save_compressed_ply,  # SuperSplat / PlayCanvas: 16 bytes per Gaussian + 8-bit SH
     "spz": save_spz,  # Niantic SPZ version 3, gzip-compressed
+    "sog": save_sog,  # PlayCanvas SOG: codebook-quantised attributes in lossless WebP images, zipped
 }
 
 

@@ -24,7 +24,7 @@ class ExportHook(Hook):
     @dataclass
     class Config:
         path: str = "point_cloud.ply"  # relative to exp_dir (or absolute)
-        format: str = "ply"  # ply | splat | compressed_ply | spz
+        format: str = "ply"  # ply | splat | compressed_ply | spz | sog
 
     def __init__(self, cfg: Config) -> None:
         if not cfg.path:
