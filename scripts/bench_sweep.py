@@ -40,12 +40,13 @@ def parse_named(spec: str) -> tuple[str, list[str]]:
 
 
 def read_runs(path: Path) -> list[dict]:
-    """The rows of ``runs.csv`` (numbers as floats), or none."""
+    """The rows of ``runs.csv`` (numbers as floats, NaN where empty: LPIPS without its weights), or none."""
     if not path.is_file():
         return []
     with path.open(newline="") as f:
         return [
-            {k: (v if k in ("scene", "variant") else float(v)) for k, v in row.items()} for row in csv.DictReader(f)
+            {k: (v if k in ("scene", "variant") else float(v or "nan")) for k, v in row.items()}
+            for row in csv.DictReader(f)
         ]
 
 

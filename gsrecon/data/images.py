@@ -25,7 +25,7 @@ from torch import Tensor
 from gsrecon.atomic import atomic_path
 from gsrecon.cache import cache_file
 from gsrecon.data.errors import DatasetError
-from gsrecon.data.undistort import Distortion, undistort_image, undistorted_intrinsics
+from gsrecon.data.undistort import Distortion, describe_crop, undistort_image, undistorted_intrinsics
 
 FACTORS = (1, 2, 4, 8)
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")  # lower case: compare `suffix.lower()`
@@ -179,7 +179,7 @@ def camera_image_file(
 ) -> tuple[ImageFile, np.ndarray, str]:
     """A camera's image at 1/``factor`` resolution, undistorted to a pinhole, from its header only: (the file and
     its transform, K [3, 3], how it is made: ``"images_8/"``, ``"resized 1/8"`` or ``"as stored"``, plus
-    ``", undistorted"``).
+    ``", undistorted"`` and, for a fisheye, how much of its view was kept).
 
     ``path`` is the full-resolution image of a ``camera_size`` (width, height) camera with intrinsics ``K``
     and distortion ``dist``. ``prescaled_path``, when it exists, is the same image already downscaled by
@@ -216,7 +216,8 @@ def camera_image_file(
         except ValueError as err:
             raise DatasetError(f"{path}: cannot undistort the image of {camera}: {err}") from err
         transform = ImageTransform(size, tuple(K.flat), tuple(K_new.flat), dist)
-        K, how = K_new, f"{how}, undistorted"
+        crop = f" ({describe_crop(K, dist, K_new, *size)})" if dist.fisheye else ""
+        K, how = K_new, f"{how}, undistorted{crop}"
     return ImageFile(source, transform), K, how
 
 

@@ -323,13 +323,13 @@ def surface_distance(points: torch.Tensor) -> torch.Tensor:
 # ----------------------------------------------------------------------------- cameras
 
 
-def _intrinsics(cfg: SyntheticConfig) -> Array:
+def pinhole_intrinsics(cfg: SyntheticConfig) -> Array:
     """[3, 3] pinhole K with square pixels and the principal point at the image centre."""
     focal = fov_to_focal(math.radians(cfg.fov_deg), cfg.width)
     return intrinsics_matrix(focal, focal, cfg.width / 2.0, cfg.height / 2.0)
 
 
-def _viewmats(cfg: SyntheticConfig) -> Array:
+def orbit_viewmats(cfg: SyntheticConfig) -> Array:
     """[N, 4, 4] OpenCV world-to-camera matrices on the orbit, each looking at `look_at` (world z up)."""
     target = np.asarray(cfg.look_at, dtype=np.float64)
     offsets = np.zeros((cfg.num_views, 3))  # [N, 3] unit vectors from the target to the cameras
@@ -348,14 +348,20 @@ def _camera_center(viewmat: Array) -> Array:
     return camera_centers(torch.from_numpy(viewmat)).numpy()
 
 
-def _render(viewmat: Array, K: Array, cfg: SyntheticConfig) -> NDArray[np.uint8]:
-    """[H, W, 3|4] uint8 image of the scene from one camera, box-filtered over s x s samples."""
+def render_view(
+    viewmat: Array, K: Array, cfg: SyntheticConfig, lens: undistort.Distortion | None = None
+) -> NDArray[np.uint8]:
+    """[H, W, 3|4] uint8 image of the scene from one camera (world-to-camera ``viewmat`` [4, 4], intrinsics
+    ``K`` [3, 3], distorted by ``lens``; None: a pinhole), box-filtered over s x s samples."""
     s, H, W = cfg.supersample, cfg.height, cfg.width
     sub = (np.arange(s) + 0.5) / s
     u = (np.arange(W)[:, None] + sub).reshape(-1)  # [W*s] pixel x coordinates of the samples
     v = (np.arange(H)[:, None] + sub).reshape(-1)  # [H*s]
     uu, vv = np.meshgrid(u, v)  # [H*s, W*s]
-    cam = np.stack([(uu - K[0, 2]) / K[0, 0], (vv - K[1, 2]) / K[1, 1], np.ones_like(uu)], -1)
+    x, y = (uu - K[0, 2]) / K[0, 0], (vv - K[1, 2]) / K[1, 1]
+    if lens is not None:
+        x, y = undistort.undistort_points(x, y, lens)
+    cam = np.stack([x, y, np.ones_like(uu)], -1)
     R = viewmat[:3, :3]
     dirs = cam.reshape(-1, 3) @ R  # [S, 3] world directions (R^T applied to each)
     dirs /= np.linalg.norm(dirs, axis=-1, keepdims=True)
@@ -462,9 +468,9 @@ _ARRAYS = ("images", "viewmats", "Ks", "points", "colors")
 
 def _generate(cfg: SyntheticConfig) -> dict[str, np.ndarray]:
     """Scene arrays: images [N, H, W, C] uint8, viewmats [N, 4, 4], Ks [N, 3, 3], points, colors."""
-    K = _intrinsics(cfg)
-    viewmats = _viewmats(cfg)
-    images = np.stack([_render(viewmat, K, cfg) for viewmat in viewmats])
+    K = pinhole_intrinsics(cfg)
+    viewmats = orbit_viewmats(cfg)
+    images = np.stack([render_view(viewmat, K, cfg) for viewmat in viewmats])
     points, colors = _point_cloud(viewmats, K, cfg)
     return {
         "images": images,

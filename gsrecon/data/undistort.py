@@ -108,13 +108,8 @@ def undistort_points(
     on the angle for fisheye, whose angles are capped at :data:`FISHEYE_MAX_ANGLE`)."""
     if dist.fisheye:
         rd = np.hypot(xd, yd)
-        theta = rd.copy()
-        for _ in range(iters):
-            t2 = theta * theta
-            slope = 1.0 + t2 * (3 * dist.k1 + t2 * (5 * dist.k2 + t2 * (7 * dist.k3 + t2 * 9 * dist.k4)))
-            theta = theta - (_fisheye_theta_d(theta, dist) - rd) / slope
-        off_lens = ~(np.abs(_fisheye_theta_d(theta, dist) - rd) < 1e-9) | (theta < 0)  # no solution: past the lens
-        theta = np.clip(np.where(off_lens, FISHEYE_MAX_ANGLE, theta), 0.0, FISHEYE_MAX_ANGLE)
+        theta = fisheye_angle(rd, dist, iters)
+        theta = np.clip(np.nan_to_num(theta, nan=FISHEYE_MAX_ANGLE), 0.0, FISHEYE_MAX_ANGLE)
         scale = np.where(rd > 1e-12, np.tan(theta) / np.maximum(rd, 1e-12), 1.0)
         return xd * scale, yd * scale
     x, y = xd.copy(), yd.copy()
@@ -125,6 +120,44 @@ def undistort_points(
         dy = dist.p1 * (r2 + 2.0 * y * y) + 2.0 * dist.p2 * x * y
         x, y = (xd - dx) / radial, (yd - dy) / radial
     return x, y
+
+
+def fisheye_angle(rd: np.ndarray, dist: Distortion, iters: int = 30) -> np.ndarray:
+    """Angle from the optical axis (radians, uncapped) of distorted fisheye radii ``rd`` (any shape); NaN past
+    the lens, where the polynomial has no solution."""
+    theta = rd.copy()
+    for _ in range(iters):
+        t2 = theta * theta
+        slope = 1.0 + t2 * (3 * dist.k1 + t2 * (5 * dist.k2 + t2 * (7 * dist.k3 + t2 * 9 * dist.k4)))
+        theta = theta - (_fisheye_theta_d(theta, dist) - rd) / slope
+    off_lens = ~(np.abs(_fisheye_theta_d(theta, dist) - rd) < 1e-9) | (theta < 0)
+    return np.where(off_lens, np.nan, theta)
+
+
+def field_of_view(K: np.ndarray, dist: Distortion, width: int, height: int) -> tuple[float, float]:
+    """(horizontal, vertical) field of view in degrees of a ``width`` x ``height`` camera, across the lines
+    through its principal point from border to border; NaN where a border lies past a fisheye lens."""
+    fx, fy, cx, cy = K[0, 0], K[1, 1], K[0, 2], K[1, 2]
+    x = np.array([-cx / fx, (width - cx) / fx, 0.0, 0.0])  # left, right, top, bottom border points
+    y = np.array([0.0, 0.0, -cy / fy, (height - cy) / fy])
+    if dist.fisheye:
+        angles = fisheye_angle(np.hypot(x, y), dist)
+    else:
+        with np.errstate(over="ignore", invalid="ignore"):
+            angles = np.arctan(np.hypot(*undistort_points(x, y, dist)))
+    return float(np.degrees(angles[0] + angles[1])), float(np.degrees(angles[2] + angles[3]))
+
+
+def describe_crop(K: np.ndarray, dist: Distortion, K_new: np.ndarray, width: int, height: int) -> str:
+    """How much of a distorted camera's view its undistorted pinhole image keeps, e.g.
+    ``"kept 160x121 degrees of the lens's 190x143"``."""
+    kept = field_of_view(K_new, Distortion(), width, height)
+    lens = field_of_view(K, dist, width, height)
+    if np.isfinite(lens).all():
+        lens_text = f"the lens's {lens[0]:.0f}x{lens[1]:.0f}"
+    else:
+        lens_text = "a view whose borders lie past the lens model"
+    return f"kept {kept[0]:.0f}x{kept[1]:.0f} degrees of {lens_text}"
 
 
 def _fisheye_theta_d(theta: np.ndarray, dist: Distortion) -> np.ndarray:
