@@ -30,6 +30,8 @@ from gsrecon.data.undistort import (
     undistort_points,
     undistorted_intrinsics,
 )
+from gsrecon.engine.evaluator import evaluate_views
+from gsrecon.metrics import mean_metrics
 
 W, H = 96, 72
 K = intrinsics_matrix(30.0, 30.5, 48.7, 35.2)  # ~180 degrees across the width
@@ -253,20 +255,21 @@ def test_the_synthetic_fisheye_capture_undistorts_to_its_pinhole_twin(tmp_path: 
 def test_a_fisheye_capture_trains_within_1_db_of_the_same_capture_through_a_pinhole(
     tmp_path: Path, make_trainer
 ) -> None:
-    """1500 steps from the scene's points, each tested on its own held-out views (every 8th)."""
-    psnr = {}
-    for fisheye in (True, False):
-        lens = "fisheye" if fisheye else "pinhole"
-        write_synthetic_capture(tmp_path / lens, fisheye, tmp_path / "synthetic")
-        trainer = make_trainer(
+    """1500 steps from the scene's points; both scenes are scored on the pinhole capture's held-out views (every
+    8th), the true images of the same cameras (30.1 and 30.0 dB measured)."""
+    trainers = {}
+    for lens in ("pinhole", "fisheye"):
+        write_synthetic_capture(tmp_path / lens, lens == "fisheye", tmp_path / "synthetic")
+        trainers[lens] = make_trainer(
             f"run_{lens}",
             max_steps=1500,
             val_interval=1500,
             data={"dataset": "blender", "path": str(tmp_path / lens), "eval_split": "every_8"},
             model={"init": "auto"},
         )
-        trainer.train()
-        psnr[fisheye] = trainer.val_metrics["psnr"]
-    print(f"test PSNR after 1500 steps: fisheye {psnr[True]:.2f} dB, pinhole {psnr[False]:.2f} dB")
-    assert psnr[False] > 22.0, psnr
-    assert psnr[True] > psnr[False] - 1.0, psnr
+        trainers[lens].train()
+    fisheye, pinhole = trainers["fisheye"], trainers["pinhole"]
+    on_true_views = mean_metrics(evaluate_views(fisheye.render, pinhole.datapipeline.val_batches(), fisheye.metrics))
+    print(f"pinhole {pinhole.val_metrics['psnr']:.2f} dB, fisheye on the same views {on_true_views['psnr']:.2f} dB")
+    assert pinhole.val_metrics["psnr"] > 25.0
+    assert on_true_views["psnr"] > pinhole.val_metrics["psnr"] - 1.0
