@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from torchmetrics.functional.image import structural_similarity_index_measure
 
 
 @dataclass
@@ -20,6 +19,9 @@ def ssim(pred: Tensor, gt: Tensor, mask: Tensor | None = None) -> Tensor:
     With ``mask`` ([B, H, W, 1], 1 where a pixel counts, 0 where it is ignored): the mean of the SSIM map over
     the kept pixels, both images' ignored pixels set to 0 first, so that nothing of them enters a window.
     """
+    # Imported here: torchmetrics' image package loads torchvision (0.27 GB), which exports and renders never need.
+    from torchmetrics.functional.image import structural_similarity_index_measure
+
     if mask is not None:
         pred, gt = pred * mask, gt * mask
     value, full = structural_similarity_index_measure(

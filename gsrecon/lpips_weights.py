@@ -22,7 +22,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from lpips import pretrained_networks
 
 from gsrecon.atomic import atomic_path
 from gsrecon.cache import cache_dir
@@ -112,6 +111,8 @@ def _load_numpy_pickle(data: bytes) -> dict:
 
 def _convert_backbone(net: str, flax_params: dict[str, dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
     """Flax ``Conv_i`` kernels (HWIO) and biases -> the state dict of lpips' torch backbone for ``net``."""
+    from lpips import pretrained_networks  # here: importing lpips costs 0.2 GB of memory (see gsrecon.metrics)
+
     with warnings.catch_warnings():  # lpips builds torchvision models through the deprecated `pretrained=`
         warnings.simplefilter("ignore", UserWarning)
         module = (pretrained_networks.alexnet if net == "alex" else pretrained_networks.vgg16)(pretrained=False)

@@ -15,17 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import lpips
 import torch
-import torchvision
 from torch import Tensor
 
 from gsrecon.losses import ssim
 from gsrecon.lpips_weights import LPIPS_NETS, lpips_backbone_path
 
-_TORCHVISION_WEIGHTS = {
-    "alex": torchvision.models.AlexNet_Weights.IMAGENET1K_V1,
-    "vgg": torchvision.models.VGG16_Weights.IMAGENET1K_V1,
+_TORCHVISION_WEIGHTS = {  # torchvision's ImageNet weights files (its AlexNet/VGG16 IMAGENET1K_V1) in its hub cache
+    "alex": "alexnet-owt-7be5be79.pth",
+    "vgg": "vgg16-397923af.pth",
 }
 _warned_no_lpips = False
 
@@ -112,13 +110,15 @@ def mean_metrics(results: list[dict[str, Any]]) -> dict[str, float | None]:
     return means
 
 
-def _build_lpips(net: str) -> tuple[lpips.LPIPS | None, str | None]:
+def _build_lpips(net: str) -> tuple[torch.nn.Module | None, str | None]:
     """``lpips.LPIPS`` with ImageNet backbone weights found on disk, and their file; (None, None) if there are none."""
+    import lpips  # here, not at the top: lpips and torchvision cost 0.2 GB of memory in every process importing them
+
     global _warned_no_lpips
     path = lpips_backbone_path(net)
     from_torchvision = not path.is_file()
     if from_torchvision:
-        path = Path(torch.hub.get_dir()) / "checkpoints" / Path(_TORCHVISION_WEIGHTS[net].url).name
+        path = Path(torch.hub.get_dir()) / "checkpoints" / _TORCHVISION_WEIGHTS[net]
     if not path.is_file():
         if not _warned_no_lpips:
             _warned_no_lpips = True

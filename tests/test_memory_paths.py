@@ -1,21 +1,28 @@
-"""Bounded-memory paths: chunked exporters write the bytes of the whole-array writers; mmap'd checkpoints."""
+"""Bounded-memory paths: chunked exporters write the bytes of the whole-array writers; mmap'd checkpoints;
+PLY loading without whole-scene temporaries; no image-metric imports where no metric is computed."""
 
 from __future__ import annotations
 
 import gzip
+import subprocess
+import sys
+import tracemalloc
 
 import numpy as np
 import pytest
 import torch
 from plyfile import PlyData, PlyElement
 
+import gsrecon.engine.checkpoints
+import gsrecon.export.compressed_ply
+import gsrecon.export.sog
 import gsrecon.export.splat
 import gsrecon.export.spz
 import gsrecon.model.ply
 from gsrecon.cli import main
-from gsrecon.engine.checkpoints import load_checkpoint_file
+from gsrecon.engine.checkpoints import load_checkpoint_file, non_finite
 from gsrecon.export import EXPORT_FORMATS, export_gaussians
-from gsrecon.model.ply import ply_property_names, render_mode_comments
+from gsrecon.model.ply import ply_property_names, render_mode_comments, save_ply
 from tests.test_export import _params
 
 CHUNKED = ("ply", "splat", "compressed_ply", "spz")
@@ -86,3 +93,49 @@ def test_export_cli_from_a_checkpoint_matches_the_parameters(tmp_path, make_trai
     params = load_checkpoint_file(ckpt)["params"]
     for key, value in loaded.items():
         torch.testing.assert_close(value, params[key], rtol=0, atol=0, msg=key)
+
+
+def test_ply_loads_float32_without_whole_scene_temporaries(tmp_path):
+    params = _params(n=100_000)  # 24 MB, well above the MiB its header check reads
+    path = tmp_path / "scene.ply"
+    save_ply(path, params)
+    tracemalloc.start()  # numpy's buffers are traced; the returned tensors are torch's own
+    try:
+        loaded = gsrecon.model.ply.load_ply(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    for key, value in params.items():
+        assert loaded[key].dtype == torch.float32 and torch.equal(loaded[key], value), key
+    scene_bytes = sum(value.numel() * 4 for value in params.values())
+    assert peak < scene_bytes / 8  # a few columns at a time, never the whole scene or a float64 copy
+
+
+def test_non_finite_checks_rows_in_chunks(monkeypatch):
+    monkeypatch.setattr(gsrecon.engine.checkpoints, "_FINITE_CHECK_ROWS", 3)
+    late_nan = torch.zeros(10, 2)
+    late_nan[9, 1] = float("nan")
+    params = {"ok": torch.ones(10, 2), "late": late_nan, "scalar": torch.tensor(float("inf")), "empty": torch.ones(0)}
+    assert non_finite(params) == ["late", "scalar"]
+
+
+@pytest.mark.parametrize(
+    ("module", "name", "rows"),
+    [(gsrecon.export.compressed_ply, "_ENCODE_ROWS", 256), (gsrecon.export.sog, "_ASSIGN_CHUNK_ROWS", 5)],
+)
+def test_encoding_in_blocks_writes_the_same_bytes(tmp_path, monkeypatch, module, name, rows):
+    fmt = "compressed_ply" if module is gsrecon.export.compressed_ply else "sog"
+    whole = tmp_path / "whole"
+    export_gaussians(_params(n=1001), whole, fmt)
+    monkeypatch.setattr(module, name, rows)
+    blocks = tmp_path / "blocks"
+    export_gaussians(_params(n=1001), blocks, fmt)
+    assert blocks.read_bytes() == whole.read_bytes()
+
+
+def test_exporting_imports_no_image_metrics():
+    """lpips, torchvision and torchmetrics' image package cost 0.4 GB of memory; only metrics need them."""
+    code = "import sys, gsrecon.engine.inference, gsrecon.engine.trainer; print(sorted(sys.modules))"
+    modules = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    for heavy in ("lpips", "torchvision", "torchmetrics.functional.image"):
+        assert f"'{heavy}'" not in modules, heavy

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gsrecon.geometry import quat_scale_to_factor
+from gsrecon.render import torch_renderer
 from gsrecon.render.base import RenderOutput
 from gsrecon.render.sh import (
     num_sh_bases,
@@ -461,29 +462,59 @@ def test_sh_dc_colour_round_trip_and_errors():
         spherical_harmonics(2, dirs, torch.zeros(5, 4, 3))
 
 
-@pytest.mark.parametrize("antialiased", [False, True])
-def test_culling_keeps_images_and_gradients(antialiased: bool):
-    width, height, focal = 24, 16, 18.0
+def _culling_scene(width: int, height: int, focal: float) -> dict[str, torch.Tensor]:
+    """300 Gaussians, many of them off-screen, behind the cameras or too transparent to draw."""
     params = _random_scene(300, width, height, focal, seed=11, opacity_logits=(-7.0, 3.0), sh_degree=3)
     params["means"][::3] *= torch.tensor([6.0, 6.0, 1.0], dtype=torch.float64)  # many far off-screen
     params["means"][1::7, 2] *= -1.0  # some behind the cameras
+    return params
+
+
+def _render_and_backward(
+    params: dict[str, torch.Tensor], renderer: TorchRenderer, width: int, height: int, focal: float
+) -> tuple[RenderOutput, dict[str, torch.Tensor]]:
+    """Two cameras' render of ``params`` and the gradients of a fixed random function of its maps."""
     viewmats, Ks = _cameras(width, height, focal, n_cams=2)
     backgrounds = torch.rand(2, 3, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    results = []
-    for cull in (False, True):
-        p = _requiring_grad(params)
-        renderer = TorchRenderer(TorchRenderer.Config(cull=cull, antialiased=antialiased))
-        out = renderer.render(p, viewmats, Ks, width, height, 3, backgrounds)
-        maps = (out.image, out.alpha, out.depth)
-        weights = [torch.rand(t.shape, generator=torch.Generator().manual_seed(2), dtype=t.dtype) for t in maps]
-        _functional(out, weights).backward()
-        results.append((out, {k: p[k].grad for k in PARAMS}))
-    (full, full_grads), (culled, culled_grads) = results
-    visible = (full.info["radii"] > 0).any(-1).any(0)
-    assert 0 < int(visible.sum()) < 200  # the scene exercises culling
+    p = _requiring_grad(params)
+    out = renderer.render(p, viewmats, Ks, width, height, 3, backgrounds)
+    maps = (out.image, out.alpha, out.depth)
+    weights = [torch.rand(t.shape, generator=torch.Generator().manual_seed(2), dtype=t.dtype) for t in maps]
+    _functional(out, weights).backward()
+    return out, {k: p[k].grad for k in PARAMS}
+
+
+def _assert_same_render(
+    a: tuple[RenderOutput, dict[str, torch.Tensor]], b: tuple[RenderOutput, dict[str, torch.Tensor]]
+) -> None:
+    (first, first_grads), (second, second_grads) = a, b
     for key in ("image", "alpha", "depth"):
-        torch.testing.assert_close(getattr(full, key), getattr(culled, key), msg=key)
-    assert torch.equal(full.info["radii"], culled.info["radii"])
-    torch.testing.assert_close(full.info["means2d"].grad, culled.info["means2d"].grad)
+        torch.testing.assert_close(getattr(first, key), getattr(second, key), msg=key)
+    assert torch.equal(first.info["radii"], second.info["radii"])
+    torch.testing.assert_close(first.info["means2d"].grad, second.info["means2d"].grad)
     for key in PARAMS:
-        torch.testing.assert_close(full_grads[key], culled_grads[key], msg=key)
+        torch.testing.assert_close(first_grads[key], second_grads[key], msg=key)
+
+
+@pytest.mark.parametrize("antialiased", [False, True])
+def test_culling_keeps_images_and_gradients(antialiased: bool):
+    size = (24, 16, 18.0)  # width, height, focal
+    params = _culling_scene(*size)
+    full, culled = (
+        _render_and_backward(params, TorchRenderer(TorchRenderer.Config(cull=cull, antialiased=antialiased)), *size)
+        for cull in (False, True)
+    )
+    visible = (full[0].info["radii"] > 0).any(-1).any(0)
+    assert 0 < int(visible.sum()) < 200  # the scene exercises culling
+    _assert_same_render(full, culled)
+
+
+@pytest.mark.parametrize("cull", [False, True])
+def test_chunks_keep_images_and_gradients(cull: bool, monkeypatch):
+    """Projection in chunks recomputed by backward, and tile lists built a few Gaussians at a time, change nothing."""
+    size = (24, 16, 18.0)  # width, height, focal
+    params = _culling_scene(*size)
+    whole = _render_and_backward(params, TorchRenderer(TorchRenderer.Config(cull=cull)), *size)
+    monkeypatch.setattr(torch_renderer, "INTERSECT_CHUNK", 5)
+    chunked = TorchRenderer(TorchRenderer.Config(cull=cull, max_kept_gaussians=0, max_chunk_gaussians=7))
+    _assert_same_render(whole, _render_and_backward(params, chunked, *size))

@@ -42,11 +42,12 @@ def capture(
     config: dict[str, Any],
     scene_extent: float,
 ) -> dict[str, Any]:
-    """The checkpoint dict of a training state (parameters are copied; the rest is referenced)."""
+    """The checkpoint dict of a training state. It references the live tensors (a copy of the parameters would
+    cost their size again at millions of Gaussians): write it before training goes on."""
     return {
         "version": CHECKPOINT_VERSION,
         "step": step,
-        "params": {k: v.detach().clone() for k, v in params.items()},
+        "params": {k: v.detach() for k, v in params.items()},
         "optimizers": {k: o.state_dict() for k, o in optimizers.items()},
         "schedulers": {k: s.state_dict() for k, s in schedulers.items()},
         "strategy": {k: v for k, v in strategy_state.items() if v is not None},
@@ -265,6 +266,15 @@ def load_checkpoint_file(path: str | Path, device: torch.device | str = "cpu") -
     return checkpoint
 
 
+_FINITE_CHECK_ROWS = 1 << 16  # rows `non_finite` checks at once: isfinite makes a float and three bool temporaries
+
+
 def non_finite(params: Mapping[str, torch.Tensor]) -> list[str]:
     """Names of the tensors in ``params`` holding NaN or infinite values (empty when all are finite)."""
-    return [name for name, value in params.items() if not torch.isfinite(value).all()]
+    return [name for name, value in params.items() if not _all_finite(value)]
+
+
+def _all_finite(value: torch.Tensor) -> bool:
+    """Whether every element of ``value`` is finite."""
+    rows = value.reshape(-1) if value.dim() == 0 else value
+    return all(bool(torch.isfinite(chunk).all()) for chunk in rows.split(_FINITE_CHECK_ROWS))

@@ -38,6 +38,7 @@ from gsrecon.export.quantise import (
     smallest_three,
     unpack_2_10_10_10,
 )
+from gsrecon.model.gaussians import PARAM_NAMES
 from gsrecon.model.ply import (
     cpu_params,
     finite_column,
@@ -54,35 +55,24 @@ CHUNK_PROPERTIES = [f"{end}_{axis}" for axes in _BOUNDS.values() for end in ("mi
 VERTEX_PROPERTIES = ["packed_position", "packed_rotation", "packed_scale", "packed_color"]
 _SCALE_LIMIT = 20.0  # log-scale bounds are clamped to +-this (splat-transform: "sometimes values are at infinity")
 _MORTON_BITS = 21  # per axis: three interleaved fit a 63-bit code
+_ENCODE_ROWS = 1 << 16  # Gaussians encoded at once (a multiple of CHUNK_SIZE): bounded memory at millions
 
 
 def save_compressed_ply(path: str | os.PathLike, params: Mapping[str, Tensor], *, antialiased: bool = False) -> None:
     """Write Gaussians as a compressed PLY (layout in the module docstring), atomically."""
     p = cpu_params(params)
     order = morton_order(p["means"])  # [N]
-    shN = p.pop("shN")  # [N, K, 3], reordered chunk by chunk below
-    p = {key: value[order] for key, value in p.items()}
-    n, num_rest = shN.shape[:2]
-    colors = sh_to_rgb(p["sh0"][:, 0])  # [N, 3]
-    bounds = {
-        "position": _chunk_bounds(p["means"]),
-        "scale": tuple(b.clamp(-_SCALE_LIMIT, _SCALE_LIMIT) for b in _chunk_bounds(p["scales"])),
-        "color": _chunk_bounds(colors),
-    }
-    alpha = round_clamp(torch.sigmoid(p["opacities"]) * 255, 255)  # [N]
-    rgb = round_clamp(_normalise(colors, *bounds["color"]) * 255, 255)  # [N, 3]
-    largest, rest = smallest_three(torch.nn.functional.normalize(p["quats"], dim=1))
-    packed = {
-        "packed_position": _pack_11_10_11(_normalise(p["means"], *bounds["position"])),
-        "packed_rotation": pack_2_10_10_10(largest, round_clamp((rest * math.sqrt(0.5) + 0.5) * 1023, 1023)),
-        "packed_scale": _pack_11_10_11(_normalise(p["scales"], *bounds["scale"])),
-        "packed_color": (rgb[:, 0] << 24) | (rgb[:, 1] << 16) | (rgb[:, 2] << 8) | alpha,
-    }
-    chunk_columns = torch.cat([torch.cat(bounds[name], dim=1) for name in _BOUNDS], dim=1)  # [C, 18]
-    vertex_columns = torch.stack(list(packed.values()), dim=1).to(torch.int32).numpy().view(np.uint32)  # [N, 4]
+    n, num_rest = p["shN"].shape[:2]
+    chunk_columns = torch.empty(math.ceil(n / CHUNK_SIZE), len(CHUNK_PROPERTIES))  # [C, 18]
+    vertex_columns = np.empty((n, len(VERTEX_PROPERTIES)), np.uint32)  # [N, 4]
+    for start in range(0, n, _ENCODE_ROWS):  # bounded memory at millions of Gaussians
+        block = {key: p[key][order[start : start + _ENCODE_ROWS]] for key in PARAM_NAMES if key != "shN"}
+        chunks, vertices = _encode_block(block)
+        chunk_columns[start // CHUNK_SIZE : start // CHUNK_SIZE + len(chunks)] = chunks
+        vertex_columns[start : start + len(vertices)] = vertices
 
     def sh_rows(start: int, stop: int) -> np.ndarray:  # [stop - start, 3K] quantised f_rest_*, channel-major
-        rest_sh = shN[order[start:stop]].transpose(1, 2).reshape(stop - start, 3 * num_rest)
+        rest_sh = p["shN"][order[start:stop]].transpose(1, 2).reshape(stop - start, 3 * num_rest)
         return torch.trunc((rest_sh / 8 + 0.5) * 256).clamp(0, 255).to(torch.uint8).numpy()
 
     elements = [
@@ -94,6 +84,28 @@ def save_compressed_ply(path: str | os.PathLike, params: Mapping[str, Tensor], *
         elements.append(("sh", np.dtype([(name, "u1") for name in names]), n, sh_rows))
     with atomic_path(path) as tmp:
         write_binary_ply(tmp, elements, render_mode_comments(antialiased))
+
+
+def _encode_block(p: Mapping[str, Tensor]) -> tuple[Tensor, np.ndarray]:
+    """The chunk rows [c, 18] and packed vertex rows [m, 4] of Gaussians ``p`` (m rows, in storage order,
+    starting at a chunk boundary)."""
+    colors = sh_to_rgb(p["sh0"][:, 0])  # [M, 3]
+    bounds = {
+        "position": _chunk_bounds(p["means"]),
+        "scale": tuple(b.clamp(-_SCALE_LIMIT, _SCALE_LIMIT) for b in _chunk_bounds(p["scales"])),
+        "color": _chunk_bounds(colors),
+    }
+    alpha = round_clamp(torch.sigmoid(p["opacities"]) * 255, 255)  # [M]
+    rgb = round_clamp(_normalise(colors, *bounds["color"]) * 255, 255)  # [M, 3]
+    largest, rest = smallest_three(torch.nn.functional.normalize(p["quats"], dim=1))
+    packed = {
+        "packed_position": _pack_11_10_11(_normalise(p["means"], *bounds["position"])),
+        "packed_rotation": pack_2_10_10_10(largest, round_clamp((rest * math.sqrt(0.5) + 0.5) * 1023, 1023)),
+        "packed_scale": _pack_11_10_11(_normalise(p["scales"], *bounds["scale"])),
+        "packed_color": (rgb[:, 0] << 24) | (rgb[:, 1] << 16) | (rgb[:, 2] << 8) | alpha,
+    }
+    chunk_columns = torch.cat([torch.cat(bounds[name], dim=1) for name in _BOUNDS], dim=1)  # [c, 18]
+    return chunk_columns, torch.stack(list(packed.values()), dim=1).to(torch.int32).numpy().view(np.uint32)
 
 
 def load_compressed_ply(path: str | os.PathLike) -> dict[str, Tensor]:
@@ -138,11 +150,13 @@ def morton_order(means: Tensor) -> Tensor:
     """Indices [N] that sort points [N, 3] along a Z-order (Morton) curve through their bounding box."""
     lo, hi = means.min(dim=0).values, means.max(dim=0).values
     top = (1 << _MORTON_BITS) - 1
-    cells = ((means - lo) / (hi - lo).clamp_min(1e-12) * top).long().clamp(0, top)  # [N, 3]
-    code = torch.zeros(means.shape[0], dtype=torch.long)
-    for bit in range(_MORTON_BITS):  # interleave: bit b of axis a goes to bit 3b + a of the code
-        for axis in range(3):
-            code |= ((cells[:, axis] >> bit) & 1) << (3 * bit + axis)
+    code = torch.zeros(means.shape[0], dtype=torch.long)  # [N]
+    for start in range(0, means.shape[0], _ENCODE_ROWS):  # bounded memory at millions of Gaussians
+        rows = means[start : start + _ENCODE_ROWS]
+        cells = ((rows - lo) / (hi - lo).clamp_min(1e-12) * top).long().clamp(0, top)  # [M, 3]
+        for bit in range(_MORTON_BITS):  # interleave: bit b of axis a goes to bit 3b + a of the code
+            for axis in range(3):
+                code[start : start + _ENCODE_ROWS] |= ((cells[:, axis] >> bit) & 1) << (3 * bit + axis)
     return torch.argsort(code, stable=True)
 
 

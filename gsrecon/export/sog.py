@@ -84,8 +84,8 @@ def save_sog(path: str | os.PathLike, params: Mapping[str, Tensor], *, antialias
         )
     size = _image_size(n)
     order = morton_order(p["means"])  # [N]
-    p = {key: value[order] for key, value in p.items()}
-    files, meta = _encode(p, size)
+    shN = p.pop("shN")  # [N, K, 3], read in storage order by `_sh_palette` (no reordered copy)
+    files, meta = _encode({key: value[order] for key, value in p.items()}, shN, order, size)
     meta = {"version": SOG_VERSION, "count": n, "antialias": antialiased, **meta}
     files["meta.json"] = json.dumps(meta, separators=(",", ":")).encode()
     if Path(path).name == "meta.json":
@@ -109,8 +109,11 @@ def _image_size(n: int) -> tuple[int, int]:
     return width, height
 
 
-def _encode(p: Mapping[str, Tensor], size: tuple[int, int]) -> tuple[dict[str, bytes], dict[str, Any]]:
-    """The WebP images of Gaussians ``p`` (in storage order) by file name, and their ``meta.json`` entries."""
+def _encode(
+    p: Mapping[str, Tensor], shN: Tensor, order: Tensor, size: tuple[int, int]
+) -> tuple[dict[str, bytes], dict[str, Any]]:
+    """The WebP images of Gaussians ``p`` (in storage order, all but ``shN``) and of their rest SH coefficients
+    ``shN`` [N, K, 3] (``shN[order]`` in storage order) by file name, and their ``meta.json`` entries."""
     logs = torch.sign(p["means"].double()) * torch.log1p(p["means"].double().abs())  # [N, 3]
     lo, hi = logs.amin(dim=0), logs.amax(dim=0)
     fixed = round_clamp((logs - lo) / torch.where(hi > lo, hi - lo, 1.0) * 65535, 65535)  # [N, 3]
@@ -132,16 +135,17 @@ def _encode(p: Mapping[str, Tensor], size: tuple[int, int]) -> tuple[dict[str, b
         "quats": {"files": ["quats.webp"]},
         "sh0": {"codebook": sh0_codebook, "files": ["sh0.webp"]},
     }
-    if p["shN"].shape[1]:
-        sh_files, meta["shN"] = _encode_rest_sh(p["shN"], size)
+    if shN.shape[1]:
+        sh_files, meta["shN"] = _encode_rest_sh(shN, order, size)
         files.update(sh_files)
     return files, meta
 
 
-def _encode_rest_sh(rest: Tensor, size: tuple[int, int]) -> tuple[dict[str, bytes], dict[str, Any]]:
-    """The palette and label images of rest SH coefficients [N, K, 3] (K > 0), and their ``meta.json`` entry."""
+def _encode_rest_sh(rest: Tensor, order: Tensor, size: tuple[int, int]) -> tuple[dict[str, bytes], dict[str, Any]]:
+    """The palette and label images of rest SH coefficients [N, K, 3] (K > 0) taken in the storage order
+    ``order`` [N], and their ``meta.json`` entry."""
     num_rest = rest.shape[1]
-    palette, labels = _sh_palette(rest)  # [P, K, 3], [N]
+    palette, labels = _sh_palette(rest, order)  # [P, K, 3], [N]
     codebook, entries = _codebook(palette)  # entries [P, K, 3]
     rows = math.ceil(palette.shape[0] / PALETTE_ENTRIES_PER_ROW)
     entries = torch.cat([entries, entries.new_zeros(rows * PALETTE_ENTRIES_PER_ROW - palette.shape[0], num_rest, 3)])
@@ -169,7 +173,7 @@ def _webp(pixels: Tensor, size: tuple[int, int]) -> bytes:
 
 
 def _codebook(values: Tensor) -> tuple[list[float], Tensor]:
-    """A sorted 256-entry codebook for all of ``values`` and each value's nearest entry (int64, same shape).
+    """A sorted 256-entry codebook for all of ``values`` and each value's nearest entry (uint8, same shape).
 
     The entries are the distinct values when there are at most 256 (exact), else 1-D k-means
     centroids started at the point density ``count^(1/3)`` of a histogram (Lloyd-Max's optimum for
@@ -191,43 +195,53 @@ def _codebook(values: Tensor) -> tuple[list[float], Tensor]:
             counts = bounds[1:] - bounds[:-1]
             means = (prefix[bounds[1:]] - prefix[bounds[:-1]]) / counts.clamp_min(1)
             centroids = torch.where(counts > 0, means, centroids).sort().values
-    labels = torch.bucketize(values.double(), (centroids[1:] + centroids[:-1]) / 2)
+    edges = (centroids[1:] + centroids[:-1]) / 2
+    # A block of rows at a time, as uint8: float64 and int64 copies of millions of values would be 16 bytes each.
+    labels = torch.cat([torch.bucketize(b.double(), edges).to(torch.uint8) for b in values.split(_ASSIGN_CHUNK_ROWS)])
     padding = CODEBOOK_SIZE - centroids.shape[0]
     return [*centroids.tolist(), *[centroids[-1].item()] * padding], labels
 
 
-def _sh_palette(rest: Tensor) -> tuple[Tensor, Tensor]:
-    """A palette [P, K, 3] for the rest SH coefficients [N, K, 3] and each Gaussian's entry [N].
+def _sh_palette(rest: Tensor, order: Tensor) -> tuple[Tensor, Tensor]:
+    """A palette [P, K, 3] for the rest SH coefficients [N, K, 3] and each Gaussian's entry [N], Gaussians
+    taken in the storage order ``order`` [N].
 
     P is the largest power of two <= N (at most 65536), as the reference writes: ``sqrt(P)`` coarse
     clusters of ``sqrt(P)`` fine ones (powers of two); entries a small cluster leaves unused repeat its centroid.
     """
     n = rest.shape[0]
-    x = rest.reshape(n, -1)  # [N, 3K]
+
+    def rows(ids: Tensor) -> Tensor:  # [M, 3K]: the coefficients of storage rows ``ids``, gathered when needed
+        return rest[order[ids]].reshape(len(ids), -1)
+
     bits = min(_MAX_PALETTE_BITS, n.bit_length() - 1)
-    num_fine = 1 << (bits // 2)
+    num_fine, num_coarse = 1 << (bits // 2), 1 << (bits - bits // 2)
     generator = torch.Generator().manual_seed(_SEED)
-    coarse = _kmeans(x, 1 << (bits - bits // 2), generator)  # [C, 3K]
-    coarse_labels = _nearest(x, coarse)  # [N]
+    coarse = _kmeans(rows(_sample(n, num_coarse, generator)), num_coarse, generator)  # [C, 3K]
+    coarse_labels = torch.cat([_nearest(rows(ids), coarse) for ids in torch.arange(n).split(_ASSIGN_CHUNK_ROWS)])
     palette = coarse.repeat_interleave(num_fine, dim=0)  # [C * F, 3K]
     labels = torch.empty(n, dtype=torch.long)
     members_of = torch.argsort(coarse_labels, stable=True).split(torch.bincount(coarse_labels).tolist())
     for cluster, members in enumerate(members_of):
         if members.numel():
-            fine = _kmeans(x[members], num_fine, generator)  # [<= F, 3K]
+            x = rows(members)  # [M, 3K]
+            fine = _kmeans(x[_sample(len(members), num_fine, generator)], num_fine, generator)  # [<= F, 3K]
             palette[cluster * num_fine : cluster * num_fine + fine.shape[0]] = fine
-            labels[members] = cluster * num_fine + _nearest(x[members], fine)
+            labels[members] = cluster * num_fine + _nearest(x, fine)
     return palette.reshape(palette.shape[0], -1, 3), labels
 
 
-def _kmeans(x: Tensor, k: int, generator: torch.Generator) -> Tensor:
-    """Up to ``k`` centroids [k', D] of the rows ``x`` [M, D] (fewer when fewer rows are distinct).
+def _sample(count: int, k: int, generator: torch.Generator) -> Tensor:
+    """Ids [<= _FIT_ROWS_PER_CENTROID * k] of a seeded sample of ``count`` rows, to fit ``k`` centroids on."""
+    return torch.randperm(count, generator=generator)[: _FIT_ROWS_PER_CENTROID * k]
 
-    Lloyd's algorithm for a fixed number of iterations on a seeded sample of at most
-    ``_FIT_ROWS_PER_CENTROID * k`` rows, started from distinct sample rows; a centroid left
+
+def _kmeans(sample: Tensor, k: int, generator: torch.Generator) -> Tensor:
+    """Up to ``k`` centroids [k', D] of the rows ``sample`` [M, D] (fewer when fewer rows are distinct).
+
+    Lloyd's algorithm for a fixed number of iterations, started from distinct rows; a centroid left
     without rows stays where it is.
     """
-    sample = x[torch.randperm(x.shape[0], generator=generator)[: _FIT_ROWS_PER_CENTROID * k]]
     distinct = torch.unique(sample, dim=0)
     centroids = distinct[torch.randperm(distinct.shape[0], generator=generator)[:k]]
     for _ in range(_KMEANS_ITERATIONS):

@@ -149,20 +149,31 @@ def load_ply(path: str | os.PathLike) -> dict[str, Tensor]:
     n = vertex.count
     if n == 0:
         raise ValueError(f"{path}: element 'vertex' has 0 Gaussians; there is nothing to load")
-
-    def stack(names: list[str]) -> np.ndarray:
-        return np.stack([finite_column(path, name, vertex[name]) for name in names], axis=1)
-
-    rest = stack([f"f_rest_{i}" for i in range(3 * num_rest)]) if num_rest else np.zeros((n, 0), np.float32)
-    arrays = {
-        "means": stack(["x", "y", "z"]),  # [N, 3]
-        "scales": stack([f"scale_{i}" for i in range(3)]),  # [N, 3]
-        "quats": stack([f"rot_{i}" for i in range(4)]),  # [N, 4]
-        "opacities": stack(["opacity"])[:, 0],  # [N]
-        "sh0": stack([f"f_dc_{i}" for i in range(3)])[:, None, :],  # [N, 1, 3]
-        "shN": rest.reshape(n, 3, num_rest).transpose(0, 2, 1),  # [N, K, 3]
+    params = {
+        "means": torch.empty(n, 3),
+        "scales": torch.empty(n, 3),
+        "quats": torch.empty(n, 4),
+        "opacities": torch.empty(n),
+        "sh0": torch.empty(n, 1, 3),
+        "shN": torch.empty(n, num_rest, 3),
     }
-    return {key: torch.from_numpy(np.ascontiguousarray(value)) for key, value in arrays.items()}
+    # Each property is copied from the memory-mapped file straight into its place: no whole-scene temporaries.
+    for name, (key, index) in _property_places(num_rest).items():
+        params[key].numpy()[(slice(None), *index)] = finite_column(path, name, vertex[name])
+    return params
+
+
+def _property_places(num_rest: int) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Where each reference 3DGS property goes: the parameter and the index within a Gaussian's row."""
+    rest = {f"f_rest_{c * num_rest + k}": ("shN", (k, c)) for c in range(3) for k in range(num_rest)}  # channel-major
+    return {
+        **rest,
+        **{name: ("means", (i,)) for i, name in enumerate(("x", "y", "z"))},
+        **{f"scale_{i}": ("scales", (i,)) for i in range(3)},
+        **{f"rot_{i}": ("quats", (i,)) for i in range(4)},
+        "opacity": ("opacities", ()),
+        **{f"f_dc_{i}": ("sh0", (0, i)) for i in range(3)},
+    }
 
 
 def ply_antialiased(path: str | os.PathLike) -> bool | None:

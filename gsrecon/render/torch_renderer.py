@@ -15,8 +15,9 @@ alternatives on CPU.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -25,9 +26,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gsrecon.geometry import camera_centers, quat_scale_to_factor
+from gsrecon.model.gaussians import PARAM_NAMES
 from gsrecon.registry import RENDERER_REGISTRY
 from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
-from gsrecon.render.sh import sh_to_color
+from gsrecon.render.sh import num_sh_bases, sh_to_color
 
 ALPHA_MIN = 1.0 / 255.0  # a Gaussian with alpha below this is skipped at a pixel
 TRANSMITTANCE_MIN = 1e-4  # a pixel stops before the Gaussian that would take T to or below this
@@ -36,6 +38,7 @@ N_FEATURES = 5  # composited per Gaussian: r, g, b, depth, 1 (the last accumulat
 _SKIP = 1e4  # quadratic offset of padding slots: exp(-1e4) is exactly 0
 _TINY = 1e-30  # floor of the undilated covariance determinant (degenerate Gaussians get opacity ~0)
 _LOG2_E = 1.0 / math.log(2.0)
+INTERSECT_CHUNK = 1 << 16  # visible Gaussians whose candidate tiles `intersect_tiles` lists at once
 
 
 class Projection(NamedTuple):
@@ -164,6 +167,70 @@ def cull_gaussians(
     return keep.nonzero().squeeze(1)
 
 
+def shade_gaussians(
+    rows: Sequence[Tensor],
+    viewmats: Tensor,  # [C, 4, 4]
+    Ks: Tensor,  # [C, 3, 3]
+    width: int,
+    height: int,
+    sh_degree: int,
+    cfg: RendererConfig,
+) -> tuple[Tensor, ...]:
+    """The `Projection` fields, then the colours [C, M, 3], of the Gaussians whose parameter rows are ``rows``.
+
+    ``rows`` are M rows of each parameter, in `PARAM_NAMES` order: means [M, 3], log scales [M, 3],
+    quats [M, 4], opacity logits [M], sh0 [M, 1, 3] and shN [M, K, 3]. Every output is [C, M, ...].
+    """
+    means, log_scales, quats, logits, sh0, shN = rows
+    log_opacities = F.logsigmoid(logits)  # [M]
+    factors = quat_scale_to_factor(quats, torch.exp(log_scales))  # [M, 3, 3]
+    proj = project_gaussians(
+        means, factors, log_opacities, viewmats, Ks, width, height,
+        cfg.near_plane, cfg.far_plane, cfg.eps2d, cfg.antialiased,
+    )  # fmt: skip
+    dirs = F.normalize(means[None] - camera_centers(viewmats)[:, None], dim=-1)  # [C, M, 3]
+    coeffs = torch.cat([sh0, shN[:, : num_sh_bases(sh_degree) - 1]], dim=1)  # [M, K', 3]
+    return (*proj, sh_to_color(sh_degree, dirs, coeffs[None]))
+
+
+class _RowChunks(torch.autograd.Function):
+    """``fn`` of the rows ``ids`` of ``tensors``, ``chunk`` rows at a time; its outputs [C, M, ...] joined on dim 1.
+
+    ``fn`` maps a list of row blocks (one per tensor) to a tuple of [C, m, ...] tensors computed row by
+    row. Forward keeps only the inputs; backward recomputes ``fn`` chunk by chunk, so memory is bounded
+    by one chunk's intermediates instead of all rows', and the gradients are those of ``fn`` on all rows.
+    """
+
+    @staticmethod
+    def forward(ctx, fn, ids, chunk, *tensors):
+        parts = [fn([t.index_select(0, rows) for t in tensors]) for rows in ids.split(chunk)]
+        outputs = tuple(torch.cat(pieces, dim=1) for pieces in zip(*parts))
+        ctx.fn, ctx.chunk = fn, chunk
+        ctx.save_for_backward(ids, *tensors)
+        ctx.mark_non_differentiable(*(o for o in outputs if not o.is_floating_point()))
+        return outputs
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        ids, *tensors = ctx.saved_tensors
+        wanted = ctx.needs_input_grad[3:]
+        grads = [t.new_zeros(t.shape) if need else None for t, need in zip(tensors, wanted)]  # [N, ...] each
+        start = 0
+        for rows in ids.split(ctx.chunk):
+            blocks = [t.detach().index_select(0, rows).requires_grad_(need) for t, need in zip(tensors, wanted)]
+            with torch.enable_grad():
+                outputs = ctx.fn(blocks)
+            pairs = [(o, g[:, start : start + len(rows)]) for o, g in zip(outputs, grad_outputs) if o.requires_grad]
+            inputs = [b for b in blocks if b.requires_grad]
+            block_grads = torch.autograd.grad(
+                [o for o, _ in pairs], inputs, [g for _, g in pairs], allow_unused=True, materialize_grads=True
+            )
+            for grad, block_grad in zip((g for g in grads if g is not None), block_grads):
+                grad.index_copy_(0, rows, block_grad)
+            start += len(rows)
+        return None, None, None, *grads
+
+
 class TileIntersections(NamedTuple):
     """(tile, Gaussian) pairs, grouped by tile and sorted front to back within each tile."""
 
@@ -210,8 +277,41 @@ def intersect_tiles(
     float32; ties keep Gaussian order).
     """
     n_cams, n = depths.shape
-    device = depths.device
     vis = (radii > 0).any(-1).flatten().nonzero().squeeze(1)  # [V] flat ids
+    # The candidates of INTERSECT_CHUNK Gaussians at a time: their temporaries are several times the pairs kept.
+    pairs = [
+        _reached_tiles(ids, means2d, conics, log_opacities, radii, tile_size, tiles_x, tiles_y)
+        for ids in vis.split(INTERSECT_CHUNK)
+    ]
+    flat_ids = torch.cat([ids for ids, _ in pairs])  # [P]
+    tiles_per_image = tiles_x * tiles_y
+    tile_ids = torch.div(flat_ids, n, rounding_mode="floor") * tiles_per_image + torch.cat([t for _, t in pairs])
+    # Bits of positive float32 depths sort like the depths: one integer sort orders both keys.
+    depth_bits = depths.detach().float().reshape(-1).index_select(0, flat_ids).view(torch.int32).long()
+    order = torch.sort(tile_ids * 2**32 + depth_bits, stable=True)[1]
+    tile_ids = tile_ids.index_select(0, order)
+    tile_counts = torch.bincount(tile_ids, minlength=n_cams * tiles_per_image)
+    return TileIntersections(
+        gauss_ids=flat_ids.index_select(0, order),
+        tile_ids=tile_ids,
+        tile_offsets=torch.cumsum(tile_counts, 0) - tile_counts,
+        tile_counts=tile_counts,
+    )
+
+
+def _reached_tiles(
+    vis: Tensor,  # [V] flat camera * N + gaussian ids of visible Gaussians
+    means2d: Tensor,  # [C, N, 2]
+    conics: Tensor,  # [C, N, 3]
+    log_opacities: Tensor,  # [C, N]
+    radii: Tensor,  # [C, N, 2]
+    tile_size: int,
+    tiles_x: int,
+    tiles_y: int,
+) -> tuple[Tensor, Tensor]:
+    """The (flat id, tile index in its image) pairs of `intersect_tiles` for the Gaussians ``vis``, [P] each,
+    in the order of ``vis`` and, per Gaussian, row by row through its bounding box."""
+    device = vis.device
     # Per visible Gaussian, 1-D contiguous columns: ops on strided columns are slow on CPU.
     cx, cy = (v.detach().reshape(-1).index_select(0, vis) for v in means2d.unbind(-1))  # [V]
     rx, ry = (v.reshape(-1).index_select(0, vis).to(cx.dtype) for v in radii.unbind(-1))
@@ -237,23 +337,8 @@ def intersect_tiles(
     log_alpha_max = log_opacities.detach().reshape(-1).index_select(0, flat_ids) - min_sigma
     # The small margin guarantees that no pair whose alpha reaches 1/255 is dropped.
     reach = (log_alpha_max >= math.log(ALPHA_MIN) - 1e-4).nonzero().squeeze(1)
-    src, flat_ids = src.index_select(0, reach), flat_ids.index_select(0, reach)
-    tile_x, tile_y = tile_x.index_select(0, reach).long(), tile_y.index_select(0, reach).long()
-
-    tiles_per_image = tiles_x * tiles_y
-    cams = torch.div(vis, n, rounding_mode="floor").index_select(0, src)
-    tile_ids = cams * tiles_per_image + tile_y * tiles_x + tile_x
-    # Bits of positive float32 depths sort like the depths: one integer sort orders both keys.
-    depth_bits = depths.detach().float().reshape(-1).index_select(0, vis).view(torch.int32).long()
-    order = torch.sort(tile_ids * 2**32 + depth_bits.index_select(0, src), stable=True)[1]
-    tile_ids = tile_ids.index_select(0, order)
-    tile_counts = torch.bincount(tile_ids, minlength=n_cams * tiles_per_image)
-    return TileIntersections(
-        gauss_ids=flat_ids.index_select(0, order),
-        tile_ids=tile_ids,
-        tile_offsets=torch.cumsum(tile_counts, 0) - tile_counts,
-        tile_counts=tile_counts,
-    )
+    tiles = tile_y.index_select(0, reach).long() * tiles_x + tile_x.index_select(0, reach).long()
+    return flat_ids.index_select(0, reach), tiles
 
 
 class _Chunk(NamedTuple):
@@ -488,6 +573,11 @@ class TorchRenderer(Renderer):
         # Up to this many (slot x pixel) entries per render, forward keeps alphas and weights for
         # backward (8 bytes each); above it, backward recomputes them (slower, bounded memory).
         max_kept_elements: int = 1 << 24
+        # Up to max_kept_gaussians rendered Gaussians, projection and colours run on all of them at once and
+        # forward keeps their intermediates for backward (~0.6 kB each); above it, they run max_chunk_gaussians
+        # at a time and backward recomputes them chunk by chunk (a second projection, bounded memory).
+        max_chunk_gaussians: int = 1 << 16
+        max_kept_gaussians: int = 1 << 18
         # Before projecting, drop the Gaussians that cannot be visible (`cull_gaussians`): same
         # image and gradients, cost proportional to the visible ones at millions of Gaussians.
         cull: bool = True
@@ -500,6 +590,10 @@ class TorchRenderer(Renderer):
                 raise ValueError(f"renderer max_chunk_elements={self.max_chunk_elements} must be >= 1")
             if self.max_kept_elements < 0:
                 raise ValueError(f"renderer max_kept_elements={self.max_kept_elements} must be >= 0")
+            if self.max_chunk_gaussians < 1:
+                raise ValueError(f"renderer max_chunk_gaussians={self.max_chunk_gaussians} must be >= 1")
+            if self.max_kept_gaussians < 0:
+                raise ValueError(f"renderer max_kept_gaussians={self.max_kept_gaussians} must be >= 0")
 
     def __init__(self, cfg: TorchRenderer.Config | None = None) -> None:
         self.cfg = cfg if cfg is not None else TorchRenderer.Config()
@@ -516,34 +610,31 @@ class TorchRenderer(Renderer):
     ) -> RenderOutput:
         cfg = self.cfg
         n_cams, n = viewmats.shape[0], params["means"].shape[0]
-        log_opacities = F.logsigmoid(params["opacities"])  # [N]
+        rows = [params[key] for key in PARAM_NAMES]
         ids = None  # [M] ids of the Gaussians rendered, None for all of them
         if cfg.cull:
             ids = cull_gaussians(
-                params["means"].detach(), params["scales"].detach(), log_opacities.detach(), viewmats,
-                Ks, width, height, cfg.near_plane, cfg.far_plane, cfg.eps2d,
+                params["means"].detach(), params["scales"].detach(), F.logsigmoid(params["opacities"].detach()),
+                viewmats, Ks, width, height, cfg.near_plane, cfg.far_plane, cfg.eps2d,
             )  # fmt: skip
             if len(ids) == n:
                 ids = None
-        n_sh = (sh_degree + 1) ** 2 - 1
-        # index_select's backward scatters into full-size gradients: culled Gaussians get exact zeros.
-        pick = (lambda t: t) if ids is None else (lambda t: t.index_select(0, ids))
-        means = pick(params["means"])  # [M, 3]
-        factors = quat_scale_to_factor(pick(params["quats"]), torch.exp(pick(params["scales"])))
-        proj = project_gaussians(
-            means, factors, pick(log_opacities), viewmats, Ks, width, height,
-            cfg.near_plane, cfg.far_plane, cfg.eps2d, cfg.antialiased,
-        )  # fmt: skip
+        shade = functools.partial(
+            shade_gaussians, viewmats=viewmats, Ks=Ks, width=width, height=height, sh_degree=sh_degree, cfg=cfg
+        )
+        if (n if ids is None else len(ids)) <= cfg.max_kept_gaussians:
+            # index_select's backward scatters into full-size gradients: culled Gaussians get exact zeros.
+            shaded = shade(rows if ids is None else [t.index_select(0, ids) for t in rows])
+        else:  # as do _RowChunks' gradients
+            all_ids = torch.arange(n, device=viewmats.device) if ids is None else ids
+            shaded = _RowChunks.apply(shade, all_ids, cfg.max_chunk_gaussians, *rows)
+        proj, colors = Projection(*shaded[:5]), shaded[5]  # colors [C, M, 3]
         means2d, radii = proj.means2d, proj.radii  # [C, M, 2] each
         if ids is not None:  # full-size [C, N, 2] for the strategy; culled rows are 0
             means2d = means2d.new_zeros(n_cams, n, 2).index_copy(1, ids, means2d)
             radii = radii.new_zeros(n_cams, n, 2).index_copy_(1, ids, radii)
         if means2d.requires_grad:
             means2d.retain_grad()
-
-        dirs = F.normalize(means[None] - camera_centers(viewmats)[:, None], dim=-1)  # [C, M, 3]
-        coeffs = torch.cat([pick(params["sh0"]), pick(params["shN"][:, :n_sh])], dim=1)  # [M, K, 3]
-        colors = sh_to_color(sh_degree, dirs, coeffs[None])  # [C, M, 3]
 
         out = rasterize_tiles(
             means2d if ids is None else means2d.index_select(1, ids), proj.conics, proj.log_opacities,
