@@ -203,8 +203,12 @@ class _RowChunks(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, fn, ids, chunk, *tensors):
-        parts = [fn([t.index_select(0, rows) for t in tensors]) for rows in ids.split(chunk)]
-        outputs = tuple(torch.cat(pieces, dim=1) for pieces in zip(*parts))
+        outputs: tuple[Tensor, ...] = ()
+        for start in range(0, len(ids), chunk):  # each chunk straight into its place: no list of parts to join
+            part = fn([t.index_select(0, ids[start : start + chunk]) for t in tensors])
+            outputs = outputs or tuple(p.new_empty(p.shape[0], len(ids), *p.shape[2:]) for p in part)
+            for output, piece in zip(outputs, part):
+                output[:, start : start + chunk] = piece
         ctx.fn, ctx.chunk = fn, chunk
         ctx.save_for_backward(ids, *tensors)
         ctx.mark_non_differentiable(*(o for o in outputs if not o.is_floating_point()))
@@ -543,6 +547,7 @@ def rasterize_tiles(
     tiles_x, tiles_y = math.ceil(width / tile_size), math.ceil(height / tile_size)
     isect = intersect_tiles(means2d, conics, log_opacities, radii, depths, tile_size, tiles_x, tiles_y)
     layout = _plan_layout(isect, tile_size * tile_size, max_chunk_elements)
+    del isect  # its pair lists (16 bytes a pair) are not needed while compositing
     quads = _slot_quadratics(means2d, conics, log_opacities, layout, tile_size, tiles_x, tiles_y)
     feats = _slot_features(colors, depths, layout)  # [E, 5]
     basis = _pixel_basis(tile_size, quads.dtype, quads.device)  # [6, S]
