@@ -52,7 +52,8 @@ def measure(cmd: list[str]) -> tuple[float, float, int, str]:
     """Run ``cmd``; return its wall seconds, peak RSS in GB, exit status and stdout's last line."""
     start = time.perf_counter()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=err)
+        # A preexec_fn makes Popen fork, not vfork: a vforked child's ru_maxrss starts at this process's own peak.
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=err, preexec_fn=os.getpid)
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
         wall = time.perf_counter() - start
