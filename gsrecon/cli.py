@@ -18,6 +18,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
+from gsrecon.heap import unmap_large_blocks
+
 EXIT_USAGE = 2  # bad input: a config, file or value the user can fix (one red line)
 EXIT_INTERRUPTED = 130  # stopped by Ctrl-C (SIGINT) at a step boundary, after a checkpoint
 EXIT_TERMINATED = 143  # stopped by SIGTERM (kill, timeout, Slurm, Kubernetes) likewise
@@ -527,6 +529,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if extra:
         args.overrides = [*args.overrides, *extra]
+    unmap_large_blocks()
     try:
         return args.func(args)
     except KeyboardInterrupt:

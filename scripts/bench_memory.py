@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gsrecon.heap import unmap_large_blocks
 from gsrecon.model.ply import save_ply
 from gsrecon.render.sh import num_sh_bases
 
@@ -101,6 +102,7 @@ def main() -> None:
     parser.add_argument("--render-child", nargs=2, metavar=("CHECKPOINT", "VIEWS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.render_child:
+        unmap_large_blocks()  # as every gsrecon command does
         render_child(args.render_child[0], int(args.render_child[1]))
         return
 

@@ -35,7 +35,7 @@ import json
 import math
 import os
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -84,8 +84,7 @@ def save_sog(path: str | os.PathLike, params: Mapping[str, Tensor], *, antialias
         )
     size = _image_size(n)
     order = morton_order(p["means"])  # [N]
-    shN = p.pop("shN")  # [N, K, 3], read in storage order by `_sh_palette` (no reordered copy)
-    files, meta = _encode({key: value[order] for key, value in p.items()}, shN, order, size)
+    files, meta = _encode(p, order, size)
     meta = {"version": SOG_VERSION, "count": n, "antialias": antialiased, **meta}
     files["meta.json"] = json.dumps(meta, separators=(",", ":")).encode()
     if Path(path).name == "meta.json":
@@ -109,25 +108,35 @@ def _image_size(n: int) -> tuple[int, int]:
     return width, height
 
 
-def _encode(
-    p: Mapping[str, Tensor], shN: Tensor, order: Tensor, size: tuple[int, int]
-) -> tuple[dict[str, bytes], dict[str, Any]]:
-    """The WebP images of Gaussians ``p`` (in storage order, all but ``shN``) and of their rest SH coefficients
-    ``shN`` [N, K, 3] (``shN[order]`` in storage order) by file name, and their ``meta.json`` entries."""
-    logs = torch.sign(p["means"].double()) * torch.log1p(p["means"].double().abs())  # [N, 3]
-    lo, hi = logs.amin(dim=0), logs.amax(dim=0)
-    fixed = round_clamp((logs - lo) / torch.where(hi > lo, hi - lo, 1.0) * 65535, 65535)  # [N, 3]
-    largest, rest = smallest_three(torch.nn.functional.normalize(p["quats"].double(), dim=1))
-    quats = torch.cat([round_clamp((rest / math.sqrt(2) + 0.5) * 255, 255), 252 + largest[:, None]], dim=1)
-    scales_codebook, scales = _codebook(p["scales"])
-    sh0_codebook, sh0 = _codebook(p["sh0"][:, 0])
-    alpha = round_clamp(torch.sigmoid(p["opacities"].double()) * 255, 255)  # [N]
+def _encode(p: Mapping[str, Tensor], order: Tensor, size: tuple[int, int]) -> tuple[dict[str, bytes], dict[str, Any]]:
+    """The WebP images of Gaussians ``p`` taken in the storage order ``order`` [N], by file name, and their
+    ``meta.json`` entries. Pixels are made a block of rows at a time: float64 temporaries of whole columns
+    would take 24-32 bytes per Gaussian each."""
+    lo, hi = _log_position_bounds(p["means"])  # [3], [3]
+    span = torch.where(hi > lo, hi - lo, 1.0)
+
+    def means_bytes(ids: Tensor) -> Tensor:  # [M, 6]: low bytes, then high bytes of the 16-bit positions
+        fixed = round_clamp((_log_position(p["means"][ids]) - lo) / span * 65535, 65535)
+        return torch.cat([fixed & 255, fixed >> 8], dim=1)
+
+    def quat_bytes(ids: Tensor) -> Tensor:  # [M, 4]
+        largest, rest = smallest_three(torch.nn.functional.normalize(p["quats"][ids].double(), dim=1))
+        return torch.cat([round_clamp((rest / math.sqrt(2) + 0.5) * 255, 255), 252 + largest[:, None]], dim=1)
+
+    scales_codebook, scales_edges = _codebook(p["scales"])
+    sh0_codebook, sh0_edges = _codebook(p["sh0"])
+
+    def sh0_alpha_bytes(ids: Tensor) -> Tensor:  # [M, 4]
+        alpha = round_clamp(torch.sigmoid(p["opacities"][ids].double()) * 255, 255)
+        return torch.cat([_entries(p["sh0"][ids, 0], sh0_edges), alpha[:, None]], dim=1)
+
+    means = _rows_in_order(order, 6, means_bytes)  # [N, 6]
     files = {
-        "means_l.webp": _webp(fixed & 255, size),
-        "means_u.webp": _webp(fixed >> 8, size),
-        "scales.webp": _webp(scales, size),
-        "quats.webp": _webp(quats, size),
-        "sh0.webp": _webp(torch.cat([sh0, alpha[:, None]], dim=1), size),
+        "means_l.webp": _webp(means[:, :3], size),
+        "means_u.webp": _webp(means[:, 3:], size),
+        "scales.webp": _webp(_rows_in_order(order, 3, lambda ids: _entries(p["scales"][ids], scales_edges)), size),
+        "quats.webp": _webp(_rows_in_order(order, 4, quat_bytes), size),
+        "sh0.webp": _webp(_rows_in_order(order, 4, sh0_alpha_bytes), size),
     }
     meta: dict[str, Any] = {
         "means": {"mins": lo.tolist(), "maxs": hi.tolist(), "files": ["means_l.webp", "means_u.webp"]},
@@ -135,10 +144,35 @@ def _encode(
         "quats": {"files": ["quats.webp"]},
         "sh0": {"codebook": sh0_codebook, "files": ["sh0.webp"]},
     }
-    if shN.shape[1]:
-        sh_files, meta["shN"] = _encode_rest_sh(shN, order, size)
+    if p["shN"].shape[1]:
+        sh_files, meta["shN"] = _encode_rest_sh(p["shN"], order, size)
         files.update(sh_files)
     return files, meta
+
+
+def _rows_in_order(order: Tensor, columns: int, encode: Callable[[Tensor], Tensor]) -> Tensor:
+    """uint8 [N, columns]: row ``i`` is ``encode(order[i:i+1])``, computed for a block of ids at a time."""
+    out = torch.empty(order.shape[0], columns, dtype=torch.uint8)
+    for start in range(0, order.shape[0], _ASSIGN_CHUNK_ROWS):
+        ids = order[start : start + _ASSIGN_CHUNK_ROWS]
+        out[start : start + len(ids)] = encode(ids)
+    return out
+
+
+def _log_position(means: Tensor) -> Tensor:
+    """``sign(x) * log(|x| + 1)`` of positions [M, 3], in float64."""
+    means = means.double()
+    return torch.sign(means) * torch.log1p(means.abs())
+
+
+def _log_position_bounds(means: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-axis least and greatest `_log_position` [3] of positions [N, 3], a block of rows at a time."""
+    lo = torch.full((3,), math.inf, dtype=torch.float64)
+    hi = torch.full((3,), -math.inf, dtype=torch.float64)
+    for block in means.split(_ASSIGN_CHUNK_ROWS):
+        logs = _log_position(block)
+        lo, hi = torch.minimum(lo, logs.amin(dim=0)), torch.maximum(hi, logs.amax(dim=0))
+    return lo, hi
 
 
 def _encode_rest_sh(rest: Tensor, order: Tensor, size: tuple[int, int]) -> tuple[dict[str, bytes], dict[str, Any]]:
@@ -146,7 +180,8 @@ def _encode_rest_sh(rest: Tensor, order: Tensor, size: tuple[int, int]) -> tuple
     ``order`` [N], and their ``meta.json`` entry."""
     num_rest = rest.shape[1]
     palette, labels = _sh_palette(rest, order)  # [P, K, 3], [N]
-    codebook, entries = _codebook(palette)  # entries [P, K, 3]
+    codebook, edges = _codebook(palette)
+    entries = _entries(palette, edges)  # [P, K, 3]
     rows = math.ceil(palette.shape[0] / PALETTE_ENTRIES_PER_ROW)
     entries = torch.cat([entries, entries.new_zeros(rows * PALETTE_ENTRIES_PER_ROW - palette.shape[0], num_rest, 3)])
     files = {
@@ -173,7 +208,8 @@ def _webp(pixels: Tensor, size: tuple[int, int]) -> bytes:
 
 
 def _codebook(values: Tensor) -> tuple[list[float], Tensor]:
-    """A sorted 256-entry codebook for all of ``values`` and each value's nearest entry (uint8, same shape).
+    """A sorted 256-entry codebook for all of ``values`` and the midpoints between its distinct entries
+    [<= 255] (for `_entries`).
 
     The entries are the distinct values when there are at most 256 (exact), else 1-D k-means
     centroids started at the point density ``count^(1/3)`` of a histogram (Lloyd-Max's optimum for
@@ -195,11 +231,14 @@ def _codebook(values: Tensor) -> tuple[list[float], Tensor]:
             counts = bounds[1:] - bounds[:-1]
             means = (prefix[bounds[1:]] - prefix[bounds[:-1]]) / counts.clamp_min(1)
             centroids = torch.where(counts > 0, means, centroids).sort().values
-    edges = (centroids[1:] + centroids[:-1]) / 2
-    # A block of rows at a time, as uint8: float64 and int64 copies of millions of values would be 16 bytes each.
-    labels = torch.cat([torch.bucketize(b.double(), edges).to(torch.uint8) for b in values.split(_ASSIGN_CHUNK_ROWS)])
     padding = CODEBOOK_SIZE - centroids.shape[0]
-    return [*centroids.tolist(), *[centroids[-1].item()] * padding], labels
+    return [*centroids.tolist(), *[centroids[-1].item()] * padding], (centroids[1:] + centroids[:-1]) / 2
+
+
+def _entries(values: Tensor, edges: Tensor) -> Tensor:
+    """Index of each value's nearest codebook entry (uint8, same shape), given `_codebook`'s ``edges``."""
+    # A block of rows at a time, as uint8: float64 and int64 copies of millions of values would be 16 bytes each.
+    return torch.cat([torch.bucketize(b.double(), edges).to(torch.uint8) for b in values.split(_ASSIGN_CHUNK_ROWS)])
 
 
 def _sh_palette(rest: Tensor, order: Tensor) -> tuple[Tensor, Tensor]:
