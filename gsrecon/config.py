@@ -55,6 +55,13 @@ def per_device(cpu: int, gpu: int) -> Any:
     return dataclasses.field(default=gpu, metadata={"per_device": (cpu, gpu)})
 
 
+def per_start(random: float, points: float) -> Any:
+    """A dataclass field whose default depends on what the Gaussians start from: where a config leaves it
+    unset, :func:`resolved_entry` picks ``random`` for random points and ``points`` for SfM points or a PLY
+    (the dataclass default)."""
+    return dataclasses.field(default=points, metadata={"per_start": (random, points)})
+
+
 class ConfigError(ValueError):
     """A config that cannot be used as written; the message names the key and the file."""
 
@@ -328,12 +335,14 @@ def resolved_entry(
     prefix: str = "",
     max_steps: int | None = None,
     device_type: str | None = None,
+    start: str | None = None,
 ) -> dict:
     """``kwargs`` with the defaults of ``cls.Config`` filled in (unchanged for classes without one).
 
     With ``max_steps``, each :func:`run_steps` field that ``kwargs`` leaves out is scaled from its
     default to a ``max_steps`` run (at least its ``minimum``). With ``device_type`` ("cpu", "cuda", ...), each
-    :func:`per_device` field that ``kwargs`` leaves out takes that device's default.
+    :func:`per_device` field that ``kwargs`` leaves out takes that device's default. With ``start`` (what
+    the Gaussians were made from: "random", "sfm", "ply"), each :func:`per_start` field likewise.
     """
     config_cls = getattr(cls, "Config", None)
     if config_cls is not None and dataclasses.is_dataclass(config_cls):
@@ -345,6 +354,9 @@ def resolved_entry(
             if device_type is not None and "per_device" in f.metadata and f.name not in kwargs:
                 cpu, gpu = f.metadata["per_device"]
                 resolved[f.name] = cpu if device_type == "cpu" else gpu
+            if start is not None and "per_start" in f.metadata and f.name not in kwargs:
+                random, points = f.metadata["per_start"]
+                resolved[f.name] = random if start == "random" else points
         return resolved
     _check_signature(cls, kwargs, source, prefix)
     return dict(kwargs)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from conftest import write_yaml
 
 from gsrecon.data.cameras import Frame, Scene
@@ -106,6 +107,19 @@ def test_auto_init_uses_points_when_the_data_has_them_and_random_otherwise(make_
     no_points = Scene(scene.train, scene.test, torch.zeros(0, 3), torch.zeros(0, 3))
     cfg = GaussianModel.Config(sh_degree=1, init="auto", init_num_points=123)
     assert GaussianModel.from_scene(cfg, no_points).num_gaussians == 123
+
+
+@pytest.mark.parametrize(
+    ("init", "strategy", "weight"), [("random", {}, 0.01), ("auto", {}, 0.0), ("random", {"opacity_reg": 0.0}, 0.0)]
+)
+def test_opacity_regularisation_is_on_by_default_for_random_starts_only(make_trainer, init, strategy, weight) -> None:
+    """Issue 19: it clears a random start's haze (up to +4 dB in the sweep) and costs starts from points up to
+    0.5 dB; a weight the config sets is kept. config.yaml records the weight the run used."""
+    trainer = make_trainer(model={"sh_degree": 0, "init": init}, strategy={"name": "default", **strategy})
+    assert trainer.strategy.cfg.opacity_reg == weight
+    assert yaml.safe_load((trainer.exp_dir / "config.yaml").read_text())["strategy"]["opacity_reg"] == weight
+    penalty = trainer.strategy.regularization(trainer.model.params, trainer.strategy_state, {})
+    assert (penalty is not None) == (weight > 0)
 
 
 def test_init_names_are_checked_before_any_data_is_loaded(make_trainer) -> None:

@@ -211,7 +211,8 @@ def _sound_only(folder: Path, cache: Path) -> Path:
         (_absent, r"missing\.mp4: video does not exist$"),
         (_no_videos, r"videos: no videos in this folder \(\.mp4, \.mov"),
         (_not_a_video, r"text\.mp4: cannot read the video \(.*Invalid data found when processing input\)$"),
-        (_no_decodable_frame, r"zero\.mp4: no frame could be decoded \(ffmpeg: Decoding error: Invalid data found"),
+        # ffmpeg's own reason depends on where the zeroed payload breaks its parser (NAL sizes, slice data)
+        (_no_decodable_frame, r"zero\.mp4: no frame could be decoded \(ffmpeg: .+\); the video is damaged"),
         (_sound_only, r"sound\.m4a: cannot read the video \(no video stream in the file\)$"),
     ],
 )

@@ -138,10 +138,12 @@ def resolve_entry(
     extra: tuple[str, ...] = (),
     max_steps: int | None = None,
     device: torch.device | None = None,
+    start: str | None = None,
 ) -> dict[str, Any]:
     """A registry entry ``{name, **args}`` with its defaults filled in (step counts the entry leaves
     unset scaled to ``max_steps``, see :func:`gsrecon.config.run_steps`; device-dependent ones for
-    ``device``, see :func:`gsrecon.config.per_device`); keys in ``extra`` pass through."""
+    ``device``, see :func:`gsrecon.config.per_device`; start-dependent ones for the Gaussians' ``start``,
+    see :func:`gsrecon.config.per_start`); keys in ``extra`` pass through."""
     entry = dict(entry)
     if "name" not in entry:
         raise ConfigError(f"{source}: key '{key}': needs a 'name' (one of {', '.join(registry.names())})")
@@ -152,7 +154,7 @@ def resolve_entry(
     passthrough = {k: entry.pop(k) for k in extra if k in entry}
     name = entry.pop("name")
     device_type = device.type if device is not None else None
-    return {"name": name, **passthrough, **resolved_entry(cls, entry, source, key, max_steps, device_type)}
+    return {"name": name, **passthrough, **resolved_entry(cls, entry, source, key, max_steps, device_type, start)}
 
 
 def resolve_renderer_entry(entry: dict[str, Any], device: torch.device, source: str) -> dict[str, Any]:
@@ -224,10 +226,16 @@ def resolve_run_config(cfg: RunConfig, device: torch.device, source: str) -> dic
         MODEL_REGISTRY, cfg.model, source, "model", max_steps=cfg.max_steps, device=device
     )
     resolved["renderer"] = resolve_renderer_entry(cfg.renderer, device, source)
-    resolved["strategy"] = resolve_entry(STRATEGY_REGISTRY, cfg.strategy, source, "strategy", max_steps=cfg.max_steps)
+    resolved["strategy"] = resolve_strategy_entry(cfg, source)
     resolved["writers"] = [resolve_entry(WRITER_REGISTRY, w, source, f"writers.{i}") for i, w in enumerate(cfg.writers)]
     resolved["hooks"] = resolve_hooks(cfg.hooks, source)
     return resolved
+
+
+def resolve_strategy_entry(cfg: RunConfig, source: str, start: str | None = None) -> dict[str, Any]:
+    """The ``strategy:`` entry resolved for a ``cfg.max_steps``-step run whose Gaussians start from ``start``
+    (None before the model is built: the defaults for a start from points, see :func:`gsrecon.config.per_start`)."""
+    return resolve_entry(STRATEGY_REGISTRY, cfg.strategy, source, "strategy", max_steps=cfg.max_steps, start=start)
 
 
 def build_model(

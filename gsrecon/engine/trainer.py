@@ -27,6 +27,7 @@ from gsrecon.engine.builder import (
     check_run_config,
     resolve_device,
     resolve_run_config,
+    resolve_strategy_entry,
     set_cpu_threads,
     structural_keys,
 )
@@ -114,6 +115,8 @@ class DefaultTrainer:
         train_names = [frame.name for frame in self.datapipeline.scene.train]
         self.appearance = build_appearance(cfg.appearance, train_names, self.device)
         self._build_optimizers()
+        # Resolved again now that the start is known: some defaults differ for random points (per_start).
+        self.resolved_config["strategy"] = resolve_strategy_entry(cfg, source, getattr(self.model, "start", None))
         self.strategy = STRATEGY_REGISTRY.build(self.resolved_config["strategy"])
         self.strategy.check_sanity(self.model.params, self.resolved_config["renderer"])
         self.strategy_state = self.strategy.initialize_state(self.scene_extent)

@@ -17,7 +17,7 @@ import torch
 from gsplat.strategy.ops import duplicate, remove, reset_opa, split
 from torch import Tensor
 
-from gsrecon.config import run_steps
+from gsrecon.config import per_start, run_steps
 from gsrecon.distributed import DistributedContext
 from gsrecon.registry import STRATEGY_REGISTRY
 from gsrecon.strategy.base import SINGLE_PROCESS, Optimizers, Params, Strategy, opacity_scale_penalty
@@ -55,7 +55,9 @@ class DefaultStrategy(Strategy):
         absgrad: bool = False  # AbsGS gradients (needs renderer gsplat with absgrad: true)
         revised_opacity: bool = False  # opacity of split Gaussians as in arXiv:2404.06109
         cap_max: int = 0  # hard cap on the number of Gaussians; 0: none
-        opacity_reg: float = 0.0  # > 0: L1 on opacities, as MCMC (measured against floaters: BENCHMARKS.md)
+        # L1 on opacities, as MCMC: clears the haze a random start leaves (+0.2 to +4 dB at 1000-7000 steps) but
+        # costs starts from points up to 0.5 dB ("Floaters and haze" in BENCHMARKS.md).
+        opacity_reg: float = per_start(random=0.01, points=0.0)
         scale_reg: float = 0.0  # > 0: L1 on scales
 
     def __init__(self, cfg: Config) -> None:
