@@ -186,6 +186,33 @@ def test_tiles_match_dense_reference(opacity_logits, tile_size, max_chunk_elemen
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9, msg=lambda m, k=key: f"d/d{k}: {m}")
 
 
+@pytest.mark.parametrize("max_kept_elements", [1 << 24, 0], ids=["kept", "recompute"])
+def test_a_pile_longer_than_a_chunk_is_composited_in_segments_up_to_where_it_is_opaque(max_kept_elements: int):
+    """120 wide Gaussians on every pixel, 4x4 tiles, 64-entry chunks: each tile's list is composited 4 slots at a
+    time and stops after the segment that makes all its pixels opaque; image and gradients are the dense ones."""
+    width, height, focal, n = 16, 12, 20.0, 120
+    depths = torch.linspace(2.0, 5.0, n, dtype=torch.float64)
+    means = torch.stack([torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64), depths], dim=1)
+    rgb = torch.rand(n, 3, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    params = _requiring_grad(_gaussians(means, depths * 8.0 / focal, [0.9] * n, rgb))  # 8 px wide
+    viewmats, Ks = _cameras(width, height, focal)
+    background = torch.tensor([[0.2, 0.4, 0.6]], dtype=torch.float64)
+    cfg = TorchRenderer.Config(tile_size=4, max_chunk_elements=64, max_kept_elements=max_kept_elements)
+    out = TorchRenderer(cfg).render(params, viewmats, Ks, width, height, 0, background)
+    ref = _dense_render(params, viewmats, Ks, width, height, 0, background, cfg)
+    for got, want in zip((out.image, out.alpha, out.depth), ref):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    assert (ref[1] > 0.999).all()  # every pixel is opaque, far in front of the last Gaussians
+
+    g = torch.Generator().manual_seed(6)
+    weights = [torch.randn(t.shape, generator=g, dtype=torch.float64) for t in ref]
+    grads = torch.autograd.grad(_functional(out, weights), [params[k] for k in PARAMS[:5]])
+    ref_grads = torch.autograd.grad(_functional(ref, weights), [params[k] for k in PARAMS[:5]])
+    for key, got, want in zip(PARAMS, grads, ref_grads):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9, msg=lambda m, k=key: f"d/d{k}: {m}")
+    assert (grads[0][n // 2 :] == 0).all()  # the back half lies behind opaque pixels
+
+
 @pytest.mark.parametrize("antialiased", [False, True], ids=["classic", "antialiased"])
 def test_gradients_match_finite_differences(antialiased: bool):
     width, height, focal = 16, 12, 14.0

@@ -346,12 +346,18 @@ def _reached_tiles(
 
 
 class _Chunk(NamedTuple):
-    """Tiles ``tile_start : tile_start + n_tiles`` of a `_Layout`, each with ``n_slots`` slots."""
+    """Tiles ``tile_start : tile_start + n_tiles`` of a `_Layout`, each with ``n_slots`` slots, composited
+    ``segment_slots`` slots at a time front to back (fewer than ``n_slots`` only for a tile too long for one go)."""
 
     tile_start: int
     n_tiles: int
     n_slots: int
     slot_start: int  # first slot of the chunk in the flat slot list
+    segment_slots: int
+
+    def segments(self) -> list[tuple[int, int]]:
+        """``(first, end)`` slot ranges of the segments, front to back."""
+        return [(k, min(k + self.segment_slots, self.n_slots)) for k in range(0, self.n_slots, self.segment_slots)]
 
 
 class _Layout(NamedTuple):
@@ -366,7 +372,7 @@ class _Layout(NamedTuple):
 
 def _plan_layout(isect: TileIntersections, tile_pixels: int, max_elements: int) -> _Layout:
     """Group non-empty tiles (longest lists first) into chunks of at most ``max_elements``
-    slot-pixel entries, or one tile where a single tile exceeds that."""
+    slot-pixel entries, or one tile where a single tile exceeds that (composited in segments of that size)."""
     counts, tiles = torch.sort(isect.tile_counts, descending=True, stable=True)
     n_nonempty = int((counts > 0).sum())
     counts_list = counts[:n_nonempty].tolist()
@@ -375,7 +381,7 @@ def _plan_layout(isect: TileIntersections, tile_pixels: int, max_elements: int) 
     while start < n_nonempty:
         k = counts_list[start]  # the longest list of the chunk
         n_tiles = min(n_nonempty - start, max(1, max_elements // (k * tile_pixels)))
-        chunks.append(_Chunk(start, n_tiles, k, n_slots))
+        chunks.append(_Chunk(start, n_tiles, k, n_slots, min(k, max(1, max_elements // tile_pixels))))
         slots_per_tile += [k] * n_tiles
         start += n_tiles
         n_slots += n_tiles * k
@@ -438,12 +444,16 @@ def _slot_features(colors: Tensor, depths: Tensor, layout: _Layout) -> Tensor:
     return torch.stack([*columns, torch.ones_like(columns[0])], dim=-1)
 
 
-def _blend(quads: Tensor, log2_basis: Tensor, alpha_max: float) -> tuple[Tensor, Tensor, Tensor]:
-    """Alpha, 1 - alpha and blend weights of a chunk of tiles, each [T, K, S].
+def _blend(
+    quads: Tensor, log2_basis: Tensor, alpha_max: float, trans_start: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Alpha, 1 - alpha and blend weights of a chunk of tiles, each [T, K, S], and the transmittance
+    after the last slot [T, S].
 
     Args:
         quads: [T, K, 6] quadratic coefficients, slots sorted front to back.
         log2_basis: [6, S] pixel monomials times ``-log2(e)``, so ``alpha = 2^(quads @ log2_basis)``.
+        trans_start: [T, S] transmittance in front of the first slot (None: 1, the front of the list).
 
     Alpha is 0 where below 1/255 (skipped). Weights are ``alpha_i * prod_{j<i} (1 - alpha_j)``,
     and 0 from the slot that would take the transmittance to 1e-4 or below onwards. Masks are
@@ -453,12 +463,12 @@ def _blend(quads: Tensor, log2_basis: Tensor, alpha_max: float) -> tuple[Tensor,
     F.threshold_(alpha, ALPHA_MIN, 0.0)
     t, k, s = alpha.shape
     one_minus = torch.empty((t, k + 1, s), dtype=alpha.dtype, device=alpha.device)
-    one_minus[:, 0] = 1.0
+    one_minus[:, 0] = 1.0 if trans_start is None else trans_start
     torch.sub(1.0, alpha, out=one_minus[:, 1:])
     trans = torch.cumprod(one_minus, dim=1)  # [T, K + 1, S]: trans[:, i] is T before slot i
     weights = alpha * trans[:, :-1]
     weights.mul_(F.threshold(trans[:, 1:], TRANSMITTANCE_MIN, 0.0).sign_())
-    return alpha, one_minus[:, 1:], weights
+    return alpha, one_minus[:, 1:], weights, trans[:, -1]
 
 
 class _BlendTiles(torch.autograd.Function):
@@ -468,7 +478,9 @@ class _BlendTiles(torch.autograd.Function):
     ``d out / d ln(alpha_i) = w_i f_i - alpha_i / (1 - alpha_i) * sum_{j>i} w_j f_j``, which
     never divides by a transmittance, so gradients stay finite at the 0.99 clamp and the cutoff.
     With ``keep=True`` the per-pixel alphas and weights are kept for backward; otherwise backward
-    recomputes them chunk by chunk, so memory stays bounded by one chunk.
+    recomputes them chunk by chunk, so memory stays bounded by one chunk. A chunk composited in
+    segments stops after the segment that takes every pixel's transmittance to 1e-4 or below: the
+    slots behind it have weight 0 and gradient 0, as gsplat's early termination.
     """
 
     @staticmethod
@@ -477,15 +489,25 @@ class _BlendTiles(torch.autograd.Function):
         log2_basis = basis * -_LOG2_E
         n_tiles = sum(ch.n_tiles for ch in chunks)
         out = feats.new_empty(n_tiles, feats.shape[1], basis.shape[1])
-        kept = []
+        composited, kept = [], []  # per chunk: (first, end, transmittance in front) of each segment run
         for ch in chunks:
             q, f, t0, _ = _chunk_views(quads, feats, ch)
-            alpha, _, weights = _blend(q, log2_basis, alpha_max)
-            torch.matmul(f.transpose(1, 2), weights, out=out[t0 : t0 + ch.n_tiles])
-            if keep:
-                kept.append((alpha, weights))
+            target, segments = out[t0 : t0 + ch.n_tiles], []
+            trans = None
+            for first, end in ch.segments():
+                segments.append((first, end, trans))
+                alpha, _, weights, trans = _blend(q[:, first:end], log2_basis, alpha_max, trans)
+                if first == 0:
+                    torch.matmul(f[:, :end].transpose(1, 2), weights, out=target)
+                else:
+                    target.add_(torch.matmul(f[:, first:end].transpose(1, 2), weights))
+                if keep:
+                    kept.append((alpha, weights))
+                if end < ch.n_slots and float(trans.max()) <= TRANSMITTANCE_MIN:
+                    break  # every pixel is opaque: the slots behind weigh 0
+            composited.append(segments)
         ctx.save_for_backward(quads, feats, basis)
-        ctx.chunks, ctx.alpha_max, ctx.kept = chunks, alpha_max, kept
+        ctx.chunks, ctx.alpha_max, ctx.composited, ctx.kept = chunks, alpha_max, composited, kept
         return out
 
     @staticmethod
@@ -494,24 +516,38 @@ class _BlendTiles(torch.autograd.Function):
         log2_basis = basis * -_LOG2_E
         grad_out = grad_out.contiguous()
         grad_q, grad_f = torch.empty_like(quads), torch.empty_like(feats)
-        for i, ch in enumerate(ctx.chunks):
+        kept = iter(ctx.kept or ())  # empty once a first backward has freed them: recomputed
+        kept_per_chunk = [[next(kept) for _ in segments] if ctx.kept else None for segments in ctx.composited]
+        for ch, segments, kept_segments in zip(ctx.chunks, ctx.composited, kept_per_chunk):
             q, f, t0, s0 = _chunk_views(quads, feats, ch)
             s1 = s0 + ch.n_tiles * ch.n_slots
+            gq = grad_q[s0:s1].view(ch.n_tiles, ch.n_slots, -1)
+            gf = grad_f[s0:s1].view(ch.n_tiles, ch.n_slots, -1)
             g = grad_out[t0 : t0 + ch.n_tiles]  # [T, F, S]
-            if ctx.kept:
-                alpha, weights = ctx.kept[i]
-                one_minus = 1.0 - alpha
-            else:
-                alpha, one_minus, weights = _blend(q, log2_basis, ctx.alpha_max)
-            contrib = weights * torch.matmul(f, g)  # [T, K, S]: w_i (f_i . g)
-            behind = torch.cumsum(contrib, dim=1)
-            behind = behind[:, -1:] - behind  # sum over slots j > i
-            unclamped = F.threshold_(ctx.alpha_max - alpha, 0.0, 0.0).sign_()  # clamped: no grad
-            behind.mul_(alpha.div(one_minus))
-            grad_log_alpha = contrib.sub_(behind).mul_(unclamped).view(-1, basis.shape[1])
-            # ln(alpha) = -q . basis; the transposed products are the fast ones on CPU.
-            grad_q[s0:s1] = torch.matmul(basis, grad_log_alpha.T).T.neg_()
-            grad_f[s0:s1] = torch.matmul(g, weights.transpose(1, 2)).transpose(1, 2).flatten(0, 1)
+            composited_end = segments[-1][1]
+            gq[:, composited_end:], gf[:, composited_end:] = 0.0, 0.0  # behind opaque pixels: no gradient
+            later = None  # [T, 1, S]: sum of w_j (f_j . g) over the segments behind
+            for i in reversed(range(len(segments))):
+                first, end, trans_start = segments[i]
+                if kept_segments is not None:
+                    alpha, weights = kept_segments[i]
+                    one_minus = 1.0 - alpha
+                else:
+                    alpha, one_minus, weights, _ = _blend(q[:, first:end], log2_basis, ctx.alpha_max, trans_start)
+                contrib = weights * torch.matmul(f[:, first:end], g)  # [T, K, S]: w_i (f_i . g)
+                behind = torch.cumsum(contrib, dim=1)
+                total = behind[:, -1:]
+                behind = total - behind  # sum over slots j > i of this segment
+                if later is not None:
+                    behind.add_(later)
+                later = total if later is None else total + later
+                unclamped = F.threshold_(ctx.alpha_max - alpha, 0.0, 0.0).sign_()  # clamped: no grad
+                behind.mul_(alpha.div(one_minus))
+                grad_log_alpha = contrib.sub_(behind).mul_(unclamped)  # [T, K, S]
+                # ln(alpha) = -q . basis; the transposed products are the fast ones on CPU.
+                rows = grad_log_alpha.view(-1, basis.shape[1])
+                gq[:, first:end] = torch.matmul(basis, rows.T).T.neg_().view(ch.n_tiles, end - first, -1)
+                gf[:, first:end] = torch.matmul(g, weights.transpose(1, 2)).transpose(1, 2)
         ctx.kept = None
         return grad_q, grad_f, None, None, None, None
 
