@@ -42,11 +42,15 @@ APPENDED_LISTS = ("imports",)  # top-level lists that a child config extends ins
 REFERENCE_RUN_STEPS = 30_000  # the run length of the 3DGS paper, for which step-count defaults are given
 
 
-def run_steps(default: int, minimum: int = 1) -> Any:
+def run_steps(default: int, minimum: int = 1, random_start: int | None = None) -> Any:
     """A dataclass field holding a step count that suits a :data:`REFERENCE_RUN_STEPS`-step run: where a
     config leaves it unset, :func:`resolved_entry` scales it to the run's ``max_steps``, never below
-    ``minimum`` (for what takes a fixed number of optimiser steps whatever the run's length)."""
-    return dataclasses.field(default=default, metadata={"run_steps": minimum})
+    ``minimum`` (for what takes a fixed number of optimiser steps whatever the run's length). With
+    ``random_start``, that count replaces ``default`` for Gaussians started from random points (`per_start`)."""
+    metadata: dict[str, Any] = {"run_steps": minimum}
+    if random_start is not None:
+        metadata["per_start"] = (random_start, default)
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 def per_device(cpu: int, gpu: int) -> Any:
@@ -348,15 +352,18 @@ def resolved_entry(
     if config_cls is not None and dataclasses.is_dataclass(config_cls):
         resolved = to_container(parse_structured(config_cls, dict(kwargs), source, prefix))
         for f in dataclasses.fields(config_cls):
-            if max_steps is not None and "run_steps" in f.metadata and f.name not in kwargs:
-                minimum = f.metadata["run_steps"]
-                resolved[f.name] = max(minimum, round(f.default * max_steps / REFERENCE_RUN_STEPS))
-            if device_type is not None and "per_device" in f.metadata and f.name not in kwargs:
+            if f.name in kwargs or not f.metadata.keys() & {"per_device", "per_start", "run_steps"}:
+                continue
+            value = f.default
+            if device_type is not None and "per_device" in f.metadata:
                 cpu, gpu = f.metadata["per_device"]
-                resolved[f.name] = cpu if device_type == "cpu" else gpu
-            if start is not None and "per_start" in f.metadata and f.name not in kwargs:
+                value = cpu if device_type == "cpu" else gpu
+            if start is not None and "per_start" in f.metadata:
                 random, points = f.metadata["per_start"]
-                resolved[f.name] = random if start == "random" else points
+                value = random if start == "random" else points
+            if max_steps is not None and "run_steps" in f.metadata:
+                value = max(f.metadata["run_steps"], round(value * max_steps / REFERENCE_RUN_STEPS))
+            resolved[f.name] = value
         return resolved
     _check_signature(cls, kwargs, source, prefix)
     return dict(kwargs)

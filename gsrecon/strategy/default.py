@@ -46,7 +46,9 @@ class DefaultStrategy(Strategy):
         prune_scale2d: float = 0.15
         refine_scale2d_stop: int = 0  # > 0: also split/prune by screen size until this step
         refine_start: int = run_steps(500)
-        refine_stop: int = run_steps(15_000)
+        # A random start has no structure to refine from: densifying until 75 % of the run instead of half gained
+        # +0.1 to +2.3 dB on every random-start sweep row ("Floaters and haze" in BENCHMARKS.md).
+        refine_stop: int = run_steps(15_000, random_start=22_500)
         refine_every: int = 100
         # Recovering from a reset takes a fixed number of steps, not a share of the run: below 3000 steps
         # there is none (measured across run lengths in BENCHMARKS.md, "Schedules at every run length").
@@ -55,7 +57,7 @@ class DefaultStrategy(Strategy):
         absgrad: bool = False  # AbsGS gradients (needs renderer gsplat with absgrad: true)
         revised_opacity: bool = False  # opacity of split Gaussians as in arXiv:2404.06109
         cap_max: int = 0  # hard cap on the number of Gaussians; 0: none
-        # L1 on opacities, as MCMC: clears the haze a random start leaves (+0.2 to +4 dB at 1000-7000 steps) but
+        # L1 on opacities, as MCMC: clears the haze a random start leaves (-0.03 to +4 dB at 1000-7000 steps) but
         # costs starts from points up to 0.5 dB ("Floaters and haze" in BENCHMARKS.md).
         opacity_reg: float = per_start(random=0.01, points=0.0)
         scale_reg: float = 0.0  # > 0: L1 on scales
