@@ -489,10 +489,10 @@ class _BlendTiles(torch.autograd.Function):
         log2_basis = basis * -_LOG2_E
         n_tiles = sum(ch.n_tiles for ch in chunks)
         out = feats.new_empty(n_tiles, feats.shape[1], basis.shape[1])
-        composited, kept = [], []  # per chunk: (first, end, transmittance in front) of each segment run
+        composited, kept = [], []  # per chunk: (first, end, transmittance in front) of each segment composited
         for ch in chunks:
             q, f, t0, _ = _chunk_views(quads, feats, ch)
-            target, segments = out[t0 : t0 + ch.n_tiles], []
+            target, segments, kept_segments = out[t0 : t0 + ch.n_tiles], [], []
             trans = None
             for first, end in ch.segments():
                 segments.append((first, end, trans))
@@ -502,10 +502,12 @@ class _BlendTiles(torch.autograd.Function):
                 else:
                     target.add_(torch.matmul(f[:, first:end].transpose(1, 2), weights))
                 if keep:
-                    kept.append((alpha, weights))
+                    kept_segments.append((alpha, weights))
                 if end < ch.n_slots and float(trans.max()) <= TRANSMITTANCE_MIN:
                     break  # every pixel is opaque: the slots behind weigh 0
             composited.append(segments)
+            if keep:
+                kept.append(kept_segments)
         ctx.save_for_backward(quads, feats, basis)
         ctx.chunks, ctx.alpha_max, ctx.composited, ctx.kept = chunks, alpha_max, composited, kept
         return out
@@ -516,9 +518,8 @@ class _BlendTiles(torch.autograd.Function):
         log2_basis = basis * -_LOG2_E
         grad_out = grad_out.contiguous()
         grad_q, grad_f = torch.empty_like(quads), torch.empty_like(feats)
-        kept = iter(ctx.kept or ())  # empty once a first backward has freed them: recomputed
-        kept_per_chunk = [[next(kept) for _ in segments] if ctx.kept else None for segments in ctx.composited]
-        for ch, segments, kept_segments in zip(ctx.chunks, ctx.composited, kept_per_chunk):
+        for c, (ch, segments) in enumerate(zip(ctx.chunks, ctx.composited)):
+            kept_segments = ctx.kept[c] if ctx.kept else None  # None once a first backward freed them: recomputed
             q, f, t0, s0 = _chunk_views(quads, feats, ch)
             s1 = s0 + ch.n_tiles * ch.n_slots
             gq = grad_q[s0:s1].view(ch.n_tiles, ch.n_slots, -1)
