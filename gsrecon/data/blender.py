@@ -39,7 +39,14 @@ from torch import Tensor
 from gsrecon.data.cameras import Frame, Scene
 from gsrecon.data.colmap_format import read_model
 from gsrecon.data.errors import DatasetError, checked_number
-from gsrecon.data.images import IMAGE_EXTENSIONS, ImageFile, camera_image_file, check_factor, read_image_size
+from gsrecon.data.images import (
+    IMAGE_EXTENSIONS,
+    ImageFile,
+    camera_frame,
+    camera_image_file,
+    check_factor,
+    read_image_size,
+)
 from gsrecon.data.masks import MASKS_FOLDER, MaskFile, find_mask, mask_file
 from gsrecon.data.splits import NameList, check_eval_split, evenly_spaced, frame_name, listed_as_test, split_frames
 from gsrecon.data.undistort import SUPPORTED_MODELS, Distortion, fov_to_focal, intrinsics_matrix
@@ -69,6 +76,7 @@ def load_blender(
     *,
     point_cloud: bool = True,
     lazy: bool = False,
+    keep_fisheye: bool = False,
 ) -> Scene:
     """Read a transforms.json scene folder: pinhole frames at 1/``factor`` resolution, split, and the point
     cloud its ``ply_file_path`` names (nerfstudio's exports; none otherwise).
@@ -83,6 +91,7 @@ def load_blender(
         max_images: if > 0, keep this many evenly spaced frames (in name order) before splitting.
         point_cloud: False leaves ``ply_file_path`` unread (the scene's points empty), e.g. to replace it.
         lazy: leave the pixels in their files (read headers only), to be decoded when needed (``data.cache: disk``).
+        keep_fisheye: keep fisheye images as the lens saw them (``Frame.fisheye``), instead of undistorting them.
 
     Raises:
         DatasetError: missing or malformed files, missing intrinsics, unsupported cameras, images that
@@ -104,7 +113,7 @@ def load_blender(
         seen[name] = entry.json_path
     order = sorted(range(len(entries)), key=lambda i: names[i])
     order = [order[i] for i in evenly_spaced(len(order), max_images)]
-    frames = [_frame(root, entries[i], names[i], factor, lazy) for i in order]
+    frames = [_frame(root, entries[i], names[i], factor, lazy, keep_fisheye) for i in order]
     is_test = [bool(entries[i].is_test) for i in order] if eval_split == "dataset" else None
     train, test = split_frames(frames, eval_split, is_test)
     points, colors = torch.zeros(0, 3), torch.zeros(0, 3)
@@ -278,23 +287,24 @@ def _number(fields: dict, key: str, json_path: Path, where: str) -> float | None
     return number
 
 
-def _frame(root: Path, entry: _Entry, name: str, factor: int, lazy: bool) -> Frame:
+def _frame(root: Path, entry: _Entry, name: str, factor: int, lazy: bool, keep_fisheye: bool) -> Frame:
     json_path, frame = entry.json_path, entry.frame
     where = f"frame {str(frame['file_path'])!r}"
     fields = {k: v for k, v in entry.global_fields.items() if k != "frames"} | frame  # per-frame values win
     path = image_path(root, json_path, str(frame["file_path"]))
     size, K, dist = _camera(fields, path, json_path, where)
-    image_file, K, source = camera_image_file(
-        path, size, K, dist, factor, _prescaled_path(root, path, factor), camera=f"{where} of {json_path}"
+    prepared = camera_image_file(
+        path,
+        size,
+        K,
+        dist,
+        factor,
+        _prescaled_path(root, path, factor),
+        camera=f"{where} of {json_path}",
+        keep_fisheye=keep_fisheye,
     )
-    return Frame(
-        name=name,
-        viewmat=torch.from_numpy(_viewmat(frame["transform_matrix"], json_path, where).astype(np.float32)),
-        K=torch.from_numpy(K.astype(np.float32)),
-        pixels=image_file if lazy else torch.from_numpy(image_file.load()),
-        source=source,
-        mask=_mask(root, entry, path, image_file, factor, where, lazy),
-    )
+    viewmat = _viewmat(frame["transform_matrix"], json_path, where)
+    return camera_frame(name, viewmat, prepared, _mask(root, entry, path, prepared.file, factor, where, lazy), lazy)
 
 
 def _mask(

@@ -33,7 +33,7 @@ class PixelFile(Protocol):
 
 @dataclass
 class Frame:
-    """One posed photograph (already undistorted to a pinhole camera), its pixels decoded or left in a file.
+    """One posed photograph (a pinhole camera, or a fisheye lens kept as shot), its pixels decoded or left in a file.
 
     A frame read with ``data.cache: disk`` holds :class:`PixelFile` s instead of tensors; ``image`` decodes one
     when read and :meth:`decoded` gives a copy with every such field decoded.
@@ -46,6 +46,9 @@ class Frame:
     source: str = ""  # how the pixels were made, for the first log lines: "images_8/", "resized 1/8, undistorted", ...
     # Pixels the loss and the metrics ignore: [H, W] bool, True where kept (or a file decoding to it); None: all kept.
     mask: Tensor | PixelFile | None = None
+    # [4] float32 OpenCV fisheye k1..k4 where the pixels are as that lens saw them (``data.fisheye: lens``; ``K`` is
+    # the lens's), rendered through it; None: a pinhole image.
+    fisheye: Tensor | None = None
 
     @property
     def image(self) -> Tensor:

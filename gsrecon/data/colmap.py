@@ -22,14 +22,20 @@ from torch import Tensor
 from gsrecon.data.cameras import Frame, Scene
 from gsrecon.data.colmap_format import ColmapImage, SparseModel, find_sparse_dir, read_model
 from gsrecon.data.errors import DatasetError
-from gsrecon.data.images import ImageFile, camera_image_file, check_factor
+from gsrecon.data.images import ImageFile, camera_frame, camera_image_file, check_factor
 from gsrecon.data.masks import MASKS_FOLDER, MaskFile, find_mask, mask_file
 from gsrecon.data.splits import NameList, check_eval_split, evenly_spaced, frame_name, listed_as_test, split_frames
 from gsrecon.data.undistort import camera_intrinsics
 
 
 def load_colmap(
-    path: str, factor: int = 1, eval_split: str = "every_8", max_images: int = 0, *, lazy: bool = False
+    path: str,
+    factor: int = 1,
+    eval_split: str = "every_8",
+    max_images: int = 0,
+    *,
+    lazy: bool = False,
+    keep_fisheye: bool = False,
 ) -> Scene:
     """Read a COLMAP scene folder: undistorted pinhole frames at 1/``factor`` resolution, split, and SfM points.
 
@@ -41,6 +47,7 @@ def load_colmap(
             the extension optional).
         max_images: if > 0, keep this many evenly spaced images (in name order) before splitting.
         lazy: leave the pixels in their files (read headers only), to be decoded when needed (``data.cache: disk``).
+        keep_fisheye: keep fisheye photos as the lens saw them (``Frame.fisheye``), instead of undistorting them.
 
     The point cloud may be empty (a model without SfM points); the Gaussians then need ``model.init=random``.
 
@@ -66,7 +73,7 @@ def load_colmap(
     if eval_split == "dataset":  # the lists may name images that max_images leaves out
         listed = _dataset_split(root, [image.name for image in all_images])
         is_test = [listed[i] for i in keep]
-    frames = [_frame(root, all_images[i], model, sparse_dir, ext, factor, lazy) for i in keep]
+    frames = [_frame(root, all_images[i], model, sparse_dir, ext, factor, lazy, keep_fisheye) for i in keep]
     if len({f.name for f in frames}) < len(frames):
         raise DatasetError(f"{images_file}: image names differ only by extension or '/' vs '_'; rename them")
     train, test = split_frames(frames, eval_split, is_test)
@@ -79,7 +86,14 @@ def load_colmap(
 
 
 def _frame(
-    root: Path, image: ColmapImage, model: SparseModel, sparse_dir: Path, ext: str, factor: int, lazy: bool
+    root: Path,
+    image: ColmapImage,
+    model: SparseModel,
+    sparse_dir: Path,
+    ext: str,
+    factor: int,
+    lazy: bool,
+    keep_fisheye: bool,
 ) -> Frame:
     images_file = sparse_dir / f"images{ext}"
     camera = model.cameras.get(image.camera_id)
@@ -97,7 +111,7 @@ def _frame(
     path = root / "images" / image.name
     if not path.is_file():
         raise DatasetError(f"{path}: image file is missing (referenced by {images_file})")
-    image_file, K, source = camera_image_file(
+    prepared = camera_image_file(
         path,
         (camera.width, camera.height),
         K,
@@ -105,15 +119,10 @@ def _frame(
         factor,
         root / f"images_{factor}" / image.name,
         camera=f"camera {camera.id} of {cameras_file}",
+        keep_fisheye=keep_fisheye,
     )
-    return Frame(
-        name=frame_name(image.name),
-        viewmat=torch.from_numpy(viewmat.astype(np.float32)),
-        K=torch.from_numpy(K.astype(np.float32)),
-        pixels=image_file if lazy else torch.from_numpy(image_file.load()),
-        source=source,
-        mask=_mask(root, image.name, path, image_file, factor, lazy),
-    )
+    mask = _mask(root, image.name, path, prepared.file, factor, lazy)
+    return camera_frame(frame_name(image.name), viewmat, prepared, mask, lazy)
 
 
 def _mask(

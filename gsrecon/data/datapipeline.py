@@ -32,6 +32,7 @@ from gsrecon.data.synthetic import SyntheticConfig, load_synthetic
 from gsrecon.registry import DATASET_REGISTRY
 
 BACKGROUNDS = ("black", "white", "random")
+FISHEYE_MODES = ("undistort", "lens")
 
 
 @dataclass
@@ -46,6 +47,7 @@ class Batch:
     width: int
     height: int
     masks: Tensor | None = None  # [B, H, W, 1] float, 1 where a pixel counts in the loss and metrics, 0 where ignored
+    fisheye: Tensor | None = None  # [B, 4] the fisheye lenses the images were seen through (`Frame.fisheye`), or None
 
 
 class DataPipeline:
@@ -62,6 +64,10 @@ class DataPipeline:
         cache: str = "device"  # uint8 images kept on the training device | cpu | disk (decoded when needed) | auto
         prefetch: int = 4  # cache disk: batches decoded ahead of use, by up to 4 threads
         batch_size: int = 1  # views per step and process
+        # Fisheye cameras: undistort (resampled once to the widest pinhole view inside 80 degrees off axis; any
+        # renderer) | lens (trained on the whole image through the lens model: the torch renderer projects each
+        # Gaussian through it, gsplat uses its unscented transform and needs strategy mcmc or none)
+        fisheye: str = "undistort"
         synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
     def __init__(self, cfg: Config, device: torch.device, seed: int = 0, rank: int = 0, world_size: int = 1) -> None:
@@ -77,6 +83,8 @@ class DataPipeline:
             raise ValueError(f"data.factor must be one of {', '.join(map(str, FACTORS))}; got {cfg.factor}")
         if cfg.eval_split not in EVAL_SPLITS:
             raise ValueError(f"data.eval_split must be one of {', '.join(EVAL_SPLITS)}; got '{cfg.eval_split}'")
+        if cfg.fisheye not in FISHEYE_MODES:
+            raise ValueError(f"data.fisheye must be one of {', '.join(FISHEYE_MODES)}; got '{cfg.fisheye}'")
         if cfg.dataset not in DATASET_REGISTRY:
             known = ", ".join(DATASET_REGISTRY.names())
             raise ValueError(f"data.dataset: unknown dataset '{cfg.dataset}'; known datasets: {known}")
@@ -90,6 +98,11 @@ class DataPipeline:
             raise ValueError(f"dataset '{cfg.dataset}' ({cfg.path or 'built-in'}) has no training images")
         if cfg.batch_size > 1 and len({(f.width, f.height) for f in self.scene.train}) > 1:
             raise ValueError("data.batch_size > 1 needs training images of one size; this scene mixes sizes")
+        if cfg.batch_size > 1 and len({f.fisheye is None for f in self.scene.train}) > 1:
+            raise ValueError(
+                "data.batch_size > 1 needs one kind of camera; this scene mixes fisheye and pinhole images "
+                "(data.fisheye: lens): use batch_size 1 or data.fisheye=undistort"
+            )
         self.cache, self.cache_note = self._choose_cache()
         self.mask_note = _mask_note(self.scene)  # "" without masks
         cache_device = device if self.cache == "device" else torch.device("cpu")
@@ -179,6 +192,7 @@ class DataPipeline:
             width=frames[0].width,
             height=frames[0].height,
             masks=self._masks(frames),
+            fisheye=None if frames[0].fisheye is None else torch.stack([f.fisheye for f in frames]).to(self.device),
         )
 
     def _masks(self, frames: list[Frame]) -> Tensor | None:
@@ -225,7 +239,14 @@ def _load_colmap(cfg: DataPipeline.Config) -> Scene:
     from gsrecon.data.colmap import load_colmap
 
     _require_path(cfg, "a folder with images/ and sparse/0/")
-    return load_colmap(cfg.path, cfg.factor, cfg.eval_split, cfg.max_images, lazy=cfg.cache in ("disk", "auto"))
+    return load_colmap(
+        cfg.path,
+        cfg.factor,
+        cfg.eval_split,
+        cfg.max_images,
+        lazy=cfg.cache in ("disk", "auto"),
+        keep_fisheye=cfg.fisheye == "lens",
+    )
 
 
 @DATASET_REGISTRY.register("blender")
@@ -233,4 +254,11 @@ def _load_blender(cfg: DataPipeline.Config) -> Scene:
     from gsrecon.data.blender import load_blender
 
     _require_path(cfg, "a folder with transforms.json or transforms_train.json")
-    return load_blender(cfg.path, cfg.factor, cfg.eval_split, cfg.max_images, lazy=cfg.cache in ("disk", "auto"))
+    return load_blender(
+        cfg.path,
+        cfg.factor,
+        cfg.eval_split,
+        cfg.max_images,
+        lazy=cfg.cache in ("disk", "auto"),
+        keep_fisheye=cfg.fisheye == "lens",
+    )

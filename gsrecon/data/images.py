@@ -17,15 +17,18 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
+import torch
 from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 
 from gsrecon.atomic import atomic_path
 from gsrecon.cache import cache_file
+from gsrecon.data.cameras import Frame, PixelFile
 from gsrecon.data.errors import DatasetError
-from gsrecon.data.undistort import Distortion, describe_crop, undistort_image, undistorted_intrinsics
+from gsrecon.data.undistort import Distortion, describe_crop, field_of_view, undistort_image, undistorted_intrinsics
 
 FACTORS = (1, 2, 4, 8)
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")  # lower case: compare `suffix.lower()`
@@ -167,6 +170,15 @@ class ImageFile:
         return load_transformed(self.path, self.transform)
 
 
+class CameraImage(NamedTuple):
+    """A camera's image as training reads it (see :func:`camera_image_file`)."""
+
+    file: ImageFile  # the source file and how it is transformed
+    K: np.ndarray  # [3, 3] intrinsics of the prepared image: a pinhole's, or a kept fisheye lens's
+    source: str  # how it is made: "images_8/", "resized 1/8", "as stored", plus ", undistorted (kept ...)" ...
+    fisheye: np.ndarray | None  # [4] k1..k4 of the fisheye lens the image is kept through; None: a pinhole image
+
+
 def camera_image_file(
     path: Path,
     camera_size: tuple[int, int],
@@ -176,10 +188,10 @@ def camera_image_file(
     prescaled_path: Path | None = None,
     *,
     camera: str,
-) -> tuple[ImageFile, np.ndarray, str]:
-    """A camera's image at 1/``factor`` resolution, undistorted to a pinhole, from its header only: (the file and
-    its transform, K [3, 3], how it is made: ``"images_8/"``, ``"resized 1/8"`` or ``"as stored"``, plus
-    ``", undistorted"`` and, for a fisheye, how much of its view was kept).
+    keep_fisheye: bool = False,
+) -> CameraImage:
+    """A camera's image at 1/``factor`` resolution, undistorted to a pinhole (a fisheye with ``keep_fisheye``: as
+    the lens saw it), from its header only.
 
     ``path`` is the full-resolution image of a ``camera_size`` (width, height) camera with intrinsics ``K``
     and distortion ``dist``. ``prescaled_path``, when it exists, is the same image already downscaled by
@@ -210,6 +222,11 @@ def camera_image_file(
     K[1, :] *= size[1] / height
     K[2, :] = (0.0, 0.0, 1.0)
     transform = ImageTransform(size)
+    if dist.fisheye and keep_fisheye:
+        fov = field_of_view(K, dist, *size)
+        seen = f"{fov[0]:.0f}x{fov[1]:.0f} degrees " if np.isfinite(fov).all() else ""
+        coefficients = np.array([dist.k1, dist.k2, dist.k3, dist.k4])
+        return CameraImage(ImageFile(source, transform), K, f"{how}, {seen}through the fisheye lens", coefficients)
     if not dist.is_zero:
         try:
             K_new = undistorted_intrinsics(K, dist, *size)
@@ -218,7 +235,22 @@ def camera_image_file(
         transform = ImageTransform(size, tuple(K.flat), tuple(K_new.flat), dist)
         crop = f" ({describe_crop(K, dist, K_new, *size)})" if dist.fisheye else ""
         K, how = K_new, f"{how}, undistorted{crop}"
-    return ImageFile(source, transform), K, how
+    return CameraImage(ImageFile(source, transform), K, how, None)
+
+
+def camera_frame(
+    name: str, viewmat: np.ndarray, image: CameraImage, mask: Tensor | PixelFile | None, lazy: bool
+) -> Frame:
+    """The :class:`Frame` of a camera's ``image`` posed by ``viewmat`` [4, 4], its pixels decoded unless ``lazy``."""
+    return Frame(
+        name=name,
+        viewmat=torch.from_numpy(viewmat.astype(np.float32)),
+        K=torch.from_numpy(image.K.astype(np.float32)),
+        pixels=image.file if lazy else torch.from_numpy(image.file.load()),
+        source=image.source,
+        mask=mask,
+        fisheye=None if image.fisheye is None else torch.from_numpy(image.fisheye.astype(np.float32)),
+    )
 
 
 def load_transformed(path: Path, transform: ImageTransform) -> np.ndarray:

@@ -145,7 +145,8 @@ def evaluate(
     the median over ``fps_repeats`` renders of the whole split; the metrics pass before them warms up).
     ``cameras.json`` lists the rendered views so another tool can render the same ones: ``name``,
     ``world_to_camera`` (4×4, OpenCV axes: x right, y down, z forward), ``K`` (3×3, pixels),
-    ``width`` and ``height``.
+    ``width`` and ``height``, and for a view seen through a fisheye lens (``data.fisheye: lens``) its OpenCV
+    fisheye coefficients ``fisheye_k1_k4``.
     """
     logger = logger or Logger()
     out_dir = Path(out_dir)
@@ -163,8 +164,9 @@ def evaluate(
 
     def render(batch: Batch) -> RenderOutput:
         return renderer.render(
-            params, batch.viewmats, batch.Ks, batch.width, batch.height, scene.sh_degree, batch.backgrounds
-        )
+            params, batch.viewmats, batch.Ks, batch.width, batch.height, scene.sh_degree, batch.backgrounds,
+            batch.fisheye,
+        )  # fmt: skip
 
     def write_view(index: int, outputs: dict[str, Any]) -> None:
         write_png(out_dir / "renders" / "test" / f"{outputs['name']}.png", outputs["render"])
@@ -179,6 +181,7 @@ def evaluate(
             "width": batch.width,
             "height": batch.height,
         }
+        | ({} if batch.fisheye is None else {"fisheye_k1_k4": batch.fisheye[0].tolist()})
         for batch in batches
     ]
     write_json(out_dir / "cameras.json", cameras)

@@ -227,8 +227,9 @@ class DefaultTrainer:
         if sh_degree is None:
             sh_degree = self.model.active_sh_degree(self.step)
         return self.renderer.render(
-            self.model.params, batch.viewmats, batch.Ks, batch.width, batch.height, sh_degree, batch.backgrounds
-        )
+            self.model.params, batch.viewmats, batch.Ks, batch.width, batch.height, sh_degree, batch.backgrounds,
+            batch.fisheye,
+        )  # fmt: skip
 
     def run_step(self) -> None:
         """One optimisation step; afterwards ``self.step`` counts it and ``self.outputs`` describes it."""

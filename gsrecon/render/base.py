@@ -84,8 +84,10 @@ class Renderer(abc.ABC):
         height: int,
         sh_degree: int,
         backgrounds: Tensor,  # [C, 3]
+        fisheye: Tensor | None = None,  # [C, 4] OpenCV fisheye k1..k4: cameras that see through these lenses
     ) -> RenderOutput:
-        """Render ``C`` cameras of size ``width`` x ``height`` using SH up to ``sh_degree``.
+        """Render ``C`` cameras of size ``width`` x ``height`` using SH up to ``sh_degree``; with ``fisheye``,
+        ``Ks`` are the lenses' intrinsics and the images are what the lenses see (not undistorted).
 
         Raises ValueError naming the offending input when shapes or sizes are inconsistent.
         """
@@ -101,7 +103,9 @@ class Renderer(abc.ABC):
             raise ValueError(f"backgrounds has shape {tuple(backgrounds.shape)}, expected ({c}, 3)")
         if width <= 0 or height <= 0:
             raise ValueError(f"image size must be positive, got width={width}, height={height}")
-        return self._render(params, viewmats, Ks, width, height, sh_degree, backgrounds)
+        if fisheye is not None and tuple(fisheye.shape) != (c, 4):
+            raise ValueError(f"fisheye has shape {tuple(fisheye.shape)}, expected ({c}, 4)")
+        return self._render(params, viewmats, Ks, width, height, sh_degree, backgrounds, fisheye)
 
     @abc.abstractmethod
     def _render(
@@ -113,5 +117,6 @@ class Renderer(abc.ABC):
         height: int,
         sh_degree: int,
         backgrounds: Tensor,
+        fisheye: Tensor | None = None,
     ) -> RenderOutput:
         """:meth:`render` for inputs already checked."""

@@ -88,10 +88,21 @@ class GsplatRenderer(Renderer):
         height: int,
         sh_degree: int,
         backgrounds: Tensor,
+        fisheye: Tensor | None = None,
     ) -> RenderOutput:
         if self._rasterization is None:
             raise GsplatUnavailableError("GsplatRenderer.setup() must run before render()")
         cfg = self.cfg
+        if fisheye is not None and (cfg.packed or cfg.sparse_grad):
+            raise ValueError(
+                "fisheye frames (data.fisheye: lens) render through gsplat's unscented transform, which has no "
+                "packed mode: set renderer.packed=false renderer.sparse_grad=false, or data.fisheye=undistort"
+            )
+        # A fisheye lens: gsplat's unscented transform projects through the lens model (3DGUT), and with_eval3d
+        # evaluates each Gaussian along the pixels' rays, as 3DGUT trains.
+        lens = {} if fisheye is None else {
+            "camera_model": "fisheye", "radial_coeffs": fisheye, "with_ut": True, "with_eval3d": True,
+        }  # fmt: skip
         colors = torch.cat([params["sh0"], params["shN"]], dim=1)  # [N, K, 3]
         render_colors, render_alphas, info = self._rasterization(
             means=params["means"],
@@ -115,6 +126,7 @@ class GsplatRenderer(Renderer):
             sparse_grad=cfg.sparse_grad,
             absgrad=cfg.absgrad,
             rasterize_mode="antialiased" if cfg.antialiased else "classic",
+            **lens,
         )
         return RenderOutput(image=render_colors[..., :3], alpha=render_alphas, depth=render_colors[..., 3:4], info=info)
 

@@ -29,6 +29,7 @@ from gsrecon.geometry import camera_centers, quat_scale_to_factor
 from gsrecon.model.gaussians import PARAM_NAMES
 from gsrecon.registry import RENDERER_REGISTRY
 from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
+from gsrecon.render.lens import fisheye_project
 from gsrecon.render.sh import num_sh_bases, sh_to_color
 
 ALPHA_MIN = 1.0 / 255.0  # a Gaussian with alpha below this is skipped at a pixel
@@ -63,8 +64,9 @@ def project_gaussians(
     far_plane: float,
     eps2d: float,
     antialiased: bool = False,
+    fisheye: Tensor | None = None,  # [C, 4] OpenCV fisheye k1..k4: project through these lenses, not pinholes
 ) -> Projection:
-    """EWA projection of 3D Gaussians into pinhole cameras, with culling.
+    """EWA projection of 3D Gaussians into pinhole (or fisheye) cameras, with culling.
 
     The 2D covariance is ``J W Sigma W^T J^T + eps2d * I`` with the perspective Jacobian ``J``
     evaluated at the centre, its x/z and y/z clamped to 1.3x the half field of view (as gsplat
@@ -76,23 +78,20 @@ def project_gaussians(
     ``antialiased`` scales each opacity by ``sqrt(det(cov2d) / det(cov2d + eps2d * I))`` (gsplat's
     "antialiased" mode), so that the dilation does not make small Gaussians brighter; the box and
     the 1/255 test use the compensated opacity, as in gsplat.
+
+    Through a ``fisheye`` lens the centre and the Jacobian are the lens model's (`gsrecon.render.lens`), with
+    no clamp, and Gaussians past the angle where the model folds back are culled.
     """
     rot, trans = viewmats[:, :3, :3], viewmats[:, :3, 3]  # [C, 3, 3], [C, 3]
     means_c = torch.matmul(means, rot.transpose(1, 2)) + trans[:, None, :]  # [C, N, 3]
-    x, y, z = means_c.unbind(-1)  # [C, N] each
-    in_depth = (z > near_plane) & (z < far_plane)
-    z = torch.where(in_depth, z, torch.ones_like(z))  # keeps culled Gaussians finite
-    fx, fy = Ks[:, 0, 0, None], Ks[:, 1, 1, None]  # [C, 1]
-    cx, cy = Ks[:, 0, 2, None], Ks[:, 1, 2, None]
-    u, v = x / z, y / z
-    means2d = torch.stack([fx * u + cx, fy * v + cy], dim=-1)  # [C, N, 2]
-
-    margin_x, margin_y = 0.15 * width / fx, 0.15 * height / fy  # 0.3 * tan(fov / 2)
-    u = torch.clamp(u, -(cx / fx + margin_x), (width - cx) / fx + margin_x)
-    v = torch.clamp(v, -(cy / fy + margin_y), (height - cy) / fy + margin_y)
-    # Rows of J @ R_cam: the Jacobian of pixel coordinates w.r.t. world position.
-    jr_x = (fx / z)[..., None] * (rot[:, None, 0, :] - u[..., None] * rot[:, None, 2, :])
-    jr_y = (fy / z)[..., None] * (rot[:, None, 1, :] - v[..., None] * rot[:, None, 2, :])
+    in_depth = (means_c[..., 2] > near_plane) & (means_c[..., 2] < far_plane)  # [C, N]
+    if fisheye is None:
+        means2d, jr_x, jr_y = _pinhole_jacobian(means_c, in_depth, rot, Ks, width, height)
+    else:
+        lens = fisheye_project(means_c, Ks, fisheye, near_plane)
+        means2d, in_depth = lens.means2d, in_depth & lens.in_lens
+        # Rows of J @ R_cam: the Jacobian of pixel coordinates w.r.t. world position.
+        jr_x, jr_y = torch.matmul(lens.jacobian_u, rot), torch.matmul(lens.jacobian_v, rot)  # [C, N, 3] each
     b = torch.matmul(torch.stack([jr_x, jr_y], dim=-2), factors)  # [C, N, 2, 3], cov2d = b b^T
     raw_xx = (b[..., 0, :] * b[..., 0, :]).sum(-1)  # [C, N], before the dilation
     cov_xy = (b[..., 0, :] * b[..., 1, :]).sum(-1)
@@ -126,6 +125,30 @@ def project_gaussians(
     return Projection(means2d, conics, means_c[..., 2], radii, log_ops)
 
 
+def _pinhole_jacobian(
+    means_c: Tensor,  # [C, N, 3] camera-space centres
+    in_depth: Tensor,  # [C, N] bool
+    rot: Tensor,  # [C, 3, 3] world-to-camera rotations
+    Ks: Tensor,  # [C, 3, 3]
+    width: int,
+    height: int,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Pinhole centres [C, N, 2] and the rows of ``J @ R`` [C, N, 3] each, with J's x/z and y/z clamped to 1.3x
+    the half field of view (as gsplat and 3DGS do)."""
+    x, y, z = means_c.unbind(-1)  # [C, N] each
+    z = torch.where(in_depth, z, torch.ones_like(z))  # keeps culled Gaussians finite
+    fx, fy = Ks[:, 0, 0, None], Ks[:, 1, 1, None]  # [C, 1]
+    cx, cy = Ks[:, 0, 2, None], Ks[:, 1, 2, None]
+    u, v = x / z, y / z
+    means2d = torch.stack([fx * u + cx, fy * v + cy], dim=-1)  # [C, N, 2]
+    margin_x, margin_y = 0.15 * width / fx, 0.15 * height / fy  # 0.3 * tan(fov / 2)
+    u = torch.clamp(u, -(cx / fx + margin_x), (width - cx) / fx + margin_x)
+    v = torch.clamp(v, -(cy / fy + margin_y), (height - cy) / fy + margin_y)
+    jr_x = (fx / z)[..., None] * (rot[:, None, 0, :] - u[..., None] * rot[:, None, 2, :])
+    jr_y = (fy / z)[..., None] * (rot[:, None, 1, :] - v[..., None] * rot[:, None, 2, :])
+    return means2d, jr_x, jr_y
+
+
 @torch.no_grad()
 def cull_gaussians(
     means: Tensor,  # [N, 3]
@@ -138,6 +161,7 @@ def cull_gaussians(
     near_plane: float,
     far_plane: float,
     eps2d: float,
+    fisheye: Tensor | None = None,  # [C, 4]: fisheye lenses, whose view is only bounded by depth here
 ) -> Tensor:
     """Ids of the Gaussians that may be visible in at least one camera, sorted, [M].
 
@@ -151,6 +175,8 @@ def cull_gaussians(
     rot, trans = viewmats[:, :3, :3], viewmats[:, :3, 3]  # [C, 3, 3], [C, 3]
     x, y, z = (torch.matmul(means, rot.transpose(1, 2)) + trans[:, None, :]).unbind(-1)  # [C, N]
     keep = (z > near_plane) & (z < far_plane)
+    if fisheye is not None:
+        return (keep.any(dim=0) & (log_opacities >= math.log(ALPHA_MIN) - 1e-5)).nonzero().squeeze(1)
     z = torch.where(keep, z, torch.ones_like(z))
     fx, fy = Ks[:, 0, 0, None], Ks[:, 1, 1, None]  # [C, 1]
     cx, cy = Ks[:, 0, 2, None], Ks[:, 1, 2, None]
@@ -163,8 +189,7 @@ def cull_gaussians(
     ry = 1.01 * BBOX_SIGMAS * torch.sqrt((fy / z * max_scale) ** 2 * (1 + v_c * v_c) + eps2d) + 1.0
     px, py = fx * u + cx, fy * v + cy  # [C, N]
     keep &= (px + rx > 0) & (px - rx < width) & (py + ry > 0) & (py - ry < height)
-    keep = keep.any(dim=0) & (log_opacities >= math.log(ALPHA_MIN) - 1e-5)  # [N]
-    return keep.nonzero().squeeze(1)
+    return (keep.any(dim=0) & (log_opacities >= math.log(ALPHA_MIN) - 1e-5)).nonzero().squeeze(1)  # [M]
 
 
 def shade_gaussians(
@@ -175,6 +200,7 @@ def shade_gaussians(
     height: int,
     sh_degree: int,
     cfg: RendererConfig,
+    fisheye: Tensor | None = None,  # [C, 4]
 ) -> tuple[Tensor, ...]:
     """The `Projection` fields, then the colours [C, M, 3], of the Gaussians whose parameter rows are ``rows``.
 
@@ -186,7 +212,7 @@ def shade_gaussians(
     factors = quat_scale_to_factor(quats, torch.exp(log_scales))  # [M, 3, 3]
     proj = project_gaussians(
         means, factors, log_opacities, viewmats, Ks, width, height,
-        cfg.near_plane, cfg.far_plane, cfg.eps2d, cfg.antialiased,
+        cfg.near_plane, cfg.far_plane, cfg.eps2d, cfg.antialiased, fisheye,
     )  # fmt: skip
     dirs = F.normalize(means[None] - camera_centers(viewmats)[:, None], dim=-1)  # [C, M, 3]
     coeffs = torch.cat([sh0, shN[:, : num_sh_bases(sh_degree) - 1]], dim=1)  # [M, K', 3]
@@ -649,6 +675,7 @@ class TorchRenderer(Renderer):
         height: int,
         sh_degree: int,
         backgrounds: Tensor,
+        fisheye: Tensor | None = None,
     ) -> RenderOutput:
         cfg = self.cfg
         n_cams, n = viewmats.shape[0], params["means"].shape[0]
@@ -657,12 +684,19 @@ class TorchRenderer(Renderer):
         if cfg.cull:
             ids = cull_gaussians(
                 params["means"].detach(), params["scales"].detach(), F.logsigmoid(params["opacities"].detach()),
-                viewmats, Ks, width, height, cfg.near_plane, cfg.far_plane, cfg.eps2d,
+                viewmats, Ks, width, height, cfg.near_plane, cfg.far_plane, cfg.eps2d, fisheye,
             )  # fmt: skip
             if len(ids) == n:
                 ids = None
         shade = functools.partial(
-            shade_gaussians, viewmats=viewmats, Ks=Ks, width=width, height=height, sh_degree=sh_degree, cfg=cfg
+            shade_gaussians,
+            viewmats=viewmats,
+            Ks=Ks,
+            width=width,
+            height=height,
+            sh_degree=sh_degree,
+            cfg=cfg,
+            fisheye=fisheye,
         )
         if (n if ids is None else len(ids)) <= cfg.max_kept_gaussians:
             # index_select's backward scatters into full-size gradients: culled Gaussians get exact zeros.

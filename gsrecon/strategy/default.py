@@ -86,6 +86,12 @@ class DefaultStrategy(Strategy):
         self, params: Params, optimizers: Optimizers, state: dict[str, Any], step: int, info: dict[str, Any]
     ) -> None:
         if torch.is_grad_enabled():
+            if not info["means2d"].requires_grad:
+                raise ValueError(
+                    "strategy 'default' densifies from the screen-space gradients of the Gaussians' centres, which "
+                    "this renderer does not give (gsplat's unscented transform for data.fisheye: lens): use "
+                    "strategy.name=mcmc, renderer.name=torch or data.fisheye=undistort"
+                )
             info["means2d"].retain_grad()
 
     @torch.no_grad()

@@ -1,0 +1,76 @@
+"""Rendering through a fisheye lens: the OpenCV fisheye model as a projection with its Jacobian.
+
+A frame kept through its lens (``data.fisheye: lens``) is rendered by projecting each Gaussian's centre
+with the lens model and its covariance with the model's Jacobian at that centre (the EWA linearisation
+that 3DGS applies to the pinhole; gsplat's ``camera_model="fisheye"`` does the same for a lens without
+distortion). The model is that of :mod:`gsrecon.data.undistort`: with ``theta`` the angle from the
+optical axis, ``theta_d = theta (1 + k1 theta^2 + k2 theta^4 + k3 theta^6 + k4 theta^8)`` and the pixel
+``(u, v) = (fx x theta_d / r + cx, fy y theta_d / r + cy)`` for a camera-space point ``(x, y, z)`` with
+``r = sqrt(x^2 + y^2)``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+_AXIS_RATIO = 1e-3  # r / z below which the series at the optical axis replaces the exact terms (0 / 0 at r = 0)
+
+
+class LensProjection(NamedTuple):
+    """Fisheye projection of camera-space points and its Jacobian, for ``C`` cameras of ``N`` points."""
+
+    means2d: Tensor  # [C, N, 2] pixel coordinates
+    jacobian_u: Tensor  # [C, N, 3] d(u) / d(x, y, z)
+    jacobian_v: Tensor  # [C, N, 3] d(v) / d(x, y, z)
+    in_lens: Tensor  # [C, N] bool: in front of the camera and inside the angle where the lens model is one-to-one
+
+
+def _polynomial(theta: Tensor, coeffs: Tensor) -> tuple[Tensor, Tensor]:
+    """(theta_d, d theta_d / d theta) of the fisheye polynomial; ``theta`` [C, N], ``coeffs`` [C, 4] (k1..k4)."""
+    k1, k2, k3, k4 = (k[:, None] for k in coeffs.unbind(-1))  # [C, 1] each
+    t2 = theta * theta
+    theta_d = theta * (1.0 + t2 * (k1 + t2 * (k2 + t2 * (k3 + t2 * k4))))
+    slope = 1.0 + t2 * (3.0 * k1 + t2 * (5.0 * k2 + t2 * (7.0 * k3 + t2 * 9.0 * k4)))
+    return theta_d, slope
+
+
+@torch.no_grad()
+def max_lens_angle(coeffs: Tensor, samples: int = 2048) -> Tensor:
+    """Per camera, the angle from the optical axis (radians, at most pi / 2) up to which ``theta_d`` grows
+    with ``theta`` (past it the lens model folds back and points would land twice in the image), [C]."""
+    theta = torch.linspace(0.0, math.pi / 2, samples, dtype=coeffs.dtype, device=coeffs.device)  # [S]
+    _, slope = _polynomial(theta.expand(len(coeffs), samples), coeffs)  # [C, S]
+    folds = slope <= 0.0
+    first = torch.where(folds.any(-1), folds.float().argmax(-1), samples - 1)  # [C]
+    return theta[first]
+
+
+def fisheye_project(points: Tensor, Ks: Tensor, coeffs: Tensor, near_plane: float) -> LensProjection:
+    """Project camera-space ``points`` [C, N, 3] through the fisheye lenses ``Ks`` [C, 3, 3], ``coeffs`` [C, 4]."""
+    x, y, z = points.unbind(-1)  # [C, N] each
+    in_front = z > near_plane
+    z = torch.where(in_front, z, torch.ones_like(z))  # keeps what is culled finite
+    fx, fy = Ks[:, 0, 0, None], Ks[:, 1, 1, None]  # [C, 1]
+    cx, cy = Ks[:, 0, 2, None], Ks[:, 1, 2, None]
+    r2 = x * x + y * y
+    rho2 = r2 + z * z
+    near_axis = r2 < (_AXIS_RATIO * z) ** 2
+    # On the axis the exact terms are 0 / 0: a stand-in r there keeps the unused branch (and its gradient) finite.
+    r2 = torch.where(near_axis, torch.ones_like(r2), r2)
+    r = torch.sqrt(r2)
+    theta = torch.atan2(r, z)
+    theta_d, slope = _polynomial(theta, coeffs)
+    k1 = coeffs[:, 0, None]  # [C, 1]
+    # scale = theta_d / r, a = (d scale / d x) / x, dz = d scale / d z; on the axis, their series in r / z.
+    scale = torch.where(near_axis, 1.0 / z, theta_d / r)
+    a = torch.where(near_axis, (2.0 * k1 - 2.0 / 3.0) / z**3, slope * z / (r2 * rho2) - theta_d / (r2 * r))
+    dz = torch.where(near_axis, -1.0 / rho2, -slope / rho2)
+    means2d = torch.stack([fx * scale * x + cx, fy * scale * y + cy], dim=-1)  # [C, N, 2]
+    jacobian_u = fx[..., None] * torch.stack([scale + x * x * a, x * y * a, x * dz], dim=-1)  # [C, N, 3]
+    jacobian_v = fy[..., None] * torch.stack([x * y * a, scale + y * y * a, y * dz], dim=-1)
+    in_lens = in_front & (near_axis | (theta < max_lens_angle(coeffs)[:, None]))
+    return LensProjection(means2d, jacobian_u, jacobian_v, in_lens)
