@@ -9,13 +9,15 @@ undistorted images have, each with the scene's points. Each (length, seed) train
 ``configs/mipnerf360.yaml`` (every 8th view held out, one thread): the pinhole capture, the fisheye capture
 undistorted (``data.fisheye: undistort``) and the fisheye capture through its lens (``data.fisheye: lens``). Both
 fisheye runs are scored on the pinhole capture's held-out views (the true pinhole images of the same cameras) and
-on the fisheye capture's held-out views as shot (the whole lens, rendered through it). Prints a markdown table
-with the machine, threads and load average.
+on the fisheye capture's held-out views as shot (the whole lens, rendered through it); ``--off-axis DEG`` also
+scores every run on both within and beyond DEG degrees of the optical axis, ``--set key=value`` changes every
+run (e.g. ``renderer.antialiased=true``). Prints markdown tables with the machine, threads and load average.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 import statistics
@@ -23,6 +25,7 @@ import sys
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -31,7 +34,9 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from bench_quality import load_average, run  # noqa: E402
 from test_fisheye import write_synthetic_capture  # noqa: E402
 
+from gsrecon.data.datapipeline import DataPipeline  # noqa: E402
 from gsrecon.engine.evaluator import evaluate_views  # noqa: E402
+from gsrecon.engine.trainer import DefaultTrainer  # noqa: E402
 from gsrecon.metrics import mean_metrics  # noqa: E402
 
 RUNS = {  # run name: (capture, overrides)
@@ -39,6 +44,7 @@ RUNS = {  # run name: (capture, overrides)
     "undistort": ("fisheye", ["data.fisheye=undistort"]),
     "lens": ("fisheye", ["data.fisheye=lens"]),
 }
+VIEWS = ("pinhole_views", "fisheye_views")  # the held-out views every run is scored on with --off-axis
 COLUMNS = {  # result key: table header
     "pinhole": "pinhole",
     "undistort_pinhole_views": "undistorted: pinhole views",
@@ -48,20 +54,47 @@ COLUMNS = {  # result key: table header
 }
 
 
-def train_runs(captures: Path, length: int, seed: int, threads: int, work: Path) -> dict[str, float]:
-    """Test PSNR of the three runs, the fisheye runs on the pinhole and on the fisheye held-out views (COLUMNS)."""
+def train_runs(
+    captures: Path, length: int, seed: int, threads: int, work: Path, common: list[str], off_axis: float | None
+) -> dict[str, float]:
+    """Test PSNR of the three runs, the fisheye runs on the pinhole and on the fisheye held-out views (COLUMNS);
+    with ``off_axis`` (degrees), also every run on both views within and beyond that angle from the optical axis
+    (keys ``<run>_<views>_centre`` and ``..._rim``)."""
     trainers = {}
     for name, (capture, extra) in RUNS.items():
-        overrides = ["data.dataset=blender", f"data.path={captures / capture}", "data.factor=1", f"seed={seed}", *extra]
+        overrides = ["data.dataset=blender", f"data.path={captures / capture}", "data.factor=1", f"seed={seed}"]
         recorder = {"steps": [length], "seconds": [], "clock": "cpu"}
-        trainers[name] = run("configs/mipnerf360.yaml", overrides, recorder, threads, work / f"{name}_{length}_{seed}")
+        folder = work / f"{name}_{length}_{seed}"
+        trainers[name] = run("configs/mipnerf360.yaml", [*overrides, *extra, *common], recorder, threads, folder)
     views = {"pinhole_views": trainers["pinhole"].datapipeline, "fisheye_views": trainers["lens"].datapipeline}
     result = {"pinhole": trainers["pinhole"].val_metrics["psnr"]}
     for name in ("undistort", "lens"):
         for key, pipeline in views.items():
             scored = evaluate_views(trainers[name].render, pipeline.val_batches(), trainers[name].metrics)
             result[f"{name}_{key}"] = mean_metrics(scored)["psnr"]
+    if off_axis is not None:
+        for name, trainer in trainers.items():
+            for key, pipeline in views.items():
+                centre, rim = split_psnr(trainer, pipeline, math.radians(off_axis))
+                result |= {f"{name}_{key}_centre": centre, f"{name}_{key}_rim": rim}
     return result
+
+
+@torch.no_grad()
+def split_psnr(trainer: DefaultTrainer, pipeline: DataPipeline, angle: float) -> tuple[float, float]:
+    """PSNR of ``trainer``'s renders of ``pipeline``'s test views over the pixels seen within ``angle`` (radians) of
+    the optical axis and over those beyond it (a pinhole pixel at ``atan(r)``, a fisheye pixel at about ``r``)."""
+    errors: dict[bool, list[Tensor]] = {True: [], False: []}
+    for batch in pipeline.val_batches():
+        error = ((trainer.render(batch).image.clamp(0, 1) - batch.images) ** 2).mean(-1)[0]  # [H, W]
+        K = batch.Ks[0]
+        v, u = torch.meshgrid(torch.arange(batch.height) + 0.5, torch.arange(batch.width) + 0.5, indexing="ij")
+        r = torch.hypot((u - K[0, 2]) / K[0, 0], (v - K[1, 2]) / K[1, 1])  # [H, W]
+        within = (r if batch.fisheye is not None else torch.atan(r)) < angle
+        errors[True].append(error[within])
+        errors[False].append(error[~within])
+    centre, rim = (-10 * math.log10(float(torch.cat(errors[side]).mean())) for side in (True, False))
+    return centre, rim
 
 
 def main() -> None:
@@ -70,6 +103,8 @@ def main() -> None:
     parser.add_argument("--lengths", default="2000")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (num_threads)")
+    parser.add_argument("--set", action="append", default=[], help="key=value for every run (repeatable)")
+    parser.add_argument("--off-axis", type=float, help="also score each run within / beyond this angle (degrees)")
     args = parser.parse_args()
     captures = args.out / "captures"
     for capture in ("pinhole", "fisheye"):
@@ -80,10 +115,11 @@ def main() -> None:
         "| steps | seeds | " + " | ".join(COLUMNS.values()) + " |",
         "|---:|---:|" + "---:|" * len(COLUMNS),
     ]
+    regions: list[str] = []
     for length in (int(v) for v in args.lengths.split(",")):
         runs = []
         for seed in (int(v) for v in args.seeds.split(",")):
-            runs.append(train_runs(captures, length, seed, args.threads, args.out / "work"))
+            runs.append(train_runs(captures, length, seed, args.threads, args.out / "work", args.set, args.off_axis))
             print(f"{length} steps, seed {seed}: " + ", ".join(f"{k} {v:.2f} dB" for k, v in runs[-1].items()))
 
         def cell(key: str, runs: list[dict[str, float]] = runs) -> str:
@@ -91,12 +127,18 @@ def main() -> None:
             return f"{statistics.fmean(values):.2f} ± {(max(values) - min(values)) / 2:.2f}"
 
         lines.append(f"| {length} | {len(runs)} | " + " | ".join(cell(key) for key in COLUMNS) + " |")
+        if args.off_axis is not None:
+            regions.append(f"\n{length} steps, within / beyond {args.off_axis:g} degrees off axis:\n")
+            regions += ["| run | pinhole views | fisheye views |", "|---|---:|---:|"]
+            for name in RUNS:
+                pair = [f"{cell(f'{name}_{v}_centre')} / {cell(f'{name}_{v}_rim')}" for v in VIEWS]
+                regions.append(f"| {name} | {pair[0]} | {pair[1]} |")
     load = " ".join(f"{v:.2f}" for v in load_average())
     print(
         f"\n{platform.processor() or platform.machine()}, torch {torch.__version__}, {args.threads} thread(s), "
         f"load average at the end {load}\n"
     )
-    print("\n".join(lines))
+    print("\n".join(lines + regions))
 
 
 if __name__ == "__main__":
