@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -234,19 +235,23 @@ def _load_synthetic(cfg: DataPipeline.Config) -> Scene:
     return load_synthetic(cfg.synthetic, cfg.factor, cfg.eval_split, cfg.max_images)
 
 
+def _reader_options(cfg: DataPipeline.Config) -> dict[str, Any]:
+    """The keyword arguments the folder readers (colmap, blender) share, from ``data:``."""
+    return {
+        "factor": cfg.factor,
+        "eval_split": cfg.eval_split,
+        "max_images": cfg.max_images,
+        "lazy": cfg.cache in ("disk", "auto"),
+        "keep_fisheye": cfg.fisheye == "lens",
+    }
+
+
 @DATASET_REGISTRY.register("colmap")
 def _load_colmap(cfg: DataPipeline.Config) -> Scene:
     from gsrecon.data.colmap import load_colmap
 
     _require_path(cfg, "a folder with images/ and sparse/0/")
-    return load_colmap(
-        cfg.path,
-        cfg.factor,
-        cfg.eval_split,
-        cfg.max_images,
-        lazy=cfg.cache in ("disk", "auto"),
-        keep_fisheye=cfg.fisheye == "lens",
-    )
+    return load_colmap(cfg.path, **_reader_options(cfg))
 
 
 @DATASET_REGISTRY.register("blender")
@@ -254,11 +259,4 @@ def _load_blender(cfg: DataPipeline.Config) -> Scene:
     from gsrecon.data.blender import load_blender
 
     _require_path(cfg, "a folder with transforms.json or transforms_train.json")
-    return load_blender(
-        cfg.path,
-        cfg.factor,
-        cfg.eval_split,
-        cfg.max_images,
-        lazy=cfg.cache in ("disk", "auto"),
-        keep_fisheye=cfg.fisheye == "lens",
-    )
+    return load_blender(cfg.path, **_reader_options(cfg))
