@@ -88,7 +88,8 @@ def split_psnr(trainer: DefaultTrainer, pipeline: DataPipeline, angle: float) ->
     for batch in pipeline.val_batches():
         error = ((trainer.render(batch).image.clamp(0, 1) - batch.images) ** 2).mean(-1)[0]  # [H, W]
         K = batch.Ks[0]
-        v, u = torch.meshgrid(torch.arange(batch.height) + 0.5, torch.arange(batch.width) + 0.5, indexing="ij")
+        rows, columns = (torch.arange(n, device=error.device) + 0.5 for n in (batch.height, batch.width))
+        v, u = torch.meshgrid(rows, columns, indexing="ij")
         r = torch.hypot((u - K[0, 2]) / K[0, 0], (v - K[1, 2]) / K[1, 1])  # [H, W]
         within = (r if batch.fisheye is not None else torch.atan(r)) < angle
         errors[True].append(error[within])
