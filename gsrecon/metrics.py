@@ -26,6 +26,7 @@ _TORCHVISION_WEIGHTS = {  # torchvision's ImageNet weights files (its AlexNet/VG
     "vgg": "vgg16-397923af.pth",
 }
 _warned_no_lpips = False
+LPIPS_MIN_SIDE = {"alex": 31, "vgg": 16}  # the smallest image side each backbone's pooling layers accept (pixels)
 
 
 def psnr(pred: Tensor, gt: Tensor, mask: Tensor | None = None) -> float:
@@ -57,7 +58,8 @@ class ImageMetrics:
     the ``lpips_net`` backbone; its ImageNet backbone comes from the gsrecon cache (see
     ``gsrecon weights lpips``) or else from torchvision's own download cache. With neither, LPIPS is
     reported as None and a warning (once per process) says how to get the weights.
-    ``lpips_net="none"`` turns LPIPS off (reported as None, no warning).
+    ``lpips_net="none"`` turns LPIPS off (reported as None, no warning); so is LPIPS of an image whose
+    height or width is below :data:`LPIPS_MIN_SIDE` for its backbone (the network cannot take it).
     """
 
     def __init__(self, lpips_net: str = "alex", device: str | torch.device = "cpu") -> None:
@@ -95,7 +97,7 @@ class ImageMetrics:
         if mask is not None:
             mask = mask.to(self.device, torch.float32)[None]  # [1, H, W, 1]
         lpips_value = None
-        if self._lpips is not None:
+        if self._lpips is not None and min(pred.shape[1:3]) >= LPIPS_MIN_SIDE[self._lpips_net]:
             seen_pred, seen_gt = (pred, gt) if mask is None else (pred * mask, gt * mask)
             lpips_value = self._lpips(seen_pred.permute(0, 3, 1, 2) * 2 - 1, seen_gt.permute(0, 3, 1, 2) * 2 - 1).item()
         return {"psnr": psnr(pred, gt, mask), "ssim": float(ssim(pred, gt, mask)), "lpips": lpips_value}

@@ -148,3 +148,17 @@ def test_lpips_vgg_backbone():
     noisier = compute(*_image_pair(sigma=0.3))["lpips"]
     assert 0.05 < value < noisier < 1.0
     assert compute(gt, gt.clone())["lpips"] == pytest.approx(0.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("net, smallest", [("alex", 31), ("vgg", 16)])
+def test_lpips_of_images_smaller_than_its_backbone_takes_is_none(net, smallest, tmp_path):
+    """A 24x18 render (a factor-4 capture of 96x72 photos) ended training with exit 1 in LPIPS's pooling."""
+    if not lpips_backbone_path(net).is_file():
+        pytest.skip("LPIPS weights not in the gsrecon cache: run `gsrecon weights lpips` first")
+    compute = ImageMetrics(net)
+    pred, gt = _image_pair()
+    small = compute(pred[: smallest - 1, :40], gt[: smallest - 1, :40])
+    assert small["lpips"] is None
+    assert math.isfinite(small["psnr"]) and 0.0 < small["ssim"] < 1.0
+    assert compute(pred[:smallest, :40], gt[:smallest, :40])["lpips"] > 0.0
+    assert compute(pred[:40, : smallest - 1], gt[:40, : smallest - 1])["lpips"] is None
