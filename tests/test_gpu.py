@@ -149,17 +149,19 @@ def test_one_gpu_with_batch_2_matches_cpu_quality(make_trainer) -> None:
 
 
 def test_gsplat_unscented_transform_through_a_fisheye_lens_matches_the_torch_linearisation(renderers) -> None:
-    """Small Gaussians up to ~70 degrees off axis of a wide fisheye: gsplat's 3DGUT (unscented transform, evaluated
-    along the rays) and the torch renderer's EWA linearisation of the same lens draw the same image."""
+    """Gaussians of 1-3 px up to ~70 degrees off axis of a wide fisheye: gsplat's 3DGUT (unscented transform,
+    evaluated along the rays, no screen-space dilation) and the torch renderer's EWA linearisation of the same
+    lens draw nearly the same image. (Written without a GPU: the bound is a first guess that a wrong lens model or
+    coefficient order falls far below; tighten it once measured.)"""
     from gsrecon.metrics import psnr
 
     generator = torch.Generator().manual_seed(0)
-    n = 3000
+    n = 2000
     directions = torch.nn.functional.normalize(torch.randn(n, 3, generator=generator), dim=-1)
     directions[:, 2] = directions[:, 2].abs() + 0.4
     params = {
         "means": torch.nn.functional.normalize(directions, dim=-1) * (torch.rand(n, 1, generator=generator) * 2 + 3),
-        "scales": torch.log(torch.rand(n, 3, generator=generator) * 0.02 + 0.005),
+        "scales": torch.log(torch.rand(n, 3, generator=generator) * 0.12 + 0.08),  # 1-3 px at 3-5 m
         "quats": torch.randn(n, 4, generator=generator),
         "opacities": torch.logit(torch.rand(n, generator=generator) * 0.9 + 0.05),
         "sh0": torch.randn(n, 1, 3, generator=generator) * 0.5,
@@ -172,7 +174,7 @@ def test_gsplat_unscented_transform_through_a_fisheye_lens_matches_the_torch_lin
         renderer.render(params, torch.eye(4)[None].cuda(), Ks, 128, 96, 0, torch.zeros(1, 3).cuda(), fisheye).image
         for renderer in renderers
     ]
-    assert psnr(images[0][0].clamp(0, 1), images[1][0].clamp(0, 1)) >= 30.0
+    assert psnr(images[0][0].clamp(0, 1), images[1][0].clamp(0, 1)) >= 25.0
 
 
 def test_training_through_a_fisheye_lens_on_the_gpu(tmp_path, make_trainer) -> None:
