@@ -170,14 +170,29 @@ def cull_gaussians(
     centre lies farther outside the image than an upper bound of their box, ``3.33 * sqrt(cov_ii)``
     with ``cov_xx <= (fx / z)^2 (1 + u^2) max_scale^2 + eps2d`` (the rows of ``J R`` have that
     norm, the covariance factor has spectral norm ``max_scale``). It costs a few passes over the
-    means and scales, instead of the full projection and colour evaluation.
+    means and scales, instead of the full projection and colour evaluation. Through ``fisheye`` lenses only
+    the depth and opacity bounds apply.
     """
     rot, trans = viewmats[:, :3, :3], viewmats[:, :3, 3]  # [C, 3, 3], [C, 3]
-    x, y, z = (torch.matmul(means, rot.transpose(1, 2)) + trans[:, None, :]).unbind(-1)  # [C, N]
-    keep = (z > near_plane) & (z < far_plane)
-    if fisheye is not None:
-        return (keep.any(dim=0) & (log_opacities >= math.log(ALPHA_MIN) - 1e-5)).nonzero().squeeze(1)
-    z = torch.where(keep, z, torch.ones_like(z))
+    means_c = torch.matmul(means, rot.transpose(1, 2)) + trans[:, None, :]  # [C, N, 3]
+    keep = (means_c[..., 2] > near_plane) & (means_c[..., 2] < far_plane)  # [C, N]
+    if fisheye is None:
+        keep &= _near_pinhole_image(means_c, keep, log_scales, Ks, width, height, eps2d)
+    return (keep.any(dim=0) & (log_opacities >= math.log(ALPHA_MIN) - 1e-5)).nonzero().squeeze(1)  # [M]
+
+
+def _near_pinhole_image(
+    means_c: Tensor,  # [C, N, 3] camera-space centres
+    in_depth: Tensor,  # [C, N] bool
+    log_scales: Tensor,  # [N, 3]
+    Ks: Tensor,  # [C, 3, 3]
+    width: int,
+    height: int,
+    eps2d: float,
+) -> Tensor:
+    """Whether each centre lies within an upper bound of its box of the pinhole image (see `cull_gaussians`), [C, N]."""
+    x, y, z = means_c.unbind(-1)  # [C, N] each
+    z = torch.where(in_depth, z, torch.ones_like(z))
     fx, fy = Ks[:, 0, 0, None], Ks[:, 1, 1, None]  # [C, 1]
     cx, cy = Ks[:, 0, 2, None], Ks[:, 1, 2, None]
     u, v = x / z, y / z
@@ -188,8 +203,7 @@ def cull_gaussians(
     rx = 1.01 * BBOX_SIGMAS * torch.sqrt((fx / z * max_scale) ** 2 * (1 + u_c * u_c) + eps2d) + 1.0
     ry = 1.01 * BBOX_SIGMAS * torch.sqrt((fy / z * max_scale) ** 2 * (1 + v_c * v_c) + eps2d) + 1.0
     px, py = fx * u + cx, fy * v + cy  # [C, N]
-    keep &= (px + rx > 0) & (px - rx < width) & (py + ry > 0) & (py - ry < height)
-    return (keep.any(dim=0) & (log_opacities >= math.log(ALPHA_MIN) - 1e-5)).nonzero().squeeze(1)  # [M]
+    return (px + rx > 0) & (px - rx < width) & (py + ry > 0) & (py - ry < height)
 
 
 def shade_gaussians(
