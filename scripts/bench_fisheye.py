@@ -66,7 +66,7 @@ def train_runs(
         recorder = {"steps": [length], "seconds": [], "clock": "cpu"}
         folder = work / f"{name}_{length}_{seed}"
         trainers[name] = run("configs/mipnerf360.yaml", [*overrides, *extra, *common], recorder, threads, folder)
-    views = {"pinhole_views": trainers["pinhole"].datapipeline, "fisheye_views": trainers["lens"].datapipeline}
+    views = dict(zip(VIEWS, (trainers["pinhole"].datapipeline, trainers["lens"].datapipeline)))
     result = {"pinhole": trainers["pinhole"].val_metrics["psnr"]}
     for name in ("undistort", "lens"):
         for key, pipeline in views.items():
