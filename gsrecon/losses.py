@@ -11,6 +11,9 @@ from torch import Tensor
 @dataclass
 class LossConfig:
     ssim_lambda: float = 0.2  # loss = (1 - λ)·L1 + λ·(1 - SSIM)
+    # > 0: adds λ × scene extent × mean |1 / rendered depth - 1 / z| at the SfM points each photo observed (gsplat's
+    # depth_loss); needs a COLMAP model or triangulated points
+    depth_lambda: float = 0.0
 
 
 def ssim(pred: Tensor, gt: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -56,3 +59,21 @@ def photometric_loss(pred: Tensor, gt: Tensor, ssim_lambda: float, mask: Tensor 
     ssim_value = ssim(pred, gt, mask) if ssim_lambda > 0 else torch.ones((), device=pred.device)
     loss = (1.0 - ssim_lambda) * l1 + ssim_lambda * (1.0 - ssim_value)
     return {"loss": loss, "l1": l1, "ssim": ssim_value}
+
+
+def point_depth_loss(depth: Tensor, observed: list[Tensor]) -> Tensor | None:
+    """Mean absolute difference of disparities (1 / depth) between the rendered ``depth`` [B, H, W, 1] and the
+    points each view observed, ``observed[b]`` [P_b, 3] (pixel x, y with centres at +0.5, camera z), at the pixel
+    each point lands in; points where nothing is rendered (depth 0) are left out. None where no point is left.
+
+    The pixel's value, not a bilinear sample: next to a silhouette a bilinear sample would mix in the 0 of the
+    empty side and ask for a depth that nothing has."""
+    differences = []
+    for view, points in zip(depth, observed):
+        x, y = points[:, 0].long(), points[:, 1].long()  # [P] (non-negative coordinates: truncation is floor)
+        rendered = view[y, x, 0]  # [P]
+        hit = rendered > 0
+        differences.append((1.0 / rendered[hit] - 1.0 / points[hit, 2]).abs())
+    if sum(len(d) for d in differences) == 0:
+        return None
+    return torch.cat(differences).mean()

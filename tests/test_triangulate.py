@@ -21,7 +21,7 @@ from gsrecon.data.cameras import Frame
 from gsrecon.data.colmap import load_colmap
 from gsrecon.data.colmap_format import find_sparse_dir, read_model
 from gsrecon.data.synthetic import SyntheticConfig, load_synthetic, surface_distance
-from gsrecon.data.triangulate import _name_point_cloud
+from gsrecon.data.triangulate import _name_point_cloud, training_points
 
 torch.set_num_threads(1)
 
@@ -158,6 +158,17 @@ def test_training_a_capture_without_points_triangulates_them_once_and_leaves_the
     err = capsys.readouterr().err
     assert f"SfM points: {made} triangulated points of this capture from the cache" in err
     assert "[1/3]" not in err and f"training {made} Gaussians from SfM points" in err
+
+    # The cache keeps which photo saw which point (the depth prior's tracks): every frame's points are in its view.
+    cached = training_points(root, lambda line: None)
+    assert set(cached.observed) == {frame.name for frame in frames}
+    observations = sum(len(rows) for rows in cached.observed.values())
+    assert observations == pytest.approx(cached.mean_track_length * made, rel=1e-4)
+    for frame in frames:
+        camera = torch.from_numpy(cached.points[cached.observed[frame.name]]) @ frame.viewmat[:3, :3].T
+        camera += frame.viewmat[:3, 3]  # [P_i, 3]
+        pixels = (camera[:, :2] / camera[:, 2:]) @ frame.K[:2, :2].T + frame.K[:2, 2]
+        assert (camera[:, 2] > 0).all() and (pixels > -1).all() and (pixels < torch.tensor([321.0, 241.0])).all()
 
 
 @pytest.mark.parametrize(

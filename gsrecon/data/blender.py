@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gsrecon.data.cameras import Frame, Scene
+from gsrecon.data.cameras import Frame, Scene, SfmPoints
 from gsrecon.data.colmap_format import read_model
 from gsrecon.data.errors import DatasetError, checked_number
 from gsrecon.data.images import (
@@ -125,12 +125,16 @@ def load_blender(
     return Scene(train, test, points, colors, points_hint=hint, triangulate=partial(_triangulated_points, root))
 
 
-def _triangulated_points(root: Path, log: Callable[[str], None]) -> tuple[Tensor, Tensor]:
-    """Points [P, 3] and colours [P, 3] in [0, 1] triangulated from the scene's images and poses (cached)."""
+def _triangulated_points(root: Path, log: Callable[[str], None]) -> SfmPoints:
+    """The points triangulated from the scene's images and poses (cached), and where each was seen."""
     from gsrecon.data.triangulate import training_points  # it reads scenes with this module
 
-    points, colors = training_points(root, log)
-    return torch.from_numpy(points), torch.from_numpy(colors.astype(np.float32) / 255.0)
+    triangulation = training_points(root, log)
+    return SfmPoints(
+        points=torch.from_numpy(triangulation.points),
+        colors=torch.from_numpy(triangulation.colors.astype(np.float32) / 255.0),
+        observed={name: torch.from_numpy(rows) for name, rows in triangulation.observed.items()},
+    )
 
 
 def _point_cloud(json_path: Path, fields: dict[str, Any]) -> tuple[Tensor, Tensor]:

@@ -75,6 +75,15 @@ class Frame:
 
 
 @dataclass
+class SfmPoints:
+    """Points made from the photos (a COLMAP model, or triangulated from known poses) and where each was seen."""
+
+    points: Tensor  # [P, 3] float32 world positions
+    colors: Tensor  # [P, 3] float32 in [0, 1]
+    observed: dict[str, Tensor]  # frame name -> [P_i] int64 rows of ``points`` that photo observed
+
+
+@dataclass
 class Scene:
     """What a dataset reader returns: the split frames and an initial point cloud."""
 
@@ -86,7 +95,10 @@ class Scene:
     points_hint: str = ""  # where ``points`` is empty: how to make them (said when training starts without them)
     # Where ``points`` is empty and the reader can make them from the images and known poses: a function that does,
     # given a function to log progress lines to (``model.init: auto`` calls it); None otherwise.
-    triangulate: Callable[[Callable[[str], None]], tuple[Tensor, Tensor]] | None = None
+    triangulate: Callable[[Callable[[str], None]], SfmPoints] | None = None
+    # The SfM tracks: frame name -> [P_i] int64 rows of ``points`` that photo observed; empty where unknown (random
+    # points, a PLY). The depth prior (``loss.depth_lambda``) reads them.
+    observed: dict[str, Tensor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.extent <= 0.0:

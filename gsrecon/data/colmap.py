@@ -82,7 +82,18 @@ def load_colmap(
         test=test,
         points=torch.from_numpy(model.points.xyz.astype(np.float32)),  # [P, 3]
         colors=torch.from_numpy(model.points.rgb.astype(np.float32) / 255.0),  # [P, 3]
+        observed=_observed_rows(model, {frame.name: all_images[i] for i, frame in zip(keep, frames)}),
     )
+
+
+def _observed_rows(model: SparseModel, images: dict[str, ColmapImage]) -> dict[str, Tensor]:
+    """Frame name -> [P_i] int64 rows of ``model.points`` that its image observed (keypoints with a 3D point)."""
+    row_of = {int(point_id): row for row, point_id in enumerate(model.points.ids)}
+    observed = {}
+    for name, image in images.items():
+        rows = [row_of[i] for i in np.unique(image.point3D_ids).tolist() if i in row_of]
+        observed[name] = torch.tensor(rows, dtype=torch.int64)
+    return observed
 
 
 def _frame(

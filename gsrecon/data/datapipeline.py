@@ -31,6 +31,7 @@ from gsrecon.data.images import FACTORS
 from gsrecon.data.splits import EVAL_SPLITS
 from gsrecon.data.synthetic import SyntheticConfig, load_synthetic
 from gsrecon.registry import DATASET_REGISTRY
+from gsrecon.render.lens import fisheye_project
 
 BACKGROUNDS = ("black", "white", "random")
 FISHEYE_MODES = ("undistort", "lens")
@@ -116,6 +117,7 @@ class DataPipeline:
             self._val_ahead = Prefetcher(self.decoder, self._test, self._val_indices, cfg.prefetch)
         # On the device once: a per-step copy from the host would wait for the GPU (PyTorch syncs blocking copies).
         self._background = self.fixed_background().to(device)  # [3]
+        self._point_depths: dict[str, Tensor] = {}  # filled on first use: the points may be triangulated later
 
     @property
     def num_train(self) -> int:
@@ -155,6 +157,24 @@ class DataPipeline:
             yield self._batch(
                 self._val_ahead.get(index) if self.decoder is not None else [frame], self._background[None]
             )
+
+    def train_views(self) -> Iterator[Batch]:
+        """Every training view once, a batch each, over the fixed background (black for ``random``)."""
+        for frame in self._train:
+            yield self._batch([frame], self._background[None])
+
+    def point_depths(self, names: list[str]) -> list[Tensor]:
+        """Per named training view, ``[P_i, 3]``: pixel x, y (pixel centres at +0.5) and camera-space z of the SfM
+        points its photo observed (``Scene.observed``) that land in front of the camera, inside the image and on
+        pixels its mask keeps; [0, 3] for a view without observations."""
+        missing = [name for name in names if name not in self._point_depths]
+        if missing:
+            frames = {frame.name: frame for frame in self._train}
+            points = self.scene.points.to(self.device)
+            for name in missing:
+                rows = self.scene.observed.get(name, torch.zeros(0, dtype=torch.int64)).to(self.device)
+                self._point_depths[name] = _observed_depths(points[rows], frames[name], self.device)
+        return [self._point_depths[name] for name in names]
 
     def fixed_background(self) -> Tensor:
         """The background colour used where it is not random, [3]."""
@@ -202,6 +222,27 @@ class DataPipeline:
             return None
         masks = [torch.ones(f.height, f.width, dtype=torch.bool) if f.mask is None else decoded(f.mask) for f in frames]
         return torch.stack([m.to(self.device) for m in masks]).float()[..., None]
+
+
+def _observed_depths(points: Tensor, frame: Frame, device: torch.device) -> Tensor:
+    """[P', 3] pixel x, y and camera z of ``points`` [P, 3] as ``frame`` sees them, those outside its image or on
+    pixels its mask leaves out (a moving person, the sky) left out."""
+    viewmat = frame.viewmat.to(device)
+    camera = points @ viewmat[:3, :3].T + viewmat[:3, 3]  # [P, 3]
+    K = frame.K.to(device)[None]
+    if frame.fisheye is None:
+        z = camera[:, 2:].clamp_min(1e-6)
+        pixels = (camera[:, :2] / z) @ K[0, :2, :2].T + K[0, :2, 2]  # [P, 2]
+        seen = camera[:, 2] > 0
+    else:
+        projection = fisheye_project(camera[None], K, frame.fisheye.to(device)[None], near_plane=0.0)
+        pixels, seen = projection.means2d[0], projection.in_lens[0]
+    inside = seen & (pixels >= 0).all(-1) & (pixels[:, 0] < frame.width) & (pixels[:, 1] < frame.height)
+    observed = torch.cat([pixels, camera[:, 2:]], dim=-1)[inside]  # [P', 3]
+    if frame.mask is None:
+        return observed
+    kept = decoded(frame.mask).to(device)[observed[:, 1].long(), observed[:, 0].long()]  # [P'] on kept pixels
+    return observed[kept]
 
 
 def _mask_note(scene: Scene) -> str:

@@ -71,6 +71,7 @@ class Triangulation:
 
     points: np.ndarray  # [P, 3] float32, in the frames' world coordinates
     colors: np.ndarray  # [P, 3] uint8
+    observed: dict[str, np.ndarray]  # frame name -> [P_i] int64 rows of ``points`` that frame's image observed
     factor: int  # the images' downscale factor features were extracted at
     num_images: int
     mean_track_length: float  # images per point
@@ -213,9 +214,18 @@ def triangulate_frames(
             f"needed){causes}; the images need overlap, texture and sharpness (a smaller --factor gives SIFT more "
             "pixels)"
         )
+    row_of = {point_id: row for row, point_id in enumerate(reconstruction.points3D)}
     return Triangulation(
         points=np.array([point.xyz for point in points3d], dtype=np.float32),
         colors=np.array([point.color for point in points3d], dtype=np.uint8),
+        observed={
+            frame.name: np.unique(
+                np.array(
+                    [row_of[p.point3D_id] for p in reconstruction.images[index].points2D if p.has_point3D()], np.int64
+                )
+            )
+            for index, frame in enumerate(frames, start=1)
+        },
         factor=factor,
         num_images=len(frames),
         mean_track_length=float(reconstruction.compute_mean_track_length()),
@@ -223,9 +233,9 @@ def triangulate_frames(
     )
 
 
-def training_points(root: Path, log: Callable[[str], None]) -> tuple[np.ndarray, np.ndarray]:
-    """Points ``[P, 3]`` float32 and colours ``[P, 3]`` uint8 triangulated from the transforms.json scene in ``root``
-    (:func:`triangulate_frames`), for training to start from; the user's folder is left as it is.
+def training_points(root: Path, log: Callable[[str], None]) -> Triangulation:
+    """The points triangulated from the transforms.json scene in ``root`` (:func:`triangulate_frames`), for training
+    to start from; the user's folder is left as it is.
 
     The result is cached under ``cache_dir("points")``, keyed by the transforms file's bytes and the path, size
     and modification time of every image it lists, so that the next run of the same capture reads it back.
@@ -237,9 +247,9 @@ def training_points(root: Path, log: Callable[[str], None]) -> tuple[np.ndarray,
     path = cache_file(POINTS_CACHE, _points_cache_key(root), ".npz")
     with contextlib.suppress(OSError, ValueError, KeyError, zipfile.BadZipFile):  # no (usable) cache entry
         with np.load(path, allow_pickle=False) as cached:
-            points, colors = cached["points"], cached["colors"]
-        log(f"SfM points: {len(points)} triangulated points of this capture from the cache ({path})")
-        return points, colors
+            triangulation = _from_arrays(dict(cached))
+        log(f"SfM points: {len(triangulation.points)} triangulated points of this capture from the cache ({path})")
+        return triangulation
     with _work_dir() as work:
         triangulation = triangulate_frames(
             root,
@@ -248,8 +258,38 @@ def training_points(root: Path, log: Callable[[str], None]) -> tuple[np.ndarray,
         )
     log(f"SfM points: {triangulation.describe()}")
     with contextlib.suppress(OSError), atomic_path(path) as tmp, tmp.open("wb") as f:
-        np.savez(f, points=triangulation.points, colors=triangulation.colors)
-    return triangulation.points, triangulation.colors
+        np.savez(f, **_to_arrays(triangulation))
+    return triangulation
+
+
+def _to_arrays(triangulation: Triangulation) -> dict[str, np.ndarray]:
+    """``triangulation`` as plain arrays for ``np.savez`` (the tracks flattened, with offsets per frame name)."""
+    names = list(triangulation.observed)
+    counts = [len(triangulation.observed[name]) for name in names]
+    arrays = {name: getattr(triangulation, name) for name in ("points", "colors")}
+    arrays["numbers"] = np.array(
+        [triangulation.factor, triangulation.num_images, triangulation.mean_track_length,
+         triangulation.mean_reprojection_error]
+    )  # fmt: skip
+    arrays["observed_names"] = np.array(names, dtype=str)
+    arrays["observed_offsets"] = np.cumsum([0, *counts]).astype(np.int64)
+    arrays["observed_rows"] = np.concatenate([np.zeros(0, np.int64), *(triangulation.observed[n] for n in names)])
+    return arrays
+
+
+def _from_arrays(arrays: dict[str, np.ndarray]) -> Triangulation:
+    """The :class:`Triangulation` that :func:`_to_arrays` flattened (KeyError for an entry of an older version)."""
+    offsets, rows = arrays["observed_offsets"], arrays["observed_rows"]
+    factor, num_images, track_length, error = arrays["numbers"].tolist()
+    return Triangulation(
+        points=arrays["points"],
+        colors=arrays["colors"],
+        observed={str(n): rows[a:b] for n, a, b in zip(arrays["observed_names"], offsets[:-1], offsets[1:])},
+        factor=int(factor),
+        num_images=int(num_images),
+        mean_track_length=track_length,
+        mean_reprojection_error=error,
+    )
 
 
 def _points_cache_key(root: Path) -> dict:

@@ -93,6 +93,8 @@ def check_run_config(cfg: RunConfig, source: str) -> None:
         raise ConfigError(f"{source}: key 'val_interval': must be >= 1, got {cfg.val_interval}")
     if not 0 <= cfg.loss.ssim_lambda <= 1:  # also refuses NaN
         raise ConfigError(f"{source}: key 'loss.ssim_lambda': must be in [0, 1], got {cfg.loss.ssim_lambda}")
+    if not cfg.loss.depth_lambda >= 0:
+        raise ConfigError(f"{source}: key 'loss.depth_lambda': must be >= 0, got {cfg.loss.depth_lambda}")
     if not (cfg.resume is None or isinstance(cfg.resume, (bool, str))):
         raise ConfigError(f"{source}: key 'resume': must be true, false or a checkpoint path, got {cfg.resume!r}")
     if cfg.metrics.lpips_net not in (*LPIPS_NETS, "none"):
@@ -259,7 +261,8 @@ def _triangulate_points(scene: Scene, logger: Logger) -> None:
     from gsrecon.data.sfm import PycolmapUnavailableError
 
     try:
-        scene.points, scene.colors = scene.triangulate(logger.info)
+        sfm = scene.triangulate(logger.info)
+        scene.points, scene.colors, scene.observed = sfm.points, sfm.colors, sfm.observed
     except PycolmapUnavailableError:
         scene.points_hint = (
             "with pycolmap installed (`pip install pycolmap`) training triangulates them from the images and their "

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from gsrecon.config import save_yaml
+from gsrecon.config import ConfigError, save_yaml
 from gsrecon.data.datapipeline import Batch, DataPipeline
 from gsrecon.distributed import DistributedContext
 from gsrecon.engine import checkpoints
@@ -36,7 +36,7 @@ from gsrecon.engine.run_dir import RunDir
 from gsrecon.engine.signals import stop_at_step_boundary
 from gsrecon.logging.console import Logger
 from gsrecon.logging.writers import Writers
-from gsrecon.losses import photometric_loss
+from gsrecon.losses import photometric_loss, point_depth_loss
 from gsrecon.metrics import ImageMetrics, mean_metrics
 from gsrecon.model.appearance import (
     appearance_state,
@@ -110,6 +110,12 @@ class DefaultTrainer:
         self.model = build_model(self.resolved_config["model"], self.datapipeline.scene, cfg.seed, source, self.logger)
         self.model.to(self.device)
         self.dist.broadcast_params(self.model.params)
+        if cfg.loss.depth_lambda > 0 and not self.datapipeline.scene.observed:
+            raise ConfigError(
+                f"{source}: key 'loss.depth_lambda': the depth prior needs SfM points and the photos that observed "
+                f"them (a COLMAP model, or a transforms.json capture triangulated by model.init: auto); data.path "
+                f"'{cfg.data.path or cfg.data.dataset}' gives none: set loss.depth_lambda=0"
+            )
         self.renderer = RENDERER_REGISTRY.build(self.resolved_config["renderer"])
         self.renderer.setup(self.logger)
         train_names = [frame.name for frame in self.datapipeline.scene.train]
@@ -245,6 +251,10 @@ class DefaultTrainer:
         total = losses["loss"]
         if self.appearance is not None:
             total = total + self.appearance.regularization()
+        if self.cfg.loss.depth_lambda > 0:
+            depth_term = point_depth_loss(out.depth, self.datapipeline.point_depths(batch.names))
+            if depth_term is not None:
+                total = total + self.cfg.loss.depth_lambda * self.scene_extent * depth_term
         regularization = self.strategy.regularization(params, state, out.info)
         if regularization is not None:
             total = total + regularization
