@@ -127,7 +127,7 @@ def _hooks(args: argparse.Namespace) -> int:
     table = Table(title=f"hooks of {source}, in the order they run", title_justify="left")
     for column in ("key", "class", "priority", "arguments", "hook points"):
         table.add_column(column, overflow="fold")
-    for key, entry in resolve_hooks(cfg.hooks, source).items():
+    for key, entry in resolve_hooks(cfg.hooks, source, cfg.max_steps).items():
         if entry is None:
             table.add_row(key, "-", "-", "removed by this config", "-")
             continue

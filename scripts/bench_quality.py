@@ -31,8 +31,9 @@ from pathlib import Path
 import torch
 from PIL import Image, ImageDraw
 
+from gsrecon.config import entry_map
 from gsrecon.data.images import write_png
-from gsrecon.engine.builder import load_run_config
+from gsrecon.engine.builder import DEFAULT_HOOKS, load_run_config
 from gsrecon.engine.trainer import DefaultTrainer
 from gsrecon.hooks import Hook
 from gsrecon.registry import HOOK_REGISTRY
@@ -132,7 +133,8 @@ def _floats(text: str) -> list[float]:
 
 
 def run(config: str, overrides: list[str], recorder: dict, threads: int, out: Path) -> DefaultTrainer:
-    """Train with only the recorder hook (``recorder``: its arguments) in ``<out>/run``."""
+    """Train in ``<out>/run`` with the recorder hook (``recorder``: its arguments) and the hooks the config adds to
+    the default ones (a lever that is a hook), none of the default ones."""
     overrides = [
         *overrides,
         f"exp_dir={out / 'run'}",
@@ -142,7 +144,8 @@ def run(config: str, overrides: list[str], recorder: dict, threads: int, out: Pa
         "writers=[]",
     ]
     cfg, source = load_run_config(config, overrides)
-    cfg.hooks = {"QualityRecorderHook": recorder}  # no logs, checkpoints or exports in the timings
+    added = {key: args for key, args in entry_map(cfg.hooks).items() if key not in DEFAULT_HOOKS}
+    cfg.hooks = {**added, "QualityRecorderHook": recorder}  # no logs, checkpoints or exports in the timings
     trainer = DefaultTrainer(cfg, source, overwrite=True)
     trainer.train()
     return trainer

@@ -171,8 +171,9 @@ def resolve_renderer_entry(entry: dict[str, Any], device: torch.device, source: 
     return resolve_entry(RENDERER_REGISTRY, entry, source, "renderer")
 
 
-def resolve_hooks(hooks: Any, source: str) -> dict[str, dict[str, Any] | None]:
-    """The ``hooks:`` entries with defaults and priorities filled in, in the order they run.
+def resolve_hooks(hooks: Any, source: str, max_steps: int | None = None) -> dict[str, dict[str, Any] | None]:
+    """The ``hooks:`` entries with defaults and priorities filled in (step counts left unset scaled to
+    ``max_steps``, see :func:`gsrecon.config.run_steps`), in the order they run.
 
     Order: priority (the entry's ``priority``, else the class's), then listing order. Each value is
     ``{name (when it differs from the key), priority, **arguments}``; a default hook the config
@@ -191,7 +192,7 @@ def resolve_hooks(hooks: Any, source: str) -> dict[str, dict[str, Any] | None]:
         except RegistryError as exc:
             present = ", ".join(k for k in entries if k != key) or "none"
             raise ConfigError(f"{source}: key 'hooks.{key}': {exc}; this config's other hooks: {present}") from None
-        entry = resolve_entry(HOOK_REGISTRY, args, source, f"hooks.{key}", extra=("priority",))
+        entry = resolve_entry(HOOK_REGISTRY, args, source, f"hooks.{key}", extra=("priority",), max_steps=max_steps)
         try:
             priority = get_priority(entry.pop("priority", cls.priority))
         except ValueError as exc:
@@ -230,7 +231,7 @@ def resolve_run_config(cfg: RunConfig, device: torch.device, source: str) -> dic
     resolved["renderer"] = resolve_renderer_entry(cfg.renderer, device, source)
     resolved["strategy"] = resolve_strategy_entry(cfg, source)
     resolved["writers"] = [resolve_entry(WRITER_REGISTRY, w, source, f"writers.{i}") for i, w in enumerate(cfg.writers)]
-    resolved["hooks"] = resolve_hooks(cfg.hooks, source)
+    resolved["hooks"] = resolve_hooks(cfg.hooks, source, cfg.max_steps)
     return resolved
 
 
