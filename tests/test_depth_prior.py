@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import read_scalars, write_yaml
 from PIL import Image
 from test_colmap import H, W, _make_scene, _synthetic_model
 
@@ -105,11 +106,12 @@ def test_the_prior_pulls_rendered_depth_to_the_points(tmp_path: Path, make_confi
         trainer.train()
         errors[depth_lambda] = _disparity_error(trainer)
     assert errors[1.0] < 0.7 * errors[0.0], errors  # measured: 0.55
+    logged = read_scalars(trainer.exp_dir, "train/depth_prior")  # the prior's term, step by step
+    assert len(logged) == 60 and logged[60] < 0.7 * logged[1]
+    assert read_scalars(trainer.exp_dir.parent / "run_0.0", "train/depth_prior") == {}
 
 
 def test_a_scene_without_sfm_tracks_is_one_line_and_exit_2(tmp_path: Path, make_config, capsys) -> None:
-    from conftest import write_yaml
-
     config = write_yaml(tmp_path / "c.yaml", make_config(loss={"depth_lambda": 0.01}))
     assert main(["train", "--config", str(config)]) == 2
     err = capsys.readouterr().err.strip().splitlines()

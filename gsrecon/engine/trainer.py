@@ -251,6 +251,7 @@ class DefaultTrainer:
         total = losses["loss"]
         if self.appearance is not None:
             total = total + self.appearance.regularization()
+        depth_term = None
         if self.cfg.loss.depth_lambda > 0:
             depth_term = point_depth_loss(out.depth, self.datapipeline.point_depths(batch.names))
             if depth_term is not None:
@@ -275,6 +276,7 @@ class DefaultTrainer:
             "loss": total.detach(),
             "l1": losses["l1"].detach(),
             "ssim": losses["ssim"].detach(),
+            "depth_prior": None if depth_term is None else depth_term.detach(),  # the disparity error, unweighted
             "data_time": data_time,
             "num_gaussians": self.model.num_gaussians,
             "sh_degree": self.model.active_sh_degree(self.step - 1),

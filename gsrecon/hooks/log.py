@@ -111,6 +111,8 @@ class LogHook(Hook):
             writers.write_scalar("train/ema_loss", ema, step)
         writers.write_scalar("train/l1", float(out["l1"]), step)
         writers.write_scalar("train/ssim", float(out["ssim"]), step)
+        if out.get("depth_prior") is not None:
+            writers.write_scalar("train/depth_prior", float(out["depth_prior"]), step)
         writers.write_scalar("train/num_gaussians", out["num_gaussians"], step)
         writers.write_scalar("train/sh_degree", out["sh_degree"], step)
         for name, optimizer in trainer.optimizers.items():
