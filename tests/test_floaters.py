@@ -7,7 +7,9 @@ import math
 
 import pytest
 import torch
+from conftest import write_yaml
 
+from gsrecon.cli import main
 from gsrecon.data.datapipeline import Batch
 from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.hooks.floaters import find_floaters
@@ -92,3 +94,16 @@ def test_pruning_during_training_keeps_the_strategy_state_aligned_and_resumes_ex
     for name, value in reference["params"].items():
         assert torch.equal(again["params"][name], value), name
     assert math.isfinite(full.val_metrics["psnr"])
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [("margin", 1.5, "margin must be in (0, 1), got 1.5"), ("every", 0, "every must be >= 1, got 0")],
+)
+def test_bad_arguments_are_one_line_and_exit_2(tmp_path, make_config, capsys, key, value, message) -> None:
+    config = make_config(hooks={"PruneFloatersHook": {key: value}})
+    path = write_yaml(tmp_path / "c.yaml", config)
+    assert main(["train", "--config", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "key 'hooks.PruneFloatersHook'" in err[0] and message in err[0], err
+    assert not (tmp_path / "run").exists()
