@@ -125,6 +125,35 @@ def project_gaussians(
     return Projection(means2d, conics, means_c[..., 2], radii, log_ops)
 
 
+class _PinholeCoords(NamedTuple):
+    """Pinhole coordinates of camera-space centres, for ``C`` cameras of ``N`` centres."""
+
+    means2d: Tensor  # [C, N, 2] pixel coordinates
+    z: Tensor  # [C, N] camera z, 1 where culled (keeps culled Gaussians finite)
+    u_clamped: Tensor  # [C, N] x / z clamped to 1.3x the half field of view (as gsplat and 3DGS clamp J's)
+    v_clamped: Tensor  # [C, N] y / z, likewise
+
+
+def _pinhole_coords(
+    means_c: Tensor,  # [C, N, 3] camera-space centres
+    in_depth: Tensor,  # [C, N] bool
+    Ks: Tensor,  # [C, 3, 3]
+    width: int,
+    height: int,
+) -> _PinholeCoords:
+    """The centres' pixel coordinates, and x / z, y / z clamped to 1.3x the half field of view."""
+    x, y, z = means_c.unbind(-1)  # [C, N] each
+    z = torch.where(in_depth, z, torch.ones_like(z))
+    fx, fy = Ks[:, 0, 0, None], Ks[:, 1, 1, None]  # [C, 1]
+    cx, cy = Ks[:, 0, 2, None], Ks[:, 1, 2, None]
+    u, v = x / z, y / z
+    means2d = torch.stack([fx * u + cx, fy * v + cy], dim=-1)  # [C, N, 2]
+    margin_x, margin_y = 0.15 * width / fx, 0.15 * height / fy  # 0.3 * tan(fov / 2)
+    u_clamped = torch.clamp(u, -(cx / fx + margin_x), (width - cx) / fx + margin_x)
+    v_clamped = torch.clamp(v, -(cy / fy + margin_y), (height - cy) / fy + margin_y)
+    return _PinholeCoords(means2d, z, u_clamped, v_clamped)
+
+
 def _pinhole_jacobian(
     means_c: Tensor,  # [C, N, 3] camera-space centres
     in_depth: Tensor,  # [C, N] bool
@@ -133,17 +162,9 @@ def _pinhole_jacobian(
     width: int,
     height: int,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Pinhole centres [C, N, 2] and the rows of ``J @ R`` [C, N, 3] each, with J's x/z and y/z clamped to 1.3x
-    the half field of view (as gsplat and 3DGS do)."""
-    x, y, z = means_c.unbind(-1)  # [C, N] each
-    z = torch.where(in_depth, z, torch.ones_like(z))  # keeps culled Gaussians finite
+    """Pinhole centres [C, N, 2] and the rows of ``J @ R`` [C, N, 3] each, J evaluated at the clamped x/z, y/z."""
+    means2d, z, u, v = _pinhole_coords(means_c, in_depth, Ks, width, height)
     fx, fy = Ks[:, 0, 0, None], Ks[:, 1, 1, None]  # [C, 1]
-    cx, cy = Ks[:, 0, 2, None], Ks[:, 1, 2, None]
-    u, v = x / z, y / z
-    means2d = torch.stack([fx * u + cx, fy * v + cy], dim=-1)  # [C, N, 2]
-    margin_x, margin_y = 0.15 * width / fx, 0.15 * height / fy  # 0.3 * tan(fov / 2)
-    u = torch.clamp(u, -(cx / fx + margin_x), (width - cx) / fx + margin_x)
-    v = torch.clamp(v, -(cy / fy + margin_y), (height - cy) / fy + margin_y)
     jr_x = (fx / z)[..., None] * (rot[:, None, 0, :] - u[..., None] * rot[:, None, 2, :])
     jr_y = (fy / z)[..., None] * (rot[:, None, 1, :] - v[..., None] * rot[:, None, 2, :])
     return means2d, jr_x, jr_y
@@ -191,18 +212,13 @@ def _near_pinhole_image(
     eps2d: float,
 ) -> Tensor:
     """Whether each centre lies within an upper bound of its box of the pinhole image (see `cull_gaussians`), [C, N]."""
-    x, y, z = means_c.unbind(-1)  # [C, N] each
-    z = torch.where(in_depth, z, torch.ones_like(z))
+    means2d, z, u_c, v_c = _pinhole_coords(means_c, in_depth, Ks, width, height)
     fx, fy = Ks[:, 0, 0, None], Ks[:, 1, 1, None]  # [C, 1]
-    cx, cy = Ks[:, 0, 2, None], Ks[:, 1, 2, None]
-    u, v = x / z, y / z
-    u_c = torch.clamp(u, -(cx / fx + 0.15 * width / fx), (width - cx) / fx + 0.15 * width / fx)
-    v_c = torch.clamp(v, -(cy / fy + 0.15 * height / fy), (height - cy) / fy + 0.15 * height / fy)
     max_scale = log_scales.amax(dim=-1).exp()  # [N]
     # 1% and one pixel of slack absorb rounding differences from the exact projection.
     rx = 1.01 * BBOX_SIGMAS * torch.sqrt((fx / z * max_scale) ** 2 * (1 + u_c * u_c) + eps2d) + 1.0
     ry = 1.01 * BBOX_SIGMAS * torch.sqrt((fy / z * max_scale) ** 2 * (1 + v_c * v_c) + eps2d) + 1.0
-    px, py = fx * u + cx, fy * v + cy  # [C, N]
+    px, py = means2d.unbind(-1)  # [C, N] each
     return (px + rx > 0) & (px - rx < width) & (py + ry > 0) & (py - ry < height)
 
 
