@@ -37,7 +37,7 @@ BASE_KEY = "_base_"
 MAX_CONFIG_BYTES = 1 << 20  # a YAML file larger than 1 MiB is refused
 MAX_CONFIG_VALUES = 100_000  # values in a config once YAML aliases are expanded (each reference counts)
 MAX_CONFIG_DEPTH = 32  # nesting levels of mappings and lists
-ENTRY_MAPS = ("hooks",)  # top-level keys holding named registry entries, merged entry by entry
+ENTRY_MAPS = ("hooks", "loss", "views")  # top-level keys holding named registry entries, merged entry by entry
 APPENDED_LISTS = ("imports",)  # top-level lists that a child config extends instead of replacing
 REFERENCE_RUN_STEPS = 30_000  # the run length of the 3DGS paper, for which step-count defaults are given
 
@@ -297,8 +297,10 @@ def parse_structured(schema: type[T], cfg: Mapping[str, Any] | None, source: str
         full = ".".join(p for p in (prefix, str(key)) if p)
         where = f"key '{full}'" if full else "config"
         raise ConfigError(f"{source}: {where}: {_first_line(exc)}") from None
-    except ValueError as exc:  # a config class's own check (__post_init__), which names its key
-        raise ConfigError(f"{source}: {exc}") from None
+    except ValueError as exc:  # a config class's own check (__post_init__); named here unless it names its section
+        section = prefix.split(".")[0]
+        where = f"key '{prefix}': " if prefix and not str(exc).startswith(section) else ""
+        raise ConfigError(f"{source}: {where}{exc}") from None
 
 
 def to_container(obj: Any) -> Any:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gsrecon.losses import ssim
+from gsrecon.losses.ssim import ssim
 from gsrecon.lpips_weights import LPIPS_NETS, lpips_backbone_path
 
 _TORCHVISION_WEIGHTS = {  # torchvision's ImageNet weights files (its AlexNet/VGG16 IMAGENET1K_V1) in its hub cache

@@ -107,3 +107,7 @@ RENDERER_REGISTRY: Registry = Registry(
     "renderer", locations=("gsrecon.render.torch_renderer", "gsrecon.render.gsplat_renderer")
 )
 STRATEGY_REGISTRY: Registry = Registry("strategy", "strategies", locations=("gsrecon.strategy",))
+LOSS_REGISTRY: Registry = Registry(
+    "loss term", locations=("gsrecon.losses.l1", "gsrecon.losses.ssim", "gsrecon.losses.depth_prior")
+)
+VIEW_REGISTRY: Registry = Registry("per-view module", locations=("gsrecon.model.views.affine",))

@@ -11,7 +11,7 @@ import yaml
 
 from gsrecon.config import parse_structured
 from gsrecon.engine.trainer import DefaultTrainer
-from gsrecon.registry import HOOK_REGISTRY, Registry
+from gsrecon.registry import HOOK_REGISTRY, LOSS_REGISTRY, VIEW_REGISTRY, Registry
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -55,8 +55,9 @@ def tiny_config(exp_dir: Path, cache_dir: Path, **top: Any) -> dict[str, Any]:
 
 @pytest.fixture(autouse=True)
 def hook_registry() -> Registry:
-    """The hook registry, scoped to one test: what a test (or a plugin it imports) registers is undone after it."""
-    with HOOK_REGISTRY.scoped() as registry:
+    """The hook registry, scoped to one test: what a test (or a plugin it imports) registers is undone after it
+    (so are the loss-term and per-view module registries)."""
+    with HOOK_REGISTRY.scoped() as registry, LOSS_REGISTRY.scoped(), VIEW_REGISTRY.scoped():
         yield registry
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from gsrecon.cli import main
 from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.engine.evaluator import evaluate_views
 from gsrecon.engine.trainer import DefaultTrainer
-from gsrecon.model.appearance import AffineAppearance, apply_affine, fit_left_half, identity_affine
+from gsrecon.model.views.affine import AffineAppearance, apply_affine, fit_left_half, identity_affine
 
 AFFINE = {"mode": "affine", "lr": 5e-3}
 
@@ -41,8 +42,8 @@ def train_perturbed(make_trainer, name: str, seed: int = 0, **top) -> DefaultTra
 def test_identity_transform_leaves_images_unchanged() -> None:
     images = torch.rand(2, 5, 4, 3)
     assert torch.equal(apply_affine(images, identity_affine(2)), images)
-    module = AffineAppearance(["a", "b", "c"], reg=0.1)
-    assert torch.equal(module(images, ["c", "a"]), images)
+    module = AffineAppearance(AffineAppearance.Config(reg=0.1), ["a", "b", "c"])
+    assert torch.equal(module.adjust_image(images, SimpleNamespace(names=["c", "a"])), images)
     assert module.regularization().item() == 0.0
 
 
@@ -54,7 +55,7 @@ def test_transform_is_matrix_times_colour_plus_bias() -> None:
 
 
 def test_transforms_average_to_identity_and_regularization_grows_away_from_it() -> None:
-    module = AffineAppearance(["a", "b"], reg=0.5)
+    module = AffineAppearance(AffineAppearance.Config(reg=0.5), ["a", "b"])
     with torch.no_grad():
         module.offsets[0, 0, 3] = 0.2  # a red bias on "a": "a" gets +0.1, "b" -0.1 around the mean
         module.offsets[:, 1, 1] = 0.3  # a green gain shared by both: undone by the centring
@@ -78,14 +79,14 @@ def test_fit_left_half_recovers_a_colour_change() -> None:
 
 def test_appearance_is_off_by_default(make_trainer) -> None:
     default = make_trainer("default")
-    assert default.appearance is None
+    assert not default.views
     assert default.resolved_config["appearance"]["mode"] == "none"
     default.train()
     explicit = make_trainer("explicit", appearance={"mode": "none", "eval": "fit_left"})
     explicit.train()
     reference = load_checkpoint_file(default.exp_dir / "checkpoints" / "last.pt")
     other = load_checkpoint_file(explicit.exp_dir / "checkpoints" / "last.pt")
-    assert "appearance" not in reference and "appearance" not in other
+    assert reference["views"] == other["views"] == {}
     for name, value in reference["params"].items():
         assert torch.equal(other["params"][name], value), name
     assert default.val_metrics == explicit.val_metrics
@@ -93,10 +94,12 @@ def test_appearance_is_off_by_default(make_trainer) -> None:
 
 def test_affine_appearance_learns_per_image_transforms(make_trainer) -> None:
     trainer = train_perturbed(make_trainer, "affine", appearance=AFFINE)
-    offsets = load_checkpoint_file(trainer.exp_dir / "checkpoints" / "last.pt")["appearance"]["offsets"]
+    saved = load_checkpoint_file(trainer.exp_dir / "checkpoints" / "last.pt")["views"]["appearance"]
+    offsets = saved["module"]["offsets"]
     assert offsets.shape == (trainer.datapipeline.num_train, 3, 4)
-    torch.testing.assert_close(trainer.appearance.offsets.detach(), offsets)
-    transforms = trainer.appearance.transforms().detach()
+    appearance = trainer.views.modules["appearance"]
+    torch.testing.assert_close(appearance.offsets.detach(), offsets)
+    transforms = appearance.transforms().detach()
     assert (transforms - identity_affine(len(offsets))).abs().amax() > 1e-3
     assert trainer.val_metrics["psnr"] is not None
 
@@ -104,15 +107,16 @@ def test_affine_appearance_learns_per_image_transforms(make_trainer) -> None:
 def test_resume_with_appearance_is_bit_identical(make_trainer) -> None:
     full = train_perturbed(make_trainer, "full", appearance=AFFINE)
     step_3 = full.exp_dir / "checkpoints" / "step_000003.pt"
-    assert "optimizer" in load_checkpoint_file(step_3)["appearance"]
+    assert load_checkpoint_file(step_3)["views"]["appearance"]["optimizer"]["state"]
     resumed = train_perturbed(make_trainer, "resumed", appearance=AFFINE, resume=str(step_3))
     reference = load_checkpoint_file(full.exp_dir / "checkpoints" / "last.pt")
     again = load_checkpoint_file(resumed.exp_dir / "checkpoints" / "last.pt")
     assert again["step"] == reference["step"] == 6
     for name, value in reference["params"].items():
         assert torch.equal(again["params"][name], value), name
-    assert torch.equal(again["appearance"]["offsets"], reference["appearance"]["offsets"])
-    saved, restored = reference["appearance"]["optimizer"]["state"][0], again["appearance"]["optimizer"]["state"][0]
+    saved, restored = reference["views"]["appearance"], again["views"]["appearance"]
+    assert torch.equal(restored["module"]["offsets"], saved["module"]["offsets"])
+    saved, restored = saved["optimizer"]["state"][0], restored["optimizer"]["state"][0]
     assert torch.equal(saved["exp_avg"], restored["exp_avg"]) and torch.equal(saved["step"], restored["step"])
 
 
@@ -124,7 +128,7 @@ def test_fit_left_evaluation_scores_the_right_half(make_trainer) -> None:
         trainer.datapipeline.val_batches(),
         trainer.metrics,
         after_view=lambda index, outputs: widths.append((outputs["render"].shape[1], outputs["gt"].shape[1])),
-        adjust=trainer._fit_left_half,
+        adjust=trainer.views.eval_adjust(),
     )
     assert [r["psnr"] for r in fitted] == [r["psnr"] for r in trainer.val_results]
     assert set(widths) == {(16, 16)}  # the right halves of the 32 px wide views
@@ -135,16 +139,16 @@ def test_fit_left_evaluation_scores_the_right_half(make_trainer) -> None:
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("appearance.mode=bilateral", "appearance.mode must be one of none, affine, got 'bilateral'"),
-        ("appearance.eval=left", "appearance.eval must be one of identity, fit_left, got 'left'"),
-        ("appearance.lr=-1", "appearance.lr must be a finite number >= 0, got -1"),
+        ("appearance.mode=bilateral", "key 'appearance.mode': unknown per-view module 'bilateral'"),
+        ("appearance.eval=left", "key 'appearance': eval must be one of identity, fit_left, got 'left'"),
+        ("appearance.lr=-1", "key 'appearance': lr must be a finite number >= 0, got -1"),
     ],
 )
 def test_bad_appearance_config_is_one_line_and_exit_2(
     capsys, make_config, tmp_path: Path, override: str, message: str
 ) -> None:
     path = write_yaml(tmp_path / "c.yaml", make_config(max_steps=1))
-    code = main(["train", "--config", str(path), override])
+    code = main(["train", "--config", str(path), "appearance.mode=affine", override])
     err = capsys.readouterr().err
     assert code == 2
     assert message in err and len(err.strip().splitlines()) == 1, err

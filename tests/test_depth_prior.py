@@ -1,4 +1,4 @@
-"""The depth prior from SfM points (``loss.depth_lambda``): which points each photo observed, where they land in
+"""The depth prior from SfM points (the ``loss.depth_prior`` term): which points each photo observed, where they land in
 its image, the loss, training with it, and a scene that has no such points."""
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from gsrecon.config import ConfigError, parse_structured
 from gsrecon.data.colmap_format import write_model
 from gsrecon.data.datapipeline import DataPipeline
 from gsrecon.engine.trainer import DefaultTrainer
-from gsrecon.losses import point_depth_loss
+from gsrecon.losses.base import DEFAULT_LOSS
+from gsrecon.losses.depth_prior import point_depth_loss
 
 torch.set_num_threads(1)
 
@@ -99,27 +100,27 @@ def test_the_prior_pulls_rendered_depth_to_the_points(tmp_path: Path, make_confi
             f"run_{depth_lambda}",
             max_steps=60,
             data={"dataset": "colmap", "path": str(root), "eval_split": "none"},
-            loss={"depth_lambda": depth_lambda},
+            loss={**DEFAULT_LOSS, "depth_prior": {"weight": depth_lambda}},
         )
         config["model"]["init"] = "random"  # Gaussians that know nothing of the points
         trainer = DefaultTrainer(parse_structured(DefaultTrainer.Config, config))
         trainer.train()
         errors[depth_lambda] = _disparity_error(trainer)
     assert errors[1.0] < 0.7 * errors[0.0], errors  # measured: 0.55
-    logged = read_scalars(trainer.exp_dir, "train/depth_prior")  # the prior's term, step by step
+    logged = read_scalars(trainer.exp_dir, "train/loss/depth_prior")  # the prior's weighted term, step by step
     assert len(logged) == 60 and logged[60] < 0.7 * logged[1]
-    assert read_scalars(trainer.exp_dir.parent / "run_0.0", "train/depth_prior") == {}
+    assert read_scalars(trainer.exp_dir.parent / "run_0.0", "train/loss/depth_prior") == {}  # weight 0: off
 
 
 def test_a_scene_without_sfm_tracks_is_one_line_and_exit_2(tmp_path: Path, make_config, capsys) -> None:
-    config = write_yaml(tmp_path / "c.yaml", make_config(loss={"depth_lambda": 0.01}))
+    config = write_yaml(tmp_path / "c.yaml", make_config(loss={"depth_prior": {}}))
     assert main(["train", "--config", str(config)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "loss.depth_lambda" in err[0] and "set loss.depth_lambda=0" in err[0], err
+    assert len(err) == 1 and "key 'loss.depth_prior'" in err[0] and "loss.depth_prior=null" in err[0], err
     assert not (tmp_path / "run").exists()  # refused before anything was written
 
-    negative = write_yaml(tmp_path / "n.yaml", make_config(loss={"depth_lambda": -1.0}))
+    negative = write_yaml(tmp_path / "n.yaml", make_config(loss={"depth_prior": {"weight": -1.0}}))
     assert main(["train", "--config", str(negative)]) == 2
-    assert "key 'loss.depth_lambda': must be >= 0" in capsys.readouterr().err
-    with pytest.raises(ConfigError, match="loss.depth_lambda"):
-        DefaultTrainer(parse_structured(DefaultTrainer.Config, make_config(loss={"depth_lambda": 0.5})))
+    assert "key 'loss.depth_prior': weight must be a finite number >= 0, got -1.0" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="loss.depth_prior"):
+        DefaultTrainer(parse_structured(DefaultTrainer.Config, make_config(loss={"depth_prior": {"weight": 0.5}})))

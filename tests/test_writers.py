@@ -19,8 +19,8 @@ def test_tensorboard_writer_records_scalars_and_images(make_trainer) -> None:
     scalars = set(events.Tags()["scalars"])
     expected = {
         "train/loss",
-        "train/l1",
-        "train/ssim",
+        "train/loss/l1",
+        "train/loss/ssim",
         "train/num_gaussians",
         "train/lr/means",
         "train/lr/shN",

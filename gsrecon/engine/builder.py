@@ -21,16 +21,18 @@ from gsrecon.data.datapipeline import DataPipeline
 from gsrecon.data.errors import DatasetError
 from gsrecon.distributed import DistributedContext
 from gsrecon.logging.console import Logger
-from gsrecon.losses import LossConfig
+from gsrecon.losses.base import DEFAULT_LOSS
 from gsrecon.lpips_weights import LPIPS_NETS
 from gsrecon.metrics import MetricsConfig
-from gsrecon.model.appearance import AppearanceConfig
+from gsrecon.model.views.base import VIEW_SECTIONS
 from gsrecon.model.optim import OptimizerConfig, SchedulerConfig
 from gsrecon.registry import (
     HOOK_REGISTRY,
+    LOSS_REGISTRY,
     MODEL_REGISTRY,
     RENDERER_REGISTRY,
     STRATEGY_REGISTRY,
+    VIEW_REGISTRY,
     WRITER_REGISTRY,
     Registry,
     RegistryError,
@@ -68,8 +70,9 @@ class RunConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     strategy: dict[str, Any] = field(default_factory=lambda: {"name": "none"})
-    loss: LossConfig = field(default_factory=LossConfig)
-    appearance: AppearanceConfig = field(default_factory=AppearanceConfig)  # per-image colour transforms
+    loss: Any = None  # {term key: {weight, ...options}} (see gsrecon.losses.base); None: DEFAULT_LOSS
+    appearance: dict[str, Any] = field(default_factory=lambda: {"mode": "none"})  # per-image colours: none | affine
+    views: Any = None  # further per-view modules, {key: {name, ...options}} (see gsrecon.model.views.base)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     writers: list[dict[str, Any]] = field(default_factory=lambda: [{"name": "TensorboardWriter"}])
     hooks: Any = None  # {entry key: arguments} (see gsrecon.config); None: DEFAULT_HOOKS
@@ -81,7 +84,7 @@ def load_run_config(path: str, overrides: Sequence[str] = ()) -> tuple[RunConfig
     Returns the config and a description of its source for messages.
     """
     source = str(path) + (" + command line" if overrides else "")
-    raw = load_config(path, overrides, defaults={"hooks": DEFAULT_HOOKS})
+    raw = load_config(path, overrides, defaults={"hooks": DEFAULT_HOOKS, "loss": DEFAULT_LOSS})
     return parse_structured(RunConfig, raw, source=source), source
 
 
@@ -91,10 +94,6 @@ def check_run_config(cfg: RunConfig, source: str) -> None:
         raise ConfigError(f"{source}: key 'max_steps': must be >= 1, got {cfg.max_steps}")
     if cfg.val_interval < 1:
         raise ConfigError(f"{source}: key 'val_interval': must be >= 1, got {cfg.val_interval}")
-    if not 0 <= cfg.loss.ssim_lambda <= 1:  # also refuses NaN
-        raise ConfigError(f"{source}: key 'loss.ssim_lambda': must be in [0, 1], got {cfg.loss.ssim_lambda}")
-    if not cfg.loss.depth_lambda >= 0:
-        raise ConfigError(f"{source}: key 'loss.depth_lambda': must be >= 0, got {cfg.loss.depth_lambda}")
     if not (cfg.resume is None or isinstance(cfg.resume, (bool, str))):
         raise ConfigError(f"{source}: key 'resume': must be true, false or a checkpoint path, got {cfg.resume!r}")
     if cfg.metrics.lpips_net not in (*LPIPS_NETS, "none"):
@@ -232,7 +231,47 @@ def resolve_run_config(cfg: RunConfig, device: torch.device, source: str) -> dic
     resolved["strategy"] = resolve_strategy_entry(cfg, source)
     resolved["writers"] = [resolve_entry(WRITER_REGISTRY, w, source, f"writers.{i}") for i, w in enumerate(cfg.writers)]
     resolved["hooks"] = resolve_hooks(cfg.hooks, source, cfg.max_steps)
+    resolved["loss"] = resolve_entry_map(LOSS_REGISTRY, cfg.loss, DEFAULT_LOSS, source, "loss", cfg.max_steps)
+    for section in VIEW_SECTIONS:
+        resolved[section] = resolve_view_section(getattr(cfg, section), source, section, cfg.max_steps)
+    resolved["views"] = resolve_entry_map(VIEW_REGISTRY, cfg.views, {}, source, "views", cfg.max_steps)
     return resolved
+
+
+def resolve_entry_map(
+    registry: Registry,
+    value: Any,
+    defaults: dict[str, dict[str, Any]],
+    source: str,
+    key: str,
+    max_steps: int | None = None,
+) -> dict[str, dict[str, Any] | None]:
+    """An entry map (``loss:``, ``views:``; None: ``defaults``) with every entry's defaults filled in, in listing
+    order; a default entry the config removed follows as ``key: None``, so that the resolved config, read again,
+    removes it again."""
+    entries = defaults if value is None else entry_map(value, key)
+    resolved: dict[str, dict[str, Any] | None] = {}
+    for entry_key, args in entries.items():
+        if args is not None:
+            entry = resolve_entry(registry, {"name": entry_key, **args}, source, f"{key}.{entry_key}", max_steps=max_steps)
+            name = entry.pop("name")
+            resolved[entry_key] = {**({"name": name} if name != entry_key else {}), **entry}
+    return {**resolved, **{k: None for k in defaults if k not in resolved}}
+
+
+def resolve_view_section(section: dict[str, Any], source: str, key: str, max_steps: int) -> dict[str, Any]:
+    """A per-view section (``appearance:``): ``mode`` names a VIEW_REGISTRY entry whose options fill in the rest;
+    ``none`` turns it off (its other keys are kept as written, for a config that turns it on again)."""
+    mode = section.get("mode", "none")
+    if mode == "none":
+        return {"mode": "none", **section}
+    try:
+        VIEW_REGISTRY.get(mode)
+    except RegistryError as exc:
+        raise ConfigError(f"{source}: key '{key}.mode': {exc} (or none)") from None
+    options = {k: v for k, v in section.items() if k != "mode"}
+    entry = resolve_entry(VIEW_REGISTRY, {"name": mode, **options}, source, key, max_steps=max_steps)
+    return {"mode": entry.pop("name"), **entry}
 
 
 def resolve_strategy_entry(cfg: RunConfig, source: str, start: str | None = None) -> dict[str, Any]:

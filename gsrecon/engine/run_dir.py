@@ -15,10 +15,16 @@ import os
 import re
 import shutil
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from gsrecon.config import ConfigError
+from gsrecon.config import ConfigError, save_yaml
+from gsrecon.logging.writers import Writers
+from gsrecon.registry import WRITER_REGISTRY
+
+if TYPE_CHECKING:
+    from gsrecon.hooks.base import Hook
 
 RUN_MARKER = ".gsrecon-run"  # JSON: the top-level entries the run writes; `--overwrite` removes only those
 LOCK_FILE = ".gsrecon-lock"  # flock'ed by the training process; says who holds it
@@ -103,6 +109,16 @@ class RunDir:
         names = [_top_level(o) for o in (*known, CHECKPOINTS, *outputs)]
         marker = {"gsrecon_run": 1, "outputs": list(dict.fromkeys(n for n in names if n not in ("", ".", "..")))}
         (self.path / RUN_MARKER).write_text(json.dumps(marker, indent=1) + "\n")
+
+    def open_writers(self, resolved_config: dict[str, Any], hooks: Mapping[str, Hook]) -> Writers:
+        """Write the run's ``config.yaml``, record what the run writes (``train.log``, the writers' and the hooks'
+        outputs) and return its writers, which have the config too."""
+        writers = Writers([WRITER_REGISTRY.build(w, exp_dir=self.path) for w in resolved_config["writers"]])
+        hook_outputs = [path for hook in hooks.values() for path in getattr(hook, "outputs", list)()]
+        self.record_outputs(["config.yaml", "train.log", *writers.outputs(), *hook_outputs])
+        save_yaml(resolved_config, self.path / "config.yaml")
+        writers.write_config(resolved_config)
+        return writers
 
     def release(self) -> None:
         """Let another process train in the folder (also happens when this process ends, however it ends)."""

@@ -16,39 +16,21 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from gsrecon.config import ConfigError, save_yaml
 from gsrecon.data.datapipeline import Batch, DataPipeline
 from gsrecon.distributed import DistributedContext
-from gsrecon.engine import checkpoints
-from gsrecon.engine.builder import (
-    RunConfig,
-    build_hooks,
-    build_model,
-    check_run_config,
-    resolve_device,
-    resolve_run_config,
-    resolve_strategy_entry,
-    set_cpu_threads,
-    structural_keys,
-)
+from gsrecon.engine import builder, checkpoints
 from gsrecon.engine.evaluator import build_metrics, evaluate_views
 from gsrecon.engine.run_dir import RunDir
 from gsrecon.engine.signals import stop_at_step_boundary
 from gsrecon.logging.console import Logger
 from gsrecon.logging.writers import Writers
-from gsrecon.losses import photometric_loss, point_depth_loss
+from gsrecon.losses.base import LossInputs, build_loss
 from gsrecon.metrics import ImageMetrics, mean_metrics
-from gsrecon.model.appearance import (
-    appearance_state,
-    build_appearance,
-    build_appearance_optimizer,
-    fit_left_half,
-    load_appearance_state,
-)
 from gsrecon.model.gaussians import PARAM_NAMES
 from gsrecon.model.optim import build_optimizers, build_schedulers
+from gsrecon.model.views.base import build_views
 from gsrecon.plugins import import_plugins
-from gsrecon.registry import RENDERER_REGISTRY, STRATEGY_REGISTRY, WRITER_REGISTRY
+from gsrecon.registry import RENDERER_REGISTRY, STRATEGY_REGISTRY
 from gsrecon.render.base import RenderOutput
 
 
@@ -57,30 +39,30 @@ class HookError(RuntimeError):
 
 
 class DefaultTrainer:
-    """Trains a Gaussian model on one dataset as described by :class:`RunConfig` (``DefaultTrainer.Config``).
+    """Trains a Gaussian model on one dataset as described by :class:`~gsrecon.engine.builder.RunConfig` (``DefaultTrainer.Config``).
 
     Attributes hooks may read: ``cfg``, ``resolved_config``, ``run_dir`` / ``exp_dir``, ``device``,
     ``step`` (completed steps), ``max_steps``, ``datapipeline``, ``model``, ``renderer``,
-    ``optimizers``, ``schedulers``, ``appearance`` (None when off) and ``appearance_optimizer``,
+    ``optimizers``, ``schedulers``, ``loss`` (the named terms), ``views`` (the per-view modules),
     ``strategy`` and ``strategy_state``, ``hooks`` (key -> hook, in run order), ``writers``, ``logger``,
-    ``outputs`` (the last step's loss terms), ``val_metrics`` /
+    ``outputs`` (the last step's loss and its terms, see :meth:`run_step`), ``val_metrics`` /
     ``val_results`` (the last validation), ``stop_reason`` (None, or why training ended early),
     ``failed`` (it ended with an exception) and ``dist``.
     """
 
-    Config = RunConfig
+    Config = builder.RunConfig
 
     def __init__(
-        self, cfg: RunConfig, source: str = "config", overwrite: bool = False, logger: Logger | None = None
+        self, cfg: builder.RunConfig, source: str = "config", overwrite: bool = False, logger: Logger | None = None
     ) -> None:
         import_plugins(cfg.imports, source)
-        check_run_config(cfg, source)
+        builder.check_run_config(cfg, source)
         self.cfg = cfg
         self.source = source
         self.dist = DistributedContext.from_env()
         self.logger = logger or Logger(console=None if self.is_main else Console(quiet=True))
-        self.device = resolve_device(cfg.device, self.dist)
-        threads = set_cpu_threads(cfg.num_threads)
+        self.device = builder.resolve_device(cfg.device, self.dist)
+        threads = builder.set_cpu_threads(cfg.num_threads)
         self.max_steps = cfg.max_steps
         self.step = 0
         self.outputs: dict[str, Any] = {}
@@ -93,36 +75,32 @@ class DefaultTrainer:
         self._metrics: ImageMetrics | None = None
 
         # Every registry entry is resolved first: unknown names and bad arguments fail before any work.
-        self.resolved_config = resolve_run_config(cfg, self.device, source)
-        self.hooks = build_hooks(self.resolved_config["hooks"], source)
+        self.resolved_config = builder.resolve_run_config(cfg, self.device, source)
+        self.hooks = builder.build_hooks(self.resolved_config["hooks"], source)
         self.run_dir = RunDir(cfg.exp_dir, source)
         resume = cfg.resume is not False and cfg.resume is not None
         if self.is_main:
             self.run_dir.check(overwrite, resume)
         model = self.resolved_config["model"]
         self._resume_from = checkpoints.find_resume(
-            cfg.resume, self.run_dir, model, structural_keys(model), source, self.logger.warning
+            cfg.resume, self.run_dir, model, builder.structural_keys(model), source, self.logger.warning
         )
 
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
         self.datapipeline = DataPipeline(cfg.data, self.device, cfg.seed, self.dist.rank, self.dist.world_size)
-        self.model = build_model(self.resolved_config["model"], self.datapipeline.scene, cfg.seed, source, self.logger)
+        self.model = builder.build_model(self.resolved_config["model"], self.datapipeline.scene, cfg.seed, source, self.logger)
         self.model.to(self.device)
         self.dist.broadcast_params(self.model.params)
-        if cfg.loss.depth_lambda > 0 and not self.datapipeline.scene.observed:
-            raise ConfigError(
-                f"{source}: key 'loss.depth_lambda': the depth prior needs SfM points and the photos that observed "
-                f"them (a COLMAP model, or a transforms.json capture triangulated by model.init: auto); data.path "
-                f"'{cfg.data.path or cfg.data.dataset}' gives none: set loss.depth_lambda=0"
-            )
+        self.loss = build_loss(self.resolved_config["loss"], source)
+        self.loss.setup(self.datapipeline, source)
         self.renderer = RENDERER_REGISTRY.build(self.resolved_config["renderer"])
         self.renderer.setup(self.logger)
         train_names = [frame.name for frame in self.datapipeline.scene.train]
-        self.appearance = build_appearance(cfg.appearance, train_names, self.device)
+        self.views = build_views(self.resolved_config, train_names, self.device, source)
         self._build_optimizers()
         # Resolved again now that the start is known: some defaults differ for random points (per_start).
-        self.resolved_config["strategy"] = resolve_strategy_entry(cfg, source, getattr(self.model, "start", None))
+        self.resolved_config["strategy"] = builder.resolve_strategy_entry(cfg, source, getattr(self.model, "start", None))
         self.strategy = STRATEGY_REGISTRY.build(self.resolved_config["strategy"])
         self.strategy.check_sanity(self.model.params, self.resolved_config["renderer"])
         self.strategy_state = self.strategy.initialize_state(self.scene_extent)
@@ -136,13 +114,7 @@ class DefaultTrainer:
                 self.logger.info(self.datapipeline.mask_note)
             if kept:
                 self.logger.info(f"--overwrite replaced the previous run and kept what it did not write: {kept}")
-            self.writers = Writers(
-                [WRITER_REGISTRY.build(w, exp_dir=self.exp_dir) for w in self.resolved_config["writers"]]
-            )
-            hook_outputs = [path for hook in self.hooks.values() for path in getattr(hook, "outputs", list)()]
-            self.run_dir.record_outputs(["config.yaml", "train.log", *self.writers.outputs(), *hook_outputs])
-            save_yaml(self.resolved_config, self.exp_dir / "config.yaml")
-            self.writers.write_config(self.resolved_config)
+            self.writers = self.run_dir.open_writers(self.resolved_config, self.hooks)
         self.dist.barrier()
 
     @property
@@ -165,8 +137,6 @@ class DefaultTrainer:
             self.model.params, self.cfg.optimizer, self.scene_extent, global_batch, self.renderer.sparse_grad
         )
         self.schedulers = build_schedulers(self.optimizers, self.cfg.scheduler, self.cfg.max_steps)
-        if self.appearance is not None:
-            self.appearance_optimizer = build_appearance_optimizer(self.appearance, self.cfg.appearance)
 
     def call_hook(self, fn_name: str, **kwargs: Any) -> None:
         """Call ``fn_name(self, **kwargs)`` on every hook that has it, in priority order.
@@ -238,33 +208,26 @@ class DefaultTrainer:
         )  # fmt: skip
 
     def run_step(self) -> None:
-        """One optimisation step; afterwards ``self.step`` counts it and ``self.outputs`` describes it."""
+        """One optimisation step; afterwards ``self.step`` counts it and ``self.outputs`` describes it:
+        ``loss`` (the sum), ``losses`` (its weighted terms by key: the loss terms, the per-view modules' and the
+        strategy's regularisation), ``data_time``, ``num_gaussians`` and ``sh_degree``."""
         self.call_hook("before_train_iter")
         params, state = self.model.params, self.strategy_state
         start = time.perf_counter()
-        batch = self.datapipeline.next_train(self.step)
+        batch = self.views.adjust_cameras(self.datapipeline.next_train(self.step))
         data_time = time.perf_counter() - start
         out = self.render(batch)
         self.strategy.step_pre_backward(params, self.optimizers, state, self.step, out.info)
-        image = out.image if self.appearance is None else self.appearance(out.image, batch.names)  # [B, H, W, 3]
-        losses = photometric_loss(image, batch.images, self.cfg.loss.ssim_lambda, batch.masks)
-        total = losses["loss"]
-        if self.appearance is not None:
-            total = total + self.appearance.regularization()
-        depth_term = None
-        if self.cfg.loss.depth_lambda > 0:
-            depth_term = point_depth_loss(out.depth, self.datapipeline.point_depths(batch.names))
-            if depth_term is not None:
-                total = total + self.cfg.loss.depth_lambda * self.scene_extent * depth_term
+        image = self.views.adjust_image(out.image, batch)  # [B, H, W, 3]
+        losses = self.loss(LossInputs(image, out, batch, self.datapipeline))
+        losses.update(self.views.regularization())
         regularization = self.strategy.regularization(params, state, out.info)
         if regularization is not None:
-            total = total + regularization
+            losses["strategy"] = regularization
+        total = sum(losses.values())
         total.backward()
         self.dist.all_reduce_grads(params)
-        if self.appearance is not None:
-            self.dist.all_reduce_grads(dict(self.appearance.named_parameters()))
-            self.appearance_optimizer.step()
-            self.appearance_optimizer.zero_grad(set_to_none=True)
+        self.views.step(self.dist)
         for optimizer in self.optimizers.values():
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -274,9 +237,7 @@ class DefaultTrainer:
         self.step += 1
         self.outputs = {
             "loss": total.detach(),
-            "l1": losses["l1"].detach(),
-            "ssim": losses["ssim"].detach(),
-            "depth_prior": None if depth_term is None else depth_term.detach(),  # the disparity error, unweighted
+            "losses": {key: value.detach() for key, value in losses.items()},
             "data_time": data_time,
             "num_gaussians": self.model.num_gaussians,
             "sh_degree": self.model.active_sh_degree(self.step - 1),
@@ -295,14 +256,13 @@ class DefaultTrainer:
         if self.datapipeline.num_val == 0:
             return {}
         self.call_hook("before_val")
-        fit_left = self.appearance is not None and self.cfg.appearance.eval == "fit_left"
         self.val_results = evaluate_views(
             self.render,
             self.datapipeline.val_batches(),
             self.metrics,
             before_view=lambda index: self.call_hook("before_val_iter", index=index),
             after_view=lambda index, outputs: self.call_hook("after_val_iter", index=index, outputs=outputs),
-            adjust=self._fit_left_half if fit_left else None,
+            adjust=self.views.eval_adjust(),
         )
         self.val_metrics = mean_metrics(self.val_results)
         self.call_hook("after_val")
@@ -320,14 +280,9 @@ class DefaultTrainer:
             config=self.resolved_config,
             scene_extent=self.scene_extent,
         )
-        if self.appearance is not None:
-            checkpoint["appearance"] = appearance_state(self.appearance, self.appearance_optimizer)
+        checkpoint["views"] = self.views.state_dict()
         self.call_hook("before_save_checkpoint", checkpoint=checkpoint)
         return checkpoint
-
-    def _fit_left_half(self, render: torch.Tensor, gt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """A validation view's colour transform fitted on its left half; the right halves to score."""
-        return fit_left_half(render, gt, self.cfg.appearance.eval_steps, self.cfg.appearance.eval_lr)
 
     def load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Restore a :meth:`checkpoint` dict into this trainer."""
@@ -339,8 +294,7 @@ class DefaultTrainer:
         changed = checkpoints.restore_optimization(checkpoint, self.optimizers, self.schedulers, step)
         if changed:
             self.logger.info(f"resuming with this config's learning-rate schedule for {', '.join(changed)}")
-        if self.appearance is not None and "appearance" in checkpoint:
-            load_appearance_state(self.appearance, self.appearance_optimizer, checkpoint["appearance"])
+        self.views.load_state_dict(checkpoint.get("views", {}))
         fresh = self.strategy.initialize_state(self.scene_extent)
         self.strategy_state = checkpoints.restore_strategy_state(checkpoint, fresh, self.device)
         checkpoints.restore_hooks(checkpoint, self.hooks)

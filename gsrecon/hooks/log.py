@@ -27,7 +27,8 @@ class LogHook(Hook):
     - every step: updates the EMA of the loss (``ema = f·loss + (1 - f)·ema``, on the device) and the
       progress bar (on an interactive terminal; elsewhere a plain progress line every ``log_interval`` steps);
     - every ``log_interval`` steps (the only steps it reads values back from the GPU): ``train/loss``,
-      ``train/ema_loss``, ``train/l1``, ``train/ssim``, ``train/num_gaussians``, ``train/sh_degree`` and
+      ``train/ema_loss``, ``train/loss/<key>`` for every weighted term the step's loss was the sum of (loss
+      terms, per-view and strategy regularisation), ``train/num_gaussians``, ``train/sh_degree`` and
       ``train/lr/<group>``; the progress bar's loss is refreshed then;
     - every ``histogram_interval`` steps (0: never): histograms of opacities and log-scales;
     - after each validation: ``val/<metric>`` scalars, render | ground truth | depth images of the
@@ -109,10 +110,8 @@ class LogHook(Hook):
         writers.write_scalar("train/loss", loss, step)
         if ema is not None:
             writers.write_scalar("train/ema_loss", ema, step)
-        writers.write_scalar("train/l1", float(out["l1"]), step)
-        writers.write_scalar("train/ssim", float(out["ssim"]), step)
-        if out.get("depth_prior") is not None:
-            writers.write_scalar("train/depth_prior", float(out["depth_prior"]), step)
+        for key, value in out["losses"].items():
+            writers.write_scalar(f"train/loss/{key}", float(value), step)
         writers.write_scalar("train/num_gaussians", out["num_gaussians"], step)
         writers.write_scalar("train/sh_degree", out["sh_degree"], step)
         for name, optimizer in trainer.optimizers.items():

@@ -1,0 +1,1 @@
+"""The training loss as a sum of named terms, one module per term (see :mod:`gsrecon.losses.base`)."""

@@ -1,0 +1,29 @@
+"""The L1 photometric term: the mean absolute difference between the render and the photo."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from gsrecon.losses.base import LossInputs, LossTerm
+from gsrecon.registry import LOSS_REGISTRY
+
+
+def l1_loss(pred: Tensor, gt: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Mean absolute difference of ``[B, H, W, 3]`` images, over the pixels ``mask`` ([B, H, W, 1]) keeps."""
+    if mask is None:
+        return (pred - gt).abs().mean()
+    return ((pred - gt).abs() * mask).sum() / (mask.sum() * pred.shape[-1]).clamp_min(1.0)
+
+
+@LOSS_REGISTRY.register("l1")
+class L1Term(LossTerm):
+    """Mean |render - photo| over the pixels the batch's masks keep."""
+
+    @dataclass
+    class Config(LossTerm.Config):
+        weight: float = 0.8  # 1 - λ of the 3DGS loss
+
+    def __call__(self, inputs: LossInputs) -> Tensor:
+        return l1_loss(inputs.image, inputs.batch.images, inputs.batch.masks)

@@ -1,0 +1,104 @@
+"""Per-image appearance: a learned colour transform per training image, applied to the render before the loss.
+
+Photos of one capture differ in exposure and white balance; without a per-image correction the
+Gaussians absorb those differences as floaters and colour blotches. ``affine`` gives each training
+image a 3x3 colour matrix and a bias (as the Inria code's exposure compensation and gsplat's
+``--app_opt`` do in spirit), initialised to the identity, trained by its own Adam and pulled toward
+the identity by a small penalty. Test views have no transform of their own: they are scored with the
+identity (``eval: identity``), or with a transform fitted on the left half of the view and scored on
+the right half (``eval: fit_left``, as NeRF-W and gsplat evaluate appearance codes).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from gsrecon.model.views.base import EvalAdjust, ViewModule
+from gsrecon.registry import VIEW_REGISTRY
+
+if TYPE_CHECKING:
+    from gsrecon.data.datapipeline import Batch
+
+APPEARANCE_EVALS = ("identity", "fit_left")
+
+
+def identity_affine(count: int, device: torch.device | str = "cpu") -> Tensor:
+    """``count`` identity colour transforms [count, 3, 4] (3x3 matrix, then the bias column)."""
+    return torch.eye(3, 4, device=device).repeat(count, 1, 1)
+
+
+def apply_affine(images: Tensor, affine: Tensor) -> Tensor:
+    """``images`` [B, H, W, 3] through per-image transforms ``affine`` [B, 3, 4]: ``M @ rgb + b``."""
+    return torch.einsum("bij,bhwj->bhwi", affine[:, :, :3], images) + affine[:, None, None, :, 3]
+
+
+@VIEW_REGISTRY.register("affine")
+class AffineAppearance(ViewModule):
+    """One colour transform per training image, looked up by image name.
+
+    The transforms average to the identity (each is the identity plus its offset from the mean offset): the
+    scene keeps the captures' average colours, which test views, having no transform, are rendered in.
+    Otherwise a colour shift shared by all transforms, undone by the Gaussians, would cost the loss nothing.
+    """
+
+    @dataclass
+    class Config(ViewModule.Config):
+        reg: float = 1e-2  # weight of the mean squared distance of the transforms from the identity
+        eval: str = "identity"  # test views: identity | fit_left (fit on the left half, score the right half)
+        eval_steps: int = 100  # fit_left: Adam steps fitting a test view's transform
+        eval_lr: float = 1e-2  # fit_left: their learning rate
+
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            if self.eval not in APPEARANCE_EVALS:
+                raise ValueError(f"eval must be one of {', '.join(APPEARANCE_EVALS)}, got '{self.eval}'")
+            for key in ("reg", "eval_lr"):
+                value = getattr(self, key)
+                if not (math.isfinite(value) and value >= 0):
+                    raise ValueError(f"{key} must be a finite number >= 0, got {value!r}")
+            if self.eval_steps < 1:
+                raise ValueError(f"eval_steps must be >= 1, got {self.eval_steps}")
+
+    def __init__(self, cfg: Config, train_names: list[str]) -> None:
+        super().__init__(cfg, train_names)
+        self.offsets = torch.nn.Parameter(torch.zeros(len(train_names), 3, 4))  # [N, 3, 4]
+
+    def transforms(self) -> Tensor:
+        """Every training image's transform [N, 3, 4]; their mean is the identity."""
+        return identity_affine(1, self.offsets.device) + self.offsets - self.offsets.mean(0, keepdim=True)
+
+    def adjust_image(self, image: Tensor, batch: Batch) -> Tensor:
+        """The rendered ``image`` [B, H, W, 3] as the training images ``batch.names`` saw them."""
+        return apply_affine(image, self.transforms()[self.rows(batch.names, self.offsets.device)])
+
+    def regularization(self) -> Tensor:
+        """``reg`` × the mean squared distance of the transforms from the identity."""
+        return self.cfg.reg * (self.transforms() - identity_affine(1, self.offsets.device)).square().mean()
+
+    def eval_adjust(self) -> EvalAdjust | None:
+        if self.cfg.eval == "identity":
+            return None
+        return partial(fit_left_half, steps=self.cfg.eval_steps, lr=self.cfg.eval_lr)
+
+
+def fit_left_half(render: Tensor, gt: Tensor, steps: int, lr: float) -> tuple[Tensor, Tensor]:
+    """Fit a colour transform mapping ``render`` to ``gt`` ([H, W, 3]) on the left half of the view;
+    returns the right halves ``(transformed render, gt)`` [H, W - W // 2, 3] to score."""
+    half = render.shape[1] // 2
+    left, right = render[None, :, :half].detach(), render[None, :, half:].detach()  # [1, H, W', 3]
+    affine = torch.nn.Parameter(identity_affine(1, render.device))  # [1, 3, 4]
+    optimizer = torch.optim.Adam([affine], lr=lr)
+    with torch.enable_grad():
+        for _ in range(steps):
+            loss = (apply_affine(left, affine) - gt[None, :, :half]).abs().mean()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+    with torch.no_grad():
+        return apply_affine(right, affine)[0].clamp(0.0, 1.0), gt[:, half:]

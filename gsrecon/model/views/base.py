@@ -1,0 +1,175 @@
+"""The interface of a per-view module and the set of a run's modules.
+
+A per-view module learns something about each training view that the Gaussians should not absorb (a photo's
+exposure, a camera's pose error). It owns its parameters, its optimiser (and schedule), a regularisation term
+that joins the loss, its checkpoint state, and a policy for test views, which it has no parameters for. It acts
+in one or both places of a step: on the cameras before the render (:meth:`ViewModule.adjust_cameras`) and on the
+rendered image before the loss (:meth:`ViewModule.adjust_image`).
+
+A run's modules come from its ``appearance:`` section (``mode`` names the module, ``none`` is off) and from the
+``views:`` entry map (``{key: {name, ...options}}``, e.g. a plugin's module), each a
+:data:`~gsrecon.registry.VIEW_REGISTRY` entry. The trainer sees them only through :class:`ViewModules`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from gsrecon.config import ConfigError
+from gsrecon.distributed import DistributedContext
+from gsrecon.registry import VIEW_REGISTRY
+
+if TYPE_CHECKING:
+    from gsrecon.data.datapipeline import Batch
+
+# Run-config sections that each hold one per-view module: `mode` is its VIEW_REGISTRY name, `none` turns it off.
+VIEW_SECTIONS = ("appearance",)
+EvalAdjust = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]  # (render, gt) [H, W, 3] -> the pair to score
+
+
+class ViewModule(torch.nn.Module):
+    """Base class: learns nothing and changes nothing; subclasses override what they need."""
+
+    @dataclass
+    class Config:
+        lr: float = 1e-3  # Adam learning rate of the module's parameters
+
+        def __post_init__(self) -> None:
+            if not (math.isfinite(self.lr) and self.lr >= 0):
+                raise ValueError(f"lr must be a finite number >= 0, got {self.lr!r}")
+
+    def __init__(self, cfg: Any, train_names: list[str]) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.index = {name: i for i, name in enumerate(train_names)}  # training view name -> row of its parameters
+
+    def rows(self, names: list[str], device: torch.device) -> Tensor:
+        """The parameter rows [B] of the training views ``names``."""
+        return torch.tensor([self.index[name] for name in names], device=device)
+
+    def build_optimizer(self) -> torch.optim.Optimizer | None:
+        """The module's own optimiser (None for a module without parameters): Adam at ``cfg.lr``."""
+        params = list(self.parameters())
+        if not params:
+            return None
+        return torch.optim.Adam([{"params": params, "lr": self.cfg.lr, "name": type(self).__name__}], eps=1e-15)
+
+    def adjust_cameras(self, batch: Batch) -> Batch:
+        """The training ``batch`` with its cameras as this module sees them (before the render)."""
+        return batch
+
+    def adjust_image(self, image: Tensor, batch: Batch) -> Tensor:
+        """The rendered ``image`` [B, H, W, 3] of training ``batch`` as its photos saw it (before the loss)."""
+        return image
+
+    def regularization(self) -> Tensor | None:
+        """The module's weighted regularisation term, or None."""
+        return None
+
+    def eval_adjust(self) -> EvalAdjust | None:
+        """How a test view is scored, having no parameters of its own: None scores the render as it is."""
+        return None
+
+
+class ViewModules:
+    """A run's per-view modules by key, each with its optimiser; what the trainer calls."""
+
+    def __init__(self, modules: dict[str, ViewModule]) -> None:
+        self.modules = modules
+        self.optimizers = {key: module.build_optimizer() for key, module in modules.items()}
+
+    def __bool__(self) -> bool:
+        return bool(self.modules)
+
+    def adjust_cameras(self, batch: Batch) -> Batch:
+        for module in self.modules.values():
+            batch = module.adjust_cameras(batch)
+        return batch
+
+    def adjust_image(self, image: Tensor, batch: Batch) -> Tensor:
+        for module in self.modules.values():
+            image = module.adjust_image(image, batch)
+        return image
+
+    def regularization(self) -> dict[str, Tensor]:
+        """``{key: term}`` of the modules that have one (the loss's ``train/loss/<key>``)."""
+        terms = {key: module.regularization() for key, module in self.modules.items()}
+        return {key: term for key, term in terms.items() if term is not None}
+
+    def step(self, dist: DistributedContext) -> None:
+        """After ``backward``: sum the gradients over torchrun processes, step and clear each optimiser."""
+        for key, optimizer in self.optimizers.items():
+            if optimizer is None:
+                continue
+            dist.all_reduce_grads(dict(self.modules[key].named_parameters()))
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+    def eval_adjust(self) -> EvalAdjust | None:
+        """The test-view policies of the modules that have one, applied in order; None when none has."""
+        adjusts = [adjust for module in self.modules.values() if (adjust := module.eval_adjust()) is not None]
+        if not adjusts:
+            return None
+
+        def adjust(render: Tensor, gt: Tensor) -> tuple[Tensor, Tensor]:
+            for one in adjusts:
+                render, gt = one(render, gt)
+            return render, gt
+
+        return adjust
+
+    def state_dict(self) -> dict[str, Any]:
+        """The checkpoint entry: each module's parameters and optimiser state, by key."""
+        return {
+            key: {
+                "module": {name: value.detach().clone() for name, value in module.state_dict().items()},
+                "optimizer": None if self.optimizers[key] is None else self.optimizers[key].state_dict(),
+            }
+            for key, module in self.modules.items()
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`; a module whose parameters have other shapes (other training views) is refused."""
+        for key, module in self.modules.items():
+            if key not in state:
+                continue
+            for name, value in module.state_dict().items():
+                saved = state[key]["module"][name]
+                if saved.shape != value.shape:
+                    raise ValueError(
+                        f"the checkpoint's {key} parameter '{name}' has shape {tuple(saved.shape)}, this run's "
+                        f"{tuple(value.shape)}: it was trained on other training views"
+                    )
+            module.load_state_dict(state[key]["module"])
+            if self.optimizers[key] is not None:
+                self.optimizers[key].load_state_dict(state[key]["optimizer"])
+
+
+def view_entries(resolved: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``{key: {name, **options}}`` of the per-view modules a resolved run config turns on."""
+    entries = {
+        section: {"name": resolved[section]["mode"], **{k: v for k, v in resolved[section].items() if k != "mode"}}
+        for section in VIEW_SECTIONS
+        if resolved[section]["mode"] != "none"
+    }
+    return {**entries, **{key: entry for key, entry in resolved["views"].items() if entry is not None}}
+
+
+def build_views(
+    resolved: dict[str, Any], train_names: list[str], device: torch.device, source: str = "config"
+) -> ViewModules:
+    """The per-view modules of a resolved run config for the training views ``train_names``."""
+    modules = {}
+    for key, entry in view_entries(resolved).items():
+        try:
+            module = VIEW_REGISTRY.build(entry, train_names=train_names)
+        except ValueError as exc:
+            raise ConfigError(f"{source}: key '{key}': {exc}") from exc
+        modules[key] = module.to(device)
+    return ViewModules(modules)

@@ -1,0 +1,109 @@
+"""Extending gsrecon with a loss term and a per-view module of one's own: the examples in configs/examples/
+train end to end from the CLI, and the loss is the sum of its named, logged terms."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import read_scalars
+
+from gsrecon.cli import main
+from gsrecon.engine.builder import load_run_config, resolve_entry_map
+from gsrecon.engine.checkpoints import load_checkpoint_file
+from gsrecon.losses.base import DEFAULT_LOSS
+from gsrecon.registry import LOSS_REGISTRY
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _tiny(exp_dir: Path, synthetic_cache: Path) -> list[str]:
+    return [
+        f"exp_dir={exp_dir}",
+        "device=cpu",
+        "num_threads=1",
+        "max_steps=6",
+        "val_interval=6",
+        "model.sh_degree=1",
+        "renderer.name=torch",
+        "metrics.lpips_net=none",
+        "writers=[{name: JsonlWriter}]",
+        "strategy.refine_start=2",
+        "strategy.refine_every=2",
+        "data.synthetic={width: 32, height: 24, num_views: 9, num_points: 300, supersample: 2}",
+        f"data.synthetic.cache_dir={synthetic_cache}",
+        "hooks.LogHook={progress: false, log_interval: 1}",
+    ]
+
+
+@pytest.fixture
+def examples(tmp_path: Path) -> Path:
+    """A copy of configs/ (a plugin file is imported once per path and process)."""
+    shutil.copytree(REPO / "configs", tmp_path / "configs")
+    return tmp_path / "configs" / "examples"
+
+
+def test_the_loss_is_the_sum_of_its_logged_terms_and_a_plugin_term_joins_it(
+    examples: Path, tmp_path: Path, synthetic_cache: Path, capsys
+) -> None:
+    exp_dir = tmp_path / "run"
+    assert main(["train", "--config", str(examples / "custom_loss.yaml"), *_tiny(exp_dir, synthetic_cache)]) == 0, (
+        capsys.readouterr().err
+    )
+    total = read_scalars(exp_dir, "train/loss")
+    terms = {key: read_scalars(exp_dir, f"train/loss/{key}") for key in ("l1", "ssim", "mse")}
+    assert sorted(total) == list(range(1, 7)) and all(sorted(t) == sorted(total) for t in terms.values())
+    for step, value in total.items():
+        assert value == pytest.approx(sum(t[step] for t in terms.values()), rel=1e-5)
+    assert all(v > 0 for t in terms.values() for v in t.values())
+    written = (exp_dir / "config.yaml").read_text()
+    assert "mse:\n    weight: 0.5" in written and "ssim:\n    weight: 0.1" in written
+
+
+def test_a_term_removed_by_null_is_not_computed_and_stays_removed_in_the_written_config(
+    tmp_path: Path, synthetic_cache: Path, capsys
+) -> None:
+    exp_dir = tmp_path / "run"
+    config = REPO / "configs" / "synthetic.yaml"
+    assert main(["train", "--config", str(config), *_tiny(exp_dir, synthetic_cache), "loss.ssim=null"]) == 0, (
+        capsys.readouterr().err
+    )
+    assert read_scalars(exp_dir, "train/loss/ssim") == {}
+    assert read_scalars(exp_dir, "train/loss") == read_scalars(exp_dir, "train/loss/l1")
+    cfg, source = load_run_config(str(exp_dir / "config.yaml"))
+    assert resolve_entry_map(LOSS_REGISTRY, cfg.loss, DEFAULT_LOSS, source, "loss") == {"l1": {"weight": 0.8}, "ssim": None}
+
+
+def test_an_unknown_term_or_option_is_one_line_naming_the_key(tmp_path: Path, synthetic_cache: Path, capsys) -> None:
+    config = str(REPO / "configs" / "synthetic.yaml")
+    for override, message in (
+        ("loss.l2={}", "key 'loss.l2.name': unknown loss term 'l2'"),
+        ("loss.l1.scale=2", "key 'loss.l1.scale'"),
+        ("loss.ssim.weight=-0.5", "key 'loss.ssim': weight must be a finite number >= 0, got -0.5"),
+    ):
+        assert main(["train", "--config", config, *_tiny(tmp_path / "run", synthetic_cache), override]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], (override, err)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_plugin_per_view_module_trains_checkpoints_and_resumes_exactly(
+    examples: Path, tmp_path: Path, synthetic_cache: Path, capsys
+) -> None:
+    config = str(examples / "custom_view.yaml")
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    tiny = _tiny(full, synthetic_cache)
+    assert main(["train", "--config", config, *tiny, "hooks.CheckPointHook.interval=3"]) == 0, capsys.readouterr().err
+    reference = load_checkpoint_file(full / "checkpoints" / "last.pt")
+    gains = reference["views"]["exposure"]["module"]["log_gains"]
+    assert gains.shape == (7,) and gains.abs().amax() > 0  # 7 training views, each moved off gain 1
+    assert read_scalars(full, "train/loss/exposure")[6] > 0  # its regularisation joined the loss
+
+    step_3 = full / "checkpoints" / "step_000003.pt"
+    assert main(["train", "--config", config, *_tiny(resumed, synthetic_cache), f"resume={step_3}"]) == 0
+    again = load_checkpoint_file(resumed / "checkpoints" / "last.pt")
+    assert torch.equal(again["views"]["exposure"]["module"]["log_gains"], gains)
+    for name, value in reference["params"].items():
+        assert torch.equal(again["params"][name], value), name
