@@ -107,3 +107,4 @@ RENDERER_REGISTRY: Registry = Registry(
     "renderer", locations=("gsrecon.render.torch_renderer", "gsrecon.render.gsplat_renderer")
 )
 STRATEGY_REGISTRY: Registry = Registry("strategy", "strategies", locations=("gsrecon.strategy",))
+EXPORT_REGISTRY: Registry = Registry("export format", locations=("gsrecon.export",))
