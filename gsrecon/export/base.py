@@ -8,6 +8,7 @@ a plugin module named in ``imports:`` or ``--imports`` registers its own the sam
 
 from __future__ import annotations
 
+import abc
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -40,22 +41,21 @@ class ExportContext:
         return [name for name in needs if getattr(self, name, None) is None]
 
 
-class ExportFormat:
+class ExportFormat(abc.ABC):
     """A file format for trained Gaussians (subclass it and register it with ``@EXPORT_REGISTRY.register(name)``).
 
     ``suffixes``: how the names of its files end (the first is the usual one), for the README and ``--help``.
     ``needs``: the :class:`ExportContext` fields ``write`` reads; empty for a format of the parameters alone.
-    Options go in a nested ``@dataclass Config``, as for hooks; the built-in formats have none.
     """
 
     suffixes: ClassVar[tuple[str, ...]] = ()
     needs: ClassVar[tuple[str, ...]] = ()
 
+    @abc.abstractmethod
     def write(self, path: Path, params: Mapping[str, Tensor], *, antialiased: bool, context: ExportContext) -> None:
         """Write ``params`` (gsrecon's pre-activation Gaussians) to ``path``, recording ``antialiased``
         (Mip-Splatting's opacity compensation) where the format can. Raises ValueError for a scene the
         format cannot hold, before writing anything."""
-        raise NotImplementedError
 
     @classmethod
     def summary(cls) -> str:
