@@ -179,7 +179,7 @@ def _add_source_args(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="MODULE_OR_FILE",
-        help="a plugin to import first (a dataset or renderer of your own; repeat for more); "
+        help="a plugin to import first (a dataset, renderer or export format of your own; repeat for more); "
         "code named in a checkpoint is never imported",
     )
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
@@ -263,9 +263,22 @@ def _add_render(sub: argparse._SubParsersAction) -> None:
 def _export(args: argparse.Namespace) -> int:
     from gsrecon.engine.inference import export
 
-    path = export(_load_scene(args), args.out, args.format)
+    path = export(_load_scene(args), args.out, args.format, device=args.device)
     print(f"wrote {path}")
     return 0
+
+
+class _RegisteredExportFormats:
+    """The built-in export formats with their file endings and summaries, read from EXPORT_REGISTRY only when
+    ``--help`` shows them (importing the formats takes seconds, which every command would pay)."""
+
+    def __str__(self) -> str:
+        from gsrecon.registry import EXPORT_REGISTRY
+
+        entries = {name: EXPORT_REGISTRY.get(name) for name in EXPORT_REGISTRY.names()}
+        return "; ".join(
+            f"{name} ({' or '.join(e.suffixes)}): {e.summary().rstrip('.')}" for name, e in entries.items()
+        )
 
 
 def _add_export(sub: argparse._SubParsersAction) -> None:
@@ -277,12 +290,12 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
         "the format can; a scene trained antialiased gets a warning, since only some viewers draw it right.",
     )
     _add_source_args(p)
-    p.add_argument(
+    fmt = p.add_argument(
         "--format",
         default="ply",
-        help="ply (reference 3DGS layout), splat (antimatter15), compressed_ply (SuperSplat/PlayCanvas), spz (Niantic) "
-        "or sog (PlayCanvas SOG: a .sog bundle, or the folder of a path named meta.json)",
+        help="one a plugin given with --imports registers, or a built-in one: %(registered)s",
     )
+    fmt.registered = _RegisteredExportFormats()  # type: ignore[attr-defined]  # filled in by --help only
     p.add_argument("--out", required=True, help="output file")
     p.set_defaults(func=_export)
 

@@ -111,3 +111,4 @@ LOSS_REGISTRY: Registry = Registry(
     "loss term", locations=("gsrecon.losses.l1", "gsrecon.losses.ssim", "gsrecon.losses.depth_prior")
 )
 VIEW_REGISTRY: Registry = Registry("per-view module", locations=("gsrecon.model.views.affine",))
+EXPORT_REGISTRY: Registry = Registry("export format", locations=("gsrecon.export",))

@@ -68,9 +68,9 @@ def measure(cmd: list[str]) -> tuple[float, float, int, str]:
 
 def _has_sog() -> bool:
     """Whether ``gsrecon export`` knows the sog format (added separately)."""
-    from gsrecon.export import EXPORT_FORMATS
+    from gsrecon.registry import EXPORT_REGISTRY
 
-    return "sog" in EXPORT_FORMATS
+    return "sog" in EXPORT_REGISTRY
 
 
 def render_child(checkpoint: str, views: int) -> None:

@@ -11,11 +11,12 @@ import pytest
 import torch
 from plyfile import PlyData
 
-from gsrecon.export import EXPORT_FORMATS, export_gaussians
+from gsrecon.export import export_gaussians
 from gsrecon.export.compressed_ply import CHUNK_SIZE, load_compressed_ply, morton_order
 from gsrecon.export.splat import save_splat
 from gsrecon.export.spz import load_spz, save_spz
 from gsrecon.model.ply import load_ply, ply_antialiased
+from gsrecon.registry import EXPORT_REGISTRY, RegistryError
 from gsrecon.render.sh import SH_C0
 
 
@@ -40,13 +41,13 @@ def _unit(quats: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def test_export_refuses_an_unknown_format(tmp_path):
-    message = "unknown export format 'obj'; use one of ply, splat, compressed_ply, spz, sog$"
-    with pytest.raises(ValueError, match=message):
+    message = "^unknown export format 'obj'; known export formats: compressed_ply, ply, sog, splat, spz$"
+    with pytest.raises(RegistryError, match=message):
         export_gaussians(_params(), tmp_path / "scene.obj", "obj")
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("fmt", sorted(EXPORT_FORMATS))
+@pytest.mark.parametrize("fmt", EXPORT_REGISTRY.names())
 def test_every_format_writes_its_file(tmp_path, fmt):
     path = export_gaussians(_params(n=10), tmp_path / f"scene.{fmt}", fmt, antialiased=True)
     assert path == tmp_path / f"scene.{fmt}" and path.stat().st_size > 0

@@ -21,8 +21,9 @@ import gsrecon.export.spz
 import gsrecon.model.ply
 from gsrecon.cli import main
 from gsrecon.engine.checkpoints import load_checkpoint_file, non_finite
-from gsrecon.export import EXPORT_FORMATS, export_gaussians
+from gsrecon.export import export_gaussians
 from gsrecon.model.ply import ply_property_names, render_mode_comments, save_ply
+from gsrecon.registry import EXPORT_REGISTRY
 from tests.test_export import _params
 
 CHUNKED = ("ply", "splat", "compressed_ply", "spz")
@@ -39,7 +40,7 @@ def _write(tmp_path, monkeypatch, fmt: str, rows: int) -> bytes:
 
 @pytest.mark.parametrize("fmt", CHUNKED)
 def test_chunked_exports_equal_one_chunk(tmp_path, monkeypatch, fmt):
-    assert fmt in EXPORT_FORMATS
+    assert fmt in EXPORT_REGISTRY
     whole = _write(tmp_path, monkeypatch, fmt, 10**9)
     assert _write(tmp_path, monkeypatch, fmt, 7) == whole  # 301 = 43 chunks of 7
     assert _write(tmp_path, monkeypatch, fmt, 256) == whole  # a partial last chunk

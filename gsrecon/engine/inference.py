@@ -25,13 +25,13 @@ from gsrecon.engine.builder import RunConfig, resolve_device, resolve_renderer_e
 from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.engine.evaluator import build_metrics, evaluate_views
 from gsrecon.engine.run_dir import RunDir
-from gsrecon.export import export_gaussians
+from gsrecon.export import ExportContext, export_gaussians
 from gsrecon.logging.console import Logger, ProgressLogger
 from gsrecon.metrics import mean_metrics
 from gsrecon.model.gaussians import check_params
 from gsrecon.model.ply import load_ply
 from gsrecon.plugins import import_plugins
-from gsrecon.registry import DATASET_REGISTRY, MODEL_REGISTRY, RENDERER_REGISTRY
+from gsrecon.registry import DATASET_REGISTRY, EXPORT_REGISTRY, MODEL_REGISTRY, RENDERER_REGISTRY
 from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
 from gsrecon.render.camera_path import ellipse_path, focus_point, interp_path, spiral_path
 from gsrecon.render.colormap import depth_to_rgb
@@ -134,6 +134,20 @@ def build_renderer(scene: TrainedScene, device: torch.device, logger: Logger) ->
     return renderer
 
 
+def scene_renderer(scene: TrainedScene, device: torch.device, logger: Logger) -> Callable[[Batch], RenderOutput]:
+    """A function rendering the scene on ``device`` from a batch's cameras (see :func:`build_renderer`)."""
+    renderer = build_renderer(scene, device, logger)
+    params = {k: v.to(device) for k, v in scene.params.items()}
+
+    def render(batch: Batch) -> RenderOutput:
+        return renderer.render(
+            params, batch.viewmats, batch.Ks, batch.width, batch.height, scene.sh_degree, batch.backgrounds,
+            batch.fisheye,
+        )  # fmt: skip
+
+    return render
+
+
 def evaluate(
     scene: TrainedScene, out_dir: str | Path, device: str = "auto", logger: Logger | None = None, fps_repeats: int = 3
 ) -> dict[str, Any]:
@@ -157,16 +171,9 @@ def evaluate(
             f"{scene.source}: the dataset has no test views (data.eval_split is "
             f"'{scene.cfg.data.eval_split}'); set data.eval_split=every_8"
         )
-    renderer = build_renderer(scene, torch_device, logger)
-    params = {k: v.to(torch_device) for k, v in scene.params.items()}
+    render = scene_renderer(scene, torch_device, logger)
     metrics = build_metrics(scene.cfg.metrics.lpips_net, torch_device, logger)
     batches = list(pipeline.val_batches())
-
-    def render(batch: Batch) -> RenderOutput:
-        return renderer.render(
-            params, batch.viewmats, batch.Ks, batch.width, batch.height, scene.sh_degree, batch.backgrounds,
-            batch.fisheye,
-        )  # fmt: skip
 
     def write_view(index: int, outputs: dict[str, Any]) -> None:
         write_png(out_dir / "renders" / "test" / f"{outputs['name']}.png", outputs["render"])
@@ -261,12 +268,23 @@ def render_path_video(
     return written
 
 
-def export(scene: TrainedScene, out: str | Path, fmt: str = "ply", logger: Logger | None = None) -> Path:
-    """Write the Gaussians in one of :data:`gsrecon.export.EXPORT_FORMATS`, recording the render mode
-    where the format can, and warning when the scene needs a viewer with Mip-Splatting's compensation."""
-    path = export_gaussians(scene.params, out, fmt, antialiased=scene.antialiased)
+def export(
+    scene: TrainedScene, out: str | Path, fmt: str = "ply", device: str = "auto", logger: Logger | None = None
+) -> Path:
+    """Write the Gaussians in the registered export format ``fmt``, recording the render mode where the
+    format can, and warning when the scene needs a viewer with Mip-Splatting's compensation.
+
+    The training views and the renderer (on ``device``) are loaded only for a format that needs them.
+    """
+    logger = logger or Logger()
+    context = ExportContext()
+    if EXPORT_REGISTRY.get(fmt).needs:
+        torch_device = scene_device(scene, device, logger)
+        pipeline = DataPipeline(scene.cfg.data, torch_device, scene.cfg.seed)
+        context = ExportContext(train_views=pipeline.train_views, render=scene_renderer(scene, torch_device, logger))
+    path = export_gaussians(scene.params, out, fmt, antialiased=scene.antialiased, context=context)
     if scene.antialiased:
-        (logger or Logger()).warning(
+        logger.warning(
             f"{path} was trained in antialiased mode (Mip-Splatting opacity compensation): it looks right only in "
             f"viewers that apply it, which the file records where {fmt} can; for any viewer, train with "
             f"renderer.antialiased=false"

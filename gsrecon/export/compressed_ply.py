@@ -30,6 +30,7 @@ from plyfile import PlyData
 from torch import Tensor
 
 from gsrecon.atomic import atomic_path
+from gsrecon.export.base import ExportContext, ExportFormat
 from gsrecon.export.quantise import (
     byte_logit,
     from_smallest_three,
@@ -47,6 +48,7 @@ from gsrecon.model.ply import (
     render_mode_comments,
     write_binary_ply,
 )
+from gsrecon.registry import EXPORT_REGISTRY
 from gsrecon.render.sh import rgb_to_sh, sh_to_rgb
 
 CHUNK_SIZE = 256
@@ -84,6 +86,16 @@ def save_compressed_ply(path: str | os.PathLike, params: Mapping[str, Tensor], *
         elements.append(("sh", np.dtype([(name, "u1") for name in names]), n, sh_rows))
     with atomic_path(path) as tmp:
         write_binary_ply(tmp, elements, render_mode_comments(antialiased))
+
+
+@EXPORT_REGISTRY.register("compressed_ply")
+class CompressedPlyFormat(ExportFormat):
+    """SuperSplat / PlayCanvas compressed PLY: 16 bytes per Gaussian plus 8-bit SH."""
+
+    suffixes = (".compressed.ply",)
+
+    def write(self, path: Path, params: Mapping[str, Tensor], *, antialiased: bool, context: ExportContext) -> None:
+        save_compressed_ply(path, params, antialiased=antialiased)
 
 
 def _encode_block(p: Mapping[str, Tensor]) -> tuple[Tensor, np.ndarray]:

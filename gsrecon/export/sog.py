@@ -45,10 +45,12 @@ from PIL import Image
 from torch import Tensor
 
 from gsrecon.atomic import atomic_path
+from gsrecon.export.base import ExportContext, ExportFormat
 from gsrecon.export.compressed_ply import morton_order
 from gsrecon.export.quantise import round_clamp, smallest_three
 from gsrecon.model.gaussians import check_params
 from gsrecon.model.ply import cpu_params
+from gsrecon.registry import EXPORT_REGISTRY
 from gsrecon.render.sh import sh_degree_of
 
 SOG_VERSION = 2
@@ -97,6 +99,16 @@ def save_sog(path: str | os.PathLike, params: Mapping[str, Tensor], *, antialias
             info = zipfile.ZipInfo(name, _ZIP_TIME)
             info.external_attr = 0o644 << 16  # rw-r--r-- when unzipped
             bundle.writestr(info, data)
+
+
+@EXPORT_REGISTRY.register("sog")
+class SogFormat(ExportFormat):
+    """PlayCanvas SOG (SuperSplat, Spark): lossless WebP images + meta.json, zipped (named meta.json: a folder)."""
+
+    suffixes = (".sog", "meta.json")
+
+    def write(self, path: Path, params: Mapping[str, Tensor], *, antialiased: bool, context: ExportContext) -> None:
+        save_sog(path, params, antialiased=antialiased)
 
 
 def _image_size(n: int) -> tuple[int, int]:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
 from torch import Tensor
 
 from gsrecon.atomic import atomic_path
+from gsrecon.export.base import ExportContext, ExportFormat
 from gsrecon.model.ply import WRITE_CHUNK_ROWS, cpu_params
+from gsrecon.registry import EXPORT_REGISTRY
 from gsrecon.render.sh import SH_C0
 
 
@@ -39,3 +42,13 @@ def save_splat(path: str | os.PathLike, params: Mapping[str, Tensor], *, antiali
             records["rgba"] = np.clip(rgba * 255, 0, 255).astype(np.uint8)
             records["rot"] = np.clip(quats * 128 + 128, 0, 255).astype(np.uint8)
             f.write(records.tobytes())
+
+
+@EXPORT_REGISTRY.register("splat")
+class SplatFormat(ExportFormat):
+    """antimatter15 web viewer: 32 bytes per Gaussian, no view-dependent colour, no render mode."""
+
+    suffixes = (".splat",)
+
+    def write(self, path: Path, params: Mapping[str, Tensor], *, antialiased: bool, context: ExportContext) -> None:
+        save_splat(path, params, antialiased=antialiased)

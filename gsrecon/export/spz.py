@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from gsrecon.atomic import atomic_path
+from gsrecon.export.base import ExportContext, ExportFormat
 from gsrecon.export.quantise import (
     byte_logit,
     from_smallest_three,
@@ -47,6 +48,7 @@ from gsrecon.export.quantise import (
 )
 from gsrecon.model.gaussians import check_params
 from gsrecon.model.ply import WRITE_CHUNK_ROWS, cpu_params
+from gsrecon.registry import EXPORT_REGISTRY
 from gsrecon.render.sh import MAX_SH_DEGREE, num_sh_bases, sh_basis
 
 SPZ_MAGIC = 0x5053474E
@@ -89,6 +91,16 @@ def save_spz(
             for start in range(0, n, WRITE_CHUNK_ROWS):
                 f.write(gz.compress(np.asarray(stream(start, start + WRITE_CHUNK_ROWS), dtype=np.uint8).tobytes()))
         f.write(gz.flush())
+
+
+@EXPORT_REGISTRY.register("spz")
+class SpzFormat(ExportFormat):
+    """Niantic SPZ version 3, gzip-compressed."""
+
+    suffixes = (".spz",)
+
+    def write(self, path: Path, params: Mapping[str, Tensor], *, antialiased: bool, context: ExportContext) -> None:
+        save_spz(path, params, antialiased=antialiased)
 
 
 def _pack_positions(means: Tensor, bits: int) -> np.ndarray:

@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gsrecon.export import EXPORT_FORMATS, export_gaussians
+import torch
+
+from gsrecon.export import ExportContext, export_gaussians
 from gsrecon.hooks.base import Hook, Priority
-from gsrecon.registry import HOOK_REGISTRY
+from gsrecon.registry import EXPORT_REGISTRY, HOOK_REGISTRY, RegistryError
 
 if TYPE_CHECKING:
     from gsrecon.engine.trainer import DefaultTrainer
@@ -16,21 +18,23 @@ if TYPE_CHECKING:
 @HOOK_REGISTRY.register()
 class ExportHook(Hook):
     """When training ends (also after Ctrl-C, not after a failure), writes the Gaussians to
-    ``<exp_dir>/<path>`` in ``format`` (see ``gsrecon.export.EXPORT_FORMATS``), recording the
-    renderer's antialiased mode where the format can. Only the main process writes."""
+    ``<exp_dir>/<path>`` in ``format`` (any name in ``EXPORT_REGISTRY``, a plugin's included), recording
+    the renderer's antialiased mode where the format can. Only the main process writes."""
 
     priority = Priority.LOWEST
 
     @dataclass
     class Config:
         path: str = "point_cloud.ply"  # relative to exp_dir (or absolute)
-        format: str = "ply"  # ply | splat | compressed_ply | spz | sog
+        format: str = "ply"  # a registered export format: gsrecon export --help lists them
 
     def __init__(self, cfg: Config) -> None:
         if not cfg.path:
             raise ValueError("path is empty; remove the hook (hooks.ExportHook=null) to export nothing")
-        if cfg.format not in EXPORT_FORMATS:
-            raise ValueError(f"format must be one of {', '.join(EXPORT_FORMATS)}, got '{cfg.format}'")
+        try:
+            EXPORT_REGISTRY.get(cfg.format)
+        except RegistryError as exc:
+            raise ValueError(f"format: {exc}") from None
         self.cfg = cfg
 
     def outputs(self) -> list[str]:
@@ -41,5 +45,6 @@ class ExportHook(Hook):
             return
         path = trainer.exp_dir / self.cfg.path
         antialiased = bool(trainer.resolved_config["renderer"].get("antialiased", False))
-        export_gaussians(trainer.model.params, path, self.cfg.format, antialiased=antialiased)
+        context = ExportContext(train_views=trainer.datapipeline.train_views, render=torch.no_grad()(trainer.render))
+        export_gaussians(trainer.model.params, path, self.cfg.format, antialiased=antialiased, context=context)
         trainer.logger.info(f"wrote {path} ({trainer.model.num_gaussians} Gaussians)")

@@ -1,0 +1,83 @@
+"""What an export format is: the interface `gsrecon export`, ExportHook and plugins share.
+
+A format is a subclass of :class:`ExportFormat` registered in ``EXPORT_REGISTRY`` under the name
+``--format`` and ``ExportHook.format`` take; its docstring's first line describes it in
+``gsrecon export --help``. Built-in formats register in their own modules (see ``gsrecon.export``);
+a plugin module named in ``imports:`` or ``--imports`` registers its own the same way.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+from torch import Tensor
+
+from gsrecon.registry import EXPORT_REGISTRY
+
+if TYPE_CHECKING:
+    from gsrecon.data.datapipeline import Batch
+    from gsrecon.render.base import RenderOutput
+
+
+@dataclass(frozen=True)
+class ExportContext:
+    """What a format may need beyond the Gaussians; callers fill the fields a format names in ``needs``.
+
+    ``train_views``: every training view once, a batch each (cameras, images, backgrounds).
+    ``render``: the trained scene rendered from a batch's cameras with the renderer and settings it
+    was trained with, without gradients.
+    """
+
+    train_views: Callable[[], Iterable[Batch]] | None = None
+    render: Callable[[Batch], RenderOutput] | None = None
+
+    def missing(self, needs: Iterable[str]) -> list[str]:
+        """The names in ``needs`` this context does not give (a name that is none of its fields included)."""
+        return [name for name in needs if getattr(self, name, None) is None]
+
+
+class ExportFormat(abc.ABC):
+    """A file format for trained Gaussians (subclass it and register it with ``@EXPORT_REGISTRY.register(name)``).
+
+    ``suffixes``: how the names of its files end (the first is the usual one), for the README and ``--help``.
+    ``needs``: the :class:`ExportContext` fields ``write`` reads; empty for a format of the parameters alone.
+    """
+
+    suffixes: ClassVar[tuple[str, ...]] = ()
+    needs: ClassVar[tuple[str, ...]] = ()
+
+    @abc.abstractmethod
+    def write(self, path: Path, params: Mapping[str, Tensor], *, antialiased: bool, context: ExportContext) -> None:
+        """Write ``params`` (gsrecon's pre-activation Gaussians) to ``path``, recording ``antialiased``
+        (Mip-Splatting's opacity compensation) where the format can. Raises ValueError for a scene the
+        format cannot hold, before writing anything."""
+
+    @classmethod
+    def summary(cls) -> str:
+        """The first line of the format's docstring."""
+        return (cls.__doc__ or "").strip().split("\n")[0]
+
+
+def export_gaussians(
+    params: Mapping[str, Tensor],
+    path: str | os.PathLike,
+    fmt: str,
+    antialiased: bool = False,
+    context: ExportContext = ExportContext(),
+) -> Path:
+    """Write ``params`` to ``path`` in the registered format ``fmt``; return the path.
+
+    Raises RegistryError (a KeyError) naming the known formats when ``fmt`` is not registered, and
+    ValueError when the format needs something ``context`` does not give.
+    """
+    exporter: ExportFormat = EXPORT_REGISTRY.build({"name": fmt})
+    missing = context.missing(exporter.needs)
+    if missing:
+        raise ValueError(f"export format '{fmt}' needs {' and '.join(missing)}, which the caller did not give")
+    exporter.write(Path(path), params, antialiased=antialiased, context=context)
+    return Path(path)
