@@ -280,6 +280,15 @@ def resolve_strategy_entry(cfg: RunConfig, source: str, start: str | None = None
     return resolve_entry(STRATEGY_REGISTRY, cfg.strategy, source, "strategy", max_steps=cfg.max_steps, start=start)
 
 
+def build_strategy(cfg: RunConfig, resolved: dict[str, Any], model: torch.nn.Module, source: str) -> Any:
+    """The run's strategy, its entry resolved again (into ``resolved``) now that the model's start is known, since
+    some defaults differ for random points (``per_start``); refuses a model or renderer it cannot work with."""
+    resolved["strategy"] = resolve_strategy_entry(cfg, source, getattr(model, "start", None))
+    strategy = STRATEGY_REGISTRY.build(resolved["strategy"])
+    strategy.check_sanity(model.params, resolved["renderer"])
+    return strategy
+
+
 def build_model(
     entry: dict[str, Any], scene: Scene, seed: int, source: str = "config", logger: Logger | None = None
 ) -> torch.nn.Module:

@@ -26,39 +26,31 @@ from gsrecon.config import ConfigError, check_config_data
 from gsrecon.engine.run_dir import RunDir
 
 if TYPE_CHECKING:
+    from gsrecon.engine.trainer import DefaultTrainer
     from gsrecon.hooks.base import Hook
 
 CHECKPOINT_VERSION = 1
 
 
-def capture(
-    *,
-    step: int,
-    params: Mapping[str, torch.Tensor],
-    optimizers: Mapping[str, torch.optim.Optimizer],
-    schedulers: Mapping[str, Any],
-    strategy_state: Mapping[str, Any],
-    hooks: Mapping[str, Hook],
-    config: dict[str, Any],
-    scene_extent: float,
-) -> dict[str, Any]:
-    """The checkpoint dict of a training state. It references the live tensors (a copy of the parameters would
+def capture(trainer: DefaultTrainer) -> dict[str, Any]:
+    """The checkpoint dict of a trainer's state. It references the live tensors (a copy of the parameters would
     cost their size again at millions of Gaussians): write it before training goes on."""
     return {
         "version": CHECKPOINT_VERSION,
-        "step": step,
-        "params": {k: v.detach() for k, v in params.items()},
-        "optimizers": {k: o.state_dict() for k, o in optimizers.items()},
-        "schedulers": {k: s.state_dict() for k, s in schedulers.items()},
-        "strategy": {k: v for k, v in strategy_state.items() if v is not None},
-        "hooks": {key: hook.state_dict() for key, hook in hooks.items()},
+        "step": trainer.step,
+        "params": {k: v.detach() for k, v in trainer.model.params.items()},
+        "optimizers": {k: o.state_dict() for k, o in trainer.optimizers.items()},
+        "schedulers": {k: s.state_dict() for k, s in trainer.schedulers.items()},
+        "strategy": {k: v for k, v in trainer.strategy_state.items() if v is not None},
+        "views": trainer.views.state_dict(),
+        "hooks": {key: hook.state_dict() for key, hook in trainer.hooks.items()},
         "rng": {
             "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
             "python": random.getstate(),
         },
-        "config": config,
-        "scene_extent": scene_extent,
+        "config": trainer.resolved_config,
+        "scene_extent": trainer.scene_extent,
     }
 
 
@@ -188,6 +180,15 @@ def check_resumable(
                 f"{source}: cannot resume {path}: it was trained with model.{key}={old_model[key]} but "
                 f"this config has model.{key}={model_entry.get(key)}; set model.{key}={old_model[key]}"
             )
+
+
+def resume_notes(path: Path, checkpoint: dict[str, Any], config: dict[str, Any], max_steps: int) -> list[str]:
+    """The log lines of a resume from ``path``: where it goes on, what changed since, whether steps are left."""
+    step = int(checkpoint["step"])
+    lines = [f"resumed from {path} at step {step}", *describe_changes(checkpoint.get("config", {}), config)]
+    if step >= max_steps:
+        lines.append(f"the checkpoint is already at max_steps ({max_steps}); raise max_steps to go on")
+    return lines
 
 
 def describe_changes(old_config: dict[str, Any], new_config: dict[str, Any]) -> list[str]:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gsrecon.config import ConfigError, save_yaml
+from gsrecon.logging.console import Logger
 from gsrecon.logging.writers import Writers
 from gsrecon.registry import WRITER_REGISTRY
 
@@ -109,6 +110,13 @@ class RunDir:
         names = [_top_level(o) for o in (*known, CHECKPOINTS, *outputs)]
         marker = {"gsrecon_run": 1, "outputs": list(dict.fromkeys(n for n in names if n not in ("", ".", "..")))}
         (self.path / RUN_MARKER).write_text(json.dumps(marker, indent=1) + "\n")
+
+    def open_log(self, overwrite: bool, resume: bool, logger: Logger) -> None:
+        """Take the folder (:meth:`prepare`) and send ``logger``'s lines to its ``train.log`` too."""
+        kept = self.prepare(overwrite, resume)
+        logger.set_log_file(self.path / "train.log")
+        if kept:
+            logger.info(f"--overwrite replaced the previous run and kept what it did not write: {kept}")
 
     def open_writers(self, resolved_config: dict[str, Any], hooks: Mapping[str, Hook]) -> Writers:
         """Write the run's ``config.yaml``, record what the run writes (``train.log``, the writers' and the hooks'

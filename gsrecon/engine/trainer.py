@@ -30,7 +30,7 @@ from gsrecon.model.gaussians import PARAM_NAMES
 from gsrecon.model.optim import build_optimizers, build_schedulers
 from gsrecon.model.views.base import build_views
 from gsrecon.plugins import import_plugins
-from gsrecon.registry import RENDERER_REGISTRY, STRATEGY_REGISTRY
+from gsrecon.registry import RENDERER_REGISTRY
 from gsrecon.render.base import RenderOutput
 
 
@@ -99,21 +99,15 @@ class DefaultTrainer:
         train_names = [frame.name for frame in self.datapipeline.scene.train]
         self.views = build_views(self.resolved_config, train_names, self.device, source)
         self._build_optimizers()
-        # Resolved again now that the start is known: some defaults differ for random points (per_start).
-        self.resolved_config["strategy"] = builder.resolve_strategy_entry(cfg, source, getattr(self.model, "start", None))
-        self.strategy = STRATEGY_REGISTRY.build(self.resolved_config["strategy"])
-        self.strategy.check_sanity(self.model.params, self.resolved_config["renderer"])
+        self.strategy = builder.build_strategy(cfg, self.resolved_config, self.model, source)
         self.strategy_state = self.strategy.initialize_state(self.scene_extent)
         # Everything is built: only now may a previous run be replaced and outputs be written.
         self.writers = Writers([])
         if self.is_main:
-            kept = self.run_dir.prepare(overwrite, resume)
-            self.logger.set_log_file(self.exp_dir / "train.log")
+            self.run_dir.open_log(overwrite, resume, self.logger)
             self.logger.info(f"{source}: {threads}; device {self.device}; {self.datapipeline.cache_note}")
             if self.datapipeline.mask_note:
                 self.logger.info(self.datapipeline.mask_note)
-            if kept:
-                self.logger.info(f"--overwrite replaced the previous run and kept what it did not write: {kept}")
             self.writers = self.run_dir.open_writers(self.resolved_config, self.hooks)
         self.dist.barrier()
 
@@ -270,17 +264,7 @@ class DefaultTrainer:
 
     def checkpoint(self) -> dict[str, Any]:
         """Everything needed to resume exactly (see :mod:`gsrecon.engine.checkpoints`); hooks may add to it."""
-        checkpoint = checkpoints.capture(
-            step=self.step,
-            params=self.model.params,
-            optimizers=self.optimizers,
-            schedulers=self.schedulers,
-            strategy_state=self.strategy_state,
-            hooks=self.hooks,
-            config=self.resolved_config,
-            scene_extent=self.scene_extent,
-        )
-        checkpoint["views"] = self.views.state_dict()
+        checkpoint = checkpoints.capture(self)
         self.call_hook("before_save_checkpoint", checkpoint=checkpoint)
         return checkpoint
 
@@ -309,8 +293,5 @@ class DefaultTrainer:
         path, checkpoint = self._resume_from
         self._resume_from = None
         self.load_checkpoint(checkpoint)
-        self.logger.info(f"resumed from {path} at step {self.step}")
-        for line in checkpoints.describe_changes(checkpoint.get("config", {}), self.resolved_config):
+        for line in checkpoints.resume_notes(path, checkpoint, self.resolved_config, self.max_steps):
             self.logger.info(line)
-        if self.step >= self.max_steps:
-            self.logger.info(f"the checkpoint is already at max_steps ({self.max_steps}); raise max_steps to go on")
