@@ -44,6 +44,7 @@ def psnr(pred: Tensor, gt: Tensor, mask: Tensor | None = None) -> float:
 
 
 METRIC_NAMES = ("psnr", "ssim", "lpips")  # what ImageMetrics reports per view, in this order
+LOWER_IS_BETTER = ("lpips",)  # the metrics of METRIC_NAMES for which a smaller value is better
 
 
 @dataclass
