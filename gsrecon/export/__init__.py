@@ -12,6 +12,7 @@ from pathlib import Path
 
 from torch import Tensor
 
+from gsrecon.errors import InputError
 from gsrecon.export.compressed_ply import save_compressed_ply
 from gsrecon.export.sog import save_sog
 from gsrecon.export.splat import save_splat
@@ -35,6 +36,6 @@ def export_gaussians(
     Raises ValueError naming the formats when ``fmt`` is not one of them.
     """
     if fmt not in EXPORT_FORMATS:
-        raise ValueError(f"unknown export format '{fmt}'; use one of {', '.join(EXPORT_FORMATS)}")
+        raise InputError(f"unknown export format '{fmt}'; use one of {', '.join(EXPORT_FORMATS)}")
     EXPORT_FORMATS[fmt](path, params, antialiased=antialiased)
     return Path(path)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from gsrecon.atomic import atomic_path
 from gsrecon.engine.checkpoints import load_checkpoint_file, non_finite, save_checkpoint
+from gsrecon.errors import InputError
 from gsrecon.hooks.base import Hook, Priority
 from gsrecon.metrics import LOWER_IS_BETTER, METRIC_NAMES
 from gsrecon.registry import HOOK_REGISTRY
@@ -58,7 +59,7 @@ class CheckPointHook(Hook):
             return
         metric = next(iter(trainer.val_metrics)) if self.cfg.save_best == "auto" else self.cfg.save_best
         if metric not in trainer.val_metrics:
-            raise ValueError(
+            raise InputError(
                 f"save_best metric '{metric}' is not a validation metric ({', '.join(trainer.val_metrics)})"
             )
         value = trainer.val_metrics[metric]
@@ -117,7 +118,7 @@ class CheckPointHook(Hook):
     def _refuse_non_finite(self, trainer: DefaultTrainer) -> None:
         broken = non_finite(dict(trainer.model.params.items()))
         if broken:
-            raise ValueError(f"not saving step {trainer.step}: Gaussian parameters {', '.join(broken)} are not finite")
+            raise InputError(f"not saving step {trainer.step}: Gaussian parameters {', '.join(broken)} are not finite")
 
     def _rotate(self, directory: Path) -> None:
         if self.cfg.max_keep <= 0:

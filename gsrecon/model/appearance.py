@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from gsrecon.errors import InputError
+
 APPEARANCE_MODES = ("none", "affine")
 APPEARANCE_EVALS = ("identity", "fit_left")
 
@@ -104,7 +106,7 @@ def appearance_state(module: AffineAppearance, optimizer: torch.optim.Optimizer)
 def load_appearance_state(module: AffineAppearance, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
     """Restore :func:`appearance_state`; a different number of training images is refused."""
     if state["offsets"].shape != module.offsets.shape:
-        raise ValueError(
+        raise InputError(
             f"the checkpoint's appearance transforms are for {state['offsets'].shape[0]} training images; "
             f"this run has {module.offsets.shape[0]}"
         )
