@@ -208,3 +208,24 @@ def test_training_needs_no_ffmpeg(make_config, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "finished 3 steps" in result.stdout
 
+
+def test_the_package_needs_imageio_only_for_its_tests() -> None:
+    """imageio is a dev dependency: no gsrecon module imports it (videos go through imageio-ffmpeg)."""
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    assert not any(dep.startswith("imageio>") or dep == "imageio" for dep in project["dependencies"])
+    assert any(dep.startswith("imageio") for dep in project["optional-dependencies"]["dev"])
+    import_all = (
+        "import importlib, pkgutil, sys; sys.modules['imageio'] = None; import gsrecon\n"
+        "for module in pkgutil.walk_packages(gsrecon.__path__, 'gsrecon.'):\n"
+        "    if module.name == 'gsrecon.__main__':\n"
+        "        continue\n"
+        "    try:\n"
+        "        importlib.import_module(module.name)\n"
+        "    except ModuleNotFoundError as exc:\n"
+        "        if exc.name == 'imageio':\n"
+        "            raise\n"  # other optional packages (viser) may be absent here
+    )
+    result = subprocess.run([sys.executable, "-c", import_all], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
