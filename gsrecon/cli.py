@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from gsrecon.errors import InputError
-from gsrecon.heap import unmap_large_blocks
+from gsrecon.heap import describe_heap_setting, unmap_large_blocks
 
 EXIT_BUG = 1  # an error gsrecon did not raise on purpose: a bug in gsrecon or a plugin
 EXIT_USAGE = 2  # bad input: a config, file or value the user can fix (one red line)
@@ -522,7 +522,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def entry_point() -> int:
+    """The ``gsrecon`` program (console script, ``python -m gsrecon``): the heap setting of the process, then
+    :func:`main`. The setting changes the whole process, so a caller of :func:`main` (a test, a script) keeps
+    its own heap; ``--debug`` logs what was set."""
+    from gsrecon.logging.console import Logger
+
+    applied = unmap_large_blocks()
+    if "--debug" in sys.argv[1:]:
+        Logger().info(describe_heap_setting(applied))
+    return main(sys.argv[1:])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` (default: the process's arguments), run the command and return its exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv  # accepted anywhere, also after the subcommand
     parser = build_parser()
@@ -533,7 +546,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if extra:
         args.overrides = [*args.overrides, *extra]
-    unmap_large_blocks()
     try:
         return args.func(args)
     except KeyboardInterrupt:
@@ -566,4 +578,4 @@ def _message(exc: BaseException) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry_point())
