@@ -113,6 +113,14 @@ def test_best_lpips_keeps_the_lowest_without_a_rule(make_trainer, make_config) -
     assert load_checkpoint_file(trainer.exp_dir / "checkpoints" / "best.pt")["step"] == min(lpips, key=lpips.get)
 
 
+@pytest.mark.parametrize("save_last", [True, False])
+def test_save_last_decides_the_final_checkpoint(make_trainer, save_last: bool) -> None:
+    trainer = make_trainer(max_steps=5, hooks=_hooks(2, save_last=save_last))
+    trainer.train()
+    saved = sorted(p.name for p in (trainer.exp_dir / "checkpoints").glob("step_*.pt"))
+    assert saved == ["step_000002.pt", "step_000004.pt", *(["step_000005.pt"] if save_last else [])]
+
+
 def _final_params(exp_dir: Path) -> dict[str, torch.Tensor]:
     return load_checkpoint_file(exp_dir / "checkpoints" / "last.pt")["params"]
 
