@@ -2,6 +2,6 @@
 
 import sys
 
-from gsrecon.cli import main
+from gsrecon.cli import entry_point
 
-sys.exit(main())
+sys.exit(entry_point())

@@ -1,9 +1,11 @@
 """The ``gsrecon`` command line: thin argument parsing over the library.
 
-Exit codes: 0 done; 1 an internal error (a bug: please report it with ``--debug``'s traceback);
-2 bad input a user can fix (bad config, missing or malformed files, bad values, a locked run folder,
-a full disk), printed as one red line; 130 training stopped by Ctrl-C and 143 by SIGTERM, both at a
-step boundary after writing a checkpoint.
+Exit codes: 0 done; 2 bad input a user can fix, printed as one red line: an :class:`InputError` gsrecon
+raises on purpose (bad config, malformed files, bad values, a locked run folder, a run that diverged)
+or an ``OSError`` (a missing file, no permission, a full disk); 1 any other error, a bug in gsrecon or
+in a plugin, printed as one line naming where it happened (e.g. the hook and hook point) and its type,
+``--debug`` for the traceback; 130 training stopped by Ctrl-C and 143 by SIGTERM, both at a step
+boundary after writing a checkpoint.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from gsrecon.heap import unmap_large_blocks
+from gsrecon.errors import InputError
+from gsrecon.heap import describe_heap_setting, unmap_large_blocks
 
+EXIT_BUG = 1  # an error gsrecon did not raise on purpose: a bug in gsrecon or a plugin
 EXIT_USAGE = 2  # bad input: a config, file or value the user can fix (one red line)
 EXIT_INTERRUPTED = 130  # stopped by Ctrl-C (SIGINT) at a step boundary, after a checkpoint
 EXIT_TERMINATED = 143  # stopped by SIGTERM (kill, timeout, Slurm, Kubernetes) likewise
@@ -41,7 +45,7 @@ def _train(args: argparse.Namespace) -> int:
             print(f"using {config} for {args.data}: {why} (exp_dir {exp_dir} unless set)")
         overrides = [*data_keys, *overrides]  # the command line's own key=value pairs still win
     if config is None:
-        raise ValueError("gsrecon train needs --config CONFIG, --data SCENE_FOLDER, or both")
+        raise InputError("gsrecon train needs --config CONFIG, --data SCENE_FOLDER, or both")
     cfg, source = load_run_config(config, overrides)
     if args.resume:
         cfg.resume = True
@@ -388,7 +392,7 @@ def _data_colmap(args: argparse.Namespace) -> int:
         seconds["frames"] = frames.seconds
         images = str(frames.images_dir)
     elif args.frames is not None or args.fps is not None or args.oversample is not None:
-        raise ValueError("--frames, --fps and --oversample choose video frames: use them with --video, not --images")
+        raise InputError("--frames, --fps and --oversample choose video frames: use them with --video, not --images")
     report = run_sfm(
         images,
         args.out,
@@ -531,7 +535,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def entry_point() -> int:
+    """The ``gsrecon`` program (console script, ``python -m gsrecon``): the heap setting of the process, then
+    :func:`main`. The setting changes the whole process, so a caller of :func:`main` (a test, a script) keeps
+    its own heap; ``--debug`` logs what was set."""
+    from gsrecon.logging.console import Logger
+
+    applied = unmap_large_blocks()
+    if "--debug" in sys.argv[1:]:
+        Logger().info(describe_heap_setting(applied))
+    return main(sys.argv[1:])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` (default: the process's arguments), run the command and return its exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv  # accepted anywhere, also after the subcommand
     parser = build_parser()
@@ -542,7 +559,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if extra:
         args.overrides = [*args.overrides, *extra]
-    unmap_large_blocks()
     try:
         return args.func(args)
     except KeyboardInterrupt:
@@ -551,15 +567,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # one clear line for the user; --debug for the traceback
         if debug:
             raise
-        _console.print(f"[bold red]error:[/bold red] {_message(exc)}", highlight=False, markup=True)
-        return EXIT_USAGE if _is_user_error(exc) else 1
+        if _is_user_error(exc):
+            _console.print(f"[bold red]error:[/bold red] {_message(exc)}", highlight=False, markup=True)
+            return EXIT_USAGE
+        kind = type(exc.__cause__ or exc).__name__
+        _console.print(
+            f"[bold red]error:[/bold red] {_message(exc)} ({kind}: a bug in gsrecon or a plugin; --debug shows the "
+            "traceback)",
+            highlight=False,
+            markup=True,
+        )
+        return EXIT_BUG
 
 
 def _is_user_error(exc: BaseException) -> bool:
-    from gsrecon.hooks.invalid_loss import InvalidLossError
-
-    root = exc.__cause__ or exc
-    return isinstance(root, (ValueError, KeyError, OSError, InvalidLossError)) or isinstance(exc, (ValueError, OSError))
+    """Whether ``exc``, or the exception it wraps (a hook's, in a ``HookError``), is input the user can fix:
+    an :class:`InputError` gsrecon raised on purpose, or an ``OSError`` (missing file, permissions, full disk)."""
+    return any(isinstance(e, (InputError, OSError)) for e in (exc, exc.__cause__))
 
 
 def _message(exc: BaseException) -> str:
@@ -567,4 +591,4 @@ def _message(exc: BaseException) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry_point())

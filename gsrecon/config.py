@@ -31,6 +31,8 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from gsrecon.errors import InputError
+
 T = TypeVar("T")
 
 BASE_KEY = "_base_"
@@ -66,7 +68,7 @@ def per_start(random: float, points: float) -> Any:
     return dataclasses.field(default=points, metadata={"per_start": (random, points)})
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """A config that cannot be used as written; the message names the key and the file."""
 
 

@@ -32,3 +32,15 @@ def unmap_large_blocks() -> bool:
     if not hasattr(libc, "mallopt") or not hasattr(libc, "gnu_get_libc_version"):
         return False
     return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+
+
+def describe_heap_setting(applied: bool) -> str:
+    """One line saying what :func:`unmap_large_blocks` did (it returned ``applied``), or why it left the heap alone."""
+    if applied:
+        return (
+            f"heap: allocations of 1 MiB or more are mapped on their own and returned to the system when freed "
+            f"(glibc M_MMAP_THRESHOLD={MMAP_THRESHOLD_BYTES})"
+        )
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return f"heap: left as MALLOC_MMAP_THRESHOLD_ sets it ({os.environ['MALLOC_MMAP_THRESHOLD_']})"
+    return "heap: left as it is (the C library is not glibc)"

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from gsrecon.errors import InputError
 from gsrecon.losses.ssim import ssim
 from gsrecon.lpips_weights import LPIPS_NETS, lpips_backbone_path
 
@@ -44,6 +45,7 @@ def psnr(pred: Tensor, gt: Tensor, mask: Tensor | None = None) -> float:
 
 
 METRIC_NAMES = ("psnr", "ssim", "lpips")  # what ImageMetrics reports per view, in this order
+LOWER_IS_BETTER = ("lpips",)  # the metrics of METRIC_NAMES for which a smaller value is better
 
 
 @dataclass
@@ -64,7 +66,7 @@ class ImageMetrics:
 
     def __init__(self, lpips_net: str = "alex", device: str | torch.device = "cpu") -> None:
         if lpips_net not in (*LPIPS_NETS, "none"):
-            raise ValueError(f"LPIPS network must be one of {(*LPIPS_NETS, 'none')}, got {lpips_net!r}")
+            raise InputError(f"LPIPS network must be one of {(*LPIPS_NETS, 'none')}, got {lpips_net!r}")
         self.device = torch.device(device)
         self._lpips_net = lpips_net
         self._lpips, self._lpips_weights = (None, None) if lpips_net == "none" else _build_lpips(lpips_net)
@@ -140,7 +142,7 @@ def _build_lpips(net: str) -> tuple[torch.nn.Module | None, str | None]:
             state = {key: state["features." + key.split(".", 1)[1]] for key in model.net.state_dict()}
         model.net.load_state_dict(state, strict=True)
     except (RuntimeError, KeyError, EOFError, pickle.UnpicklingError) as e:
-        raise ValueError(
+        raise InputError(
             f"{path}: not usable as LPIPS '{net}' backbone weights ({type(e).__name__}); "
             "delete it or run `gsrecon weights lpips --force`"
         ) from e

@@ -17,12 +17,13 @@ from contextlib import contextmanager
 from typing import Any, Generic, TypeVar
 
 from gsrecon.config import build_from_config
+from gsrecon.errors import InputError
 
 T = TypeVar("T")
 
 
-class RegistryError(KeyError):
-    """An unknown or duplicate registry name."""
+class RegistryError(InputError, KeyError):
+    """An unknown or duplicate registry name (a name in a config, an option, or a plugin's registration)."""
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0])

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from colmap_writer import write_model
 from conftest import write_yaml
 from test_blender import _write_ngp
 from test_colmap import _make_scene
 from test_images import png_header_only
 
 from gsrecon.cli import main
-from gsrecon.data.colmap_format import ColmapPoints, write_model
+from gsrecon.data.colmap_format import ColmapPoints
 
 
 @pytest.fixture(autouse=True)

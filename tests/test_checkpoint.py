@@ -94,6 +94,33 @@ def test_best_with_rule_less(make_trainer) -> None:
     assert hook.best_step == min(psnr, key=psnr.get)
 
 
+def test_best_lpips_keeps_the_lowest_without_a_rule(make_trainer, make_config) -> None:
+    """Lower LPIPS is better: the rule follows the metric unless ``rule`` is given."""
+    from gsrecon.lpips_weights import lpips_backbone_path
+
+    if not lpips_backbone_path("alex").is_file():
+        pytest.skip("LPIPS weights not in the gsrecon cache: run `gsrecon weights lpips` first")
+    data = make_config()["data"]
+    data["synthetic"] |= {"width": 48, "height": 32}  # AlexNet's LPIPS needs sides of 31 pixels or more
+    trainer = make_trainer(
+        max_steps=6, val_interval=2, data=data, metrics={"lpips_net": "alex"}, hooks=_hooks(0, save_best="lpips")
+    )
+    trainer.train()
+    lpips = read_scalars(trainer.exp_dir, "val/lpips")
+    assert len(set(lpips.values())) > 1
+    hook = trainer.hooks["CheckPointHook"]
+    assert hook.best_value == pytest.approx(min(lpips.values()))
+    assert load_checkpoint_file(trainer.exp_dir / "checkpoints" / "best.pt")["step"] == min(lpips, key=lpips.get)
+
+
+@pytest.mark.parametrize("save_last", [True, False])
+def test_save_last_decides_the_final_checkpoint(make_trainer, save_last: bool) -> None:
+    trainer = make_trainer(max_steps=5, hooks=_hooks(2, save_last=save_last))
+    trainer.train()
+    saved = sorted(p.name for p in (trainer.exp_dir / "checkpoints").glob("step_*.pt"))
+    assert saved == ["step_000002.pt", "step_000004.pt", *(["step_000005.pt"] if save_last else [])]
+
+
 def _final_params(exp_dir: Path) -> dict[str, torch.Tensor]:
     return load_checkpoint_file(exp_dir / "checkpoints" / "last.pt")["params"]
 

@@ -12,6 +12,7 @@ import torch
 from conftest import write_yaml
 
 from gsrecon.cli import main
+from gsrecon.engine.trainer import HookError
 
 
 def _run(capsys, *argv: str) -> tuple[int, str]:
@@ -50,6 +51,58 @@ def test_debug_shows_the_traceback(make_config, tmp_path: Path) -> None:
     config = write_yaml(tmp_path / "c.yaml", make_config())
     with pytest.raises(ValueError, match="max_steps"):
         main(["train", "--config", str(config), "max_steps=0", "--debug"])
+
+
+_BROKEN_HOOK = """
+from gsrecon.hooks import Hook
+from gsrecon.registry import HOOK_REGISTRY
+
+
+@HOOK_REGISTRY.register()
+class BrokenHook(Hook):
+    def after_train_iter(self, trainer):
+        if trainer.step == 2:
+            raise {error}("bug in a plugin")
+"""
+
+
+@pytest.mark.parametrize("error", ["ValueError", "KeyError", "RuntimeError"])
+def test_a_bug_in_a_hook_exits_1_naming_the_hook_and_point(capsys, make_config, tmp_path: Path, error: str) -> None:
+    (tmp_path / "broken.py").write_text(_BROKEN_HOOK.format(error=error))
+    config = write_yaml(tmp_path / "c.yaml", make_config(max_steps=3, imports=["broken.py"]))
+    code, err = _run(capsys, "train", "--config", str(config), "hooks.BrokenHook={}")
+    assert code == 1
+    assert "BrokenHook.after_train_iter" in err and "bug in a plugin" in err and "--debug" in err
+    assert "Traceback" not in err
+    with pytest.raises(HookError, match="BrokenHook.after_train_iter"):
+        main(["train", "--config", str(config), "hooks.BrokenHook={}", "--overwrite", "--debug"])
+
+
+_POISON_HOOK = """
+import torch
+
+from gsrecon.hooks import Hook
+from gsrecon.registry import HOOK_REGISTRY
+
+
+@HOOK_REGISTRY.register()
+class PoisonHook(Hook):
+    def before_train_iter(self, trainer):
+        if trainer.step == 2:
+            with torch.no_grad():
+                trainer.model.params["sh0"].fill_(float("nan"))
+"""
+
+
+def test_a_non_finite_loss_a_hook_finds_exits_2(capsys, make_config, tmp_path: Path) -> None:
+    """A diverged run is a setting to change (learning rates), reported on purpose by CheckInvalidLossHook."""
+    (tmp_path / "poison.py").write_text(_POISON_HOOK)
+    config = write_yaml(tmp_path / "c.yaml", make_config(max_steps=4, imports=["poison.py"]))
+    code, err = _run(
+        capsys, "train", "--config", str(config), "hooks.PoisonHook={}", "hooks.CheckInvalidLossHook.interval=1"
+    )
+    assert code == 2, err
+    assert "CheckInvalidLossHook.after_train_iter: the loss is nan at step 3" in err and "Traceback" not in err
 
 
 def test_missing_config(capsys, tmp_path: Path) -> None:
@@ -154,3 +207,25 @@ def test_training_needs_no_ffmpeg(make_config, tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "finished 3 steps" in result.stdout
+
+
+def test_the_package_needs_imageio_only_for_its_tests() -> None:
+    """imageio is a dev dependency: no gsrecon module imports it (videos go through imageio-ffmpeg)."""
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    assert not any(dep.startswith("imageio>") or dep == "imageio" for dep in project["dependencies"])
+    assert any(dep.startswith("imageio") for dep in project["optional-dependencies"]["dev"])
+    import_all = (
+        "import importlib, pkgutil, sys; sys.modules['imageio'] = None; import gsrecon\n"
+        "for module in pkgutil.walk_packages(gsrecon.__path__, 'gsrecon.'):\n"
+        "    if module.name == 'gsrecon.__main__':\n"
+        "        continue\n"
+        "    try:\n"
+        "        importlib.import_module(module.name)\n"
+        "    except ModuleNotFoundError as exc:\n"
+        "        if exc.name == 'imageio':\n"
+        "            raise\n"  # other optional packages (viser) may be absent here
+    )
+    result = subprocess.run([sys.executable, "-c", import_all], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr

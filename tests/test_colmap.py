@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from colmap_writer import write_model
 from PIL import Image
 
 from gsrecon.data.colmap import load_colmap
@@ -18,7 +19,6 @@ from gsrecon.data.colmap_format import (
     ColmapPoints,
     SparseModel,
     read_model,
-    write_model,
 )
 from gsrecon.data.errors import DatasetError
 from gsrecon.data.images import read_image, to_uint8, write_png

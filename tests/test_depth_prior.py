@@ -9,13 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from colmap_writer import write_model
 from conftest import read_scalars, write_yaml
 from PIL import Image
 from test_colmap import H, W, _make_scene, _synthetic_model
 
 from gsrecon.cli import main
 from gsrecon.config import ConfigError, parse_structured
-from gsrecon.data.colmap_format import write_model
 from gsrecon.data.datapipeline import DataPipeline
 from gsrecon.engine.trainer import DefaultTrainer
 from gsrecon.losses.base import DEFAULT_LOSS

@@ -70,3 +70,27 @@ def test_every_gsrecon_command_runs_with_the_setting(tmp_path):
     (tmp_path / "run.yaml").write_text("_base_: {}\nimports: [probe.py]\n".format(CONFIGS / "synthetic.yaml"))
     subprocess.run([sys.executable, "-m", "gsrecon", "hooks", "--config", "run.yaml"], cwd=tmp_path, check=True)
     assert (tmp_path / "mapped.txt").read_text() == "1"
+
+
+@glibc_only
+def test_main_called_in_process_leaves_the_allocator_alone(tmp_path):
+    """The setting belongs to the `gsrecon` process: a test or script calling `main()` keeps its own allocator."""
+    code = _PROBE + (
+        "from gsrecon.cli import main\n"
+        f"assert main(['hooks', '--config', {str(CONFIGS / 'synthetic.yaml')!r}]) == 0\n"
+        "print(blocks_mapped_by_a_4mib_malloc())\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, check=True)
+    assert run.stdout.split()[-1] == "0"
+
+
+@glibc_only
+def test_the_command_says_what_it_did_to_the_heap_with_debug(tmp_path):
+    command = [sys.executable, "-m", "gsrecon", "hooks", "--config", str(CONFIGS / "synthetic.yaml")]
+    applied = subprocess.run([*command, "--debug"], capture_output=True, text=True, cwd=tmp_path, check=True)
+    assert "heap: allocations of 1 MiB or more are mapped on their own" in applied.stderr
+    quiet = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, check=True)
+    assert "heap:" not in quiet.stderr
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(64 << 20)}
+    chosen = subprocess.run([*command, "--debug"], capture_output=True, text=True, cwd=tmp_path, env=env, check=True)
+    assert "heap: left as MALLOC_MMAP_THRESHOLD_ sets it" in chosen.stderr

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from colmap_writer import write_model
 from PIL import Image
 from test_colmap import _synthetic_model
 
 from gsrecon.data.blender import OPENGL_TO_OPENCV, load_blender
-from gsrecon.data.colmap_format import write_model
 from gsrecon.data.errors import DatasetError
 from gsrecon.data.images import downscaled_size, resize_image
 from gsrecon.data.synthetic import SyntheticConfig, load_synthetic

@@ -76,3 +76,13 @@ def test_progress_is_logged_as_lines_off_a_terminal(make_trainer) -> None:
     progress = [line for line in log if "INFO step " in line and "Gaussians" in line and "it/s" in line]
     assert [line.split("INFO ")[1].split(":")[0] for line in progress] == ["step 2/4", "step 4/4"]
     assert all(line[:4].isdigit() for line in log)  # timestamped
+
+
+def test_log_hook_writes_num_val_images_panels_into_the_writers_subdir(make_trainer) -> None:
+    hooks = [{"name": "LogHook", "log_interval": 1, "num_val_images": 1}]
+    trainer = make_trainer(writers=[{"name": "TensorboardWriter", "subdir": "events"}], hooks=hooks)
+    trainer.train()
+    assert len(trainer.val_results) == 2 and not (trainer.exp_dir / "tb").exists()
+    events = EventAccumulator(str(trainer.exp_dir / "events"), size_guidance={"images": 0})
+    events.Reload()
+    assert events.Tags()["images"] == [f"val/{trainer.val_results[0]['name']}"]

@@ -30,6 +30,7 @@ from gsrecon.data.frame_source import (
 from gsrecon.data.images import FACTORS
 from gsrecon.data.splits import EVAL_SPLITS
 from gsrecon.data.synthetic import SyntheticConfig, load_synthetic
+from gsrecon.errors import InputError
 from gsrecon.registry import DATASET_REGISTRY
 from gsrecon.render.lens import fisheye_project
 
@@ -74,22 +75,22 @@ class DataPipeline:
 
     def __init__(self, cfg: Config, device: torch.device, seed: int = 0, rank: int = 0, world_size: int = 1) -> None:
         if cfg.background not in BACKGROUNDS:
-            raise ValueError(f"data.background must be one of {', '.join(BACKGROUNDS)}; got '{cfg.background}'")
+            raise InputError(f"data.background must be one of {', '.join(BACKGROUNDS)}; got '{cfg.background}'")
         if cfg.cache not in CACHE_MODES:
-            raise ValueError(f"data.cache must be one of {', '.join(CACHE_MODES)}; got '{cfg.cache}'")
+            raise InputError(f"data.cache must be one of {', '.join(CACHE_MODES)}; got '{cfg.cache}'")
         if cfg.prefetch < 1:
-            raise ValueError(f"data.prefetch must be >= 1, got {cfg.prefetch}")
+            raise InputError(f"data.prefetch must be >= 1, got {cfg.prefetch}")
         if cfg.batch_size < 1:
-            raise ValueError(f"data.batch_size must be >= 1, got {cfg.batch_size}")
+            raise InputError(f"data.batch_size must be >= 1, got {cfg.batch_size}")
         if cfg.factor not in FACTORS:
-            raise ValueError(f"data.factor must be one of {', '.join(map(str, FACTORS))}; got {cfg.factor}")
+            raise InputError(f"data.factor must be one of {', '.join(map(str, FACTORS))}; got {cfg.factor}")
         if cfg.eval_split not in EVAL_SPLITS:
-            raise ValueError(f"data.eval_split must be one of {', '.join(EVAL_SPLITS)}; got '{cfg.eval_split}'")
+            raise InputError(f"data.eval_split must be one of {', '.join(EVAL_SPLITS)}; got '{cfg.eval_split}'")
         if cfg.fisheye not in FISHEYE_MODES:
-            raise ValueError(f"data.fisheye must be one of {', '.join(FISHEYE_MODES)}; got '{cfg.fisheye}'")
+            raise InputError(f"data.fisheye must be one of {', '.join(FISHEYE_MODES)}; got '{cfg.fisheye}'")
         if cfg.dataset not in DATASET_REGISTRY:
             known = ", ".join(DATASET_REGISTRY.names())
-            raise ValueError(f"data.dataset: unknown dataset '{cfg.dataset}'; known datasets: {known}")
+            raise InputError(f"data.dataset: unknown dataset '{cfg.dataset}'; known datasets: {known}")
         self.cfg = cfg
         self.device = device
         self.seed = seed
@@ -97,11 +98,11 @@ class DataPipeline:
         self.world_size = world_size
         self.scene: Scene = DATASET_REGISTRY.get(cfg.dataset)(cfg)
         if not self.scene.train:
-            raise ValueError(f"dataset '{cfg.dataset}' ({cfg.path or 'built-in'}) has no training images")
+            raise InputError(f"dataset '{cfg.dataset}' ({cfg.path or 'built-in'}) has no training images")
         if cfg.batch_size > 1 and len({(f.width, f.height) for f in self.scene.train}) > 1:
-            raise ValueError("data.batch_size > 1 needs training images of one size; this scene mixes sizes")
+            raise InputError("data.batch_size > 1 needs training images of one size; this scene mixes sizes")
         if cfg.batch_size > 1 and len({f.fisheye is None for f in self.scene.train}) > 1:
-            raise ValueError(
+            raise InputError(
                 "data.batch_size > 1 needs one kind of camera; this scene mixes fisheye and pinhole images "
                 "(data.fisheye: lens): use batch_size 1 or data.fisheye=undistort"
             )
@@ -268,7 +269,7 @@ def _to_device(frame: Frame, device: torch.device) -> Frame:
 
 def _require_path(cfg: DataPipeline.Config, what: str) -> None:
     if not cfg.path:
-        raise ValueError(f"data.path is empty; set data.path=/path/to/scene ({what})")
+        raise InputError(f"data.path is empty; set data.path=/path/to/scene ({what})")
 
 
 @DATASET_REGISTRY.register("synthetic")

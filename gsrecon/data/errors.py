@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 
+from gsrecon.errors import InputError
 
-class DatasetError(ValueError):
+
+class DatasetError(InputError):
     """A scene on disk is missing, malformed or unsupported; the message names the file and the problem."""
 
 

@@ -29,6 +29,7 @@ from gsrecon.cache import cache_file
 from gsrecon.data.cameras import Frame, PixelFile
 from gsrecon.data.errors import DatasetError
 from gsrecon.data.undistort import Distortion, describe_crop, field_of_view, undistort_image, undistorted_intrinsics
+from gsrecon.errors import InputError
 
 FACTORS = (1, 2, 4, 8)
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")  # lower case: compare `suffix.lower()`
@@ -150,7 +151,7 @@ def downscaled_size(width: int, height: int, factor: int) -> tuple[int, int]:
 def check_factor(factor: int) -> None:
     """Raise ValueError unless ``factor`` is one of :data:`FACTORS`."""
     if factor not in FACTORS:
-        raise ValueError(f"factor must be one of {FACTORS}, got {factor!r}")
+        raise InputError(f"factor must be one of {FACTORS}, got {factor!r}")
 
 
 @dataclass(frozen=True)

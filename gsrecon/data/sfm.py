@@ -30,6 +30,7 @@ from PIL import Image
 from gsrecon.data.colmap_format import read_model
 from gsrecon.data.errors import DatasetError
 from gsrecon.data.images import IMAGE_EXTENSIONS
+from gsrecon.errors import InputError
 
 MATCHERS = ("exhaustive", "sequential")
 AUTO_MATCHER = "auto"  # run_sfm picks one of MATCHERS from the image names (see :func:`auto_matcher`)
@@ -54,8 +55,8 @@ class SfmReport:
     seconds: dict[str, float]  # wall-clock time of each stage that ran (:data:`STAGES`), in order
 
 
-class PycolmapUnavailableError(ImportError, ValueError):
-    """pycolmap is not installed (a ValueError too: the command line reports it as a user error)."""
+class PycolmapUnavailableError(ImportError, InputError):
+    """pycolmap is not installed (an InputError too: the command line reports it as one line, exit 2)."""
 
 
 def import_pycolmap(command: str) -> ModuleType:

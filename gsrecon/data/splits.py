@@ -10,6 +10,7 @@ from typing import TypeVar
 import numpy as np
 
 from gsrecon.data.errors import DatasetError
+from gsrecon.errors import InputError
 
 EVAL_SPLITS = ("every_8", "none", "dataset")
 EVERY = 8  # every_8: names sorted, index % 8 == 0 is a test image (Mip-NeRF 360 / 3DGS)
@@ -28,13 +29,13 @@ class NameList:
 def check_eval_split(eval_split: str) -> None:
     """Raise ValueError unless ``eval_split`` is one of :data:`EVAL_SPLITS`."""
     if eval_split not in EVAL_SPLITS:
-        raise ValueError(f"eval_split must be one of {EVAL_SPLITS}, got {eval_split!r}")
+        raise InputError(f"eval_split must be one of {EVAL_SPLITS}, got {eval_split!r}")
 
 
 def evenly_spaced(count: int, max_count: int) -> list[int]:
     """Indices of at most ``max_count`` (> 0; 0 means all) evenly spaced items out of ``count``, ascending."""
     if max_count < 0:
-        raise ValueError(f"max_images must be >= 0, got {max_count}")
+        raise InputError(f"max_images must be >= 0, got {max_count}")
     if max_count == 0 or max_count >= count:
         return list(range(count))
     return sorted(set(np.linspace(0, count - 1, max_count).round().astype(int).tolist()))

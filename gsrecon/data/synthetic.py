@@ -36,6 +36,7 @@ from gsrecon.data import undistort
 from gsrecon.data.cameras import Frame, Scene
 from gsrecon.data.splits import check_eval_split, evenly_spaced, split_frames
 from gsrecon.data.undistort import fov_to_focal, intrinsics_matrix
+from gsrecon.errors import InputError
 from gsrecon.geometry import camera_centers, look_at
 
 Array = NDArray[np.float64]
@@ -419,7 +420,7 @@ def _point_cloud(viewmats: Array, K: Array, cfg: SyntheticConfig) -> tuple[Array
             index.append(np.full(int(keep.sum()), i))
         found = sum(len(p) for p in points)
         if found == count:
-            raise ValueError(
+            raise InputError(
                 f"SyntheticConfig: no camera sees the scene (look_at={cfg.look_at!r}, "
                 f"orbit_radius={cfg.orbit_radius!r}, fov_deg={cfg.fov_deg!r})"
             )
@@ -528,7 +529,7 @@ def load_synthetic(cfg: SyntheticConfig, factor: int = 1, eval_split: str = "dat
     check_eval_split(eval_split)
     if factor > 1:
         if cfg.width < factor or cfg.height < factor:
-            raise ValueError(f"data.factor={factor} leaves no pixels of the {cfg.width}x{cfg.height} synthetic scene")
+            raise InputError(f"data.factor={factor} leaves no pixels of the {cfg.width}x{cfg.height} synthetic scene")
         cfg = dataclasses.replace(cfg, width=cfg.width // factor, height=cfg.height // factor)
     path = cache_path(cfg)
     arrays = _read_cache(path, cfg)

@@ -198,7 +198,7 @@ def undistorted_intrinsics(K: np.ndarray, dist: Distortion, width: int, height: 
     ]
     scale = float(np.max([0.0 if dist.fisheye else 1.0, *needed]))  # nan (a diverged inversion) propagates
     if not np.isfinite(scale):
-        raise ValueError(f"distortion {dist} is too strong to undistort a {width}x{height} image with K={K.tolist()}")
+        raise DatasetError(f"distortion {dist} is too strong to undistort a {width}x{height} image with K={K.tolist()}")
     return intrinsics_matrix(fx * scale, fy * scale, cx, cy)
 
 

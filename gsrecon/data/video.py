@@ -26,6 +26,7 @@ import numpy as np
 from PIL import Image
 
 from gsrecon.data.errors import DatasetError
+from gsrecon.errors import InputError
 
 VIDEO_EXTENSIONS = (".mp4", ".mov", ".m4v", ".avi", ".mkv", ".webm", ".mts", ".mpg", ".mpeg", ".wmv")  # lower case
 BLUR_MEASURE = "variance of the Laplacian"
@@ -162,15 +163,15 @@ def frame_targets(infos: Sequence[VideoInfo], frames: int | None = None, fps: fl
         ValueError: both ``frames`` and ``fps`` given, or one of them not positive.
     """
     if frames is not None and fps is not None:
-        raise ValueError("give a frame count (--frames) or a frame rate (--fps), not both")
+        raise InputError("give a frame count (--frames) or a frame rate (--fps), not both")
     if fps is not None:
         if not fps > 0:
-            raise ValueError(f"--fps must be > 0, got {fps}")
+            raise InputError(f"--fps must be > 0, got {fps}")
         wanted = [fps * info.duration for info in infos]
     else:
         total = DEFAULT_FRAMES if frames is None else frames
         if total < 1:
-            raise ValueError(f"--frames must be >= 1, got {total}")
+            raise InputError(f"--frames must be >= 1, got {total}")
         durations = np.array([info.duration for info in infos])
         wanted = list(total * durations / durations.sum())
     return [int(min(max(round(count), 1), info.num_frames)) for count, info in zip(wanted, infos)]
@@ -220,7 +221,7 @@ def extract_frames(
     """
     started = time.perf_counter()
     if oversample < 1:
-        raise ValueError(f"--oversample must be >= 1, got {oversample}")
+        raise InputError(f"--oversample must be >= 1, got {oversample}")
     out = Path(images_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DatasetError(

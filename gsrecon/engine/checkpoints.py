@@ -24,6 +24,7 @@ import torch
 from gsrecon.atomic import atomic_path
 from gsrecon.config import ConfigError, check_config_data
 from gsrecon.engine.run_dir import RunDir
+from gsrecon.errors import InputError
 
 if TYPE_CHECKING:
     from gsrecon.engine.trainer import DefaultTrainer
@@ -56,7 +57,7 @@ def capture(trainer: DefaultTrainer) -> dict[str, Any]:
 
 def check_version(checkpoint: dict[str, Any]) -> None:
     if checkpoint.get("version") != CHECKPOINT_VERSION:
-        raise ValueError(f"checkpoint version {checkpoint.get('version')} is not {CHECKPOINT_VERSION}")
+        raise InputError(f"checkpoint version {checkpoint.get('version')} is not {CHECKPOINT_VERSION}")
 
 
 def restore_optimization(
@@ -260,9 +261,9 @@ def load_checkpoint_file(path: str | Path, device: torch.device | str = "cpu") -
     except FileNotFoundError:
         raise FileNotFoundError(f"checkpoint not found: {path}") from None
     except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, pickle.UnpicklingError) as exc:
-        raise ValueError(f"{path} is truncated or not a PyTorch checkpoint ({type(exc).__name__})") from None
+        raise InputError(f"{path} is truncated or not a PyTorch checkpoint ({type(exc).__name__})") from None
     if not isinstance(checkpoint, dict) or "params" not in checkpoint or "step" not in checkpoint:
-        raise ValueError(f"{path} is not a gsrecon checkpoint (no 'params'/'step' entries)")
+        raise InputError(f"{path} is not a gsrecon checkpoint (no 'params'/'step' entries)")
     check_config_data(checkpoint.get("config", {}), f"{path} (stored config)")
     return checkpoint
 

@@ -25,6 +25,7 @@ from gsrecon.engine.builder import RunConfig, resolve_device, resolve_renderer_e
 from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.engine.evaluator import build_metrics, evaluate_views
 from gsrecon.engine.run_dir import RunDir
+from gsrecon.errors import InputError
 from gsrecon.export import ExportContext, export_gaussians
 from gsrecon.logging.console import Logger, ProgressLogger
 from gsrecon.metrics import mean_metrics
@@ -77,7 +78,7 @@ def load_trained_scene(
     """
     given = [x for x in (checkpoint, exp_dir, ply) if x]
     if len(given) != 1:
-        raise ValueError("give exactly one of --checkpoint, --exp-dir or --ply")
+        raise InputError("give exactly one of --checkpoint, --exp-dir or --ply")
     if exp_dir:
         run_dir = RunDir(exp_dir)
         found = run_dir.latest_checkpoint()
@@ -86,7 +87,7 @@ def load_trained_scene(
         checkpoint = str(found)
     if ply:
         if not config:
-            raise ValueError("--ply needs --config: the YAML that says which dataset to evaluate on")
+            raise InputError("--ply needs --config: the YAML that says which dataset to evaluate on")
         raw, source, params, step = load_config(config, overrides), config, load_ply(ply), None
     else:
         ckpt = load_checkpoint_file(checkpoint, "cpu")
@@ -167,7 +168,7 @@ def evaluate(
     torch_device = scene_device(scene, device, logger)
     pipeline = DataPipeline(scene.cfg.data, torch_device, scene.cfg.seed)
     if pipeline.num_val == 0:
-        raise ValueError(
+        raise InputError(
             f"{scene.source}: the dataset has no test views (data.eval_split is "
             f"'{scene.cfg.data.eval_split}'); set data.eval_split=every_8"
         )
@@ -226,11 +227,11 @@ def render_path_video(
     video is also written beside it (``<out stem>_depth.mp4``). Returns the written paths.
     """
     if path not in CAMERA_PATHS:
-        raise ValueError(f"unknown camera path '{path}'; use one of {', '.join(CAMERA_PATHS)}")
+        raise InputError(f"unknown camera path '{path}'; use one of {', '.join(CAMERA_PATHS)}")
     if frames < 2:
-        raise ValueError(f"--frames must be at least 2, got {frames}")
+        raise InputError(f"--frames must be at least 2, got {frames}")
     if Path(out).suffix.lower() != ".mp4":
-        raise ValueError(f"--out must be an .mp4 file, got {out}")
+        raise InputError(f"--out must be an .mp4 file, got {out}")
     logger = logger or Logger()
     torch_device = scene_device(scene, device, logger)
     pipeline = DataPipeline(scene.cfg.data, torch_device, scene.cfg.seed)

@@ -30,6 +30,7 @@ from plyfile import PlyData
 from torch import Tensor
 
 from gsrecon.atomic import atomic_path
+from gsrecon.errors import InputError
 from gsrecon.export.base import ExportContext, ExportFormat
 from gsrecon.export.quantise import (
     byte_logit,
@@ -132,10 +133,10 @@ def load_compressed_ply(path: str | os.PathLike) -> dict[str, Tensor]:
     required = {"chunk": CHUNK_PROPERTIES[:12], "vertex": VERTEX_PROPERTIES}
     for element, props in required.items():
         if element not in names or not set(props) <= names[element]:
-            raise ValueError(f"{path}: not a compressed PLY (needs element '{element}' with properties {props})")
+            raise InputError(f"{path}: not a compressed PLY (needs element '{element}' with properties {props})")
     n, num_chunks = ply["vertex"].count, ply["chunk"].count
     if n == 0 or num_chunks != math.ceil(n / CHUNK_SIZE):
-        raise ValueError(f"{path}: {num_chunks} chunks for {n} Gaussians; expected ceil(N / {CHUNK_SIZE}) and N > 0")
+        raise InputError(f"{path}: {num_chunks} chunks for {n} Gaussians; expected ceil(N / {CHUNK_SIZE}) and N > 0")
     chunk = {name: torch.from_numpy(finite_column(path, name, ply["chunk"][name])) for name in names["chunk"]}
     per_gaussian = {name: values.repeat_interleave(CHUNK_SIZE)[:n] for name, values in chunk.items()}  # [N] each
 
@@ -210,7 +211,7 @@ def _load_rest_sh(path: Path, ply: PlyData, n: int) -> Tensor:
     sh = ply["sh"]
     num_rest = num_rest_coeffs(path, {prop.name for prop in sh.properties})
     if sh.count != n:
-        raise ValueError(f"{path}: element 'sh' has {sh.count} rows for {n} Gaussians")
+        raise InputError(f"{path}: element 'sh' has {sh.count} rows for {n} Gaussians")
     raw = torch.from_numpy(np.stack([sh[f"f_rest_{i}"] for i in range(3 * num_rest)], axis=1).astype(np.float64))
     level = torch.where(raw == 0, 0.0, torch.where(raw == 255, 1.0, (raw + 0.5) / 256))  # [N, 3K]
     return ((level - 0.5) * 8).float().reshape(n, 3, num_rest).transpose(1, 2).contiguous()

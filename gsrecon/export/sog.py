@@ -45,6 +45,7 @@ from PIL import Image
 from torch import Tensor
 
 from gsrecon.atomic import atomic_path
+from gsrecon.errors import InputError
 from gsrecon.export.base import ExportContext, ExportFormat
 from gsrecon.export.compressed_ply import morton_order
 from gsrecon.export.quantise import round_clamp, smallest_three
@@ -78,9 +79,9 @@ def save_sog(path: str | os.PathLike, params: Mapping[str, Tensor], *, antialias
     p = cpu_params(params)
     n, degree = p["means"].shape[0], check_params(p)
     if n == 0:
-        raise ValueError("the scene has no Gaussians (were all of them pruned?), so there is nothing to write to SOG")
+        raise InputError("the scene has no Gaussians (were all of them pruned?), so there is nothing to write to SOG")
     if degree > MAX_SOG_SH_DEGREE:
-        raise ValueError(
+        raise InputError(
             f"SOG holds SH degree {MAX_SOG_SH_DEGREE} at most, the scene has degree {degree}; "
             "export it as ply, or train with model.sh_degree<=3"
         )
@@ -116,7 +117,7 @@ def _image_size(n: int) -> tuple[int, int]:
     width = math.ceil(math.sqrt(n) / 4) * 4
     height = math.ceil(n / width / 4) * 4
     if max(width, height) > _MAX_IMAGE_SIDE:
-        raise ValueError(f"SOG images are at most {_MAX_IMAGE_SIDE} pixels wide, too few for {n} Gaussians")
+        raise InputError(f"SOG images are at most {_MAX_IMAGE_SIDE} pixels wide, too few for {n} Gaussians")
     return width, height
 
 

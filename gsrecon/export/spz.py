@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from gsrecon.atomic import atomic_path
+from gsrecon.errors import InputError
 from gsrecon.export.base import ExportContext, ExportFormat
 from gsrecon.export.quantise import (
     byte_logit,
@@ -121,23 +122,23 @@ def load_spz(path: str | os.PathLike) -> tuple[dict[str, Tensor], bool]:
     with open(path, "rb") as f:
         start = f.read(4)
     if start == b"NGSP":
-        raise ValueError(f"{path}: SPZ version 4 (zstd) is not supported; re-save it as version 3")
+        raise InputError(f"{path}: SPZ version 4 (zstd) is not supported; re-save it as version 3")
     if start[:2] != b"\x1f\x8b":
-        raise ValueError(f"{path}: not an SPZ file (not gzip-compressed)")
+        raise InputError(f"{path}: not an SPZ file (not gzip-compressed)")
     try:
         with gzip.open(path, "rb") as f:
             header = f.read(_HEADER.size)
             if len(header) < _HEADER.size:
-                raise ValueError(f"{path}: truncated: {len(header)} of the {_HEADER.size} header bytes")
+                raise InputError(f"{path}: truncated: {len(header)} of the {_HEADER.size} header bytes")
             magic, version, n, degree, bits, flags, _ = _HEADER.unpack(header)
             num_rest = num_sh_bases(min(degree, MAX_SH_DEGREE)) - 1
             sizes = [9 * n, n, 3 * n, 3 * n, (3 if version == 2 else 4) * n, 3 * num_rest * n]
             _check_header(path, magic, version, n, degree, bits, sum(sizes))
             payload = _read_at_most(f, sum(sizes))
     except (OSError, EOFError, zlib.error) as e:
-        raise ValueError(f"{path}: not a readable SPZ file ({e})") from e
+        raise InputError(f"{path}: not a readable SPZ file ({e})") from e
     if len(payload) < sum(sizes):
-        raise ValueError(f"{path}: truncated: {len(payload)} of the {sum(sizes)} data bytes its header declares")
+        raise InputError(f"{path}: truncated: {len(payload)} of the {sum(sizes)} data bytes its header declares")
     offsets = np.cumsum([0, *sizes])
     raw = [torch.from_numpy(np.frombuffer(payload, np.uint8, s, o).astype(np.int64)) for s, o in zip(sizes, offsets)]
     positions, alphas, colors, scales, rotations, sh = raw
@@ -158,15 +159,15 @@ def load_spz(path: str | os.PathLike) -> tuple[dict[str, Tensor], bool]:
 def _check_header(path: Path, magic: int, version: int, n: int, degree: int, bits: int, data_bytes: int) -> None:
     """Refuse a header that is not SPZ 2 / 3 or declares more data than the compressed file can hold."""
     if magic != SPZ_MAGIC:
-        raise ValueError(f"{path}: not an SPZ file (magic {magic:#010x}, expected {SPZ_MAGIC:#010x})")
+        raise InputError(f"{path}: not an SPZ file (magic {magic:#010x}, expected {SPZ_MAGIC:#010x})")
     if version not in SPZ_VERSIONS:
-        raise ValueError(f"{path}: SPZ version {version} is not supported (only {SPZ_VERSIONS})")
+        raise InputError(f"{path}: SPZ version {version} is not supported (only {SPZ_VERSIONS})")
     if degree > MAX_SH_DEGREE or bits > 23:
-        raise ValueError(f"{path}: SH degree {degree} (max {MAX_SH_DEGREE}) or fractional bits {bits} (max 23)")
+        raise InputError(f"{path}: SH degree {degree} (max {MAX_SH_DEGREE}) or fractional bits {bits} (max 23)")
     if n == 0:
-        raise ValueError(f"{path}: the header declares 0 Gaussians; there is nothing to load")
+        raise InputError(f"{path}: the header declares 0 Gaussians; there is nothing to load")
     if data_bytes > path.stat().st_size * _MAX_DEFLATE_RATIO:
-        raise ValueError(
+        raise InputError(
             f"{path}: the header declares {n} Gaussians, more than a {path.stat().st_size}-byte file can hold; "
             "the file is corrupt"
         )
@@ -186,7 +187,7 @@ def _fractional_bits(means: Tensor) -> int:
     for bits in range(_FRACTIONAL_BITS, -1, -1):
         if _round_half_away(torch.tensor(largest * 2.0**bits)) <= 2**23 - 1:
             return bits
-    raise ValueError(f"SPZ stores coordinates as 24-bit integers: |coordinate| {largest:g} exceeds {2**23 - 1}")
+    raise InputError(f"SPZ stores coordinates as 24-bit integers: |coordinate| {largest:g} exceeds {2**23 - 1}")
 
 
 def _round_half_away(x: Tensor) -> Tensor:

@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from gsrecon.atomic import atomic_path
 from gsrecon.engine.checkpoints import load_checkpoint_file, non_finite, save_checkpoint
+from gsrecon.errors import InputError
 from gsrecon.hooks.base import Hook, Priority
-from gsrecon.metrics import METRIC_NAMES
+from gsrecon.metrics import LOWER_IS_BETTER, METRIC_NAMES
 from gsrecon.registry import HOOK_REGISTRY
 
 if TYPE_CHECKING:
@@ -37,12 +38,12 @@ class CheckPointHook(Hook):
         interval: int = 1000  # steps between checkpoints; <= 0 saves only the final one
         max_keep: int = 3  # step_*.pt files kept (oldest deleted first); <= 0 keeps all
         save_best: str = ""  # "" (off) | auto (the first validation metric) | a metric name
-        rule: str = "greater"  # greater | less: which values of save_best are better
+        rule: str = ""  # "" (by the metric: less for lpips, greater for psnr and ssim) | greater | less
         save_last: bool = True  # save after the last step and after Ctrl-C
 
     def __init__(self, cfg: Config) -> None:
-        if cfg.rule not in ("greater", "less"):
-            raise ValueError(f"rule must be 'greater' or 'less', got '{cfg.rule}'")
+        if cfg.rule not in ("", "greater", "less"):
+            raise ValueError(f"rule must be '' (by the metric), 'greater' or 'less', got '{cfg.rule}'")
         if cfg.save_best not in ("", "auto", *METRIC_NAMES):
             raise ValueError(f"save_best must be '', auto or one of {', '.join(METRIC_NAMES)}; got '{cfg.save_best}'")
         self.cfg = cfg
@@ -58,11 +59,11 @@ class CheckPointHook(Hook):
             return
         metric = next(iter(trainer.val_metrics)) if self.cfg.save_best == "auto" else self.cfg.save_best
         if metric not in trainer.val_metrics:
-            raise ValueError(
+            raise InputError(
                 f"save_best metric '{metric}' is not a validation metric ({', '.join(trainer.val_metrics)})"
             )
         value = trainer.val_metrics[metric]
-        if value is None or not math.isfinite(value) or not self._better(value):
+        if value is None or not math.isfinite(value) or not self._better(metric, value):
             return
         self.best_value, self.best_step = float(value), trainer.step
         if trainer.is_main:
@@ -80,13 +81,15 @@ class CheckPointHook(Hook):
             return
         with contextlib.suppress(ValueError):
             record = load_checkpoint_file(path).get("best")
-            if record and self._better(record["value"]):
+            if record and self._better(record["metric"], record["value"]):
                 self.best_value, self.best_step = float(record["value"]), int(record["step"])
 
-    def _better(self, value: float) -> bool:
+    def _better(self, metric: str, value: float) -> bool:
+        """Whether ``value`` of ``metric`` beats the best so far, by ``rule`` or else by the metric."""
         if self.best_value is None:
             return True
-        return value > self.best_value if self.cfg.rule == "greater" else value < self.best_value
+        rule = self.cfg.rule or ("less" if metric in LOWER_IS_BETTER else "greater")
+        return value > self.best_value if rule == "greater" else value < self.best_value
 
     def after_train(self, trainer: DefaultTrainer) -> None:
         if trainer.failed or not self.cfg.save_last:
@@ -115,7 +118,7 @@ class CheckPointHook(Hook):
     def _refuse_non_finite(self, trainer: DefaultTrainer) -> None:
         broken = non_finite(dict(trainer.model.params.items()))
         if broken:
-            raise ValueError(f"not saving step {trainer.step}: Gaussian parameters {', '.join(broken)} are not finite")
+            raise InputError(f"not saving step {trainer.step}: Gaussian parameters {', '.join(broken)} are not finite")
 
     def _rotate(self, directory: Path) -> None:
         if self.cfg.max_keep <= 0:

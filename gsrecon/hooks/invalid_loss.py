@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from gsrecon.engine.checkpoints import non_finite
+from gsrecon.errors import InputError
 from gsrecon.hooks.base import Hook, Priority
 from gsrecon.registry import HOOK_REGISTRY
 
@@ -16,8 +17,8 @@ if TYPE_CHECKING:
     from gsrecon.engine.trainer import DefaultTrainer
 
 
-class InvalidLossError(RuntimeError):
-    """The training loss or the Gaussian parameters became NaN or infinite."""
+class InvalidLossError(InputError):
+    """The training loss or the Gaussian parameters became NaN or infinite (settings to change, e.g. learning rates)."""
 
 
 @HOOK_REGISTRY.register()

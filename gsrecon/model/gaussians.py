@@ -17,6 +17,7 @@ from torch import Tensor
 
 from gsrecon.config import per_device, run_steps
 from gsrecon.data.cameras import Scene
+from gsrecon.errors import InputError
 from gsrecon.registry import MODEL_REGISTRY
 from gsrecon.render.camera_path import focus_point
 from gsrecon.render.sh import MAX_SH_DEGREE, num_sh_bases, rgb_to_sh, sh_degree_of
@@ -58,11 +59,11 @@ class GaussianModel(torch.nn.Module):
         ``start``: what the parameters were made from (``sfm``, ``random`` or ``ply``; said in the first log line)."""
         super().__init__()
         if not 0 <= cfg.sh_degree <= MAX_SH_DEGREE:
-            raise ValueError(f"model.sh_degree must be between 0 and {MAX_SH_DEGREE}, got {cfg.sh_degree}")
+            raise InputError(f"model.sh_degree must be between 0 and {MAX_SH_DEGREE}, got {cfg.sh_degree}")
         if cfg.sh_degree_interval < 1:
-            raise ValueError(f"model.sh_degree_interval must be >= 1, got {cfg.sh_degree_interval}")
+            raise InputError(f"model.sh_degree_interval must be >= 1, got {cfg.sh_degree_interval}")
         if not 0 <= start_sh_degree <= cfg.sh_degree:
-            raise ValueError(f"start_sh_degree={start_sh_degree} is not between 0 and model.sh_degree={cfg.sh_degree}")
+            raise InputError(f"start_sh_degree={start_sh_degree} is not between 0 and model.sh_degree={cfg.sh_degree}")
         self.cfg = cfg
         self.start_sh_degree = start_sh_degree
         self.start = start
@@ -81,11 +82,11 @@ class GaussianModel(torch.nn.Module):
         init = cfg.init if cfg.init != "auto" else ("sfm" if scene.points.shape[0] > 0 else "random")
         if init == "sfm":
             if scene.points.shape[0] == 0:
-                raise ValueError("model.init is 'sfm' but the dataset has no points; use model.init=random")
+                raise InputError("model.init is 'sfm' but the dataset has no points; use model.init=random")
             points, colors = scene.points.float(), scene.colors.float()
         else:
             if cfg.init_num_points < 1:
-                raise ValueError(f"model.init_num_points must be >= 1, got {cfg.init_num_points}")
+                raise InputError(f"model.init_num_points must be >= 1, got {cfg.init_num_points}")
             center = random_start_center(scene)
             half = cfg.init_extent * scene.extent
             points = center + (torch.rand(cfg.init_num_points, 3, generator=generator) * 2 - 1) * half
@@ -120,7 +121,7 @@ def check_params(params: Mapping[str, Tensor]) -> int:
     """
     missing = [k for k in PARAM_NAMES if k not in params]
     if missing:
-        raise ValueError(f"Gaussian parameters are missing {missing}; expected keys {list(PARAM_NAMES)}")
+        raise InputError(f"Gaussian parameters are missing {missing}; expected keys {list(PARAM_NAMES)}")
     n = params["means"].shape[0]
     shN = params["shN"]
     num_rest = shN.shape[1] if shN.dim() == 3 else -1
@@ -134,10 +135,10 @@ def check_params(params: Mapping[str, Tensor]) -> int:
     }
     for key, shape in expected.items():
         if tuple(params[key].shape) != shape:
-            raise ValueError(f"Gaussian parameter '{key}' has shape {tuple(params[key].shape)}, expected {shape}")
+            raise InputError(f"Gaussian parameter '{key}' has shape {tuple(params[key].shape)}, expected {shape}")
     degree = sh_degree_of(num_rest)
     if degree is None:
-        raise ValueError(
+        raise InputError(
             f"Gaussian parameter 'shN' has {num_rest} coefficients per channel, not (D+1)^2 - 1 for any SH degree D"
         )
     return degree

@@ -30,6 +30,7 @@ from plyfile import PlyData, PlyParseError
 from torch import Tensor
 
 from gsrecon.atomic import atomic_path
+from gsrecon.errors import InputError
 from gsrecon.model.gaussians import PARAM_NAMES, check_params
 from gsrecon.render.sh import sh_degree_of
 
@@ -145,10 +146,10 @@ def load_ply(path: str | os.PathLike) -> dict[str, Tensor]:
     required = [name for name in ply_property_names(num_rest) if name not in ("nx", "ny", "nz")]
     missing = [name for name in required if name not in present]
     if missing:
-        raise ValueError(f"{path}: missing 3DGS properties {missing}")
+        raise InputError(f"{path}: missing 3DGS properties {missing}")
     n = vertex.count
     if n == 0:
-        raise ValueError(f"{path}: element 'vertex' has 0 Gaussians; there is nothing to load")
+        raise InputError(f"{path}: element 'vertex' has 0 Gaussians; there is nothing to load")
     params = {
         "means": torch.empty(n, 3),
         "scales": torch.empty(n, 3),
@@ -202,9 +203,9 @@ def read_ply(path: Path) -> PlyData:
     try:
         ply = PlyData.read(str(path))
     except (PlyParseError, ValueError, EOFError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not a readable PLY file ({e})") from e
+        raise InputError(f"{path}: not a readable PLY file ({e})") from e
     if "vertex" not in ply:
-        raise ValueError(f"{path}: no 'vertex' element; not a 3DGS scene")
+        raise InputError(f"{path}: no 'vertex' element; not a 3DGS scene")
     return ply
 
 
@@ -217,7 +218,7 @@ def read_ply_header(path: Path) -> PlyHeader:
         head = f.read(_MAX_HEADER_BYTES)
     match = re.search(rb"^end_header\r?\n", head, re.MULTILINE)
     if not head.startswith(b"ply") or match is None:
-        raise ValueError(f"{path}: not a readable PLY file (no 'ply ... end_header' header in its first MiB)")
+        raise InputError(f"{path}: not a readable PLY file (no 'ply ... end_header' header in its first MiB)")
     fmt, comments = "", []
     elements: list[tuple[str, int, list[int]]] = []  # name, rows, bytes of each property in a binary row
     for number, line in enumerate(head[: match.start()].decode("latin-1").splitlines()[1:], start=2):
@@ -231,9 +232,9 @@ def read_ply_header(path: Path) -> PlyHeader:
         elif words[:1] == ["property"] and elements and (size := _property_bytes(words)) is not None:
             elements[-1][2].append(size)
         elif words and words[0] != "obj_info":
-            raise ValueError(f"{path}: not a readable PLY file (header line {number} '{line.strip()}' is not valid)")
+            raise InputError(f"{path}: not a readable PLY file (header line {number} '{line.strip()}' is not valid)")
     if not fmt:
-        raise ValueError(f"{path}: not a readable PLY file (no valid 'format' line in its header)")
+        raise InputError(f"{path}: not a readable PLY file (no valid 'format' line in its header)")
     rows = [(name, count, 2 * len(sizes) if fmt == "ascii" else sum(sizes)) for name, count, sizes in elements]
     return PlyHeader(fmt, rows, comments, match.end())  # ascii: each value is at least a digit and a separator
 
@@ -246,7 +247,7 @@ def check_ply_size(path: Path, header: PlyHeader) -> None:
     for name, count, row_bytes in header.elements:
         need += count * row_bytes
         if need > have + slack:
-            raise ValueError(
+            raise InputError(
                 f"{path}: the header declares {count} '{name}' rows, more than the {have} bytes after it can "
                 "hold; the file is truncated or its header is corrupt"
             )
@@ -257,7 +258,7 @@ def finite_column(path: Path, name: str, values: np.ndarray) -> np.ndarray:
     column = np.asarray(values, dtype=np.float32)
     bad = np.flatnonzero(~np.isfinite(column))
     if bad.size:
-        raise ValueError(
+        raise InputError(
             f"{path}: property '{name}' has {bad.size} NaN/inf values (first at row {bad[0]}); "
             "the scene is corrupt (a diverged run?) and cannot be used"
         )
@@ -283,7 +284,7 @@ def num_rest_coeffs(path: Path, names: set[str]) -> int:
     """Rest SH coefficients per channel, from the ``f_rest_*`` names; must be ``(D+1)^2 - 1`` for some D."""
     indices = sorted(int(match[1]) for name in names if (match := _F_REST.fullmatch(name)))
     if indices != list(range(len(indices))):
-        raise ValueError(f"{path}: f_rest_* properties must be numbered f_rest_0, f_rest_1, ...; got indices {indices}")
+        raise InputError(f"{path}: f_rest_* properties must be numbered f_rest_0, f_rest_1, ...; got indices {indices}")
     if len(indices) % 3 or sh_degree_of(len(indices) // 3) is None:
-        raise ValueError(f"{path}: {len(indices)} f_rest_* properties is not 3*((D+1)^2-1) for any SH degree D")
+        raise InputError(f"{path}: {len(indices)} f_rest_* properties is not 3*((D+1)^2-1) for any SH degree D")
     return len(indices) // 3

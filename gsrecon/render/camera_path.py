@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from gsrecon.errors import InputError
 from gsrecon.geometry import camera_centers, look_at, quat_to_rotmat, rotmat_to_quat
 
 
@@ -38,7 +39,7 @@ def focus_point(viewmats: Tensor, points: Tensor | None = None) -> Tensor:
     depths = (points.to(vm) - mean_center) @ forward if points is not None else vm.new_zeros(0)  # [P]
     depths = depths[depths > 0]
     if len(depths) == 0:
-        raise ValueError(
+        raise InputError(
             "the cameras' optical axes are (nearly) parallel and there are no scene points in front "
             "of them to place the focus point"
         )
@@ -113,7 +114,7 @@ def interp_path(viewmats: Tensor, n_frames: int) -> Tensor:
     integer. Returns ``[n_frames, 4, 4]``.
     """
     if len(viewmats) < 2 or n_frames < 2:
-        raise ValueError(f"interp_path needs at least 2 poses and 2 frames, got {len(viewmats)} and {n_frames}")
+        raise InputError(f"interp_path needs at least 2 poses and 2 frames, got {len(viewmats)} and {n_frames}")
     vm = viewmats.detach().cpu().double()
     c2w_rot = vm[:, :3, :3].transpose(1, 2)  # [N, 3, 3]
     quats = rotmat_to_quat(c2w_rot)  # [N, 4]

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from gsrecon.errors import InputError
 from gsrecon.logging.console import Logger
 from gsrecon.registry import RENDERER_REGISTRY
 from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
@@ -22,7 +23,7 @@ from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
 GSPLAT_ALPHA_MAX = 0.999  # gsplat's per-Gaussian alpha clamp (the torch renderer's alpha_max equivalent)
 
 
-class GsplatUnavailableError(ValueError):
+class GsplatUnavailableError(InputError):
     """gsplat cannot run here (no CUDA device, no CUDA toolkit, or gsplat not installed): use the torch renderer."""
 
 
@@ -94,7 +95,7 @@ class GsplatRenderer(Renderer):
             raise GsplatUnavailableError("GsplatRenderer.setup() must run before render()")
         cfg = self.cfg
         if fisheye is not None and (cfg.packed or cfg.sparse_grad):
-            raise ValueError(
+            raise InputError(
                 "fisheye frames (data.fisheye: lens) render through gsplat's unscented transform, which has no "
                 "packed mode: set renderer.packed=false renderer.sparse_grad=false, or data.fisheye=undistort"
             )

@@ -10,6 +10,7 @@ import imageio_ffmpeg
 import numpy as np
 
 from gsrecon.atomic import atomic_path
+from gsrecon.errors import InputError
 
 
 class VideoWriter:
@@ -26,7 +27,7 @@ class VideoWriter:
 
     def __init__(self, path: str | os.PathLike, fps: int = 30) -> None:
         if fps <= 0:
-            raise ValueError(f"video fps must be positive, got {fps}")
+            raise InputError(f"video fps must be positive, got {fps}")
         self.path, self.fps, self.count = path, fps, 0
         self._size: tuple[int, ...] | None = None
         self._writer = None

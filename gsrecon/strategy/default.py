@@ -19,6 +19,7 @@ from torch import Tensor
 
 from gsrecon.config import per_start, run_steps
 from gsrecon.distributed import DistributedContext
+from gsrecon.errors import InputError
 from gsrecon.registry import STRATEGY_REGISTRY
 from gsrecon.strategy.base import SINGLE_PROCESS, Optimizers, Params, Strategy, opacity_scale_penalty
 
@@ -66,14 +67,14 @@ class DefaultStrategy(Strategy):
         super().__init__(cfg)
         for name in ("refine_every", "reset_every"):
             if getattr(cfg, name) < 1:
-                raise ValueError(f"strategy.{name} must be >= 1, got {getattr(cfg, name)}")
+                raise InputError(f"strategy.{name} must be >= 1, got {getattr(cfg, name)}")
 
     def check_sanity(self, params: Params, renderer_cfg: Mapping[str, Any]) -> None:
         if self.cfg.absgrad and not renderer_cfg.get("absgrad", False):
-            raise ValueError("strategy.absgrad needs renderer.name=gsplat with renderer.absgrad=true")
+            raise InputError("strategy.absgrad needs renderer.name=gsplat with renderer.absgrad=true")
         n = len(params["means"])
         if self.cfg.cap_max and n > self.cfg.cap_max:
-            raise ValueError(f"the model starts with {n} Gaussians, more than strategy.cap_max={self.cfg.cap_max}")
+            raise InputError(f"the model starts with {n} Gaussians, more than strategy.cap_max={self.cfg.cap_max}")
 
     def regularization(self, params: Params, state: dict[str, Any], info: dict[str, Any]) -> Tensor | None:
         return opacity_scale_penalty(params, self.cfg.opacity_reg, self.cfg.scale_reg)
@@ -87,7 +88,7 @@ class DefaultStrategy(Strategy):
     ) -> None:
         if torch.is_grad_enabled():
             if not info["means2d"].requires_grad:
-                raise ValueError(
+                raise InputError(
                     "strategy 'default' densifies from the screen-space gradients of the Gaussians' centres, which "
                     "this renderer does not give (gsplat's unscented transform for data.fisheye: lens): use "
                     "strategy.name=mcmc, renderer.name=torch or data.fisheye=undistort"

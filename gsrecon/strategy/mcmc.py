@@ -18,6 +18,7 @@ from torch import Tensor
 
 from gsrecon.config import run_steps
 from gsrecon.distributed import DistributedContext
+from gsrecon.errors import InputError
 from gsrecon.geometry import quat_scale_to_factor
 from gsrecon.registry import STRATEGY_REGISTRY
 from gsrecon.strategy.base import SINGLE_PROCESS, Optimizers, Params, Strategy, opacity_scale_penalty
@@ -52,17 +53,17 @@ class MCMCStrategy(Strategy):
     def __init__(self, cfg: Config) -> None:
         super().__init__(cfg)
         if cfg.cap_max < 1:
-            raise ValueError(f"strategy.cap_max must be >= 1, got {cfg.cap_max}")
+            raise InputError(f"strategy.cap_max must be >= 1, got {cfg.cap_max}")
         if not (cfg.cap_ratio == 0 or 1 <= cfg.cap_ratio < math.inf):
-            raise ValueError(f"strategy.cap_ratio must be 0 (off) or a finite number >= 1, got {cfg.cap_ratio}")
+            raise InputError(f"strategy.cap_ratio must be 0 (off) or a finite number >= 1, got {cfg.cap_ratio}")
         if cfg.refine_every < 1:
-            raise ValueError(f"strategy.refine_every must be >= 1, got {cfg.refine_every}")
+            raise InputError(f"strategy.refine_every must be >= 1, got {cfg.refine_every}")
         self.binoms = binomial_table(N_MAX)
 
     def check_sanity(self, params: Params, renderer_cfg: Mapping[str, Any]) -> None:
         n = len(params["means"])
         if n > self.cfg.cap_max:
-            raise ValueError(
+            raise InputError(
                 f"the model starts with {n} Gaussians, more than strategy.cap_max={self.cfg.cap_max}; "
                 f"raise cap_max or start from fewer points"
             )

@@ -6,13 +6,15 @@ viser is an optional dependency (the ``[viewer]`` extra): this package imports i
 
 from __future__ import annotations
 
+from gsrecon.errors import InputError
+
 INSTALL_HINT = "pip install -e .[viewer]"
 DISPLAYS = {"browser": "browser splats (fast)", "server": "gsrecon render (exact)"}  # key: dropdown label
 RESOLUTIONS = (64, 4096)  # px, the range of the longer side of server-side renders
 
 
-class ViewerUnavailableError(ImportError, ValueError):
-    """viser is not installed (a ValueError too: the command line reports it as a user error)."""
+class ViewerUnavailableError(ImportError, InputError):
+    """viser is not installed (an InputError too: the command line reports it as one line, exit 2)."""
 
 
 def require_viser() -> None:
@@ -26,6 +28,6 @@ def require_viser() -> None:
 def check_view_settings(display: str, resolution: int) -> None:
     """Raise ValueError unless ``display`` is a :data:`DISPLAYS` key and ``resolution`` in :data:`RESOLUTIONS`."""
     if display not in DISPLAYS:
-        raise ValueError(f"viewer display must be one of {', '.join(DISPLAYS)}; got '{display}'")
+        raise InputError(f"viewer display must be one of {', '.join(DISPLAYS)}; got '{display}'")
     if not RESOLUTIONS[0] <= resolution <= RESOLUTIONS[1]:
-        raise ValueError(f"viewer resolution must be {RESOLUTIONS[0]} to {RESOLUTIONS[1]} pixels, got {resolution}")
+        raise InputError(f"viewer resolution must be {RESOLUTIONS[0]} to {RESOLUTIONS[1]} pixels, got {resolution}")

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from gsrecon.config import ConfigError
 from gsrecon.distributed import DistributedContext
+from gsrecon.errors import InputError
 from gsrecon.registry import VIEW_REGISTRY
 
 if TYPE_CHECKING:
@@ -142,7 +143,7 @@ class ViewModules:
             for name, value in module.state_dict().items():
                 saved = state[key]["module"][name]
                 if saved.shape != value.shape:
-                    raise ValueError(
+                    raise InputError(
                         f"the checkpoint's {key} parameter '{name}' has shape {tuple(saved.shape)}, this run's "
                         f"{tuple(value.shape)}: it was trained on other training views"
                     )
