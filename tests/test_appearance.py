@@ -185,3 +185,17 @@ def benchmark_config(mode: str, cache_dir: Path, steps: int = 1500) -> dict:
         "appearance": {"mode": mode, "lr": 5e-3},
         "hooks": {"CheckPointHook": {"interval": steps, "max_keep": 1}, "LogHook": {"progress": False}},
     }
+
+
+def test_the_test_view_fit_follows_eval_steps_and_eval_lr() -> None:
+    generator = torch.Generator().manual_seed(1)
+    render = torch.rand(6, 8, 3, generator=generator)
+    gt = (render * 0.5 + 0.2).clamp(0, 1)
+    config = {"reg": 0.0, "eval": "fit_left", "eval_steps": 50}
+    frozen = AffineAppearance(AffineAppearance.Config(**config, eval_lr=0.0), ["a"]).eval_adjust()
+    scored, _ = frozen(render, gt)
+    torch.testing.assert_close(scored, render[:, 4:])  # a zero learning rate leaves the identity
+    fitted = AffineAppearance(AffineAppearance.Config(**config, eval_lr=2e-2), ["a"]).eval_adjust()
+    scored, scored_gt = fitted(render, gt)
+    assert (scored - scored_gt).abs().mean() < 0.5 * (render[:, 4:] - gt[:, 4:]).abs().mean()
+    assert AffineAppearance(AffineAppearance.Config(eval="identity"), ["a"]).eval_adjust() is None
