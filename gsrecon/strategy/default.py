@@ -1,8 +1,8 @@
 """The adaptive density control of 3DGS (Kerbl et al. 2023): clone, split, prune, reset opacity.
 
-The parameter surgery (duplicate / split / remove / reset) is gsplat's own pure-PyTorch code in
-``gsplat.strategy.ops``, so this runs with both renderers. It differs from gsplat 1.5's
-``DefaultStrategy`` in three ways: a hard ``cap_max`` on the number of Gaussians, statistics that
+Gaussians are cloned, split and pruned through :mod:`gsrecon.model.ops` as gsplat's ``gsplat.strategy.ops`` does
+it (the same rows, values and optimiser moments; the opacity reset is gsplat's), so this runs with both renderers.
+It differs from gsplat 1.5's ``DefaultStrategy`` in three ways: a hard ``cap_max`` on the number of Gaussians, statistics that
 are summed over ranks under torchrun, and an opacity reset that actually runs (gsplat 1.5.3's
 ``step % reset_every == 0 & step > 0`` is always False).
 """
@@ -14,11 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from gsplat.strategy.ops import duplicate, remove, reset_opa, split
+from gsplat.strategy.ops import reset_opa
 from torch import Tensor
 
 from gsrecon.config import per_start, run_steps
 from gsrecon.distributed import DistributedContext
+from gsrecon.geometry import quat_to_rotmat
+from gsrecon.model.ops import append_rows, remove_rows
 from gsrecon.registry import STRATEGY_REGISTRY
 from gsrecon.strategy.base import SINGLE_PROCESS, Optimizers, Params, Strategy, opacity_scale_penalty
 
@@ -61,6 +63,8 @@ class DefaultStrategy(Strategy):
         # costs starts from points up to 0.5 dB ("Floaters and haze" in BENCHMARKS.md).
         opacity_reg: float = per_start(random=0.01, points=0.0)
         scale_reg: float = 0.0  # > 0: L1 on scales
+
+    per_gaussian_state = ("grad2d", "count", "radii")
 
     def __init__(self, cfg: Config) -> None:
         super().__init__(cfg)
@@ -115,9 +119,9 @@ class DefaultStrategy(Strategy):
         ):
             self._grow(params, optimizers, state, step)
             self._prune(params, optimizers, state, step)
-            for value in state.values():
-                if isinstance(value, Tensor):
-                    value.zero_()
+            for key in self.per_gaussian_state:
+                if state[key] is not None:
+                    state[key].zero_()
         if step > 0 and step % cfg.reset_every == 0:
             reset_opa(params=params, optimizers=optimizers, state=state, value=cfg.prune_opa * 2.0)
 
@@ -173,16 +177,45 @@ class DefaultStrategy(Strategy):
             is_dupli, is_split = _limit_growth(is_dupli, is_split, grads, cfg.cap_max - len(grads))
         n_dupli = int(is_dupli.sum())
         if n_dupli > 0:
-            duplicate(params=params, optimizers=optimizers, state=state, mask=is_dupli)
+            self._duplicate(params, optimizers, state, is_dupli)
         is_split = torch.cat([is_split, torch.zeros(n_dupli, dtype=torch.bool, device=is_split.device)])
         if is_split.any():
-            split(
-                params=params,
-                optimizers=optimizers,
-                state=state,
-                mask=is_split,
-                revised_opacity=cfg.revised_opacity,
-            )
+            self._split(params, optimizers, state, is_split)
+
+    def _duplicate(self, params: Params, optimizers: Optimizers, state: dict[str, Any], mask: Tensor) -> None:
+        """Append a copy of each Gaussian where ``mask`` [N] is True, with its statistics."""
+        sel = torch.where(mask)[0]
+        rows = {name: p[sel] for name, p in params.items()}
+        append_rows(params, optimizers, state, self.per_gaussian_state, rows, self._state_rows(state, sel, 1))
+
+    def _split(self, params: Params, optimizers: Optimizers, state: dict[str, Any], mask: Tensor) -> None:
+        """Replace each Gaussian where ``mask`` [N] is True by two samples of it, 1.6 times smaller (3DGS), each with
+        its statistics; with ``revised_opacity`` each keeps the opacity that composites two to the original's."""
+        sel = torch.where(mask)[0]
+        scales = torch.exp(params["scales"][sel])  # [S, 3]
+        noise = torch.randn(2, len(sel), 3, device=mask.device)
+        samples = torch.einsum("nij,nj,bnj->bni", quat_to_rotmat(params["quats"][sel]), scales, noise)  # [2, S, 3]
+        rows = {}
+        for name, p in params.items():
+            if name == "means":
+                rows[name] = (p[sel] + samples).reshape(-1, 3)  # [2S, 3]
+            elif name == "scales":
+                rows[name] = torch.log(scales / 1.6).repeat(2, 1)
+            elif name == "opacities" and self.cfg.revised_opacity:
+                rows[name] = torch.logit(1.0 - torch.sqrt(1.0 - torch.sigmoid(p[sel]))).repeat(2)
+            else:
+                rows[name] = p[sel].repeat(2, *[1] * (p.dim() - 1))
+        state_rows = self._state_rows(state, sel, 2)
+        remove_rows(params, optimizers, state, self.per_gaussian_state, mask)
+        append_rows(params, optimizers, state, self.per_gaussian_state, rows, state_rows)
+
+    def _state_rows(self, state: dict[str, Any], sel: Tensor, copies: int) -> dict[str, Tensor]:
+        """The statistics of the Gaussians ``sel`` [S], ``copies`` times over ([copies × S, ...] per entry)."""
+        return {
+            key: state[key][sel].repeat(copies, *[1] * (state[key].dim() - 1))
+            for key in self.per_gaussian_state
+            if state[key] is not None
+        }
 
     def _prune(self, params: Params, optimizers: Optimizers, state: dict[str, Any], step: int) -> None:
         cfg = self.cfg
@@ -192,7 +225,7 @@ class DefaultStrategy(Strategy):
             if step < cfg.refine_scale2d_stop:
                 is_prune |= state["radii"] > cfg.prune_scale2d
         if is_prune.any():
-            remove(params=params, optimizers=optimizers, state=state, mask=is_prune)
+            remove_rows(params, optimizers, state, self.per_gaussian_state, is_prune)
 
 
 def _limit_growth(is_dupli: Tensor, is_split: Tensor, grads: Tensor, budget: int) -> tuple[Tensor, Tensor]:
