@@ -10,6 +10,8 @@ import torch
 from conftest import read_scalars
 from gsplat.strategy import DefaultStrategy as GsplatDefaultStrategy
 
+from gsrecon.config import ConfigError, parse_structured
+from gsrecon.engine.builder import RunConfig, resolve_run_config
 from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.hooks import Hook
 from gsrecon.model.gaussians import PARAM_NAMES
@@ -249,8 +251,26 @@ def test_resume_restores_strategy_state(make_trainer) -> None:
 
 
 def test_absgrad_needs_a_renderer_that_provides_it(make_trainer) -> None:
-    with pytest.raises(ValueError, match="absgrad"):
+    with pytest.raises(ConfigError, match="key 'strategy.absgrad'.*renderer 'torch'.*renderer.name=gsplat"):
         make_trainer(strategy={"name": "default", "absgrad": True})
+
+
+def _resolved_renderer(make_config, renderer: dict, strategy: dict) -> dict:
+    cfg = parse_structured(RunConfig, make_config(renderer=renderer, strategy=strategy))
+    return resolve_run_config(cfg, torch.device("cpu"), "c.yaml")["renderer"]
+
+
+def test_absgrad_is_set_once_on_the_strategy_and_the_renderer_follows(make_config) -> None:
+    """The strategy, which reads the gradients, decides; gsplat is told to compute them (and the resolved config
+    that says so runs again)."""
+    gsplat = {"name": "gsplat"}
+    assert _resolved_renderer(make_config, gsplat, {"name": "default", "absgrad": True})["absgrad"] is True
+    assert _resolved_renderer(make_config, gsplat, {"name": "default"})["absgrad"] is False
+    assert _resolved_renderer(make_config, gsplat, {"name": "mcmc"})["absgrad"] is False
+    again = {"name": "gsplat", "absgrad": True}
+    assert _resolved_renderer(make_config, again, {"name": "default", "absgrad": True})["absgrad"] is True
+    with pytest.raises(ConfigError, match="key 'renderer.absgrad': follows strategy.absgrad .*false here.*remove it"):
+        _resolved_renderer(make_config, again, {"name": "mcmc"})
 
 
 @pytest.mark.slow

@@ -56,7 +56,7 @@ class DefaultStrategy(Strategy):
         # there is none (measured across run lengths in BENCHMARKS.md, "Schedules at every run length").
         reset_every: int = run_steps(3000, minimum=3000)
         pause_refine_after_reset: int = 0
-        absgrad: bool = False  # AbsGS gradients (needs renderer gsplat with absgrad: true)
+        absgrad: bool = False  # AbsGS gradients (renderer gsplat; the builder tells it to compute them)
         revised_opacity: bool = False  # opacity of split Gaussians as in arXiv:2404.06109
         cap_max: int = 0  # hard cap on the number of Gaussians; 0: none
         # L1 on opacities, as MCMC: clears the haze a random start leaves (-0.03 to +4 dB at 1000-7000 steps) but
@@ -73,8 +73,6 @@ class DefaultStrategy(Strategy):
                 raise ValueError(f"strategy.{name} must be >= 1, got {getattr(cfg, name)}")
 
     def check_sanity(self, params: Params, renderer_cfg: Mapping[str, Any]) -> None:
-        if self.cfg.absgrad and not renderer_cfg.get("absgrad", False):
-            raise ValueError("strategy.absgrad needs renderer.name=gsplat with renderer.absgrad=true")
         n = len(params["means"])
         if self.cfg.cap_max and n > self.cfg.cap_max:
             raise ValueError(f"the model starts with {n} Gaussians, more than strategy.cap_max={self.cfg.cap_max}")
