@@ -57,7 +57,11 @@ def _fake_info(n: int, generator: torch.Generator) -> dict:
 
 # gsplat's DefaultStrategy's names for ours; its opacity reset never runs (gsplat 1.5.3's test is always False), so
 # each case's steps hold no multiple of reset_every.
-GSPLAT_NAMES = {"refine_start": "refine_start_iter", "refine_stop": "refine_stop_iter", "refine_scale2d_stop": "refine_scale2d_stop_iter"}
+GSPLAT_NAMES = {
+    "refine_start": "refine_start_iter",
+    "refine_stop": "refine_stop_iter",
+    "refine_scale2d_stop": "refine_scale2d_stop_iter",
+}
 EQUIVALENCE_CASES = {
     "paper": (range(10), dict(refine_start=2, refine_every=3, reset_every=10_000, refine_stop=100)),
     # Every other option on: AbsGS gradients, the revised opacity of splits, screen-size growth and pruning, the
@@ -66,7 +70,8 @@ EQUIVALENCE_CASES = {
         range(21, 31),
         dict(
             refine_start=2, refine_every=3, reset_every=20, refine_stop=100, pause_refine_after_reset=2, absgrad=True,
-            revised_opacity=True, refine_scale2d_stop=100, grow_grad2d=0.02, grow_scale2d=0.1, prune_scale2d=0.16, prune_scale3d=0.02,
+            revised_opacity=True, refine_scale2d_stop=100, grow_grad2d=0.02, grow_scale2d=0.1, prune_scale2d=0.16,
+            prune_scale3d=0.02,
         ),
     ),
 }  # fmt: skip
@@ -112,7 +117,11 @@ def test_default_strategy_matches_gsplat_default_strategy(case: str) -> None:
         assert torch.equal(ours_moments["exp_avg"], theirs_moments["exp_avg"]), name
         assert torch.equal(ours_moments["exp_avg_sq"], theirs_moments["exp_avg_sq"]), name
     for key in ("grad2d", "count", "radii"):
-        assert torch.equal(ours_state[key], theirs_state[key]) if ours_state[key] is not None else theirs_state.get(key) is None
+        assert (
+            torch.equal(ours_state[key], theirs_state[key])
+            if ours_state[key] is not None
+            else theirs_state.get(key) is None
+        )
 
 
 def test_packed_and_dense_render_info_give_the_same_statistics() -> None:

@@ -54,7 +54,9 @@ def append_rows(
     _replace_params(params, optimizers, lambda p, name: torch.cat([p, rows[name]]), grow_moment)
     for key in keys:
         value = state[key]
-        new = state_rows[key] if state_rows is not None and key in state_rows else value.new_zeros((m, *value.shape[1:]))
+        new = (
+            state_rows[key] if state_rows is not None and key in state_rows else value.new_zeros((m, *value.shape[1:]))
+        )
         state[key] = torch.cat([value, new])
 
 

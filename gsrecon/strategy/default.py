@@ -2,8 +2,8 @@
 
 Gaussians are cloned, split and pruned through :mod:`gsrecon.model.ops` as gsplat's ``gsplat.strategy.ops`` does
 it (the same rows, values and optimiser moments; the opacity reset is gsplat's), so this runs with both renderers.
-It differs from gsplat 1.5's ``DefaultStrategy`` in three ways: a hard ``cap_max`` on the number of Gaussians, statistics that
-are summed over ranks under torchrun, and an opacity reset that actually runs (gsplat 1.5.3's
+It differs from gsplat 1.5's ``DefaultStrategy`` in three ways: a hard ``cap_max`` on the number of Gaussians,
+statistics that are summed over ranks under torchrun, and an opacity reset that actually runs (gsplat 1.5.3's
 ``step % reset_every == 0 & step > 0`` is always False).
 """
 
