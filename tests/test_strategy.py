@@ -10,12 +10,14 @@ import torch
 from conftest import read_scalars
 from gsplat.strategy import DefaultStrategy as GsplatDefaultStrategy
 
+from gsrecon.config import ConfigError, parse_structured
+from gsrecon.engine.builder import RunConfig, resolve_run_config
 from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.hooks import Hook
 from gsrecon.model.gaussians import PARAM_NAMES
 from gsrecon.model.optim import OptimizerConfig, build_optimizers
 from gsrecon.strategy.default import DefaultStrategy
-from gsrecon.strategy.mcmc import binomial_table, relocation_update
+from gsrecon.strategy.mcmc import MCMCStrategy, binomial_table, relocation_update
 
 COUNTS: list[int] = []
 
@@ -53,19 +55,41 @@ def _fake_info(n: int, generator: torch.Generator) -> dict:
     return {"means2d": means2d, "radii": radii, "width": 64, "height": 48, "n_cameras": 2, "gaussian_ids": None}
 
 
-def test_default_strategy_matches_gsplat_default_strategy() -> None:
+# gsplat's DefaultStrategy's names for ours; its opacity reset never runs (gsplat 1.5.3's test is always False), so
+# each case's steps hold no multiple of reset_every.
+GSPLAT_NAMES = {
+    "refine_start": "refine_start_iter",
+    "refine_stop": "refine_stop_iter",
+    "refine_scale2d_stop": "refine_scale2d_stop_iter",
+}
+EQUIVALENCE_CASES = {
+    "paper": (range(10), dict(refine_start=2, refine_every=3, reset_every=10_000, refine_stop=100)),
+    # Every other option on: AbsGS gradients, the revised opacity of splits, screen-size growth and pruning, the
+    # pause after a reset (step 21 is 1 after the reset at 20: no refinement) and, past reset_every, 3D size pruning.
+    "every_option": (
+        range(21, 31),
+        dict(
+            refine_start=2, refine_every=3, reset_every=20, refine_stop=100, pause_refine_after_reset=2, absgrad=True,
+            revised_opacity=True, refine_scale2d_stop=100, grow_grad2d=0.02, grow_scale2d=0.1, prune_scale2d=0.16,
+            prune_scale3d=0.02,
+        ),
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", EQUIVALENCE_CASES)
+def test_default_strategy_matches_gsplat_default_strategy(case: str) -> None:
     """Same inputs and seeds: the same Gaussians, statistics and optimizer state as gsplat 1.5's
-    DefaultStrategy (its opacity reset never runs, so reset_every is set beyond the test)."""
+    DefaultStrategy, with its defaults and with every option set."""
+    steps, kwargs = EQUIVALENCE_CASES[case]
     generator = torch.Generator().manual_seed(0)
     ours_params = _random_params(400, generator)
     theirs_params = torch.nn.ParameterDict({k: v.detach().clone() for k, v in ours_params.items()})
     ours_optimizers = build_optimizers(ours_params, OptimizerConfig(), scene_extent=1.0)
     theirs_optimizers = build_optimizers(theirs_params, OptimizerConfig(), scene_extent=1.0)
-    kwargs = dict(refine_start=2, refine_every=3, reset_every=10_000, refine_stop=100)
     ours = DefaultStrategy(DefaultStrategy.Config(**kwargs))
-    ours.check_sanity(ours_params, {"name": "torch"})
     ours_state = ours.initialize_state(scene_extent=1.0)
-    theirs = GsplatDefaultStrategy(refine_start_iter=2, refine_every=3, reset_every=10_000, refine_stop_iter=100)
+    theirs = GsplatDefaultStrategy(**{GSPLAT_NAMES.get(k, k): v for k, v in kwargs.items()})
     theirs_state = theirs.initialize_state(scene_scale=1.0)
     for name in PARAM_NAMES:  # one identical Adam step, so there are moments to carry along
         grad = torch.randn(ours_params[name].shape, generator=generator)
@@ -73,23 +97,31 @@ def test_default_strategy_matches_gsplat_default_strategy() -> None:
         ours_optimizers[name].step()
         theirs_optimizers[name].step()
     info_generator = torch.Generator().manual_seed(1)
-    for step in range(10):
+    sizes = []
+    for step in steps:
         n = len(ours_params["means"])
         assert n == len(theirs_params["means"])
+        sizes.append(n)
         info = _fake_info(n, info_generator)
+        info["radii"] *= torch.randint(1, 5, (1, n, 1), generator=info_generator, dtype=torch.int32)  # 1 to 4 x 3 px
+        info["means2d"].absgrad = info["means2d"].grad.abs() * 2.0  # read only with absgrad
         torch.manual_seed(step)
         ours.step_post_backward(ours_params, ours_optimizers, ours_state, step, info)
         torch.manual_seed(step)
         theirs.step_post_backward(theirs_params, theirs_optimizers, theirs_state, step, info)
-    assert len(ours_params["means"]) != 400, "the test must exercise growth or pruning"
-    for name in PARAM_NAMES:
-        torch.testing.assert_close(ours_params[name], theirs_params[name])
+    assert len(set(sizes)) > 2, "the test must exercise growth and pruning"
+    for name in PARAM_NAMES:  # bit for bit: the row surgery is gsrecon's own, its arithmetic gsplat's
+        assert torch.equal(ours_params[name], theirs_params[name]), name
         ours_moments = ours_optimizers[name].state[ours_params[name]]
         theirs_moments = theirs_optimizers[name].state[theirs_params[name]]
-        torch.testing.assert_close(ours_moments["exp_avg"], theirs_moments["exp_avg"])
-        torch.testing.assert_close(ours_moments["exp_avg_sq"], theirs_moments["exp_avg_sq"])
-    torch.testing.assert_close(ours_state["grad2d"], theirs_state["grad2d"])
-    torch.testing.assert_close(ours_state["count"], theirs_state["count"])
+        assert torch.equal(ours_moments["exp_avg"], theirs_moments["exp_avg"]), name
+        assert torch.equal(ours_moments["exp_avg_sq"], theirs_moments["exp_avg_sq"]), name
+    for key in ("grad2d", "count", "radii"):
+        assert (
+            torch.equal(ours_state[key], theirs_state[key])
+            if ours_state[key] is not None
+            else theirs_state.get(key) is None
+        )
 
 
 def test_packed_and_dense_render_info_give_the_same_statistics() -> None:
@@ -222,6 +254,18 @@ def test_mcmc_relocates_dead_gaussians(make_trainer) -> None:
     assert (opacities > 0.005).all(), "dead Gaussians were moved onto live ones"
 
 
+@pytest.mark.parametrize("min_opacity", [0.005, 0.3])
+def test_mcmc_min_opacity_decides_which_gaussians_are_dead(min_opacity: float) -> None:
+    params = _random_params(200, torch.Generator().manual_seed(0))  # opacities 0.01 to 0.99
+    optimizers = build_optimizers(params, OptimizerConfig(), scene_extent=1.0)
+    cfg = MCMCStrategy.Config(cap_max=200, refine_start=0, refine_every=1, noise_lr=0.0, min_opacity=min_opacity)
+    strategy, before = MCMCStrategy(cfg), torch.sigmoid(params["opacities"]).clone()
+    strategy.step_post_backward(params, optimizers, strategy.initialize_state(1.0), 1, {})
+    after = torch.sigmoid(params["opacities"])
+    assert len(after) == 200 and after.min() >= min_opacity - 1e-6  # none left at or below: all moved
+    assert (before < 0.25).any() and bool((after < 0.25).any()) == (min_opacity < 0.25)  # kept only when alive
+
+
 def test_strategy_start_above_cap_is_an_error(make_trainer) -> None:
     with pytest.raises(ValueError, match="cap_max=100"):
         make_trainer(strategy={"name": "mcmc", "cap_max": 100})
@@ -249,8 +293,26 @@ def test_resume_restores_strategy_state(make_trainer) -> None:
 
 
 def test_absgrad_needs_a_renderer_that_provides_it(make_trainer) -> None:
-    with pytest.raises(ValueError, match="absgrad"):
+    with pytest.raises(ConfigError, match="key 'strategy.absgrad'.*renderer 'torch'.*renderer.name=gsplat"):
         make_trainer(strategy={"name": "default", "absgrad": True})
+
+
+def _resolved_renderer(make_config, renderer: dict, strategy: dict) -> dict:
+    cfg = parse_structured(RunConfig, make_config(renderer=renderer, strategy=strategy))
+    return resolve_run_config(cfg, torch.device("cpu"), "c.yaml")["renderer"]
+
+
+def test_absgrad_is_set_once_on_the_strategy_and_the_renderer_follows(make_config) -> None:
+    """The strategy, which reads the gradients, decides; gsplat is told to compute them (and the resolved config
+    that says so runs again)."""
+    gsplat = {"name": "gsplat"}
+    assert _resolved_renderer(make_config, gsplat, {"name": "default", "absgrad": True})["absgrad"] is True
+    assert _resolved_renderer(make_config, gsplat, {"name": "default"})["absgrad"] is False
+    assert _resolved_renderer(make_config, gsplat, {"name": "mcmc"})["absgrad"] is False
+    again = {"name": "gsplat", "absgrad": True}
+    assert _resolved_renderer(make_config, again, {"name": "default", "absgrad": True})["absgrad"] is True
+    with pytest.raises(ConfigError, match="key 'renderer.absgrad': follows strategy.absgrad .*false here.*remove it"):
+        _resolved_renderer(make_config, again, {"name": "mcmc"})
 
 
 @pytest.mark.slow

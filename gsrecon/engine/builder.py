@@ -227,8 +227,9 @@ def resolve_run_config(cfg: RunConfig, device: torch.device, source: str) -> dic
     resolved["model"] = resolve_entry(
         MODEL_REGISTRY, cfg.model, source, "model", max_steps=cfg.max_steps, device=device
     )
-    resolved["renderer"] = resolve_renderer_entry(cfg.renderer, device, source)
     resolved["strategy"] = resolve_strategy_entry(cfg, source)
+    renderer = resolve_renderer_entry(cfg.renderer, device, source)
+    resolved["renderer"] = with_strategy_absgrad(renderer, resolved["strategy"], cfg.renderer, source)
     resolved["writers"] = [resolve_entry(WRITER_REGISTRY, w, source, f"writers.{i}") for i, w in enumerate(cfg.writers)]
     resolved["hooks"] = resolve_hooks(cfg.hooks, source, cfg.max_steps)
     resolved["loss"] = resolve_entry_map(LOSS_REGISTRY, cfg.loss, DEFAULT_LOSS, source, "loss", cfg.max_steps)
@@ -272,6 +273,31 @@ def resolve_view_section(section: dict[str, Any], source: str, key: str, max_ste
     options = {k: v for k, v in section.items() if k != "mode"}
     entry = resolve_entry(VIEW_REGISTRY, {"name": mode, **options}, source, key, max_steps=max_steps)
     return {"mode": entry.pop("name"), **entry}
+
+
+def with_strategy_absgrad(
+    renderer: dict[str, Any], strategy: dict[str, Any], written: dict[str, Any], source: str
+) -> dict[str, Any]:
+    """The resolved ``renderer`` entry computing the absolute screen-space gradients (AbsGS) exactly when the
+    resolved ``strategy`` entry's ``absgrad`` reads them: the strategy's option is the one place that decides.
+
+    ``written`` is the renderer entry as the config wrote it: an ``absgrad`` there that the strategy contradicts,
+    or a strategy asking for gradients a renderer without that option cannot give, is a ConfigError.
+    """
+    absgrad = bool(strategy.get("absgrad", False))
+    if "absgrad" in written and written["absgrad"] != absgrad:
+        raise ConfigError(
+            f"{source}: key 'renderer.absgrad': follows strategy.absgrad (the strategy reads the gradients; "
+            f"{str(absgrad).lower()} here); remove it"
+        )
+    if "absgrad" in renderer:
+        return {**renderer, "absgrad": absgrad}
+    if absgrad:
+        raise ConfigError(
+            f"{source}: key 'strategy.absgrad': renderer '{renderer['name']}' gives no absolute screen-space "
+            f"gradients; use renderer.name=gsplat or strategy.absgrad=false"
+        )
+    return renderer
 
 
 def resolve_strategy_entry(cfg: RunConfig, source: str, start: str | None = None) -> dict[str, Any]:

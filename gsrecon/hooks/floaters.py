@@ -7,12 +7,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
-from gsplat.strategy.ops import remove
 from torch import Tensor
 
 from gsrecon.config import run_steps
 from gsrecon.data.datapipeline import Batch
 from gsrecon.hooks.base import Hook, Priority
+from gsrecon.model.ops import remove_rows
 from gsrecon.registry import HOOK_REGISTRY
 from gsrecon.render.base import RenderOutput
 
@@ -28,7 +28,8 @@ class PruneFloatersHook(Hook):
     is at least ``min_alpha``). Such a Gaussian is part of no surface any photo sees: haze or a floater.
 
     Runs before checkpoints are written (a checkpoint of a step holds that step's pruning), and works with any
-    strategy: the strategy's per-Gaussian statistics lose the same rows.
+    strategy: the Gaussians go through :func:`gsrecon.model.ops.remove_rows`, so their optimiser moments and the
+    state entries the strategy declares per Gaussian lose the same rows.
     """
 
     priority = Priority.HIGH
@@ -60,9 +61,7 @@ class PruneFloatersHook(Hook):
         count = int(floaters.sum())
         if count == 0:
             return
-        per_gaussian = {k: v for k, v in trainer.strategy_state.items() if isinstance(v, Tensor) and len(v) == n}
-        remove(params=params, optimizers=trainer.optimizers, state=per_gaussian, mask=floaters)
-        trainer.strategy_state.update(per_gaussian)
+        remove_rows(params, trainer.optimizers, trainer.strategy_state, trainer.strategy.per_gaussian_state, floaters)
         self.pruned += count
         trainer.logger.info(
             f"step {step}: pruned {count} of {n} Gaussians in front of every training view that sees them "

@@ -34,7 +34,7 @@ class GsplatRenderer(Renderer):
     @dataclass
     class Config(RendererConfig):
         packed: bool = False  # packed intersections: less memory for large scenes
-        absgrad: bool = False  # also accumulate |grad| of means2d (AbsGS; strategy absgrad)
+        absgrad: bool = False  # also accumulate |grad| of means2d (AbsGS): set from strategy.absgrad by the builder
         sparse_grad: bool = False  # sparse gradients for means/quats/scales (needs packed; trains with RowSparseAdam)
         radius_clip: float = 0.0  # skip Gaussians whose screen radius is at most this (pixels)
 

@@ -2,7 +2,9 @@
 
 A strategy never sees the trainer. It gets the Gaussian parameters, their optimisers, its own state
 dict (made by :meth:`Strategy.initialize_state`, held by the caller and saved in checkpoints), the
-step and the render info, and changes the parameters and optimiser states in place.
+step and the render info. It adds, removes and replaces Gaussians through :mod:`gsrecon.model.ops`, which
+keeps the parameters, their optimiser states and the state entries it names in ``per_gaussian_state``
+row-aligned.
 
 Per step, in this order: ``step_pre_backward`` after rendering (to ask for the statistics it needs,
 e.g. ``info["means2d"].retain_grad()``), ``regularization`` (extra loss terms), then, after the
@@ -19,10 +21,8 @@ import torch
 from torch import Tensor
 
 from gsrecon.distributed import DistributedContext
+from gsrecon.model.ops import Optimizers, Params
 from gsrecon.registry import STRATEGY_REGISTRY
-
-Params = torch.nn.ParameterDict  # pre-activation Gaussian parameters keyed by gsrecon.model.gaussians.PARAM_NAMES
-Optimizers = Mapping[str, torch.optim.Optimizer]  # one optimiser per parameter name
 
 SINGLE_PROCESS = DistributedContext()
 
@@ -37,6 +37,10 @@ def opacity_scale_penalty(params: Params, opacity_reg: float, scale_reg: float) 
 
 class Strategy:
     """Base class: keeps the Gaussians as they are."""
+
+    # The state entries (of initialize_state's dict) holding one row per Gaussian, [N, ...] or None until first
+    # filled: whatever adds or removes Gaussians (gsrecon.model.ops) adds or removes their rows too.
+    per_gaussian_state: tuple[str, ...] = ()
 
     @dataclass
     class Config:

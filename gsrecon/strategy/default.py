@@ -1,9 +1,9 @@
 """The adaptive density control of 3DGS (Kerbl et al. 2023): clone, split, prune, reset opacity.
 
-The parameter surgery (duplicate / split / remove / reset) is gsplat's own pure-PyTorch code in
-``gsplat.strategy.ops``, so this runs with both renderers. It differs from gsplat 1.5's
-``DefaultStrategy`` in three ways: a hard ``cap_max`` on the number of Gaussians, statistics that
-are summed over ranks under torchrun, and an opacity reset that actually runs (gsplat 1.5.3's
+Gaussians are cloned, split and pruned through :mod:`gsrecon.model.ops` as gsplat's ``gsplat.strategy.ops`` does
+it (the same rows, values and optimiser moments; the opacity reset is gsplat's), so this runs with both renderers.
+It differs from gsplat 1.5's ``DefaultStrategy`` in three ways: a hard ``cap_max`` on the number of Gaussians,
+statistics that are summed over ranks under torchrun, and an opacity reset that actually runs (gsplat 1.5.3's
 ``step % reset_every == 0 & step > 0`` is always False).
 """
 
@@ -14,12 +14,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from gsplat.strategy.ops import duplicate, remove, reset_opa, split
+from gsplat.strategy.ops import reset_opa
 from torch import Tensor
 
 from gsrecon.config import per_start, run_steps
 from gsrecon.distributed import DistributedContext
 from gsrecon.errors import InputError
+from gsrecon.geometry import quat_to_rotmat
+from gsrecon.model.ops import append_rows, remove_rows
 from gsrecon.registry import STRATEGY_REGISTRY
 from gsrecon.strategy.base import SINGLE_PROCESS, Optimizers, Params, Strategy, opacity_scale_penalty
 
@@ -55,13 +57,15 @@ class DefaultStrategy(Strategy):
         # there is none (measured across run lengths in BENCHMARKS.md, "Schedules at every run length").
         reset_every: int = run_steps(3000, minimum=3000)
         pause_refine_after_reset: int = 0
-        absgrad: bool = False  # AbsGS gradients (needs renderer gsplat with absgrad: true)
+        absgrad: bool = False  # AbsGS gradients (renderer gsplat; the builder tells it to compute them)
         revised_opacity: bool = False  # opacity of split Gaussians as in arXiv:2404.06109
         cap_max: int = 0  # hard cap on the number of Gaussians; 0: none
         # L1 on opacities, as MCMC: clears the haze a random start leaves (-0.03 to +4 dB at 1000-7000 steps) but
         # costs starts from points up to 0.5 dB ("Floaters and haze" in BENCHMARKS.md).
         opacity_reg: float = per_start(random=0.01, points=0.0)
         scale_reg: float = 0.0  # > 0: L1 on scales
+
+    per_gaussian_state = ("grad2d", "count", "radii")
 
     def __init__(self, cfg: Config) -> None:
         super().__init__(cfg)
@@ -70,8 +74,6 @@ class DefaultStrategy(Strategy):
                 raise InputError(f"strategy.{name} must be >= 1, got {getattr(cfg, name)}")
 
     def check_sanity(self, params: Params, renderer_cfg: Mapping[str, Any]) -> None:
-        if self.cfg.absgrad and not renderer_cfg.get("absgrad", False):
-            raise InputError("strategy.absgrad needs renderer.name=gsplat with renderer.absgrad=true")
         n = len(params["means"])
         if self.cfg.cap_max and n > self.cfg.cap_max:
             raise InputError(f"the model starts with {n} Gaussians, more than strategy.cap_max={self.cfg.cap_max}")
@@ -116,9 +118,9 @@ class DefaultStrategy(Strategy):
         ):
             self._grow(params, optimizers, state, step)
             self._prune(params, optimizers, state, step)
-            for value in state.values():
-                if isinstance(value, Tensor):
-                    value.zero_()
+            for key in self.per_gaussian_state:
+                if state[key] is not None:
+                    state[key].zero_()
         if step > 0 and step % cfg.reset_every == 0:
             reset_opa(params=params, optimizers=optimizers, state=state, value=cfg.prune_opa * 2.0)
 
@@ -174,16 +176,45 @@ class DefaultStrategy(Strategy):
             is_dupli, is_split = _limit_growth(is_dupli, is_split, grads, cfg.cap_max - len(grads))
         n_dupli = int(is_dupli.sum())
         if n_dupli > 0:
-            duplicate(params=params, optimizers=optimizers, state=state, mask=is_dupli)
+            self._duplicate(params, optimizers, state, is_dupli)
         is_split = torch.cat([is_split, torch.zeros(n_dupli, dtype=torch.bool, device=is_split.device)])
         if is_split.any():
-            split(
-                params=params,
-                optimizers=optimizers,
-                state=state,
-                mask=is_split,
-                revised_opacity=cfg.revised_opacity,
-            )
+            self._split(params, optimizers, state, is_split)
+
+    def _duplicate(self, params: Params, optimizers: Optimizers, state: dict[str, Any], mask: Tensor) -> None:
+        """Append a copy of each Gaussian where ``mask`` [N] is True, with its statistics."""
+        sel = torch.where(mask)[0]
+        rows = {name: p[sel] for name, p in params.items()}
+        append_rows(params, optimizers, state, self.per_gaussian_state, rows, self._state_rows(state, sel, 1))
+
+    def _split(self, params: Params, optimizers: Optimizers, state: dict[str, Any], mask: Tensor) -> None:
+        """Replace each Gaussian where ``mask`` [N] is True by two samples of it, 1.6 times smaller (3DGS), each with
+        its statistics; with ``revised_opacity`` each keeps the opacity that composites two to the original's."""
+        sel = torch.where(mask)[0]
+        scales = torch.exp(params["scales"][sel])  # [S, 3]
+        noise = torch.randn(2, len(sel), 3, device=mask.device)
+        samples = torch.einsum("nij,nj,bnj->bni", quat_to_rotmat(params["quats"][sel]), scales, noise)  # [2, S, 3]
+        rows = {}
+        for name, p in params.items():
+            if name == "means":
+                rows[name] = (p[sel] + samples).reshape(-1, 3)  # [2S, 3]
+            elif name == "scales":
+                rows[name] = torch.log(scales / 1.6).repeat(2, 1)
+            elif name == "opacities" and self.cfg.revised_opacity:
+                rows[name] = torch.logit(1.0 - torch.sqrt(1.0 - torch.sigmoid(p[sel]))).repeat(2)
+            else:
+                rows[name] = p[sel].repeat(2, *[1] * (p.dim() - 1))
+        state_rows = self._state_rows(state, sel, 2)
+        remove_rows(params, optimizers, state, self.per_gaussian_state, mask)
+        append_rows(params, optimizers, state, self.per_gaussian_state, rows, state_rows)
+
+    def _state_rows(self, state: dict[str, Any], sel: Tensor, copies: int) -> dict[str, Tensor]:
+        """The statistics of the Gaussians ``sel`` [S], ``copies`` times over ([copies × S, ...] per entry)."""
+        return {
+            key: state[key][sel].repeat(copies, *[1] * (state[key].dim() - 1))
+            for key in self.per_gaussian_state
+            if state[key] is not None
+        }
 
     def _prune(self, params: Params, optimizers: Optimizers, state: dict[str, Any], step: int) -> None:
         cfg = self.cfg
@@ -193,7 +224,7 @@ class DefaultStrategy(Strategy):
             if step < cfg.refine_scale2d_stop:
                 is_prune |= state["radii"] > cfg.prune_scale2d
         if is_prune.any():
-            remove(params=params, optimizers=optimizers, state=state, mask=is_prune)
+            remove_rows(params, optimizers, state, self.per_gaussian_state, is_prune)
 
 
 def _limit_growth(is_dupli: Tensor, is_split: Tensor, grads: Tensor, budget: int) -> tuple[Tensor, Tensor]:

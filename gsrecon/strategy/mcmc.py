@@ -9,7 +9,7 @@ the paper) is computed here in PyTorch: gsplat's version is a CUDA-only kernel.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,7 @@ from gsrecon.config import run_steps
 from gsrecon.distributed import DistributedContext
 from gsrecon.errors import InputError
 from gsrecon.geometry import quat_scale_to_factor
+from gsrecon.model.ops import append_rows, replace_rows
 from gsrecon.registry import STRATEGY_REGISTRY
 from gsrecon.strategy.base import SINGLE_PROCESS, Optimizers, Params, Strategy, opacity_scale_penalty
 
@@ -84,9 +85,9 @@ class MCMCStrategy(Strategy):
         cfg = self.cfg
         state.setdefault("initial_gaussians", params["means"].shape[0])  # at step 0: the starting model
         if cfg.refine_start < step < cfg.refine_stop and step % cfg.refine_every == 0:
-            self._relocate_dead(params, optimizers)
+            self._relocate_dead(params, optimizers, state)
             n = params["means"].shape[0]
-            self._add(params, optimizers, max(0, min(self.cap(state), int(cfg.grow_rate * n)) - n))
+            self._add(params, optimizers, state, max(0, min(self.cap(state), int(cfg.grow_rate * n)) - n))
         inject_position_noise(params, optimizers["means"].param_groups[0]["lr"] * cfg.noise_lr)
 
     def cap(self, state: dict[str, Any]) -> int:
@@ -95,7 +96,8 @@ class MCMCStrategy(Strategy):
             return self.cfg.cap_max
         return min(self.cfg.cap_max, int(self.cfg.cap_ratio * state["initial_gaussians"]))
 
-    def _relocate_dead(self, params: Params, optimizers: Optimizers) -> None:
+    def _relocate_dead(self, params: Params, optimizers: Optimizers, state: dict[str, Any]) -> None:
+        """Move the dead Gaussians onto live ones sampled by opacity: each sample and its copies share it out."""
         opacities = torch.sigmoid(params["opacities"])
         dead = opacities <= self.cfg.min_opacity
         alive = (~dead).nonzero(as_tuple=True)[0]
@@ -103,34 +105,24 @@ class MCMCStrategy(Strategy):
         if len(dead) == 0 or len(alive) == 0:
             return
         sources = alive[torch.multinomial(opacities[alive], len(dead), replacement=True)]
-        self._split_sources(params, sources)
+        rows = self._copy_rows(params, sources)
+        replace_rows(params, optimizers, state, self.per_gaussian_state, sources, rows)
+        replace_rows(params, optimizers, state, self.per_gaussian_state, dead, rows)
 
-        def param_fn(name: str, p: Tensor) -> Tensor:
-            p[dead] = p[sources]
-            return p
-
-        def optimizer_fn(key: str, v: Tensor) -> Tensor:
-            v[sources] = 0
-            v[dead] = 0
-            return v
-
-        update_params(params, optimizers, param_fn, optimizer_fn)
-
-    def _add(self, params: Params, optimizers: Optimizers, n: int) -> None:
+    def _add(self, params: Params, optimizers: Optimizers, state: dict[str, Any], n: int) -> None:
+        """Add ``n`` Gaussians as copies of ones sampled by opacity, each sample and its copies sharing it out."""
         if n <= 0:
             return
         opacities = torch.sigmoid(params["opacities"])
         sources = torch.multinomial(opacities, n, replacement=True)
-        self._split_sources(params, sources)
-        update_params(
-            params,
-            optimizers,
-            lambda name, p: torch.cat([p, p[sources]]),
-            lambda key, v: torch.cat([v, v.new_zeros((n, *v.shape[1:]))]),
-        )
+        rows = self._copy_rows(params, sources)
+        for name in ("opacities", "scales"):  # the sources keep their moments (as gsplat's sample_add)
+            params[name].data[sources] = rows[name]
+        append_rows(params, optimizers, state, self.per_gaussian_state, rows)
 
-    def _split_sources(self, params: Params, sources: Tensor) -> None:
-        """Give each sampled source the opacity and scale of one of its (1 + #samples) copies."""
+    def _copy_rows(self, params: Params, sources: Tensor) -> dict[str, Tensor]:
+        """The rows of the sampled ``sources`` [S] with the opacity and scale of one of each source's (1 + #samples)
+        copies (Eq. 9 of the paper), [S, ...] per parameter."""
         ratios = torch.bincount(sources, minlength=params["means"].shape[0])[sources] + 1  # [S]
         new_opacities, new_scales = relocation_update(
             torch.sigmoid(params["opacities"][sources]),
@@ -139,8 +131,10 @@ class MCMCStrategy(Strategy):
             self.binoms.to(sources.device),
         )
         eps = torch.finfo(torch.float32).eps
-        params["opacities"].data[sources] = torch.logit(new_opacities.clamp(self.cfg.min_opacity, 1.0 - eps))
-        params["scales"].data[sources] = torch.log(new_scales)
+        rows = {name: p.data[sources] for name, p in params.items()}
+        rows["opacities"] = torch.logit(new_opacities.clamp(self.cfg.min_opacity, 1.0 - eps))
+        rows["scales"] = torch.log(new_scales)
+        return rows
 
 
 def binomial_table(n_max: int) -> Tensor:
@@ -184,23 +178,3 @@ def inject_position_noise(params: Params, scale: float) -> None:
     gate = torch.sigmoid(100.0 * ((1.0 - opacities) - 0.995))  # ~1 only for nearly transparent Gaussians
     noise = torch.randn_like(params["means"]) * gate[:, None] * scale
     params["means"].data.add_(torch.einsum("nij,nj->ni", covars, noise))
-
-
-def update_params(
-    params: Params,
-    optimizers: Optimizers,
-    param_fn: Callable[[str, Tensor], Tensor],
-    optimizer_fn: Callable[[str, Tensor], Tensor],
-) -> None:
-    """Replace every parameter by ``param_fn(name, data)`` and every Adam moment by ``optimizer_fn``."""
-    for name in list(params.keys()):
-        optimizer = optimizers[name]
-        old = params[name]
-        new = torch.nn.Parameter(param_fn(name, old.data), requires_grad=old.requires_grad)
-        state = optimizer.state.pop(old, {})
-        for key, value in state.items():
-            if key != "step" and isinstance(value, Tensor):
-                state[key] = optimizer_fn(key, value)
-        optimizer.param_groups[0]["params"] = [new]
-        optimizer.state[new] = state
-        params[name] = new
