@@ -90,7 +90,7 @@ def _config_for_data(root: Path) -> tuple[str, str]:
     Raises:
         DatasetError: the folder holds no capture gsrecon reads, or the configs are not beside the package.
     """
-    from gsrecon.data.colmap_format import find_sparse_dir
+    from gsrecon.data.formats.colmap_model import find_sparse_dir
     from gsrecon.data.errors import DatasetError
 
     if not root.is_dir():
@@ -351,7 +351,7 @@ def _stage_announcer(stages: tuple[str, ...]) -> Callable[[str, str], None]:
 
 
 def _data_colmap(args: argparse.Namespace) -> int:
-    from gsrecon.data.sfm import REPLACED, STAGES, import_pycolmap, run_sfm
+    from gsrecon.data.prepare.sfm import REPLACED, STAGES, import_pycolmap, run_sfm
     from gsrecon.logging.console import Logger
 
     logger = Logger()
@@ -359,7 +359,7 @@ def _data_colmap(args: argparse.Namespace) -> int:
     seconds: dict[str, float] = {}
     images = args.images
     if args.video:
-        from gsrecon.data.video import OVERSAMPLE, extract_frames
+        from gsrecon.data.prepare.video import OVERSAMPLE, extract_frames
 
         import_pycolmap("gsrecon data colmap")  # before spending time on the videos
         frames = extract_frames(
@@ -400,7 +400,7 @@ def _data_colmap(args: argparse.Namespace) -> int:
 
 
 def _data_triangulate(args: argparse.Namespace) -> int:
-    from gsrecon.data.triangulate import STAGES, triangulate_scene
+    from gsrecon.data.prepare.triangulate import STAGES, triangulate_scene
 
     report = triangulate_scene(
         args.data,

@@ -15,8 +15,8 @@ from test_colmap import H, W, _make_scene, _synthetic_model
 
 from gsrecon.cli import main
 from gsrecon.config import ConfigError, parse_structured
-from gsrecon.data.colmap_format import write_model
-from gsrecon.data.datapipeline import DataPipeline
+from gsrecon.data.formats.colmap_model import write_model
+from gsrecon.data.pipeline import DataPipeline
 from gsrecon.engine.trainer import DefaultTrainer
 from gsrecon.losses import point_depth_loss
 

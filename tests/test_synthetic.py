@@ -12,10 +12,10 @@ import torch
 from torch import Tensor
 
 from gsrecon.cache import cache_dir, cache_file
-from gsrecon.data import synthetic
-from gsrecon.data.cameras import Frame, Scene
-from gsrecon.data.datapipeline import DataPipeline
-from gsrecon.data.synthetic import (
+from gsrecon.data.readers import synthetic
+from gsrecon.data.scene import Frame, Scene
+from gsrecon.data.pipeline import DataPipeline
+from gsrecon.data.readers.synthetic import (
     SyntheticConfig,
     cache_path,
     generator_digest,

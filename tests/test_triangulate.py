@@ -16,12 +16,12 @@ from plyfile import PlyData
 from test_blender import _write_ngp
 
 from gsrecon.cli import main
-from gsrecon.data.blender import OPENGL_TO_OPENCV, load_blender
-from gsrecon.data.cameras import Frame
-from gsrecon.data.colmap import load_colmap
-from gsrecon.data.colmap_format import find_sparse_dir, read_model
-from gsrecon.data.synthetic import SyntheticConfig, load_synthetic, surface_distance
-from gsrecon.data.triangulate import _name_point_cloud, training_points
+from gsrecon.data.readers.transforms import OPENGL_TO_OPENCV, load_transforms
+from gsrecon.data.scene import Frame
+from gsrecon.data.readers.colmap import load_colmap
+from gsrecon.data.formats.colmap_model import find_sparse_dir, read_model
+from gsrecon.data.readers.synthetic import SyntheticConfig, load_synthetic, surface_distance
+from gsrecon.data.prepare.triangulate import _name_point_cloud, training_points
 
 torch.set_num_threads(1)
 
@@ -122,7 +122,7 @@ def test_triangulated_points_lie_on_the_synthetic_surfaces_and_training_reads_th
         np.testing.assert_allclose(image.viewmat(), viewmat, atol=1e-5)
     assert not (root / "triangulation" / "images").exists()  # SIFT's copies of the images are removed
 
-    scene = load_blender(str(root), eval_split="none")  # what training with model.init: auto starts from
+    scene = load_transforms(str(root), eval_split="none")  # what training with model.init: auto starts from
     assert torch.equal(scene.points, torch.from_numpy(points))
     assert torch.equal(scene.colors, torch.from_numpy(colors.astype(np.float32) / 255.0))
 
@@ -299,7 +299,7 @@ def test_statuette_points_agree_with_its_colmap_points(tmp_path: Path, shared_da
     assert result.returncode == 0, result.stderr
     assert "SIFT features of 23 images" in result.stderr and "(factor 1)" in result.stderr
 
-    scene = load_blender(str(tmp_path / "scene"), 8)
+    scene = load_transforms(str(tmp_path / "scene"), 8)
     reference = load_colmap(str(statuette), 8)
     assert [f.name for f in scene.test] == [f.name for f in reference.test]  # the same every_8 split
     points, colmap_points = scene.points.double(), reference.points.double()  # [P, 3], [Q, 3]

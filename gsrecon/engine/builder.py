@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gsrecon.config import ConfigError, entry_map, load_config, parse_structured, resolved_entry, to_container
-from gsrecon.data.cameras import Scene
-from gsrecon.data.datapipeline import DataPipeline
+from gsrecon.data.scene import Scene
+from gsrecon.data.pipeline import DataPipeline
 from gsrecon.data.errors import DatasetError
 from gsrecon.distributed import DistributedContext
 from gsrecon.logging.console import Logger
@@ -259,7 +259,7 @@ def build_model(
 
 def _triangulate_points(scene: Scene, logger: Logger) -> None:
     """Fill ``scene.points`` / ``colors`` with ``scene.triangulate``; where it cannot, say why in ``points_hint``."""
-    from gsrecon.data.sfm import PycolmapUnavailableError
+    from gsrecon.data.prepare.sfm import PycolmapUnavailableError
 
     try:
         sfm = scene.triangulate(logger.info)

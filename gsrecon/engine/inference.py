@@ -18,8 +18,8 @@ from torch import Tensor
 
 from gsrecon.atomic import write_json
 from gsrecon.config import ConfigError, apply_overrides, load_config, parse_structured
-from gsrecon.data.datapipeline import Batch, DataPipeline
-from gsrecon.data.images import to_uint8, write_png
+from gsrecon.data.pipeline import Batch, DataPipeline
+from gsrecon.data.formats.images import to_uint8, write_png
 from gsrecon.distributed import DistributedContext
 from gsrecon.engine.builder import RunConfig, resolve_device, resolve_renderer_entry, set_cpu_threads
 from gsrecon.engine.checkpoints import load_checkpoint_file

@@ -17,7 +17,7 @@ import torch
 from rich.console import Console
 
 from gsrecon.config import ConfigError, save_yaml
-from gsrecon.data.datapipeline import Batch, DataPipeline
+from gsrecon.data.pipeline import Batch, DataPipeline
 from gsrecon.distributed import DistributedContext
 from gsrecon.engine import checkpoints
 from gsrecon.engine.builder import (

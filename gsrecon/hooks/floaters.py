@@ -11,7 +11,7 @@ from gsplat.strategy.ops import remove
 from torch import Tensor
 
 from gsrecon.config import run_steps
-from gsrecon.data.datapipeline import Batch
+from gsrecon.data.pipeline import Batch
 from gsrecon.hooks.base import Hook, Priority
 from gsrecon.registry import HOOK_REGISTRY
 from gsrecon.render.base import RenderOutput

@@ -16,7 +16,7 @@ from scipy.spatial import cKDTree
 from torch import Tensor
 
 from gsrecon.config import per_device, run_steps
-from gsrecon.data.cameras import Scene
+from gsrecon.data.scene import Scene
 from gsrecon.registry import MODEL_REGISTRY
 from gsrecon.render.camera_path import focus_point
 from gsrecon.render.sh import MAX_SH_DEGREE, num_sh_bases, rgb_to_sh, sh_degree_of

@@ -19,7 +19,7 @@ points of a ``colmap/sparse/0/`` model beside the file (older ``ns-process-data`
 ``ply_file_path``) are moved by it (by nerfstudio's former fixed transform where the field is absent).
 Without either the point cloud is empty, and ``Scene.triangulate`` makes one from the images and their known
 poses when ``model.init: auto`` asks (pycolmap, cached; ``gsrecon data triangulate`` writes it into the
-folder instead: :mod:`gsrecon.data.triangulate`). A frame's mask (:mod:`gsrecon.data.masks`) is its
+folder instead: :mod:`gsrecon.data.prepare.triangulate`). A frame's mask (:mod:`gsrecon.data.formats.masks`) is its
 ``mask_path``, else the file of its name in ``masks/`` beside ``images/``.
 """
 
@@ -36,10 +36,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gsrecon.data.cameras import Frame, Scene, SfmPoints
-from gsrecon.data.colmap_format import read_model
+from gsrecon.data.scene import Frame, Scene, SfmPoints
+from gsrecon.data.formats.colmap_model import read_model
 from gsrecon.data.errors import DatasetError, checked_number
-from gsrecon.data.images import (
+from gsrecon.data.formats.images import (
     IMAGE_EXTENSIONS,
     ImageFile,
     camera_frame,
@@ -47,9 +47,9 @@ from gsrecon.data.images import (
     check_factor,
     read_image_size,
 )
-from gsrecon.data.masks import MASKS_FOLDER, MaskFile, find_mask, mask_file
+from gsrecon.data.formats.masks import MASKS_FOLDER, MaskFile, find_mask, mask_file
 from gsrecon.data.splits import NameList, check_eval_split, evenly_spaced, frame_name, listed_as_test, split_frames
-from gsrecon.data.undistort import SUPPORTED_MODELS, Distortion, fov_to_focal, intrinsics_matrix
+from gsrecon.data.formats.lens import SUPPORTED_MODELS, Distortion, fov_to_focal, intrinsics_matrix
 from gsrecon.model.ply import read_ply
 
 OPENGL_TO_OPENCV = np.diag([1.0, -1.0, -1.0, 1.0])  # flips the camera's y and z axes
@@ -68,7 +68,7 @@ class _Entry(NamedTuple):
     is_test: bool | None  # the dataset's own split; None unless eval_split is "dataset"
 
 
-def load_blender(
+def load_transforms(
     path: str,
     factor: int = 1,
     eval_split: str = "every_8",
@@ -127,7 +127,7 @@ def load_blender(
 
 def _triangulated_points(root: Path, log: Callable[[str], None]) -> SfmPoints:
     """The points triangulated from the scene's images and poses (cached), and where each was seen."""
-    from gsrecon.data.triangulate import training_points  # it reads scenes with this module
+    from gsrecon.data.prepare.triangulate import training_points  # it reads scenes with this module
 
     triangulation = training_points(root, log)
     return SfmPoints(

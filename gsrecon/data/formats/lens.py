@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gsrecon.data.colmap_format import ColmapCamera
+from gsrecon.data.formats.colmap_model import ColmapCamera
 from gsrecon.data.errors import DatasetError
 
 SUPPORTED_MODELS = (  # COLMAP model name: number of parameters

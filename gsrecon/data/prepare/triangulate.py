@@ -2,11 +2,11 @@
 triangulation with the cameras and poses held fixed.
 
 instant-ngp / nerfstudio captures come posed but without SfM points, so training would start from random
-points. :func:`triangulate_scene` loads the frames as training does (``load_blender``: the same undistorted
+points. :func:`triangulate_scene` loads the frames as training does (``load_transforms``: the same undistorted
 pinhole cameras, and world-to-camera OpenCV poses, which are COLMAP's ``cam_from_world``), triangulates
 points from them, writes the points as ``sparse_pc.ply`` (nerfstudio's name; x y z float32, red green blue
 uint8) beside the transforms file and adds ``"ply_file_path": "sparse_pc.ply"`` to that file as its first
-key, leaving the rest of its text as it was. ``load_blender`` reads that key as the scene's SfM points, so
+key, leaving the rest of its text as it was. ``load_transforms`` reads that key as the scene's SfM points, so
 ``model.init: auto`` starts from them.
 
 Training does the same without the file: with ``model.init: auto``, a capture without points gets them from
@@ -41,11 +41,11 @@ from plyfile import PlyData, PlyElement
 
 from gsrecon.atomic import atomic_path
 from gsrecon.cache import cache_dir, cache_file
-from gsrecon.data.blender import image_path, load_blender, read_transforms, transforms_file
-from gsrecon.data.cameras import Frame
+from gsrecon.data.readers.transforms import image_path, load_transforms, read_transforms, transforms_file
+from gsrecon.data.scene import Frame
 from gsrecon.data.errors import DatasetError
-from gsrecon.data.images import FACTORS
-from gsrecon.data.sfm import (
+from gsrecon.data.formats.images import FACTORS
+from gsrecon.data.prepare.sfm import (
     MATCHERS,
     MIN_FEATURES,
     database_counts,
@@ -159,7 +159,7 @@ def triangulate_frames(
 
     Raises:
         ValueError: unknown ``matcher`` or ``factor``.
-        DatasetError: frames ``load_blender`` refuses (missing images, bad cameras), fewer than 2 frames, poses
+        DatasetError: frames ``load_transforms`` refuses (missing images, bad cameras), fewer than 2 frames, poses
             that are not rigid, or fewer than :data:`MIN_POINTS` points triangulated (the message names the
             causes the database shows).
         PycolmapUnavailableError: pycolmap is not installed.
@@ -171,7 +171,7 @@ def triangulate_frames(
     json_path = transforms_file(root)
     pycolmap = import_pycolmap("gsrecon data triangulate")
     factor = factor or _auto_factor(root)
-    frames = load_blender(str(root), factor, "none", point_cloud=False).train
+    frames = load_transforms(str(root), factor, "none", point_cloud=False).train
     if len(frames) < 2:
         raise DatasetError(f"{json_path}: triangulation needs at least 2 frames, the file lists {len(frames)}")
     for frame in frames:
@@ -349,7 +349,7 @@ def _check_nothing_replaced(json_path: Path, content: dict, ply_path: Path) -> N
 
 def _auto_factor(root: Path) -> int:
     """The smallest factor that brings the first frame's longest side to at most :data:`MAX_SIDE` pixels (else 8)."""
-    frame = load_blender(str(root), 1, "none", max_images=1, point_cloud=False).train[0]
+    frame = load_transforms(str(root), 1, "none", max_images=1, point_cloud=False).train[0]
     longest = max(frame.width, frame.height)
     return next((f for f in FACTORS if longest / f <= MAX_SIDE), FACTORS[-1])
 

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gsrecon.data.cameras import Frame, Scene, decoded
-from gsrecon.data.frame_source import (
+from gsrecon.data.scene import Frame, Scene, decoded
+from gsrecon.data.prefetch import (
     CACHE_MODES,
     FrameDecoder,
     Prefetcher,
@@ -27,9 +27,9 @@ from gsrecon.data.frame_source import (
     decode_threads,
     decoded_bytes,
 )
-from gsrecon.data.images import FACTORS
+from gsrecon.data.formats.images import FACTORS
 from gsrecon.data.splits import EVAL_SPLITS
-from gsrecon.data.synthetic import SyntheticConfig, load_synthetic
+from gsrecon.data.readers.synthetic import SyntheticConfig, load_synthetic
 from gsrecon.registry import DATASET_REGISTRY
 from gsrecon.render.lens import fisheye_project
 
@@ -289,7 +289,7 @@ def _reader_options(cfg: DataPipeline.Config) -> dict[str, Any]:
 
 @DATASET_REGISTRY.register("colmap")
 def _load_colmap(cfg: DataPipeline.Config) -> Scene:
-    from gsrecon.data.colmap import load_colmap
+    from gsrecon.data.readers.colmap import load_colmap
 
     _require_path(cfg, "a folder with images/ and sparse/0/")
     return load_colmap(cfg.path, **_reader_options(cfg))
@@ -297,7 +297,7 @@ def _load_colmap(cfg: DataPipeline.Config) -> Scene:
 
 @DATASET_REGISTRY.register("blender")
 def _load_blender(cfg: DataPipeline.Config) -> Scene:
-    from gsrecon.data.blender import load_blender
+    from gsrecon.data.readers.transforms import load_transforms
 
     _require_path(cfg, "a folder with transforms.json or transforms_train.json")
-    return load_blender(cfg.path, **_reader_options(cfg))
+    return load_transforms(cfg.path, **_reader_options(cfg))
