@@ -90,8 +90,8 @@ def _config_for_data(root: Path) -> tuple[str, str]:
     Raises:
         DatasetError: the folder holds no capture gsrecon reads, or the configs are not beside the package.
     """
-    from gsrecon.data.formats.colmap_model import find_sparse_dir
     from gsrecon.data.errors import DatasetError
+    from gsrecon.data.formats.colmap_model import find_sparse_dir
 
     if not root.is_dir():
         raise DatasetError(f"{root}: --data must be a scene folder, and this one does not exist")

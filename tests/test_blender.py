@@ -11,8 +11,8 @@ import pytest
 import torch
 from PIL import Image
 
-from gsrecon.data.readers.transforms import load_transforms
 from gsrecon.data.errors import DatasetError
+from gsrecon.data.readers.transforms import load_transforms
 
 torch.set_num_threads(1)
 

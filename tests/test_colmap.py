@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from gsrecon.data.readers.colmap import load_colmap
+from gsrecon.data.errors import DatasetError
 from gsrecon.data.formats.colmap_model import (
     ColmapCamera,
     ColmapImage,
@@ -20,8 +20,8 @@ from gsrecon.data.formats.colmap_model import (
     read_model,
     write_model,
 )
-from gsrecon.data.errors import DatasetError
 from gsrecon.data.formats.images import read_image, to_uint8, write_png
+from gsrecon.data.readers.colmap import load_colmap
 from gsrecon.geometry import rotmat_to_quat
 from gsrecon.model.gaussians import GaussianModel
 

@@ -16,11 +16,11 @@ from torch import Tensor
 
 from gsrecon.cli import main
 from gsrecon.config import parse_structured
-from gsrecon.data.readers.transforms import load_transforms
-from gsrecon.data.scene import Frame, PixelFile
 from gsrecon.data.errors import DatasetError
 from gsrecon.data.prefetch import BYTES_PER_PIXEL, FrameDecoder, Prefetcher, choose_cache, decoded_bytes
 from gsrecon.data.readers.synthetic import SyntheticConfig, load_synthetic
+from gsrecon.data.readers.transforms import load_transforms
+from gsrecon.data.scene import Frame, PixelFile
 from gsrecon.engine.trainer import DefaultTrainer
 
 torch.set_num_threads(1)

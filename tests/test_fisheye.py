@@ -14,11 +14,8 @@ from conftest import write_yaml
 from PIL import Image
 
 from gsrecon.cli import main
-from gsrecon.data.readers.transforms import OPENGL_TO_OPENCV, load_transforms
-from gsrecon.data.formats.colmap_model import ColmapCamera
 from gsrecon.data.errors import DatasetError
-from gsrecon.data.readers.synthetic import SyntheticConfig, load_synthetic, orbit_viewmats, render_view
-from gsrecon.data.prepare.triangulate import write_points_ply
+from gsrecon.data.formats.colmap_model import ColmapCamera
 from gsrecon.data.formats.lens import (
     FISHEYE_MAX_ANGLE,
     Distortion,
@@ -30,7 +27,10 @@ from gsrecon.data.formats.lens import (
     undistort_points,
     undistorted_intrinsics,
 )
+from gsrecon.data.readers.synthetic import SyntheticConfig, load_synthetic, orbit_viewmats, render_view
+from gsrecon.data.readers.transforms import OPENGL_TO_OPENCV, load_transforms
 from gsrecon.engine.evaluator import evaluate_views
+from gsrecon.io.ply import write_points_ply
 from gsrecon.metrics import mean_metrics
 
 W, H = 96, 72

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from PIL import Image, ImageFile
 
-from gsrecon.data.formats import images
 from gsrecon.data.errors import DatasetError
+from gsrecon.data.formats import images
 from gsrecon.data.formats.images import read_image, read_image_size
 
 

@@ -23,8 +23,8 @@ from test_fisheye import (
 )
 
 from gsrecon.cli import main
-from gsrecon.data.readers.transforms import load_transforms
 from gsrecon.data.formats.lens import distort, undistorted_intrinsics
+from gsrecon.data.readers.transforms import load_transforms
 from gsrecon.render.lens import fisheye_project, max_lens_angle
 from gsrecon.render.torch_renderer import TorchRenderer
 from gsrecon.strategy.default import DefaultStrategy

@@ -16,17 +16,17 @@ from test_triangulate import _write_transforms
 
 from gsrecon.cli import main
 from gsrecon.config import parse_structured
-from gsrecon.data.readers.transforms import load_transforms
-from gsrecon.data.readers.colmap import load_colmap
-from gsrecon.data.pipeline import DataPipeline
 from gsrecon.data.errors import DatasetError
 from gsrecon.data.formats.images import ImageTransform, camera_image_file, read_image, resize_image
-from gsrecon.data.formats.masks import MaskFile
-from gsrecon.data.readers.synthetic import SyntheticConfig, load_synthetic
-from gsrecon.data.prepare.triangulate import write_points_ply
 from gsrecon.data.formats.lens import Distortion, intrinsics_matrix
+from gsrecon.data.formats.masks import MaskFile
+from gsrecon.data.pipeline import DataPipeline
+from gsrecon.data.readers.colmap import load_colmap
+from gsrecon.data.readers.synthetic import SyntheticConfig, load_synthetic
+from gsrecon.data.readers.transforms import load_transforms
 from gsrecon.engine.evaluator import evaluate_views
 from gsrecon.engine.trainer import DefaultTrainer
+from gsrecon.io.ply import write_points_ply
 from gsrecon.losses import photometric_loss
 from gsrecon.metrics import ImageMetrics, mean_metrics, psnr
 

@@ -12,12 +12,12 @@ import torch
 from PIL import Image
 from test_colmap import _synthetic_model
 
-from gsrecon.data.readers.transforms import OPENGL_TO_OPENCV, load_transforms
-from gsrecon.data.formats.colmap_model import write_model
 from gsrecon.data.errors import DatasetError
+from gsrecon.data.formats.colmap_model import write_model
 from gsrecon.data.formats.images import downscaled_size, resize_image
 from gsrecon.data.readers.synthetic import SyntheticConfig, load_synthetic
-from gsrecon.data.prepare.triangulate import write_points_ply
+from gsrecon.data.readers.transforms import OPENGL_TO_OPENCV, load_transforms
+from gsrecon.io.ply import write_points_ply
 
 torch.set_num_threads(1)
 

@@ -12,8 +12,8 @@ from gsplat.strategy import DefaultStrategy as GsplatDefaultStrategy
 
 from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.hooks import Hook
-from gsrecon.model.gaussians import PARAM_NAMES
 from gsrecon.model.optim import OptimizerConfig, build_optimizers
+from gsrecon.model.params import PARAM_NAMES
 from gsrecon.strategy.default import DefaultStrategy
 from gsrecon.strategy.mcmc import binomial_table, relocation_update
 

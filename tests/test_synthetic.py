@@ -12,9 +12,8 @@ import torch
 from torch import Tensor
 
 from gsrecon.cache import cache_dir, cache_file
-from gsrecon.data.readers import synthetic
-from gsrecon.data.scene import Frame, Scene
 from gsrecon.data.pipeline import DataPipeline
+from gsrecon.data.readers import synthetic
 from gsrecon.data.readers.synthetic import (
     SyntheticConfig,
     cache_path,
@@ -23,6 +22,7 @@ from gsrecon.data.readers.synthetic import (
     load_synthetic,
     surface_distance,
 )
+from gsrecon.data.scene import Frame, Scene
 
 torch.set_num_threads(1)
 

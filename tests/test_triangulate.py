@@ -16,12 +16,12 @@ from plyfile import PlyData
 from test_blender import _write_ngp
 
 from gsrecon.cli import main
+from gsrecon.data.formats.colmap_model import find_sparse_dir, read_model
+from gsrecon.data.prepare.triangulate import _name_point_cloud, training_points
+from gsrecon.data.readers.colmap import load_colmap
+from gsrecon.data.readers.synthetic import SyntheticConfig, load_synthetic, surface_distance
 from gsrecon.data.readers.transforms import OPENGL_TO_OPENCV, load_transforms
 from gsrecon.data.scene import Frame
-from gsrecon.data.readers.colmap import load_colmap
-from gsrecon.data.formats.colmap_model import find_sparse_dir, read_model
-from gsrecon.data.readers.synthetic import SyntheticConfig, load_synthetic, surface_distance
-from gsrecon.data.prepare.triangulate import _name_point_cloud, training_points
 
 torch.set_num_threads(1)
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gsrecon.data.scene import Frame, Scene, decoded
+from gsrecon.data.formats.images import FACTORS
 from gsrecon.data.prefetch import (
     CACHE_MODES,
     FrameDecoder,
@@ -27,9 +27,9 @@ from gsrecon.data.prefetch import (
     decode_threads,
     decoded_bytes,
 )
-from gsrecon.data.formats.images import FACTORS
-from gsrecon.data.splits import EVAL_SPLITS
 from gsrecon.data.readers.synthetic import SyntheticConfig, load_synthetic
+from gsrecon.data.scene import Frame, Scene, decoded
+from gsrecon.data.splits import EVAL_SPLITS
 from gsrecon.registry import DATASET_REGISTRY
 from gsrecon.render.lens import fisheye_project
 

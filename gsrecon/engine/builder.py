@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gsrecon.config import ConfigError, entry_map, load_config, parse_structured, resolved_entry, to_container
-from gsrecon.data.scene import Scene
-from gsrecon.data.pipeline import DataPipeline
 from gsrecon.data.errors import DatasetError
+from gsrecon.data.pipeline import DataPipeline
+from gsrecon.data.scene import Scene
 from gsrecon.distributed import DistributedContext
 from gsrecon.logging.console import Logger
 from gsrecon.losses import LossConfig

@@ -45,8 +45,8 @@ from gsrecon.model.appearance import (
     fit_left_half,
     load_appearance_state,
 )
-from gsrecon.model.gaussians import PARAM_NAMES
 from gsrecon.model.optim import build_optimizers, build_schedulers
+from gsrecon.model.params import PARAM_NAMES
 from gsrecon.plugins import import_plugins
 from gsrecon.registry import RENDERER_REGISTRY, STRATEGY_REGISTRY, WRITER_REGISTRY
 from gsrecon.render.base import RenderOutput

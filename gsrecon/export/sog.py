@@ -47,7 +47,7 @@ from torch import Tensor
 from gsrecon.atomic import atomic_path
 from gsrecon.export.compressed_ply import morton_order
 from gsrecon.export.quantise import round_clamp, smallest_three
-from gsrecon.model.gaussians import check_params
+from gsrecon.model.params import check_params
 from gsrecon.model.ply import cpu_params
 from gsrecon.render.sh import sh_degree_of
 

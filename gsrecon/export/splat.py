@@ -9,7 +9,8 @@ import numpy as np
 from torch import Tensor
 
 from gsrecon.atomic import atomic_path
-from gsrecon.model.ply import WRITE_CHUNK_ROWS, cpu_params
+from gsrecon.io.ply import WRITE_CHUNK_ROWS
+from gsrecon.model.ply import cpu_params
 from gsrecon.render.sh import SH_C0
 
 

@@ -21,7 +21,7 @@ from torch import Tensor
 from gsrecon.distributed import DistributedContext
 from gsrecon.registry import STRATEGY_REGISTRY
 
-Params = torch.nn.ParameterDict  # pre-activation Gaussian parameters keyed by gsrecon.model.gaussians.PARAM_NAMES
+Params = torch.nn.ParameterDict  # pre-activation Gaussian parameters keyed by gsrecon.model.params.PARAM_NAMES
 Optimizers = Mapping[str, torch.optim.Optimizer]  # one optimiser per parameter name
 
 SINGLE_PROCESS = DistributedContext()

@@ -26,9 +26,9 @@ from torch import Tensor
 
 from gsrecon.atomic import atomic_path
 from gsrecon.cache import cache_file
-from gsrecon.data.scene import Frame, PixelFile
 from gsrecon.data.errors import DatasetError
 from gsrecon.data.formats.lens import Distortion, describe_crop, field_of_view, undistort_image, undistorted_intrinsics
+from gsrecon.data.scene import Frame, PixelFile
 
 FACTORS = (1, 2, 4, 8)
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")  # lower case: compare `suffix.lower()`

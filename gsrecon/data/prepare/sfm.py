@@ -27,8 +27,8 @@ from types import ModuleType
 
 from PIL import Image
 
-from gsrecon.data.formats.colmap_model import read_model
 from gsrecon.data.errors import DatasetError
+from gsrecon.data.formats.colmap_model import read_model
 from gsrecon.data.formats.images import IMAGE_EXTENSIONS
 
 MATCHERS = ("exhaustive", "sequential")

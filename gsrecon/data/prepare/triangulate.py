@@ -37,12 +37,9 @@ from types import ModuleType
 
 import numpy as np
 from PIL import Image
-from plyfile import PlyData, PlyElement
 
 from gsrecon.atomic import atomic_path
 from gsrecon.cache import cache_dir, cache_file
-from gsrecon.data.readers.transforms import image_path, load_transforms, read_transforms, transforms_file
-from gsrecon.data.scene import Frame
 from gsrecon.data.errors import DatasetError
 from gsrecon.data.formats.images import FACTORS
 from gsrecon.data.prepare.sfm import (
@@ -54,6 +51,9 @@ from gsrecon.data.prepare.sfm import (
     match_features,
     pycolmap_logging,
 )
+from gsrecon.data.readers.transforms import image_path, load_transforms, read_transforms, transforms_file
+from gsrecon.data.scene import Frame
+from gsrecon.io.ply import write_points_ply
 
 PLY_NAME = "sparse_pc.ply"  # nerfstudio's name for the point cloud beside transforms.json
 PLY_KEY = "ply_file_path"
@@ -316,21 +316,6 @@ def _work_dir() -> Iterator[Path]:
         parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=parent if parent.is_dir() else None) as work:
         yield Path(work)
-
-
-def write_points_ply(path: str | Path, points: np.ndarray, colors: np.ndarray) -> None:
-    """Write points ``[P, 3]`` and uint8 colours ``[P, 3]`` as a binary PLY (``x y z`` float32, ``red green blue``
-    uchar: the layout of nerfstudio's ``sparse_pc.ply`` and 3DGS's ``points3D.ply``), atomically."""
-    vertices = np.empty(
-        len(points), dtype=[(axis, "<f4") for axis in "xyz"] + [(c, "u1") for c in ("red", "green", "blue")]
-    )
-    for i, axis in enumerate("xyz"):
-        vertices[axis] = points[:, i]
-    for i, channel in enumerate(("red", "green", "blue")):
-        vertices[channel] = colors[:, i]
-    ply = PlyData([PlyElement.describe(vertices, "vertex")], text=False, byte_order="<")
-    with atomic_path(path) as tmp:
-        ply.write(str(tmp))
 
 
 def _check_nothing_replaced(json_path: Path, content: dict, ply_path: Path) -> None:

@@ -19,13 +19,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gsrecon.data.scene import Frame, Scene
-from gsrecon.data.formats.colmap_model import ColmapImage, SparseModel, find_sparse_dir, read_model
 from gsrecon.data.errors import DatasetError
+from gsrecon.data.formats.colmap_model import ColmapImage, SparseModel, find_sparse_dir, read_model
 from gsrecon.data.formats.images import ImageFile, camera_frame, camera_image_file, check_factor
-from gsrecon.data.formats.masks import MASKS_FOLDER, MaskFile, find_mask, mask_file
-from gsrecon.data.splits import NameList, check_eval_split, evenly_spaced, frame_name, listed_as_test, split_frames
 from gsrecon.data.formats.lens import camera_intrinsics
+from gsrecon.data.formats.masks import MASKS_FOLDER, MaskFile, find_mask, mask_file
+from gsrecon.data.scene import Frame, Scene
+from gsrecon.data.splits import NameList, check_eval_split, evenly_spaced, frame_name, listed_as_test, split_frames
 
 
 def load_colmap(

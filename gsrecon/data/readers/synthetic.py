@@ -33,9 +33,9 @@ from gsrecon import geometry
 from gsrecon.atomic import atomic_path
 from gsrecon.cache import cache_file
 from gsrecon.data.formats import lens as lens_maths
+from gsrecon.data.formats.lens import fov_to_focal, intrinsics_matrix
 from gsrecon.data.scene import Frame, Scene
 from gsrecon.data.splits import check_eval_split, evenly_spaced, split_frames
-from gsrecon.data.formats.lens import fov_to_focal, intrinsics_matrix
 from gsrecon.geometry import camera_centers, look_at
 
 Array = NDArray[np.float64]

@@ -36,9 +36,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gsrecon.data.scene import Frame, Scene, SfmPoints
-from gsrecon.data.formats.colmap_model import read_model
 from gsrecon.data.errors import DatasetError, checked_number
+from gsrecon.data.formats.colmap_model import read_model
 from gsrecon.data.formats.images import (
     IMAGE_EXTENSIONS,
     ImageFile,
@@ -47,10 +46,11 @@ from gsrecon.data.formats.images import (
     check_factor,
     read_image_size,
 )
-from gsrecon.data.formats.masks import MASKS_FOLDER, MaskFile, find_mask, mask_file
-from gsrecon.data.splits import NameList, check_eval_split, evenly_spaced, frame_name, listed_as_test, split_frames
 from gsrecon.data.formats.lens import SUPPORTED_MODELS, Distortion, fov_to_focal, intrinsics_matrix
-from gsrecon.model.ply import read_ply
+from gsrecon.data.formats.masks import MASKS_FOLDER, MaskFile, find_mask, mask_file
+from gsrecon.data.scene import Frame, Scene, SfmPoints
+from gsrecon.data.splits import NameList, check_eval_split, evenly_spaced, frame_name, listed_as_test, split_frames
+from gsrecon.io.ply import read_ply
 
 OPENGL_TO_OPENCV = np.diag([1.0, -1.0, -1.0, 1.0])  # flips the camera's y and z axes
 _INTRINSIC_KEYS = ("fl_x", "fl_y", "cx", "cy", "w", "h", "camera_angle_x", "camera_angle_y")
