@@ -400,7 +400,8 @@ def _data_colmap(args: argparse.Namespace) -> int:
 
 
 def _data_triangulate(args: argparse.Namespace) -> int:
-    from gsrecon.data.prepare.triangulate import STAGES, triangulate_scene
+    from gsrecon.data.prepare.posed_sfm import STAGES
+    from gsrecon.data.prepare.triangulate import triangulate_scene
 
     report = triangulate_scene(
         args.data,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -17,10 +18,11 @@ from test_blender import _write_ngp
 
 from gsrecon.cli import main
 from gsrecon.data.formats.colmap_model import find_sparse_dir, read_model
-from gsrecon.data.prepare.triangulate import _name_point_cloud, training_points
+from gsrecon.data.prepare.posed_sfm import training_points
+from gsrecon.data.prepare.triangulate import _name_point_cloud
 from gsrecon.data.readers.colmap import load_colmap
 from gsrecon.data.readers.synthetic import SyntheticConfig, load_synthetic, surface_distance
-from gsrecon.data.readers.transforms import OPENGL_TO_OPENCV, load_transforms
+from gsrecon.data.readers.transforms import OPENGL_TO_OPENCV, every_frame, load_transforms
 from gsrecon.data.scene import Frame
 
 torch.set_num_threads(1)
@@ -160,7 +162,7 @@ def test_training_a_capture_without_points_triangulates_them_once_and_leaves_the
     assert "[1/3]" not in err and f"training {made} Gaussians from SfM points" in err
 
     # The cache keeps which photo saw which point (the depth prior's tracks): every frame's points are in its view.
-    cached = training_points(root, lambda line: None)
+    cached = training_points(root, partial(every_frame, root), lambda line: None)
     assert set(cached.observed) == {frame.name for frame in frames}
     observations = sum(len(rows) for rows in cached.observed.values())
     assert observations == pytest.approx(cached.mean_track_length * made, rel=1e-4)
