@@ -11,7 +11,8 @@ from test_blender import _write_synthetic
 from test_colmap import _make_scene
 from test_nerfstudio import write_nerfstudio
 
-from gsrecon.cli import CONFIGS_DIR, main
+from gsrecon.cli import main
+from gsrecon.data.prepare.detect import CONFIGS_DIR
 
 TINY_RUN = [  # a run of two steps on one CPU thread, whatever the config
     "max_steps=2",
