@@ -178,7 +178,8 @@ def test_the_shared_data_keys_apply_to_the_synthetic_scene(cfg, tmp_path):
     with pytest.raises(ValueError, match="data.factor=8 leaves no pixels of the 16x6 synthetic scene"):
         load_synthetic(dataclasses.replace(small, height=6), factor=8)
     pipeline = DataPipeline(
-        DataPipeline.Config(factor=2, eval_split="none", max_images=3, synthetic=small), torch.device("cpu")
+        DataPipeline.Config(factor=2, eval_split="none", max_images=3, reader=dataclasses.asdict(small)),
+        torch.device("cpu"),
     )
     assert len(pipeline.scene.train) == 2 and pipeline.scene.train[0].image.shape == (6, 8, 3)
 

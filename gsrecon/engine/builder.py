@@ -27,6 +27,7 @@ from gsrecon.metrics import MetricsConfig
 from gsrecon.model.appearance import AppearanceConfig
 from gsrecon.model.optim import OptimizerConfig, SchedulerConfig
 from gsrecon.registry import (
+    DATASET_REGISTRY,
     HOOK_REGISTRY,
     MODEL_REGISTRY,
     RENDERER_REGISTRY,
@@ -225,6 +226,7 @@ def resolve_run_config(cfg: RunConfig, device: torch.device, source: str) -> dic
     """The run's config as plain data with every registry entry resolved: what ``config.yaml`` holds."""
     resolved = to_container(cfg)
     resolved.pop("resume")
+    resolved["data"] = resolve_data_config(cfg.data, source)
     resolved["model"] = resolve_entry(
         MODEL_REGISTRY, cfg.model, source, "model", max_steps=cfg.max_steps, device=device
     )
@@ -233,6 +235,19 @@ def resolve_run_config(cfg: RunConfig, device: torch.device, source: str) -> dic
     resolved["writers"] = [resolve_entry(WRITER_REGISTRY, w, source, f"writers.{i}") for i, w in enumerate(cfg.writers)]
     resolved["hooks"] = resolve_hooks(cfg.hooks, source, cfg.max_steps)
     return resolved
+
+
+def resolve_data_config(data: DataPipeline.Config, source: str) -> dict[str, Any]:
+    """The ``data:`` section as plain data, the reader's own section (``data.<dataset>``) checked against its Config
+    and its defaults filled in (left out for a reader without options)."""
+    resolved = to_container(data)
+    try:
+        reader = DATASET_REGISTRY.get(data.dataset)
+    except RegistryError as exc:
+        raise ConfigError(f"{source}: key 'data.dataset': {exc}") from None
+    options = resolved_entry(reader, data.reader, source, f"data.{data.dataset}")
+    resolved.pop(data.dataset, None)
+    return {**resolved, **({data.dataset: options} if options else {})}
 
 
 def resolve_strategy_entry(cfg: RunConfig, source: str, start: str | None = None) -> dict[str, Any]:

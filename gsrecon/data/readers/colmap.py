@@ -24,8 +24,19 @@ from gsrecon.data.formats.colmap_model import ColmapImage, SparseModel, find_spa
 from gsrecon.data.formats.images import ImageFile, camera_frame, camera_image_file, check_factor
 from gsrecon.data.formats.lens import camera_intrinsics
 from gsrecon.data.formats.masks import MASKS_FOLDER, MaskFile, find_mask, mask_file
+from gsrecon.data.pipeline import DataPipeline, folder_arguments
 from gsrecon.data.scene import Frame, Scene
 from gsrecon.data.splits import NameList, check_eval_split, evenly_spaced, frame_name, listed_as_test, split_frames
+from gsrecon.registry import DATASET_REGISTRY
+
+
+@DATASET_REGISTRY.register("colmap")
+class ColmapReader:
+    """``data.dataset: colmap``: a COLMAP scene folder at ``data.path`` (no options of its own: ``data.colmap`` takes
+    none)."""
+
+    def read(self, data: DataPipeline.Config) -> Scene:
+        return load_colmap(**folder_arguments(data, "a folder with images/ and sparse/0/"))
 
 
 def load_colmap(

@@ -24,6 +24,7 @@ import math
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -37,6 +38,10 @@ from gsrecon.data.formats.lens import fov_to_focal, intrinsics_matrix
 from gsrecon.data.scene import Frame, Scene
 from gsrecon.data.splits import check_eval_split, evenly_spaced, split_frames
 from gsrecon.geometry import camera_centers, look_at
+from gsrecon.registry import DATASET_REGISTRY
+
+if TYPE_CHECKING:
+    from gsrecon.data.pipeline import DataPipeline
 
 Array = NDArray[np.float64]
 
@@ -554,3 +559,16 @@ def load_synthetic(cfg: SyntheticConfig, factor: int = 1, eval_split: str = "dat
         points=torch.from_numpy(arrays["points"]),
         colors=torch.from_numpy(arrays["colors"]),
     )
+
+
+@DATASET_REGISTRY.register("synthetic")
+class SyntheticReader:
+    """``data.dataset: synthetic``: the built-in scene, its options in ``data.synthetic`` (:class:`SyntheticConfig`)."""
+
+    Config = SyntheticConfig
+
+    def __init__(self, cfg: SyntheticConfig) -> None:
+        self.cfg = cfg
+
+    def read(self, data: DataPipeline.Config) -> Scene:
+        return load_synthetic(self.cfg, data.factor, data.eval_split, data.max_images)

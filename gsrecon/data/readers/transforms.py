@@ -47,10 +47,12 @@ from gsrecon.data.formats.images import (
 from gsrecon.data.formats.lens import SUPPORTED_MODELS, Distortion, fov_to_focal, intrinsics_matrix
 from gsrecon.data.formats.masks import MASKS_FOLDER, MaskFile, find_mask, mask_file
 from gsrecon.data.formats.transforms_json import image_path, read_transforms, transforms_file
+from gsrecon.data.pipeline import DataPipeline, folder_arguments
 from gsrecon.data.prepare.posed_sfm import training_points
 from gsrecon.data.scene import Frame, Scene, SfmPoints
 from gsrecon.data.splits import NameList, check_eval_split, evenly_spaced, frame_name, listed_as_test, split_frames
 from gsrecon.io.ply import read_ply
+from gsrecon.registry import DATASET_REGISTRY
 
 OPENGL_TO_OPENCV = np.diag([1.0, -1.0, -1.0, 1.0])  # flips the camera's y and z axes
 _INTRINSIC_KEYS = ("fl_x", "fl_y", "cx", "cy", "w", "h", "camera_angle_x", "camera_angle_y")
@@ -66,6 +68,16 @@ class _Entry(NamedTuple):
     frame: dict  # the frame's own fields
     global_fields: dict  # the file's top-level fields (per-frame ones override them)
     is_test: bool | None  # the dataset's own split; None unless eval_split is "dataset"
+
+
+@DATASET_REGISTRY.register("blender")  # the name it had, for configs written before
+@DATASET_REGISTRY.register("transforms")
+class TransformsReader:
+    """``data.dataset: transforms`` (alias ``blender``): a transforms.json folder at ``data.path`` (no options of its
+    own: ``data.transforms`` takes none)."""
+
+    def read(self, data: DataPipeline.Config) -> Scene:
+        return load_transforms(**folder_arguments(data, "a folder with transforms.json or transforms_train.json"))
 
 
 def load_transforms(
