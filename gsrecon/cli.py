@@ -377,7 +377,7 @@ def _data_triangulate(args: argparse.Namespace) -> int:
     print(f"points: {report.ply_path}")
     print(f"{report.transforms_path}: {report.change}")
     print(f"work files: {report.work_dir} (database.db, sparse/: the COLMAP model; safe to delete)")
-    print(f"train with data.dataset=blender data.path={args.data} (model.init: auto starts from these points)")
+    print(f"train with data.dataset=transforms data.path={args.data} (model.init: auto starts from these points)")
     return 0
 
 

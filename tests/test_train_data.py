@@ -73,7 +73,7 @@ def test_data_alone_picks_the_config_for_the_capture_and_says_why(
     )
     resolved = _resolved(tmp_path / "outputs" / "my_scene")
     assert resolved["data"]["path"] == str(root)
-    assert resolved["data"]["dataset"] == ("colmap" if config == "mipnerf360.yaml" else "blender")
+    assert resolved["data"]["dataset"] == ("colmap" if config == "mipnerf360.yaml" else "transforms")
     assert f"outputs: {Path('outputs/my_scene')}" in out
 
 

@@ -103,7 +103,7 @@ def test_triangulated_points_lie_on_the_synthetic_surfaces_and_training_reads_th
         assert stage in result.stderr
     assert f"points: {root / 'sparse_pc.ply'}" in result.stdout
     assert 'transforms.json: added "ply_file_path": "sparse_pc.ply"' in result.stdout
-    assert f"data.dataset=blender data.path={root}" in result.stdout
+    assert f"data.dataset=transforms data.path={root}" in result.stdout
 
     # transforms.json gained one line, as its first key; every other byte is as it was.
     after = (root / "transforms.json").read_text()
