@@ -32,6 +32,7 @@ _console = Console(stderr=True, soft_wrap=True)
 
 
 def _train(args: argparse.Namespace) -> int:
+    from gsrecon.data.prepare.detect import config_for_capture
     from gsrecon.engine.builder import load_run_config
     from gsrecon.engine.trainer import DefaultTrainer
 
@@ -39,7 +40,7 @@ def _train(args: argparse.Namespace) -> int:
     if args.data is not None:
         data_keys = [f"data.path={json.dumps(args.data)}"]  # quoted: the path stays a string
         if config is None:
-            config, why = _config_for_data(Path(args.data))
+            config, why = config_for_capture(Path(args.data))
             exp_dir = f"outputs/{Path(args.data).resolve().name}"
             data_keys.append(f"exp_dir={json.dumps(exp_dir)}")
             print(f"using {config} for {args.data}: {why} (exp_dir {exp_dir} unless set)")
@@ -83,39 +84,6 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint of exp_dir")
     p.add_argument("--overwrite", action="store_true", help="replace a previous run in exp_dir")
     p.set_defaults(func=_train)
-
-
-CONFIGS_DIR = Path(__file__).resolve().parents[1] / "configs"  # the shipped configs, beside the package
-
-
-def _config_for_data(root: Path) -> tuple[str, str]:
-    """(the shipped config for the capture in ``root``, why): by the files the folder holds.
-
-    Raises:
-        DatasetError: the folder holds no capture gsrecon reads, or the configs are not beside the package.
-    """
-    from gsrecon.data.colmap_format import find_sparse_dir
-    from gsrecon.data.errors import DatasetError
-
-    if not root.is_dir():
-        raise DatasetError(f"{root}: --data must be a scene folder, and this one does not exist")
-    if (root / "transforms_train.json").is_file() and (root / "transforms_test.json").is_file():
-        name, why = "blender_lego.yaml", "transforms_train.json + transforms_test.json, a NeRF-synthetic scene"
-    elif (root / "transforms.json").is_file() or (root / "transforms_train.json").is_file():
-        name, why = "phone.yaml", "transforms.json, a phone / nerfstudio capture"
-    else:
-        try:
-            sparse_dir = find_sparse_dir(root)
-        except DatasetError:
-            raise DatasetError(
-                f"{root}: no capture gsrecon knows (a COLMAP sparse/0/, a transforms.json, or NeRF-synthetic's "
-                "transforms_train.json + transforms_test.json); pass --config for your own layout"
-            ) from None
-        name, why = "mipnerf360.yaml", f"{sparse_dir.relative_to(root).as_posix()}/ holds a COLMAP model"
-    config = CONFIGS_DIR / name
-    if not config.is_file():
-        raise DatasetError(f"{config}: missing (gsrecon's configs/ is not beside its package here); pass --config")
-    return str(config), why
 
 
 def _hooks(args: argparse.Namespace) -> int:
@@ -368,42 +336,35 @@ def _stage_announcer(stages: tuple[str, ...]) -> Callable[[str, str], None]:
 
 
 def _data_colmap(args: argparse.Namespace) -> int:
-    from gsrecon.data.sfm import REPLACED, STAGES, import_pycolmap, run_sfm
-    from gsrecon.logging.console import Logger
+    from gsrecon.data.prepare.sfm import STAGES, run_sfm
 
-    logger = Logger()
-    announce = _stage_announcer(("frames", *STAGES) if args.video else STAGES)
-    seconds: dict[str, float] = {}
-    images = args.images
+    if not args.video and (args.frames is not None or args.fps is not None or args.oversample is not None):
+        raise InputError("--frames, --fps and --oversample choose video frames: use them with --video, not --images")
+    sfm_options = {
+        "camera_model": args.camera_model,
+        "camera_mode": args.camera_mode,
+        "matcher": args.matcher,
+        "use_gpu": not args.cpu,
+        "verbose": args.verbose,
+    }
     if args.video:
-        from gsrecon.data.video import OVERSAMPLE, extract_frames
+        from gsrecon.data.prepare.video import OVERSAMPLE, VIDEO_STAGES, sfm_from_videos
+        from gsrecon.logging.console import Logger
 
-        import_pycolmap("gsrecon data colmap")  # before spending time on the videos
-        frames = extract_frames(
+        logger = Logger()
+        report, seconds = sfm_from_videos(
             args.video,
-            Path(args.out) / "input",
+            args.out,
             frames=args.frames,
             fps=args.fps,
             oversample=OVERSAMPLE if args.oversample is None else args.oversample,
-            on_stage=announce,
+            on_stage=_stage_announcer(VIDEO_STAGES),
             on_video=lambda video: logger.info(f"  {video.describe()}"),
-            replaced=[Path(args.out) / name for name in REPLACED],
+            **sfm_options,
         )
-        seconds["frames"] = frames.seconds
-        images = str(frames.images_dir)
-    elif args.frames is not None or args.fps is not None or args.oversample is not None:
-        raise InputError("--frames, --fps and --oversample choose video frames: use them with --video, not --images")
-    report = run_sfm(
-        images,
-        args.out,
-        camera_model=args.camera_model,
-        camera_mode=args.camera_mode,
-        matcher=args.matcher,
-        use_gpu=not args.cpu,
-        verbose=args.verbose,
-        on_stage=announce,
-    )
-    seconds.update(report.seconds)
+    else:
+        report = run_sfm(args.images, args.out, on_stage=_stage_announcer(STAGES), **sfm_options)
+        seconds = report.seconds
     print(
         f"registered {report.num_registered} of {report.num_images} images with {report.num_cameras} camera(s), "
         f"{report.num_points} points"
@@ -417,7 +378,8 @@ def _data_colmap(args: argparse.Namespace) -> int:
 
 
 def _data_triangulate(args: argparse.Namespace) -> int:
-    from gsrecon.data.triangulate import STAGES, triangulate_scene
+    from gsrecon.data.prepare.posed_sfm import STAGES
+    from gsrecon.data.prepare.triangulate import triangulate_scene
 
     report = triangulate_scene(
         args.data,
@@ -432,7 +394,7 @@ def _data_triangulate(args: argparse.Namespace) -> int:
     print(f"points: {report.ply_path}")
     print(f"{report.transforms_path}: {report.change}")
     print(f"work files: {report.work_dir} (database.db, sparse/: the COLMAP model; safe to delete)")
-    print(f"train with data.dataset=blender data.path={args.data} (model.init: auto starts from these points)")
+    print(f"train with data.dataset=transforms data.path={args.data} (model.init: auto starts from these points)")
     return 0
 
 

@@ -68,6 +68,46 @@ def per_start(random: float, points: float) -> Any:
     return dataclasses.field(default=points, metadata={"per_start": (random, points)})
 
 
+def named_section(selector: str) -> Any:
+    """A dataclass field holding the mapping that YAML writes under the key field ``selector`` names: with
+    ``selector="dataset"``, ``data: {dataset: synthetic, synthetic: {width: 64}}`` fills it with ``{width: 64}``.
+    It holds the options of the registry entry chosen by name, checked against that entry's own ``Config``
+    where it is built, so that an entry added by a plugin brings its options without a change to this schema."""
+    return dataclasses.field(default_factory=dict, metadata={"named_by": selector})
+
+
+def _gathered_sections(schema: Any, data: Any) -> Any:
+    """``data`` (for the dataclass ``schema``) with each :func:`named_section` filled from the key that names it."""
+    if not isinstance(data, Mapping) or not dataclasses.is_dataclass(schema):
+        return data
+    out = dict(data)
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    for f in fields.values():
+        if "named_by" in f.metadata:
+            selector = fields[f.metadata["named_by"]]
+            name = out.get(selector.name, selector.default)
+            if isinstance(name, str) and name not in fields and name in out:
+                out[f.name] = out.pop(name)
+        elif f.name in out and f.default_factory is not dataclasses.MISSING:
+            out[f.name] = _gathered_sections(type(f.default_factory()), out[f.name])
+    return out
+
+
+def _spread_sections(obj: Any, container: Any) -> Any:
+    """The inverse of :func:`_gathered_sections` for the plain ``container`` of the dataclass instance ``obj``."""
+    if not dataclasses.is_dataclass(obj) or not isinstance(container, dict):
+        return container
+    out = {}
+    for f in dataclasses.fields(obj):
+        value = container[f.name]
+        if "named_by" in f.metadata:
+            if value:
+                out[getattr(obj, f.metadata["named_by"])] = value
+        else:
+            out[f.name] = _spread_sections(getattr(obj, f.name), value)
+    return out
+
+
 class ConfigError(InputError):
     """A config that cannot be used as written; the message names the key and the file."""
 
@@ -292,7 +332,7 @@ def parse_structured(schema: type[T], cfg: Mapping[str, Any] | None, source: str
     """
     check_config_data(cfg, source)
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(schema), cfg or {})
+        merged = OmegaConf.merge(OmegaConf.structured(schema), _gathered_sections(schema, cfg or {}))
         return OmegaConf.to_object(merged)  # type: ignore[return-value]
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", "") or ""
@@ -306,9 +346,10 @@ def parse_structured(schema: type[T], cfg: Mapping[str, Any] | None, source: str
 
 
 def to_container(obj: Any) -> Any:
-    """A dataclass config as plain dicts and lists (other values unchanged), for YAML or checkpoints."""
+    """A dataclass config as plain dicts and lists (other values unchanged), for YAML or checkpoints; a
+    :func:`named_section` goes back under the key that names it (left out when empty)."""
     if dataclasses.is_dataclass(obj):
-        return OmegaConf.to_container(OmegaConf.structured(obj), resolve=True)
+        return _spread_sections(obj, OmegaConf.to_container(OmegaConf.structured(obj), resolve=True))
     return obj
 
 

@@ -102,7 +102,7 @@ class Registry(Generic[T]):
 
 HOOK_REGISTRY: Registry = Registry("hook", locations=("gsrecon.hooks",))
 WRITER_REGISTRY: Registry = Registry("writer", locations=("gsrecon.logging.writers",))
-DATASET_REGISTRY: Registry = Registry("dataset", locations=("gsrecon.data.datapipeline",))
+DATASET_REGISTRY: Registry = Registry("dataset", locations=("gsrecon.data.readers",))
 MODEL_REGISTRY: Registry = Registry("model", locations=("gsrecon.model.gaussians",))
 RENDERER_REGISTRY: Registry = Registry(
     "renderer", locations=("gsrecon.render.torch_renderer", "gsrecon.render.gsplat_renderer")

@@ -34,8 +34,8 @@ def write_capture(scene: Path, frames: int, size: tuple[int, int]) -> None:
     import torch
     from PIL import Image
 
-    from gsrecon.data.cameras import Frame
-    from gsrecon.data.synthetic import SyntheticConfig, load_synthetic
+    from gsrecon.data.readers.synthetic import SyntheticConfig, load_synthetic
+    from gsrecon.data.scene import Frame
 
     sys.path.insert(0, str(ROOT / "tests"))
     from test_triangulate import _write_transforms  # the tests' transforms.json writer

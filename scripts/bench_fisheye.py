@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from bench_quality import load_average, run  # noqa: E402
 from test_fisheye import write_synthetic_capture  # noqa: E402
 
-from gsrecon.data.datapipeline import DataPipeline  # noqa: E402
+from gsrecon.data.pipeline import DataPipeline  # noqa: E402
 from gsrecon.engine.evaluator import evaluate_views  # noqa: E402
 from gsrecon.engine.trainer import DefaultTrainer  # noqa: E402
 from gsrecon.metrics import mean_metrics  # noqa: E402

@@ -32,7 +32,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from gsrecon.config import entry_map
-from gsrecon.data.images import write_png
+from gsrecon.data.formats.images import write_png
 from gsrecon.engine.builder import DEFAULT_HOOKS, load_run_config
 from gsrecon.engine.trainer import DefaultTrainer
 from gsrecon.hooks import Hook

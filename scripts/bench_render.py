@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from gsrecon.data.datapipeline import DataPipeline
+from gsrecon.data.pipeline import DataPipeline
 from gsrecon.engine.builder import resolve_renderer_entry
 from gsrecon.engine.inference import load_trained_scene
 from gsrecon.registry import RENDERER_REGISTRY

@@ -10,7 +10,6 @@ import struct
 from pathlib import Path
 
 import numpy as np
-
 from gsrecon.data.colmap_format import (
     _POINT2D_DTYPE,
     CAMERA_MODELS,

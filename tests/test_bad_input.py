@@ -16,7 +16,7 @@ from test_colmap import _make_scene
 from test_images import png_header_only
 
 from gsrecon.cli import main
-from gsrecon.data.colmap_format import ColmapPoints
+from gsrecon.data.formats.colmap_model import ColmapPoints
 
 
 @pytest.fixture(autouse=True)

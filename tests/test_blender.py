@@ -11,8 +11,8 @@ import pytest
 import torch
 from PIL import Image
 
-from gsrecon.data.blender import load_blender
 from gsrecon.data.errors import DatasetError
+from gsrecon.data.readers.transforms import load_transforms
 
 torch.set_num_threads(1)
 
@@ -95,7 +95,7 @@ def _frames(scene) -> dict:
 
 def test_synthetic_dataset_split_keeps_alpha_and_ignores_val(tmp_path: Path) -> None:
     pixels = _write_synthetic(tmp_path)
-    scene = load_blender(str(tmp_path), eval_split="dataset")
+    scene = load_transforms(str(tmp_path), eval_split="dataset")
     assert [f.name for f in scene.train] == [f"train_r_{i}" for i in range(5)]
     assert [f.name for f in scene.test] == [f"test_r_{i}" for i in range(3)]
     for name, frame in _frames(scene).items():
@@ -110,15 +110,15 @@ def test_synthetic_dataset_split_keeps_alpha_and_ignores_val(tmp_path: Path) -> 
 def test_synthetic_every_8_and_none_never_train_on_official_test_images(tmp_path: Path) -> None:
     pixels = _write_synthetic(tmp_path)
     train_pixels = [pixels[f"train_r_{i}"] for i in range(5)]
-    scene = load_blender(str(tmp_path))
+    scene = load_transforms(str(tmp_path))
     assert [f.name for f in scene.test] == ["r_0"] and [f.name for f in scene.train] == ["r_1", "r_2", "r_3", "r_4"]
     for frame in scene.train + scene.test:
         np.testing.assert_array_equal(frame.image.numpy(), train_pixels[int(frame.name[2:])])
-    scene = load_blender(str(tmp_path), eval_split="none")
+    scene = load_transforms(str(tmp_path), eval_split="none")
     assert [f.name for f in scene.train] == [f"r_{i}" for i in range(5)] and scene.test == []
-    assert sorted(_frames(load_blender(str(tmp_path), max_images=3))) == ["r_0", "r_2", "r_4"]
+    assert sorted(_frames(load_transforms(str(tmp_path), max_images=3))) == ["r_0", "r_2", "r_4"]
     (tmp_path / "transforms_test.json").unlink()  # not needed
-    assert len(load_blender(str(tmp_path)).train) == 4
+    assert len(load_transforms(str(tmp_path)).train) == 4
 
 
 def test_opengl_camera_to_world_becomes_opencv_world_to_camera(tmp_path: Path) -> None:
@@ -131,7 +131,7 @@ def test_opengl_camera_to_world_becomes_opencv_world_to_camera(tmp_path: Path) -
         "frames": [{"file_path": "train/r_0", "transform_matrix": c2w.tolist()}],
     }
     (tmp_path / "transforms_train.json").write_text(json.dumps(content))
-    frame = load_blender(str(tmp_path), eval_split="none").train[0]  # focal = SIZE, principal point (20, 20)
+    frame = load_transforms(str(tmp_path), eval_split="none").train[0]  # focal = SIZE, principal point (20, 20)
     np.testing.assert_allclose(_project(frame, [0, 0, 0]), [20, 20], atol=1e-5)
     np.testing.assert_allclose(_project(frame, [1, 0, 0]), [20 + SIZE / 4, 20], atol=1e-5)  # world +x: right
     np.testing.assert_allclose(_project(frame, [0, 0, 1]), [20, 20 - SIZE / 4], atol=1e-5)  # world up: image up
@@ -140,8 +140,8 @@ def test_opengl_camera_to_world_becomes_opencv_world_to_camera(tmp_path: Path) -
 
 def test_synthetic_factor_resizes_rgba_and_scales_intrinsics(tmp_path: Path) -> None:
     pixels = _write_synthetic(tmp_path)
-    full = _frames(load_blender(str(tmp_path), eval_split="dataset"))
-    half = _frames(load_blender(str(tmp_path), factor=2, eval_split="dataset"))
+    full = _frames(load_transforms(str(tmp_path), eval_split="dataset"))
+    half = _frames(load_transforms(str(tmp_path), factor=2, eval_split="dataset"))
     for name, frame in half.items():
         assert frame.image.shape == (SIZE // 2, SIZE // 2, 4)
         torch.testing.assert_close(frame.K[:2], full[name].K[:2] / 2)
@@ -153,7 +153,7 @@ def test_synthetic_factor_resizes_rgba_and_scales_intrinsics(tmp_path: Path) -> 
 
 def test_ngp_intrinsics_per_frame_override_and_paths_without_extension(tmp_path: Path) -> None:
     _write_ngp(tmp_path)
-    scene = load_blender(str(tmp_path), eval_split="none")
+    scene = load_transforms(str(tmp_path), eval_split="none")
     frames = _frames(scene)
     assert sorted(frames) == [f"frame_{i:05d}" for i in range(6)]  # the shared images/ folder is dropped
     torch.testing.assert_close(frames["frame_00000"].K, torch.tensor([[50.0, 0, 30.5], [0, 52.0, 19.25], [0, 0, 1]]))
@@ -172,13 +172,13 @@ def test_ngp_camera_angle_x_and_default_principal_point(tmp_path: Path) -> None:
     content["camera_angle_x"] = 2 * math.atan(0.5)
     content["frames"][2] = {k: v for k, v in content["frames"][2].items() if k not in ("fl_x", "cx")}
     (tmp_path / "transforms.json").write_text(json.dumps(content))
-    frame = load_blender(str(tmp_path), eval_split="none").train[0]
+    frame = load_transforms(str(tmp_path), eval_split="none").train[0]
     torch.testing.assert_close(frame.K, torch.tensor([[64.0, 0, 32.0], [0, 64.0, 20.0], [0, 0, 1]]))
 
 
 def test_ngp_distortion_is_undistorted(tmp_path: Path) -> None:
     _write_ngp(tmp_path, k1=0.1, k2=0.01, p1=0.001, p2=-0.002)
-    for frame in load_blender(str(tmp_path), eval_split="none").train:
+    for frame in load_transforms(str(tmp_path), eval_split="none").train:
         assert frame.image.shape == (40, 64, 3)
         assert frame.K[0, 2].item() == pytest.approx(33.0 if frame.name == "frame_00002" else 30.5)
         assert frame.K[1, 2].item() == pytest.approx(19.25)
@@ -190,7 +190,7 @@ def test_ngp_factor_uses_images_f_folder(tmp_path: Path) -> None:
     (tmp_path / "images_2").mkdir()
     for i in range(6):
         Image.fromarray(np.full((20, 32, 3), 200, np.uint8)).save(tmp_path / "images_2" / f"frame_{i:05d}.jpg")
-    frames = _frames(load_blender(str(tmp_path), factor=2, eval_split="none"))
+    frames = _frames(load_transforms(str(tmp_path), factor=2, eval_split="none"))
     assert all(f.image.shape == (20, 32, 3) and f.image.float().mean() > 190 for f in frames.values())
     torch.testing.assert_close(frames["frame_00000"].K, torch.tensor([[25.0, 0, 15.25], [0, 26.0, 9.625], [0, 0, 1]]))
 
@@ -198,11 +198,11 @@ def test_ngp_factor_uses_images_f_folder(tmp_path: Path) -> None:
 def test_ngp_dataset_split_needs_filenames(tmp_path: Path) -> None:
     content = _write_ngp(tmp_path)
     with pytest.raises(DatasetError, match=r"transforms\.json: eval_split 'dataset' needs 'test_filenames'"):
-        load_blender(str(tmp_path), eval_split="dataset")
+        load_transforms(str(tmp_path), eval_split="dataset")
     # Frame 1's file_path has no extension; the list may add one, and './'.
     content["test_filenames"] = ["images/frame_00004.jpg", "./images/frame_00001.jpg", "images/frame_00005"]
     (tmp_path / "transforms.json").write_text(json.dumps(content))
-    scene = load_blender(str(tmp_path), eval_split="dataset")
+    scene = load_transforms(str(tmp_path), eval_split="dataset")
     assert [f.name for f in scene.test] == ["frame_00001", "frame_00004", "frame_00005"] and len(scene.train) == 3
 
 
@@ -210,7 +210,7 @@ def test_ngp_train_filenames_make_the_rest_test(tmp_path: Path) -> None:
     content = _write_ngp(tmp_path)
     content["train_filenames"] = [f"images/frame_{i:05d}.jpg" for i in range(5)]
     (tmp_path / "transforms.json").write_text(json.dumps(content))
-    scene = load_blender(str(tmp_path), eval_split="dataset", max_images=3)  # frames 0, 2 (or 3), 5
+    scene = load_transforms(str(tmp_path), eval_split="dataset", max_images=3)  # frames 0, 2 (or 3), 5
     assert [f.name for f in scene.test] == ["frame_00005"] and len(scene.train) == 2
 
 
@@ -224,11 +224,11 @@ def test_ngp_filenames_that_match_no_frame_are_an_error(tmp_path: Path, key: str
         match=rf"transforms\.json '{key}': 2 of 4 entries name no image of the scene: 'frame_00002\.jpg', "
         r"'rgb/frame_00001\.jpg' \(its images are named like 'images/frame_00000\.jpg'\)",
     ):
-        load_blender(str(tmp_path), eval_split="dataset")
+        load_transforms(str(tmp_path), eval_split="dataset")
     content[key] = "images/frame_00004.jpg"
     (tmp_path / "transforms.json").write_text(json.dumps(content))
     with pytest.raises(DatasetError, match=rf"transforms\.json: '{key}' must be a list of image file paths"):
-        load_blender(str(tmp_path), eval_split="dataset")
+        load_transforms(str(tmp_path), eval_split="dataset")
 
 
 def test_ngp_too_strong_distortion_names_the_image_and_frame(tmp_path: Path) -> None:
@@ -237,7 +237,7 @@ def test_ngp_too_strong_distortion_names_the_image_and_frame(tmp_path: Path) -> 
         DatasetError,
         match=r"frame_00000\.jpg: cannot undistort the image of frame 'images/frame_00000\.jpg' of .*transforms\.json",
     ):
-        load_blender(str(tmp_path), eval_split="none")
+        load_transforms(str(tmp_path), eval_split="none")
 
 
 # ------------------------------------------------------------------------------------------- bad input
@@ -248,61 +248,61 @@ def test_no_intrinsics(tmp_path: Path) -> None:
     content.pop("fl_x")
     (tmp_path / "transforms.json").write_text(json.dumps(content))
     with pytest.raises(DatasetError, match=r"transforms\.json: frame 'images/frame_00000\.jpg' has no intrinsics"):
-        load_blender(str(tmp_path))
+        load_transforms(str(tmp_path))
 
 
 def test_missing_image(tmp_path: Path) -> None:
     _write_synthetic(tmp_path)
     (tmp_path / "test" / "r_1.png").unlink()
     with pytest.raises(DatasetError, match=r"test/r_1: image file is missing \(referenced by .*transforms_test\.json"):
-        load_blender(str(tmp_path), eval_split="dataset")
+        load_transforms(str(tmp_path), eval_split="dataset")
 
 
 def test_invalid_json_and_missing_keys(tmp_path: Path) -> None:
     _write_synthetic(tmp_path)
     (tmp_path / "transforms_test.json").write_text('{"frames": [}')
     with pytest.raises(DatasetError, match=r"transforms_test\.json: invalid JSON at line 1"):
-        load_blender(str(tmp_path), eval_split="dataset")
+        load_transforms(str(tmp_path), eval_split="dataset")
     (tmp_path / "transforms_test.json").write_text('{"frames": [{"file_path": "./test/r_0"}]}')
     with pytest.raises(DatasetError, match=r"transforms_test\.json: frame 0 needs 'file_path' and 'transform_matrix'"):
-        load_blender(str(tmp_path), eval_split="dataset")
+        load_transforms(str(tmp_path), eval_split="dataset")
     (tmp_path / "transforms_test.json").write_text(
         '{"camera_angle_x": 0.7, "frames": [{"file_path": "./test/r_0", "transform_matrix": [[1, 2], [3, 4]]}]}'
     )
     with pytest.raises(DatasetError, match=r"transforms_test\.json: frame './test/r_0': 'transform_matrix' must be"):
-        load_blender(str(tmp_path), eval_split="dataset")
+        load_transforms(str(tmp_path), eval_split="dataset")
     (tmp_path / "transforms_test.json").unlink()
     with pytest.raises(DatasetError, match=r"transforms_test\.json: missing, and eval_split 'dataset' needs it"):
-        load_blender(str(tmp_path), eval_split="dataset")
+        load_transforms(str(tmp_path), eval_split="dataset")
 
 
 def test_no_transforms_file(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match=r"no transforms_train\.json or transforms\.json"):
-        load_blender(str(tmp_path))
+        load_transforms(str(tmp_path))
 
 
 def test_equirectangular_is_rejected(tmp_path: Path) -> None:
     _write_ngp(tmp_path, camera_model="EQUIRECTANGULAR")
     with pytest.raises(DatasetError, match=r"transforms\.json: frame .* uses the EQUIRECTANGULAR camera model"):
-        load_blender(str(tmp_path))
+        load_transforms(str(tmp_path))
 
 
 def test_no_frames(tmp_path: Path) -> None:
     (tmp_path / "transforms.json").write_text(json.dumps({"fl_x": 50.0, "frames": []}))
     with pytest.raises(DatasetError, match="list no frames"):
-        load_blender(str(tmp_path))
+        load_transforms(str(tmp_path))
 
 
 def test_image_size_disagreeing_with_w_h(tmp_path: Path) -> None:
     _write_ngp(tmp_path, w=80)
     with pytest.raises(DatasetError, match=r"frame_00000\.jpg: image is 64x40, but its camera says 80x40"):
-        load_blender(str(tmp_path))
+        load_transforms(str(tmp_path))
 
 
 def test_non_numeric_intrinsic(tmp_path: Path) -> None:
     _write_ngp(tmp_path, fl_y="52")
     with pytest.raises(DatasetError, match=r"transforms\.json: frame .*: 'fl_y' must be a finite number > 0, got '52'"):
-        load_blender(str(tmp_path))
+        load_transforms(str(tmp_path))
 
 
 @pytest.mark.parametrize(
@@ -323,7 +323,7 @@ def test_non_numeric_intrinsic(tmp_path: Path) -> None:
 def test_bad_intrinsics_name_the_file_frame_and_key(tmp_path: Path, fields: dict, message: str) -> None:
     _write_ngp(tmp_path, **fields)
     with pytest.raises(DatasetError, match=rf"transforms\.json: frame 'images/frame_00000\.jpg': {message}"):
-        load_blender(str(tmp_path))
+        load_transforms(str(tmp_path))
 
 
 def test_bad_per_frame_focal_names_that_frame(tmp_path: Path) -> None:
@@ -333,7 +333,7 @@ def test_bad_per_frame_focal_names_that_frame(tmp_path: Path) -> None:
     with pytest.raises(
         DatasetError, match=r"transforms\.json: frame 'images/frame_00003\.jpg': 'fl_x' must be a finite number > 0"
     ):
-        load_blender(str(tmp_path))
+        load_transforms(str(tmp_path))
 
 
 @pytest.mark.parametrize(
@@ -358,7 +358,7 @@ def test_non_finite_or_singular_transform_matrix_names_the_file_frame_and_value(
         match=rf"transforms\.json: frame 'images/frame_00004\.jpg': 'transform_matrix' must be a finite, invertible "
         rf"4x4 \(or 3x4\) matrix with last row \[0, 0, 0, 1\], got .*{shown}",
     ):
-        load_blender(str(tmp_path))
+        load_transforms(str(tmp_path))
 
 
 def test_ngp_ply_file_path_gives_the_starting_points(tmp_path: Path) -> None:
@@ -371,14 +371,14 @@ def test_ngp_ply_file_path_gives_the_starting_points(tmp_path: Path) -> None:
     )
     PlyData([PlyElement.describe(vertex, "vertex")]).write(str(tmp_path / "sparse_pc.ply"))
     _write_ngp(tmp_path, ply_file_path="sparse_pc.ply")
-    scene = load_blender(str(tmp_path), eval_split="none")
+    scene = load_transforms(str(tmp_path), eval_split="none")
     torch.testing.assert_close(scene.points, torch.tensor([[0.1, 0.2, 0.3], [-1.0, 0.5, 2.0]]))
     torch.testing.assert_close(scene.colors, torch.tensor([[1.0, 0.0, 0.0], [0.0, 128 / 255, 1.0]]))
     _write_ngp(tmp_path / "plain")
-    assert load_blender(str(tmp_path / "plain")).points.shape == (0, 3)
+    assert load_transforms(str(tmp_path / "plain")).points.shape == (0, 3)
 
     _write_ngp(tmp_path, ply_file_path="missing.ply")
     with pytest.raises(
         DatasetError, match=r"transforms\.json: 'ply_file_path' 'missing\.ply': .*missing\.ply: no such file"
     ):
-        load_blender(str(tmp_path))
+        load_transforms(str(tmp_path))

@@ -12,16 +12,16 @@ import torch
 from colmap_writer import write_model
 from PIL import Image
 
-from gsrecon.data.colmap import load_colmap
-from gsrecon.data.colmap_format import (
+from gsrecon.data.errors import DatasetError
+from gsrecon.data.formats.colmap_model import (
     ColmapCamera,
     ColmapImage,
     ColmapPoints,
     SparseModel,
     read_model,
 )
-from gsrecon.data.errors import DatasetError
-from gsrecon.data.images import read_image, to_uint8, write_png
+from gsrecon.data.formats.images import read_image, to_uint8, write_png
+from gsrecon.data.readers.colmap import load_colmap
 from gsrecon.geometry import rotmat_to_quat
 from gsrecon.model.gaussians import GaussianModel
 

@@ -158,3 +158,48 @@ def test_failing_import_file_is_a_config_error_naming_it(tmp_path: Path, make_tr
     missing_dep.write_text("import not_a_real_module_xyz\n")
     with pytest.raises(ConfigError, match=r"needs_dep\.py failed: ModuleNotFoundError"):
         make_trainer("b", imports=[str(missing_dep)])
+
+
+def test_a_plugin_reader_takes_its_own_options_from_its_section(tmp_path: Path) -> None:
+    import dataclasses
+
+    import torch
+
+    from gsrecon.config import to_container
+    from gsrecon.data.pipeline import DataPipeline
+    from gsrecon.data.readers.synthetic import SyntheticConfig, load_synthetic
+    from gsrecon.engine.builder import resolve_data_config
+    from gsrecon.registry import DATASET_REGISTRY
+
+    with DATASET_REGISTRY.scoped():
+
+        @DATASET_REGISTRY.register("few_views")
+        class FewViews:
+            @dataclasses.dataclass
+            class Config:
+                views: int = 3
+
+            def __init__(self, cfg: Config) -> None:
+                self.cfg = cfg
+
+            def read(self, data: DataPipeline.Config):
+                scene = SyntheticConfig(num_views=self.cfg.views, num_points=20, cache_dir=str(tmp_path))
+                return load_synthetic(scene, data.factor, "none")
+
+        path = write_yaml(tmp_path / "run.yaml", {"data": {"dataset": "few_views", "few_views": {"views": 2}}})
+        cfg = parse_structured(DefaultTrainer.Config, load_config(path), source=str(path))
+        assert cfg.data.reader == {"views": 2}
+        assert len(DataPipeline(cfg.data, torch.device("cpu")).scene.train) == 2
+        assert to_container(cfg.data)["few_views"] == {"views": 2}  # config.yaml writes it back under the name
+
+        typo = parse_structured(DefaultTrainer.Config, load_config(path, ["data.few_views.veiws=2"]), str(path))
+        with pytest.raises(ConfigError, match=r"run\.yaml.*'data\.few_views\.veiws'"):
+            resolve_data_config(typo.data, str(path))
+        with pytest.raises(ConfigError, match=r"run\.yaml.*data\.synthetic"):  # another reader's section
+            parse_structured(DefaultTrainer.Config, load_config(path, ["data.synthetic.width=8"]), str(path))
+
+
+def test_blender_is_another_name_of_the_transforms_reader() -> None:
+    from gsrecon.registry import DATASET_REGISTRY
+
+    assert DATASET_REGISTRY.get("blender") is DATASET_REGISTRY.get("transforms")

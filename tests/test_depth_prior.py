@@ -16,7 +16,7 @@ from test_colmap import H, W, _make_scene, _synthetic_model
 
 from gsrecon.cli import main
 from gsrecon.config import ConfigError, parse_structured
-from gsrecon.data.datapipeline import DataPipeline
+from gsrecon.data.pipeline import DataPipeline
 from gsrecon.engine.trainer import DefaultTrainer
 from gsrecon.losses.base import DEFAULT_LOSS
 from gsrecon.losses.depth_prior import point_depth_loss

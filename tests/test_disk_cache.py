@@ -16,11 +16,11 @@ from torch import Tensor
 
 from gsrecon.cli import main
 from gsrecon.config import parse_structured
-from gsrecon.data.blender import load_blender
-from gsrecon.data.cameras import Frame, PixelFile
 from gsrecon.data.errors import DatasetError
-from gsrecon.data.frame_source import BYTES_PER_PIXEL, FrameDecoder, Prefetcher, choose_cache, decoded_bytes
-from gsrecon.data.synthetic import SyntheticConfig, load_synthetic
+from gsrecon.data.prefetch import BYTES_PER_PIXEL, FrameDecoder, Prefetcher, choose_cache, decoded_bytes
+from gsrecon.data.readers.synthetic import SyntheticConfig, load_synthetic
+from gsrecon.data.readers.transforms import load_transforms
+from gsrecon.data.scene import Frame, PixelFile
 from gsrecon.engine.trainer import DefaultTrainer
 
 torch.set_num_threads(1)
@@ -94,7 +94,7 @@ def test_disk_resumes_where_it_stopped(tmp_path: Path, capture: Path) -> None:
 
 
 def test_lazy_frames_read_like_decoded_ones_from_their_headers(tmp_path: Path, capture: Path) -> None:
-    eager, lazy = load_blender(str(capture), max_images=12), load_blender(str(capture), max_images=12, lazy=True)
+    eager, lazy = load_transforms(str(capture), max_images=12), load_transforms(str(capture), max_images=12, lazy=True)
     for a, b in zip(eager.train + eager.test, lazy.train + lazy.test, strict=True):
         assert isinstance(a.pixels, Tensor) and isinstance(b.pixels, PixelFile)
         assert (b.name, b.width, b.height, b.source) == (a.name, a.width, a.height, a.source)
@@ -110,7 +110,7 @@ def test_a_lazy_frame_reads_its_resized_image_from_the_image_cache(tmp_path: Pat
     pixels = np.random.default_rng(0).integers(0, 256, (48, 64, 3), dtype=np.uint8)
     frame = load_synthetic(SyntheticConfig(num_views=1, val_every=0, cache_dir=str(tmp_path / "gen"))).train[0]
     _write_transforms(root, [Frame(frame.name, frame.viewmat, frame.K, torch.from_numpy(pixels))])
-    lazy = load_blender(str(root), factor=2, eval_split="none", lazy=True).train[0]
+    lazy = load_transforms(str(root), factor=2, eval_split="none", lazy=True).train[0]
     first = lazy.image  # resized now, and kept in the image cache
     assert first.shape == (24, 32, 3) and lazy.source == "resized 1/2"
     # Same header, size and time, no pixels: a decode that redid the resize would now fail on the source.
@@ -120,12 +120,12 @@ def test_a_lazy_frame_reads_its_resized_image_from_the_image_cache(tmp_path: Pat
     source.write_bytes(source.read_bytes().ljust(stat.st_size, b"\0"))
     os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     with pytest.raises(DatasetError, match="cannot read the image"):
-        load_blender(str(root), factor=1, eval_split="none", lazy=True).train[0].decoded()
+        load_transforms(str(root), factor=1, eval_split="none", lazy=True).train[0].decoded()
     assert torch.equal(lazy.image, first)
 
 
 def test_prefetcher_decodes_the_groups_to_come_and_drops_skipped_ones(tmp_path: Path, capture: Path) -> None:
-    frames = load_blender(str(capture), max_images=20, eval_split="none", lazy=True).train
+    frames = load_transforms(str(capture), max_images=20, eval_split="none", lazy=True).train
     decoder = FrameDecoder(workers=2)
     order = [[3, 1], [0, 2], [5, 4], [7, 6], [9, 8], [11, 10]]
     ahead = Prefetcher(decoder, frames, lambda key: order[key] if key < len(order) else [], ahead=2)
@@ -170,12 +170,12 @@ def test_auto_says_what_it_chose_and_why_in_the_first_log_line(tmp_path: Path, c
 
 def test_a_broken_image_fails_with_one_line_naming_it(tmp_path: Path, capture: Path, capsys) -> None:
     root = tmp_path / "scene"
-    frames = load_blender(str(capture), max_images=8, eval_split="none").train
+    frames = load_transforms(str(capture), max_images=8, eval_split="none").train
     _write_transforms(root, frames)
     png_header_only(root / "images" / f"{frames[3].name}.png", 64, 48)  # the header is fine, the pixels are not
-    assert isinstance(load_blender(str(root), eval_split="none", lazy=True).train[3].pixels, PixelFile)
+    assert isinstance(load_transforms(str(root), eval_split="none", lazy=True).train[3].pixels, PixelFile)
     with pytest.raises(DatasetError, match=f"{frames[3].name}.png: cannot read the image"):
-        load_blender(str(root), eval_split="none", lazy=True).train[3].decoded()
+        load_transforms(str(root), eval_split="none", lazy=True).train[3].decoded()
 
     config = tiny_config(tmp_path / "run", tmp_path / "synthetic", max_steps=8)
     config["data"] = {"dataset": "blender", "path": str(root), "cache": "disk", "eval_split": "none"}

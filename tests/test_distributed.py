@@ -100,9 +100,7 @@ def test_two_gloo_processes_match_each_other_and_one_process_with_batch_2(make_c
 @pytest.mark.parametrize("batch_size", [2])
 def test_batch_size_scales_learning_rates_by_sqrt(make_trainer, batch_size: int) -> None:
     one = make_trainer("b1")
-    two = make_trainer(
-        "b2", data={**one.cfg.data.__dict__, "synthetic": one.cfg.data.synthetic.__dict__, "batch_size": batch_size}
-    )
+    two = make_trainer("b2", data={**one.cfg.data.__dict__, "batch_size": batch_size})
     for name in one.optimizers:
         lr1 = one.optimizers[name].param_groups[0]["lr"]
         lr2 = two.optimizers[name].param_groups[0]["lr"]

@@ -73,7 +73,10 @@ def test_a_term_removed_by_null_is_not_computed_and_stays_removed_in_the_written
     assert read_scalars(exp_dir, "train/loss/ssim") == {}
     assert read_scalars(exp_dir, "train/loss") == read_scalars(exp_dir, "train/loss/l1")
     cfg, source = load_run_config(str(exp_dir / "config.yaml"))
-    assert resolve_entry_map(LOSS_REGISTRY, cfg.loss, DEFAULT_LOSS, source, "loss") == {"l1": {"weight": 0.8}, "ssim": None}
+    assert resolve_entry_map(LOSS_REGISTRY, cfg.loss, DEFAULT_LOSS, source, "loss") == {
+        "l1": {"weight": 0.8},
+        "ssim": None,
+    }
 
 
 def test_an_unknown_term_or_option_is_one_line_naming_the_key(tmp_path: Path, synthetic_cache: Path, capsys) -> None:

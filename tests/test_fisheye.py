@@ -14,12 +14,9 @@ from conftest import write_yaml
 from PIL import Image
 
 from gsrecon.cli import main
-from gsrecon.data.blender import OPENGL_TO_OPENCV, load_blender
-from gsrecon.data.colmap_format import ColmapCamera
 from gsrecon.data.errors import DatasetError
-from gsrecon.data.synthetic import SyntheticConfig, load_synthetic, orbit_viewmats, render_view
-from gsrecon.data.triangulate import write_points_ply
-from gsrecon.data.undistort import (
+from gsrecon.data.formats.colmap_model import ColmapCamera
+from gsrecon.data.formats.lens import (
     FISHEYE_MAX_ANGLE,
     Distortion,
     camera_intrinsics,
@@ -30,7 +27,10 @@ from gsrecon.data.undistort import (
     undistort_points,
     undistorted_intrinsics,
 )
+from gsrecon.data.readers.synthetic import SyntheticConfig, load_synthetic, orbit_viewmats, render_view
+from gsrecon.data.readers.transforms import OPENGL_TO_OPENCV, load_transforms
 from gsrecon.engine.evaluator import evaluate_views
+from gsrecon.io.ply import write_points_ply
 from gsrecon.metrics import mean_metrics
 
 W, H = 96, 72
@@ -159,7 +159,7 @@ def _write_fisheye_transforms(root: Path, **fields) -> None:
 def test_nerfstudio_opencv_fisheye_is_undistorted_to_the_widest_pinhole(tmp_path: Path) -> None:
     coefficients = {"k1": FISHEYE.k1, "k2": FISHEYE.k2, "k3": FISHEYE.k3, "k4": FISHEYE.k4}
     _write_fisheye_transforms(tmp_path, **coefficients)
-    frames = load_blender(str(tmp_path), eval_split="none").train
+    frames = load_transforms(str(tmp_path), eval_split="none").train
     K_new = undistorted_intrinsics(K, FISHEYE, W, H)
     for frame in frames:
         np.testing.assert_allclose(frame.K.numpy(), K_new, rtol=1e-5)
@@ -171,7 +171,7 @@ def test_nerfstudio_opencv_fisheye_is_undistorted_to_the_widest_pinhole(tmp_path
 
 def test_the_first_log_line_says_how_much_of_the_fisheye_view_is_kept(tmp_path: Path) -> None:
     _write_fisheye_transforms(tmp_path, k1=FISHEYE.k1, k2=FISHEYE.k2, k3=FISHEYE.k3, k4=FISHEYE.k4)
-    frame = load_blender(str(tmp_path), eval_split="none").train[0]
+    frame = load_transforms(str(tmp_path), eval_split="none").train[0]
     K_new = undistorted_intrinsics(K, FISHEYE, W, H)
     (fx, fy), (cx, cy) = np.diag(K)[:2], K[:2, 2]
     lens = [
@@ -195,7 +195,7 @@ def test_a_fisheye_whose_borders_lie_past_its_polynomial_is_described_without_an
 
 def test_nerfstudio_fisheye_without_k_params_is_the_plain_equidistant_lens(tmp_path: Path) -> None:
     _write_fisheye_transforms(tmp_path)  # nerfstudio's defaults: k1..k4 = 0
-    frame = load_blender(str(tmp_path), eval_split="none").train[0]
+    frame = load_transforms(str(tmp_path), eval_split="none").train[0]
     np.testing.assert_allclose(frame.K.numpy(), undistorted_intrinsics(K, Distortion(fisheye=True), W, H), rtol=1e-5)
 
 
@@ -244,7 +244,7 @@ def test_the_synthetic_fisheye_capture_undistorts_to_its_pinhole_twin(tmp_path: 
     """The fisheye capture, read and undistorted, shows what the pinhole capture shows (the training test's premise)."""
     for fisheye in (True, False):
         write_synthetic_capture(tmp_path / str(fisheye), fisheye, tmp_path / "synthetic")
-    fisheye, pinhole = (load_blender(str(tmp_path / str(f)), eval_split="none").train for f in (True, False))
+    fisheye, pinhole = (load_transforms(str(tmp_path / str(f)), eval_split="none").train for f in (True, False))
     for a, b in zip(fisheye, pinhole, strict=True):
         np.testing.assert_allclose(a.K.numpy(), b.K.numpy(), rtol=1e-5)
         mse = float(np.mean((a.image.numpy().astype(float) - b.image.numpy().astype(float)) ** 2))

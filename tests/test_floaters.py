@@ -10,7 +10,7 @@ import torch
 from conftest import write_yaml
 
 from gsrecon.cli import main
-from gsrecon.data.datapipeline import Batch
+from gsrecon.data.pipeline import Batch
 from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.hooks.floaters import find_floaters
 from gsrecon.registry import RENDERER_REGISTRY

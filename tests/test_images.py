@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from PIL import Image, ImageFile
 
-from gsrecon.data import images
 from gsrecon.data.errors import DatasetError
-from gsrecon.data.images import read_image, read_image_size
+from gsrecon.data.formats import images
+from gsrecon.data.formats.images import read_image, read_image_size
 
 
 def png_header_only(path: Path, width: int, height: int) -> Path:

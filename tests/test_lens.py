@@ -23,8 +23,8 @@ from test_fisheye import (
 )
 
 from gsrecon.cli import main
-from gsrecon.data.blender import load_blender
-from gsrecon.data.undistort import distort, undistorted_intrinsics
+from gsrecon.data.formats.lens import distort, undistorted_intrinsics
+from gsrecon.data.readers.transforms import load_transforms
 from gsrecon.render.lens import fisheye_project, max_lens_angle
 from gsrecon.render.torch_renderer import TorchRenderer
 from gsrecon.strategy.default import DefaultStrategy
@@ -128,12 +128,12 @@ def test_gradients_through_the_lens_are_finite_with_a_gaussian_on_the_axis() -> 
 
 def test_a_fisheye_capture_is_kept_as_shot_with_data_fisheye_lens(tmp_path: Path) -> None:
     _write_fisheye_transforms(tmp_path, k1=FISHEYE.k1, k2=FISHEYE.k2, k3=FISHEYE.k3, k4=FISHEYE.k4)
-    kept = load_blender(str(tmp_path), eval_split="none", keep_fisheye=True).train[0]
+    kept = load_transforms(str(tmp_path), eval_split="none", keep_fisheye=True).train[0]
     np.testing.assert_allclose(kept.K.numpy(), K, rtol=1e-6)
     np.testing.assert_allclose(kept.fisheye.numpy(), COEFFS[0].numpy(), rtol=1e-6)
     np.testing.assert_array_equal(kept.image.numpy(), _render_fisheye(K, FISHEYE))  # the file's pixels
     assert kept.source.startswith("as stored, ") and kept.source.endswith(" degrees through the fisheye lens")
-    undistorted = load_blender(str(tmp_path), eval_split="none").train[0]  # the default: a pinhole image
+    undistorted = load_transforms(str(tmp_path), eval_split="none").train[0]  # the default: a pinhole image
     assert undistorted.fisheye is None
     np.testing.assert_allclose(undistorted.K.numpy(), undistorted_intrinsics(K, FISHEYE, W, H), rtol=1e-5)
 

@@ -16,17 +16,17 @@ from test_triangulate import _write_transforms
 
 from gsrecon.cli import main
 from gsrecon.config import parse_structured
-from gsrecon.data.blender import load_blender
-from gsrecon.data.colmap import load_colmap
-from gsrecon.data.datapipeline import DataPipeline
 from gsrecon.data.errors import DatasetError
-from gsrecon.data.images import ImageTransform, camera_image_file, read_image, resize_image
-from gsrecon.data.masks import MaskFile
-from gsrecon.data.synthetic import SyntheticConfig, load_synthetic
-from gsrecon.data.triangulate import write_points_ply
-from gsrecon.data.undistort import Distortion, intrinsics_matrix
+from gsrecon.data.formats.images import ImageTransform, camera_image_file, read_image, resize_image
+from gsrecon.data.formats.lens import Distortion, intrinsics_matrix
+from gsrecon.data.formats.masks import MaskFile
+from gsrecon.data.pipeline import DataPipeline
+from gsrecon.data.readers.colmap import load_colmap
+from gsrecon.data.readers.synthetic import SyntheticConfig, load_synthetic
+from gsrecon.data.readers.transforms import load_transforms
 from gsrecon.engine.evaluator import evaluate_views
 from gsrecon.engine.trainer import DefaultTrainer
+from gsrecon.io.ply import write_points_ply
 from gsrecon.losses.l1 import l1_loss
 from gsrecon.losses.ssim import ssim
 from gsrecon.metrics import ImageMetrics, mean_metrics, psnr
@@ -168,8 +168,8 @@ def test_masks_are_found_beside_images_in_both_layouts_and_frames_without_one_ar
 def test_lazy_masks_decode_like_eager_ones(tmp_path: Path) -> None:
     root = tmp_path / "capture"
     write_capture(root, TINY, occluder=True, masks=True)
-    eager = load_blender(str(root), factor=2, eval_split="none")
-    lazy = load_blender(str(root), factor=2, eval_split="none", lazy=True)
+    eager = load_transforms(str(root), factor=2, eval_split="none")
+    lazy = load_transforms(str(root), factor=2, eval_split="none", lazy=True)
     masked = [(e, z) for e, z in zip(eager.train, lazy.train) if e.mask is not None]
     assert len(masked) == 7  # views 0 and 8 are test views, without masks
     for e, z in masked:
@@ -185,7 +185,7 @@ def test_a_mask_of_another_size_is_one_line_naming_it_and_exit_2(
     bad = root / "masks" / f"{names[2]}.png"
     Image.fromarray(np.full((24, 31), 255, np.uint8)).save(bad)
     with pytest.raises(DatasetError, match=f"{bad}: the mask is 31x24, but its image .*{names[2]}.png is 32x24"):
-        load_blender(str(root))
+        load_transforms(str(root))
     config = write_yaml(tmp_path / "run.yaml", _capture_config(tmp_path / "run", synthetic_cache, root))
     assert main(["train", "--config", str(config)]) == 2
     err = capsys.readouterr().err.strip()

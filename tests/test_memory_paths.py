@@ -18,6 +18,7 @@ import gsrecon.export.compressed_ply
 import gsrecon.export.sog
 import gsrecon.export.splat
 import gsrecon.export.spz
+import gsrecon.io.ply
 import gsrecon.model.ply
 from gsrecon.cli import main
 from gsrecon.engine.checkpoints import load_checkpoint_file, non_finite
@@ -31,7 +32,7 @@ CHUNKED = ("ply", "splat", "compressed_ply", "spz")
 
 def _write(tmp_path, monkeypatch, fmt: str, rows: int) -> bytes:
     """The bytes ``fmt``'s writer produces for `_params` when it converts ``rows`` Gaussians at a time."""
-    for module in (gsrecon.model.ply, gsrecon.export.splat, gsrecon.export.spz):
+    for module in (gsrecon.io.ply, gsrecon.export.splat, gsrecon.export.spz):
         monkeypatch.setattr(module, "WRITE_CHUNK_ROWS", rows)
     path = tmp_path / f"{fmt}_{rows}.bin"
     export_gaussians(_params(n=301), path, fmt, antialiased=True)

@@ -12,8 +12,8 @@ import torch
 from PIL import Image
 
 from gsrecon.cli import main
-from gsrecon.data.colmap import load_colmap
-from gsrecon.data.synthetic import SyntheticConfig, load_synthetic
+from gsrecon.data.readers.colmap import load_colmap
+from gsrecon.data.readers.synthetic import SyntheticConfig, load_synthetic
 
 torch.set_num_threads(1)
 

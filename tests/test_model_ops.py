@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gsrecon.model.gaussians import PARAM_NAMES, init_params
+from gsrecon.model.gaussians import init_params
 from gsrecon.model.ops import append_rows, remove_rows, replace_rows
 from gsrecon.model.optim import OptimizerConfig, build_optimizers
+from gsrecon.model.params import PARAM_NAMES
 
 N = 6
 PER_GAUSSIAN = ("grad2d", "radii")

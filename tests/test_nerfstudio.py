@@ -13,11 +13,11 @@ from colmap_writer import write_model
 from PIL import Image
 from test_colmap import _synthetic_model
 
-from gsrecon.data.blender import OPENGL_TO_OPENCV, load_blender
 from gsrecon.data.errors import DatasetError
-from gsrecon.data.images import downscaled_size, resize_image
-from gsrecon.data.synthetic import SyntheticConfig, load_synthetic
-from gsrecon.data.triangulate import write_points_ply
+from gsrecon.data.formats.images import downscaled_size, resize_image
+from gsrecon.data.readers.synthetic import SyntheticConfig, load_synthetic
+from gsrecon.data.readers.transforms import OPENGL_TO_OPENCV, load_transforms
+from gsrecon.io.ply import write_points_ply
 
 torch.set_num_threads(1)
 
@@ -102,7 +102,7 @@ def test_points_and_poses_share_the_applied_frame_and_project_where_the_original
     tmp_path: Path, synthetic_cache: Path
 ) -> None:
     written = write_nerfstudio(tmp_path / "capture", synthetic_cache)
-    scene = load_blender(str(tmp_path / "capture"), eval_split="none")
+    scene = load_transforms(str(tmp_path / "capture"), eval_split="none")
     np.testing.assert_allclose(scene.points.double().numpy(), written["points"], atol=1e-5)  # read as they are
     original_points = written["points"] @ APPLIED[:, :3]  # APPLIED's rotation is orthonormal, no translation
     for index, (frame, original) in enumerate(zip(scene.train, written["frames"])):
@@ -115,8 +115,8 @@ def test_points_and_poses_share_the_applied_frame_and_project_where_the_original
 
 def test_factor_2_reads_images_2_and_masks_2_and_per_frame_intrinsics(tmp_path: Path, synthetic_cache: Path) -> None:
     written = write_nerfstudio(tmp_path / "capture", synthetic_cache)
-    full = load_blender(str(tmp_path / "capture"), eval_split="none")
-    half = load_blender(str(tmp_path / "capture"), factor=2, eval_split="none")
+    full = load_transforms(str(tmp_path / "capture"), eval_split="none")
+    half = load_transforms(str(tmp_path / "capture"), factor=2, eval_split="none")
     for index, (frame, big) in enumerate(zip(half.train, full.train)):
         name = f"frame_{index + 1:05d}.png"
         assert frame.source == "images_2/"
@@ -135,7 +135,7 @@ def test_factor_2_without_masks_2_resizes_the_full_masks(tmp_path: Path, synthet
     write_nerfstudio(tmp_path / "capture", synthetic_cache)
     for path in (tmp_path / "capture" / "masks_2").iterdir():
         path.unlink()
-    frame = load_blender(str(tmp_path / "capture"), factor=2, eval_split="none").train[0]
+    frame = load_transforms(str(tmp_path / "capture"), factor=2, eval_split="none").train[0]
     assert frame.mask.shape == (24, 32)
     assert not frame.mask[5:10, 15:20].any() and frame.mask[:3].all() and frame.mask[:, :12].all()
 
@@ -149,7 +149,7 @@ def test_without_ply_file_path_the_colmap_points_are_moved_by_applied_transform(
     write_nerfstudio(root, synthetic_cache, ply=False, applied=applied)
     model, _ = _synthetic_model()
     write_model(model, root / "colmap" / "sparse" / "0")
-    scene = load_blender(str(root), eval_split="none")
+    scene = load_transforms(str(root), eval_split="none")
     np.testing.assert_allclose(scene.points.double().numpy(), model.points.xyz @ transform[:, :3].T, atol=1e-6)
     torch.testing.assert_close(scene.colors, torch.from_numpy(model.points.rgb.astype(np.float32) / 255.0))
     assert scene.triangulate is None  # nothing to triangulate: the capture has points
@@ -162,7 +162,7 @@ def test_a_bad_applied_transform_names_the_key(tmp_path: Path, synthetic_cache: 
     content = json.loads((root / "transforms.json").read_text())
     (root / "transforms.json").write_text(json.dumps(content | {"applied_transform": value}))
     with pytest.raises(DatasetError, match=r"transforms.json: 'applied_transform' must be a 3x4 matrix"):
-        load_blender(str(root))
+        load_transforms(str(root))
 
 
 def test_a_missing_mask_path_file_names_it_and_its_frame(tmp_path: Path, synthetic_cache: Path) -> None:
@@ -170,11 +170,11 @@ def test_a_missing_mask_path_file_names_it_and_its_frame(tmp_path: Path, synthet
     write_nerfstudio(root, synthetic_cache)
     (root / "masks" / "frame_00004.png").unlink()
     with pytest.raises(DatasetError, match=r"masks/frame_00004.png: mask file is missing \(the 'mask_path' of frame"):
-        load_blender(str(root))
+        load_transforms(str(root))
 
 
 def test_dataset_split_without_filenames_points_to_the_phone_config(tmp_path: Path, synthetic_cache: Path) -> None:
     root = tmp_path / "capture"
     write_nerfstudio(root, synthetic_cache)
     with pytest.raises(DatasetError, match=r"needs 'test_filenames' .*configs/phone.yaml"):
-        load_blender(str(root), eval_split="dataset")
+        load_transforms(str(root), eval_split="dataset")

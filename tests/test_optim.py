@@ -11,8 +11,8 @@ from conftest import read_scalars
 from torch import Tensor
 
 from gsrecon.engine.checkpoints import load_checkpoint_file
-from gsrecon.model.gaussians import PARAM_NAMES
 from gsrecon.model.optim import OptimizerConfig, RowSparseAdam, SchedulerConfig, build_optimizers
+from gsrecon.model.params import PARAM_NAMES
 from gsrecon.registry import RENDERER_REGISTRY
 from gsrecon.render.torch_renderer import TorchRenderer
 

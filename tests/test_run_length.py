@@ -10,8 +10,8 @@ import torch
 import yaml
 from conftest import write_yaml
 
-from gsrecon.data.cameras import Frame, Scene
-from gsrecon.data.synthetic import SyntheticConfig, load_synthetic
+from gsrecon.data.readers.synthetic import SyntheticConfig, load_synthetic
+from gsrecon.data.scene import Frame, Scene
 from gsrecon.engine.builder import load_run_config, resolve_run_config, set_cpu_threads
 from gsrecon.model.gaussians import GaussianModel, random_start_center
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 from PIL import Image
 
-from gsrecon.data.colmap import load_colmap
 from gsrecon.data.errors import DatasetError
-from gsrecon.data.sfm import run_sfm
+from gsrecon.data.prepare.sfm import run_sfm
+from gsrecon.data.readers.colmap import load_colmap
 
 needs_pycolmap = pytest.mark.skipif(importlib.util.find_spec("pycolmap") is None, reason="pycolmap not installed")
 

@@ -14,8 +14,8 @@ from gsrecon.config import ConfigError, parse_structured
 from gsrecon.engine.builder import RunConfig, resolve_run_config
 from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.hooks import Hook
-from gsrecon.model.gaussians import PARAM_NAMES
 from gsrecon.model.optim import OptimizerConfig, build_optimizers
+from gsrecon.model.params import PARAM_NAMES
 from gsrecon.strategy.default import DefaultStrategy
 from gsrecon.strategy.mcmc import MCMCStrategy, binomial_table, relocation_update
 

@@ -12,10 +12,9 @@ import torch
 from torch import Tensor
 
 from gsrecon.cache import cache_dir, cache_file
-from gsrecon.data import synthetic
-from gsrecon.data.cameras import Frame, Scene
-from gsrecon.data.datapipeline import DataPipeline
-from gsrecon.data.synthetic import (
+from gsrecon.data.pipeline import DataPipeline
+from gsrecon.data.readers import synthetic
+from gsrecon.data.readers.synthetic import (
     SyntheticConfig,
     cache_path,
     generator_digest,
@@ -23,6 +22,7 @@ from gsrecon.data.synthetic import (
     load_synthetic,
     surface_distance,
 )
+from gsrecon.data.scene import Frame, Scene
 
 torch.set_num_threads(1)
 
@@ -178,7 +178,8 @@ def test_the_shared_data_keys_apply_to_the_synthetic_scene(cfg, tmp_path):
     with pytest.raises(ValueError, match="data.factor=8 leaves no pixels of the 16x6 synthetic scene"):
         load_synthetic(dataclasses.replace(small, height=6), factor=8)
     pipeline = DataPipeline(
-        DataPipeline.Config(factor=2, eval_split="none", max_images=3, synthetic=small), torch.device("cpu")
+        DataPipeline.Config(factor=2, eval_split="none", max_images=3, reader=dataclasses.asdict(small)),
+        torch.device("cpu"),
     )
     assert len(pipeline.scene.train) == 2 and pipeline.scene.train[0].image.shape == (6, 8, 3)
 

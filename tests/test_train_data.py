@@ -11,7 +11,8 @@ from test_blender import _write_synthetic
 from test_colmap import _make_scene
 from test_nerfstudio import write_nerfstudio
 
-from gsrecon.cli import CONFIGS_DIR, main
+from gsrecon.cli import main
+from gsrecon.data.prepare.detect import CONFIGS_DIR
 
 TINY_RUN = [  # a run of two steps on one CPU thread, whatever the config
     "max_steps=2",
@@ -72,7 +73,7 @@ def test_data_alone_picks_the_config_for_the_capture_and_says_why(
     )
     resolved = _resolved(tmp_path / "outputs" / "my_scene")
     assert resolved["data"]["path"] == str(root)
-    assert resolved["data"]["dataset"] == ("colmap" if config == "mipnerf360.yaml" else "blender")
+    assert resolved["data"]["dataset"] == ("colmap" if config == "mipnerf360.yaml" else "transforms")
     assert f"outputs: {Path('outputs/my_scene')}" in out
 
 

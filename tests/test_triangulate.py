@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -16,12 +17,13 @@ from plyfile import PlyData
 from test_blender import _write_ngp
 
 from gsrecon.cli import main
-from gsrecon.data.blender import OPENGL_TO_OPENCV, load_blender
-from gsrecon.data.cameras import Frame
-from gsrecon.data.colmap import load_colmap
-from gsrecon.data.colmap_format import find_sparse_dir, read_model
-from gsrecon.data.synthetic import SyntheticConfig, load_synthetic, surface_distance
-from gsrecon.data.triangulate import _name_point_cloud, training_points
+from gsrecon.data.formats.colmap_model import find_sparse_dir, read_model
+from gsrecon.data.prepare.posed_sfm import training_points
+from gsrecon.data.prepare.triangulate import _name_point_cloud
+from gsrecon.data.readers.colmap import load_colmap
+from gsrecon.data.readers.synthetic import SyntheticConfig, load_synthetic, surface_distance
+from gsrecon.data.readers.transforms import OPENGL_TO_OPENCV, every_frame, load_transforms
+from gsrecon.data.scene import Frame
 
 torch.set_num_threads(1)
 
@@ -101,7 +103,7 @@ def test_triangulated_points_lie_on_the_synthetic_surfaces_and_training_reads_th
         assert stage in result.stderr
     assert f"points: {root / 'sparse_pc.ply'}" in result.stdout
     assert 'transforms.json: added "ply_file_path": "sparse_pc.ply"' in result.stdout
-    assert f"data.dataset=blender data.path={root}" in result.stdout
+    assert f"data.dataset=transforms data.path={root}" in result.stdout
 
     # transforms.json gained one line, as its first key; every other byte is as it was.
     after = (root / "transforms.json").read_text()
@@ -122,7 +124,7 @@ def test_triangulated_points_lie_on_the_synthetic_surfaces_and_training_reads_th
         np.testing.assert_allclose(image.viewmat(), viewmat, atol=1e-5)
     assert not (root / "triangulation" / "images").exists()  # SIFT's copies of the images are removed
 
-    scene = load_blender(str(root), eval_split="none")  # what training with model.init: auto starts from
+    scene = load_transforms(str(root), eval_split="none")  # what training with model.init: auto starts from
     assert torch.equal(scene.points, torch.from_numpy(points))
     assert torch.equal(scene.colors, torch.from_numpy(colors.astype(np.float32) / 255.0))
 
@@ -160,7 +162,7 @@ def test_training_a_capture_without_points_triangulates_them_once_and_leaves_the
     assert "[1/3]" not in err and f"training {made} Gaussians from SfM points" in err
 
     # The cache keeps which photo saw which point (the depth prior's tracks): every frame's points are in its view.
-    cached = training_points(root, lambda line: None)
+    cached = training_points(root, partial(every_frame, root), lambda line: None)
     assert set(cached.observed) == {frame.name for frame in frames}
     observations = sum(len(rows) for rows in cached.observed.values())
     assert observations == pytest.approx(cached.mean_track_length * made, rel=1e-4)
@@ -299,7 +301,7 @@ def test_statuette_points_agree_with_its_colmap_points(tmp_path: Path, shared_da
     assert result.returncode == 0, result.stderr
     assert "SIFT features of 23 images" in result.stderr and "(factor 1)" in result.stderr
 
-    scene = load_blender(str(tmp_path / "scene"), 8)
+    scene = load_transforms(str(tmp_path / "scene"), 8)
     reference = load_colmap(str(statuette), 8)
     assert [f.name for f in scene.test] == [f.name for f in reference.test]  # the same every_8 split
     points, colmap_points = scene.points.double(), reference.points.double()  # [P, 3], [Q, 3]

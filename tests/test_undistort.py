@@ -8,9 +8,9 @@ import warnings
 import numpy as np
 import pytest
 
-from gsrecon.data.colmap_format import ColmapCamera
 from gsrecon.data.errors import DatasetError
-from gsrecon.data.undistort import (
+from gsrecon.data.formats.colmap_model import ColmapCamera
+from gsrecon.data.formats.lens import (
     Distortion,
     camera_intrinsics,
     distort,

@@ -55,6 +55,7 @@ def test_a_dataset_from_the_runs_plugins_is_named_with_how_to_import_it(make_tra
     checkpoint = torch.load(_trained_checkpoint(make_trainer), weights_only=True)
     checkpoint["config"]["imports"] = ["my_datasets.py"]
     checkpoint["config"]["data"]["dataset"] = "my_dataset"
+    del checkpoint["config"]["data"]["synthetic"]  # its reader's own section would be data.my_dataset
     torch.save(checkpoint, tmp_path / "custom.pt")
     capsys.readouterr()
     assert main(["eval", "--checkpoint", str(tmp_path / "custom.pt"), "--out", str(tmp_path / "eval")]) == 2

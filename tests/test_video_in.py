@@ -15,11 +15,11 @@ import torch
 from PIL import Image, ImageFilter
 
 from gsrecon.cli import main
-from gsrecon.data.colmap import load_colmap
 from gsrecon.data.errors import DatasetError
-from gsrecon.data.sfm import auto_matcher
-from gsrecon.data.synthetic import SyntheticConfig, load_synthetic
-from gsrecon.data.video import candidate_windows, extract_frames, frame_targets, probe_video, sharpness
+from gsrecon.data.prepare.sfm import auto_matcher
+from gsrecon.data.prepare.video import candidate_windows, extract_frames, frame_targets, probe_video, sharpness
+from gsrecon.data.readers.colmap import load_colmap
+from gsrecon.data.readers.synthetic import SyntheticConfig, load_synthetic
 from gsrecon.render.video import write_video
 
 torch.set_num_threads(1)

@@ -33,8 +33,8 @@ from websockets.sync.client import connect  # noqa: E402
 
 from gsrecon.cli import build_parser  # noqa: E402
 from gsrecon.config import parse_structured  # noqa: E402
-from gsrecon.data.cameras import Frame  # noqa: E402
-from gsrecon.data.images import to_uint8  # noqa: E402
+from gsrecon.data.formats.images import to_uint8  # noqa: E402
+from gsrecon.data.scene import Frame  # noqa: E402
 from gsrecon.engine.trainer import DefaultTrainer  # noqa: E402
 from gsrecon.geometry import camera_centers  # noqa: E402
 from gsrecon.hooks import Hook  # noqa: E402

@@ -16,7 +16,7 @@ from gsrecon.model.views.base import ViewModule
 from gsrecon.registry import VIEW_REGISTRY
 
 if TYPE_CHECKING:
-    from gsrecon.data.datapipeline import Batch
+    from gsrecon.data.pipeline import Batch
 
 
 @VIEW_REGISTRY.register("exposure_gain")

@@ -1,1 +1,2 @@
-"""Datasets: cameras, readers (COLMAP, Blender, synthetic) and the training datapipeline."""
+"""Datasets by role: the training contract (scene, splits, errors, pipeline, prefetch), readers/, formats/ and
+prepare/ (offline preparation run by `gsrecon data ...`)."""

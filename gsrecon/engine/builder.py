@@ -16,17 +16,18 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gsrecon.config import ConfigError, entry_map, load_config, parse_structured, resolved_entry, to_container
-from gsrecon.data.cameras import Scene
-from gsrecon.data.datapipeline import DataPipeline
 from gsrecon.data.errors import DatasetError
+from gsrecon.data.pipeline import DataPipeline
+from gsrecon.data.scene import Scene
 from gsrecon.distributed import DistributedContext
 from gsrecon.logging.console import Logger
 from gsrecon.losses.base import DEFAULT_LOSS
 from gsrecon.lpips_weights import LPIPS_NETS
 from gsrecon.metrics import MetricsConfig
-from gsrecon.model.views.base import VIEW_SECTIONS
 from gsrecon.model.optim import OptimizerConfig, SchedulerConfig
+from gsrecon.model.views.base import VIEW_SECTIONS
 from gsrecon.registry import (
+    DATASET_REGISTRY,
     HOOK_REGISTRY,
     LOSS_REGISTRY,
     MODEL_REGISTRY,
@@ -224,6 +225,7 @@ def resolve_run_config(cfg: RunConfig, device: torch.device, source: str) -> dic
     """The run's config as plain data with every registry entry resolved: what ``config.yaml`` holds."""
     resolved = to_container(cfg)
     resolved.pop("resume")
+    resolved["data"] = resolve_data_config(cfg.data, source)
     resolved["model"] = resolve_entry(
         MODEL_REGISTRY, cfg.model, source, "model", max_steps=cfg.max_steps, device=device
     )
@@ -254,7 +256,9 @@ def resolve_entry_map(
     resolved: dict[str, dict[str, Any] | None] = {}
     for entry_key, args in entries.items():
         if args is not None:
-            entry = resolve_entry(registry, {"name": entry_key, **args}, source, f"{key}.{entry_key}", max_steps=max_steps)
+            entry = resolve_entry(
+                registry, {"name": entry_key, **args}, source, f"{key}.{entry_key}", max_steps=max_steps
+            )
             name = entry.pop("name")
             resolved[entry_key] = {**({"name": name} if name != entry_key else {}), **entry}
     return {**resolved, **{k: None for k in defaults if k not in resolved}}
@@ -300,6 +304,19 @@ def with_strategy_absgrad(
     return renderer
 
 
+def resolve_data_config(data: DataPipeline.Config, source: str) -> dict[str, Any]:
+    """The ``data:`` section as plain data, the reader's own section (``data.<dataset>``) checked against its Config
+    and its defaults filled in (left out for a reader without options)."""
+    resolved = to_container(data)
+    try:
+        reader = DATASET_REGISTRY.get(data.dataset)
+    except RegistryError as exc:
+        raise ConfigError(f"{source}: key 'data.dataset': {exc}") from None
+    options = resolved_entry(reader, data.reader, source, f"data.{data.dataset}")
+    resolved.pop(data.dataset, None)
+    return {**resolved, **({data.dataset: options} if options else {})}
+
+
 def resolve_strategy_entry(cfg: RunConfig, source: str, start: str | None = None) -> dict[str, Any]:
     """The ``strategy:`` entry resolved for a ``cfg.max_steps``-step run whose Gaussians start from ``start``
     (None before the model is built: the defaults for a start from points, see :func:`gsrecon.config.per_start`)."""
@@ -333,7 +350,7 @@ def build_model(
 
 def _triangulate_points(scene: Scene, logger: Logger) -> None:
     """Fill ``scene.points`` / ``colors`` with ``scene.triangulate``; where it cannot, say why in ``points_hint``."""
-    from gsrecon.data.sfm import PycolmapUnavailableError
+    from gsrecon.data.prepare.sfm import PycolmapUnavailableError
 
     try:
         sfm = scene.triangulate(logger.info)

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from gsrecon.data.datapipeline import Batch
+from gsrecon.data.pipeline import Batch
 from gsrecon.logging.console import Logger
 from gsrecon.metrics import ImageMetrics
 from gsrecon.render.base import RenderOutput

@@ -18,8 +18,8 @@ from torch import Tensor
 
 from gsrecon.atomic import write_json
 from gsrecon.config import ConfigError, apply_overrides, load_config, parse_structured
-from gsrecon.data.datapipeline import Batch, DataPipeline
-from gsrecon.data.images import to_uint8, write_png
+from gsrecon.data.formats.images import to_uint8, write_png
+from gsrecon.data.pipeline import Batch, DataPipeline
 from gsrecon.distributed import DistributedContext
 from gsrecon.engine.builder import RunConfig, resolve_device, resolve_renderer_entry, set_cpu_threads
 from gsrecon.engine.checkpoints import load_checkpoint_file
@@ -29,7 +29,7 @@ from gsrecon.errors import InputError
 from gsrecon.export import ExportContext, export_gaussians
 from gsrecon.logging.console import Logger, ProgressLogger
 from gsrecon.metrics import mean_metrics
-from gsrecon.model.gaussians import check_params
+from gsrecon.model.params import check_params
 from gsrecon.model.ply import load_ply
 from gsrecon.plugins import import_plugins
 from gsrecon.registry import DATASET_REGISTRY, EXPORT_REGISTRY, MODEL_REGISTRY, RENDERER_REGISTRY

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from gsrecon.data.datapipeline import Batch, DataPipeline
+from gsrecon.data.pipeline import Batch, DataPipeline
 from gsrecon.distributed import DistributedContext
 from gsrecon.engine import builder, checkpoints
 from gsrecon.engine.evaluator import build_metrics, evaluate_views
@@ -26,8 +26,8 @@ from gsrecon.logging.console import Logger
 from gsrecon.logging.writers import Writers
 from gsrecon.losses.base import LossInputs, build_loss
 from gsrecon.metrics import ImageMetrics, mean_metrics
-from gsrecon.model.gaussians import PARAM_NAMES
 from gsrecon.model.optim import build_optimizers, build_schedulers
+from gsrecon.model.params import PARAM_NAMES
 from gsrecon.model.views.base import build_views
 from gsrecon.plugins import import_plugins
 from gsrecon.registry import RENDERER_REGISTRY
@@ -39,7 +39,7 @@ class HookError(RuntimeError):
 
 
 class DefaultTrainer:
-    """Trains a Gaussian model on one dataset as described by :class:`~gsrecon.engine.builder.RunConfig` (``DefaultTrainer.Config``).
+    """Trains a Gaussian model on one dataset as described by its run config (``DefaultTrainer.Config``).
 
     Attributes hooks may read: ``cfg``, ``resolved_config``, ``run_dir`` / ``exp_dir``, ``device``,
     ``step`` (completed steps), ``max_steps``, ``datapipeline``, ``model``, ``renderer``,
@@ -89,7 +89,9 @@ class DefaultTrainer:
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
         self.datapipeline = DataPipeline(cfg.data, self.device, cfg.seed, self.dist.rank, self.dist.world_size)
-        self.model = builder.build_model(self.resolved_config["model"], self.datapipeline.scene, cfg.seed, source, self.logger)
+        self.model = builder.build_model(
+            self.resolved_config["model"], self.datapipeline.scene, cfg.seed, source, self.logger
+        )
         self.model.to(self.device)
         self.dist.broadcast_params(self.model.params)
         self.loss = build_loss(self.resolved_config["loss"], source)

@@ -20,7 +20,7 @@ from torch import Tensor
 from gsrecon.registry import EXPORT_REGISTRY
 
 if TYPE_CHECKING:
-    from gsrecon.data.datapipeline import Batch
+    from gsrecon.data.pipeline import Batch
     from gsrecon.render.base import RenderOutput
 
 

@@ -40,15 +40,9 @@ from gsrecon.export.quantise import (
     smallest_three,
     unpack_2_10_10_10,
 )
-from gsrecon.model.gaussians import PARAM_NAMES
-from gsrecon.model.ply import (
-    cpu_params,
-    finite_column,
-    num_rest_coeffs,
-    read_ply,
-    render_mode_comments,
-    write_binary_ply,
-)
+from gsrecon.io.ply import finite_column, read_ply, write_binary_ply
+from gsrecon.model.params import PARAM_NAMES
+from gsrecon.model.ply import cpu_params, num_rest_coeffs, render_mode_comments
 from gsrecon.registry import EXPORT_REGISTRY
 from gsrecon.render.sh import rgb_to_sh, sh_to_rgb
 

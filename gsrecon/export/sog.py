@@ -49,7 +49,7 @@ from gsrecon.errors import InputError
 from gsrecon.export.base import ExportContext, ExportFormat
 from gsrecon.export.compressed_ply import morton_order
 from gsrecon.export.quantise import round_clamp, smallest_three
-from gsrecon.model.gaussians import check_params
+from gsrecon.model.params import check_params
 from gsrecon.model.ply import cpu_params
 from gsrecon.registry import EXPORT_REGISTRY
 from gsrecon.render.sh import sh_degree_of

@@ -11,7 +11,8 @@ from torch import Tensor
 
 from gsrecon.atomic import atomic_path
 from gsrecon.export.base import ExportContext, ExportFormat
-from gsrecon.model.ply import WRITE_CHUNK_ROWS, cpu_params
+from gsrecon.io.ply import WRITE_CHUNK_ROWS
+from gsrecon.model.ply import cpu_params
 from gsrecon.registry import EXPORT_REGISTRY
 from gsrecon.render.sh import SH_C0
 

@@ -47,8 +47,9 @@ from gsrecon.export.quantise import (
     smallest_three,
     unpack_2_10_10_10,
 )
-from gsrecon.model.gaussians import check_params
-from gsrecon.model.ply import WRITE_CHUNK_ROWS, cpu_params
+from gsrecon.io.ply import WRITE_CHUNK_ROWS
+from gsrecon.model.params import check_params
+from gsrecon.model.ply import cpu_params
 from gsrecon.registry import EXPORT_REGISTRY
 from gsrecon.render.sh import MAX_SH_DEGREE, num_sh_bases, sh_basis
 

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from gsrecon.config import run_steps
-from gsrecon.data.datapipeline import Batch
+from gsrecon.data.pipeline import Batch
 from gsrecon.hooks.base import Hook, Priority
 from gsrecon.model.ops import remove_rows
 from gsrecon.registry import HOOK_REGISTRY

@@ -20,7 +20,7 @@ from gsrecon.config import ConfigError
 from gsrecon.registry import LOSS_REGISTRY
 
 if TYPE_CHECKING:
-    from gsrecon.data.datapipeline import Batch, DataPipeline
+    from gsrecon.data.pipeline import Batch, DataPipeline
     from gsrecon.render.base import RenderOutput
 
 # The terms of a run whose YAML lists none: the 3DGS loss (1 - λ)·L1 + λ·(1 - SSIM) with λ = 0.2.

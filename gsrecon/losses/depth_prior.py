@@ -13,7 +13,7 @@ from gsrecon.losses.base import LossInputs, LossTerm
 from gsrecon.registry import LOSS_REGISTRY
 
 if TYPE_CHECKING:
-    from gsrecon.data.datapipeline import DataPipeline
+    from gsrecon.data.pipeline import DataPipeline
 
 
 def point_depth_loss(depth: Tensor, observed: list[Tensor]) -> Tensor | None:

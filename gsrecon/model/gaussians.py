@@ -7,7 +7,6 @@ Parameters are stored pre-activation, as in 3DGS and gsplat's ``simple_trainer``
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,13 +15,13 @@ from scipy.spatial import cKDTree
 from torch import Tensor
 
 from gsrecon.config import per_device, run_steps
-from gsrecon.data.cameras import Scene
+from gsrecon.data.scene import Scene
 from gsrecon.errors import InputError
+from gsrecon.model.params import PARAM_NAMES, check_params
 from gsrecon.registry import MODEL_REGISTRY
 from gsrecon.render.camera_path import focus_point
-from gsrecon.render.sh import MAX_SH_DEGREE, num_sh_bases, rgb_to_sh, sh_degree_of
+from gsrecon.render.sh import MAX_SH_DEGREE, num_sh_bases, rgb_to_sh
 
-PARAM_NAMES = ("means", "scales", "quats", "opacities", "sh0", "shN")
 INITS = ("auto", "sfm", "random", "ply")
 
 
@@ -112,36 +111,6 @@ def random_start_center(scene: Scene) -> Tensor:
         return focus_point(torch.stack([frame.viewmat for frame in scene.train])).float()
     except ValueError:
         return scene.center
-
-
-def check_params(params: Mapping[str, Tensor]) -> int:
-    """Check that ``params`` holds the six Gaussian tensors with consistent shapes; return their SH degree.
-
-    Raises ValueError naming the missing key or the tensor whose shape is wrong.
-    """
-    missing = [k for k in PARAM_NAMES if k not in params]
-    if missing:
-        raise InputError(f"Gaussian parameters are missing {missing}; expected keys {list(PARAM_NAMES)}")
-    n = params["means"].shape[0]
-    shN = params["shN"]
-    num_rest = shN.shape[1] if shN.dim() == 3 else -1
-    expected = {
-        "means": (n, 3),
-        "scales": (n, 3),
-        "quats": (n, 4),
-        "opacities": (n,),
-        "sh0": (n, 1, 3),
-        "shN": (n, num_rest, 3),
-    }
-    for key, shape in expected.items():
-        if tuple(params[key].shape) != shape:
-            raise InputError(f"Gaussian parameter '{key}' has shape {tuple(params[key].shape)}, expected {shape}")
-    degree = sh_degree_of(num_rest)
-    if degree is None:
-        raise InputError(
-            f"Gaussian parameter 'shN' has {num_rest} coefficients per channel, not (D+1)^2 - 1 for any SH degree D"
-        )
-    return degree
 
 
 def init_params(points: Tensor, colors: Tensor, sh_degree: int, opacity: float, scale_mult: float) -> dict[str, Tensor]:

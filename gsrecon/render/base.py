@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
-from gsrecon.model.gaussians import check_params
+from gsrecon.model.params import check_params
 
 if TYPE_CHECKING:
     from gsrecon.logging.console import Logger

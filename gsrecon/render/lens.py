@@ -3,7 +3,7 @@
 A frame kept through its lens (``data.fisheye: lens``) is rendered by projecting each Gaussian's centre
 with the lens model and its covariance with the model's Jacobian at that centre (the EWA linearisation
 that 3DGS applies to the pinhole; gsplat's ``camera_model="fisheye"`` does the same for a lens without
-distortion). The model is that of :mod:`gsrecon.data.undistort`: with ``theta`` the angle from the
+distortion). The model is that of :mod:`gsrecon.data.formats.lens`: with ``theta`` the angle from the
 optical axis, ``theta_d = theta (1 + k1 theta^2 + k2 theta^4 + k3 theta^6 + k4 theta^8)`` and the pixel
 ``(u, v) = (fx x theta_d / r + cx, fy y theta_d / r + cy)`` for a camera-space point ``(x, y, z)`` with
 ``r = sqrt(x^2 + y^2)``.

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gsrecon.geometry import camera_centers, quat_scale_to_factor
-from gsrecon.model.gaussians import PARAM_NAMES
+from gsrecon.model.params import PARAM_NAMES
 from gsrecon.registry import RENDERER_REGISTRY
 from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
 from gsrecon.render.lens import fisheye_project

@@ -10,7 +10,7 @@ def view(args: argparse.Namespace) -> int:
     from gsrecon.viewer import require_viser
 
     require_viser()
-    from gsrecon.data.datapipeline import DataPipeline
+    from gsrecon.data.pipeline import DataPipeline
     from gsrecon.engine.inference import build_renderer, load_trained_scene, scene_device
     from gsrecon.logging.console import Logger
     from gsrecon.viewer.server import SceneViewer

@@ -24,8 +24,8 @@ import torch
 import viser
 from torch import Tensor
 
-from gsrecon.data.cameras import Scene
-from gsrecon.data.images import to_uint8
+from gsrecon.data.formats.images import to_uint8
+from gsrecon.data.scene import Scene
 from gsrecon.geometry import camera_centers
 from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
 from gsrecon.render.camera_path import focus_point, mean_up

@@ -23,7 +23,7 @@ from gsrecon.model.views.base import EvalAdjust, ViewModule
 from gsrecon.registry import VIEW_REGISTRY
 
 if TYPE_CHECKING:
-    from gsrecon.data.datapipeline import Batch
+    from gsrecon.data.pipeline import Batch
 
 APPEARANCE_EVALS = ("identity", "fit_left")
 

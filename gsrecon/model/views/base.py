@@ -27,7 +27,7 @@ from gsrecon.errors import InputError
 from gsrecon.registry import VIEW_REGISTRY
 
 if TYPE_CHECKING:
-    from gsrecon.data.datapipeline import Batch
+    from gsrecon.data.pipeline import Batch
 
 # Run-config sections that each hold one per-view module: `mode` is its VIEW_REGISTRY name, `none` turns it off.
 VIEW_SECTIONS = ("appearance",)

@@ -27,9 +27,9 @@ from types import ModuleType
 
 from PIL import Image
 
-from gsrecon.data.colmap_format import read_model
 from gsrecon.data.errors import DatasetError
-from gsrecon.data.images import IMAGE_EXTENSIONS
+from gsrecon.data.formats.colmap_model import read_model
+from gsrecon.data.formats.images import IMAGE_EXTENSIONS
 from gsrecon.errors import InputError
 
 MATCHERS = ("exhaustive", "sequential")

@@ -26,9 +26,9 @@ from torch import Tensor
 
 from gsrecon.atomic import atomic_path
 from gsrecon.cache import cache_file
-from gsrecon.data.cameras import Frame, PixelFile
 from gsrecon.data.errors import DatasetError
-from gsrecon.data.undistort import Distortion, describe_crop, field_of_view, undistort_image, undistorted_intrinsics
+from gsrecon.data.formats.lens import Distortion, describe_crop, field_of_view, undistort_image, undistorted_intrinsics
+from gsrecon.data.scene import Frame, PixelFile
 from gsrecon.errors import InputError
 
 FACTORS = (1, 2, 4, 8)

@@ -1,4 +1,5 @@
-"""The training datapipeline: loads a scene by dataset name, caches its images and serves batches.
+"""The training datapipeline: loads a scene with the reader ``data.dataset`` names (built from its own section,
+``data.<name>``), caches its images and serves batches.
 
 Camera sampling is a pure function of (seed, step, rank): each epoch is a fresh seeded permutation
 of the training views, the global batch of a step is ``batch_size × world_size`` consecutive views
@@ -10,14 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from gsrecon.data.cameras import Frame, Scene, decoded
-from gsrecon.data.frame_source import (
+from gsrecon.config import build_from_config, named_section
+from gsrecon.data.formats.images import FACTORS
+from gsrecon.data.prefetch import (
     CACHE_MODES,
     FrameDecoder,
     Prefetcher,
@@ -27,9 +29,8 @@ from gsrecon.data.frame_source import (
     decode_threads,
     decoded_bytes,
 )
-from gsrecon.data.images import FACTORS
+from gsrecon.data.scene import Frame, Scene, decoded
 from gsrecon.data.splits import EVAL_SPLITS
-from gsrecon.data.synthetic import SyntheticConfig, load_synthetic
 from gsrecon.errors import InputError
 from gsrecon.registry import DATASET_REGISTRY
 from gsrecon.render.lens import fisheye_project
@@ -58,8 +59,10 @@ class DataPipeline:
 
     @dataclass
     class Config:
-        dataset: str = "synthetic"  # a DATASET_REGISTRY name: synthetic | colmap | blender | your own
-        path: str = ""  # scene folder (colmap, blender)
+        dataset: str = (
+            "synthetic"  # a DATASET_REGISTRY name: synthetic | colmap | transforms (alias blender) | your own
+        )
+        path: str = ""  # scene folder (colmap, transforms)
         factor: int = 1  # image downscale factor: 1, 2, 4 or 8
         eval_split: str = "every_8"  # every_8 | none | dataset
         max_images: int = 0  # > 0: use at most this many images (quick runs)
@@ -71,7 +74,8 @@ class DataPipeline:
         # renderer) | lens (trained on the whole image through the lens model: the torch renderer projects each
         # Gaussian through it, gsplat uses its unscented transform and needs strategy mcmc or none)
         fisheye: str = "undistort"
-        synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+        # The reader's own options, written under its name (``synthetic: {width: 64}``), checked by its Config
+        reader: dict[str, Any] = named_section("dataset")  # noqa: RUF009 (a dataclasses.field)
 
     def __init__(self, cfg: Config, device: torch.device, seed: int = 0, rank: int = 0, world_size: int = 1) -> None:
         if cfg.background not in BACKGROUNDS:
@@ -96,7 +100,8 @@ class DataPipeline:
         self.seed = seed
         self.rank = rank
         self.world_size = world_size
-        self.scene: Scene = DATASET_REGISTRY.get(cfg.dataset)(cfg)
+        reader = build_from_config(DATASET_REGISTRY.get(cfg.dataset), cfg.reader, prefix=f"data.{cfg.dataset}")
+        self.scene: Scene = reader.read(cfg)
         if not self.scene.train:
             raise InputError(f"dataset '{cfg.dataset}' ({cfg.path or 'built-in'}) has no training images")
         if cfg.batch_size > 1 and len({(f.width, f.height) for f in self.scene.train}) > 1:
@@ -267,38 +272,16 @@ def _to_device(frame: Frame, device: torch.device) -> Frame:
     return dataclasses.replace(frame, **moved)
 
 
-def _require_path(cfg: DataPipeline.Config, what: str) -> None:
+def folder_arguments(cfg: DataPipeline.Config, layout: str) -> dict[str, Any]:
+    """The arguments the folder readers (colmap, transforms) take from ``data:``: ``path`` (refused when empty,
+    ``layout`` saying what the folder holds), factor, eval_split, max_images, lazy and keep_fisheye."""
     if not cfg.path:
-        raise InputError(f"data.path is empty; set data.path=/path/to/scene ({what})")
-
-
-@DATASET_REGISTRY.register("synthetic")
-def _load_synthetic(cfg: DataPipeline.Config) -> Scene:
-    return load_synthetic(cfg.synthetic, cfg.factor, cfg.eval_split, cfg.max_images)
-
-
-def _reader_options(cfg: DataPipeline.Config) -> dict[str, Any]:
-    """The keyword arguments the folder readers (colmap, blender) share, from ``data:``."""
+        raise InputError(f"data.path is empty; set data.path=/path/to/scene ({layout})")
     return {
+        "path": cfg.path,
         "factor": cfg.factor,
         "eval_split": cfg.eval_split,
         "max_images": cfg.max_images,
         "lazy": cfg.cache in ("disk", "auto"),
         "keep_fisheye": cfg.fisheye == "lens",
     }
-
-
-@DATASET_REGISTRY.register("colmap")
-def _load_colmap(cfg: DataPipeline.Config) -> Scene:
-    from gsrecon.data.colmap import load_colmap
-
-    _require_path(cfg, "a folder with images/ and sparse/0/")
-    return load_colmap(cfg.path, **_reader_options(cfg))
-
-
-@DATASET_REGISTRY.register("blender")
-def _load_blender(cfg: DataPipeline.Config) -> Scene:
-    from gsrecon.data.blender import load_blender
-
-    _require_path(cfg, "a folder with transforms.json or transforms_train.json")
-    return load_blender(cfg.path, **_reader_options(cfg))

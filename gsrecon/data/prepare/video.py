@@ -20,18 +20,21 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import imageio_ffmpeg
 import numpy as np
 from PIL import Image
 
 from gsrecon.data.errors import DatasetError
+from gsrecon.data.prepare.sfm import REPLACED, STAGES, SfmReport, import_pycolmap, run_sfm
 from gsrecon.errors import InputError
 
 VIDEO_EXTENSIONS = (".mp4", ".mov", ".m4v", ".avi", ".mkv", ".webm", ".mts", ".mpg", ".mpeg", ".wmv")  # lower case
 BLUR_MEASURE = "variance of the Laplacian"
 DEFAULT_FRAMES = 150  # frames kept over all videos when neither a count nor a rate is given
 OVERSAMPLE = 3  # candidates per kept frame: the sharpest of each window of 3 is kept
+VIDEO_STAGES = ("frames", *STAGES)  # sfm_from_videos' stages, in order
 JPEG_QUALITY = 95
 _LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)  # Rec. 601 weights of R, G, B
 
@@ -326,3 +329,40 @@ def _extract(info: VideoInfo, windows: dict[int, int], folder: Path, prefix: str
     if best is not None:
         write(best)
     return result
+
+
+def sfm_from_videos(
+    videos: Sequence[str | os.PathLike],
+    out_dir: str,
+    *,
+    frames: int | None = None,
+    fps: float | None = None,
+    oversample: int = OVERSAMPLE,
+    on_stage: Callable[[str, str], None] | None = None,
+    on_video: Callable[[VideoFrames], None] | None = None,
+    **sfm_options: Any,
+) -> tuple[SfmReport, dict[str, float]]:
+    """Structure from motion on the sharpest frames of ``videos`` (``gsrecon data colmap --video``): the frames go
+    to ``<out_dir>/input/`` (:func:`extract_frames`), then :func:`~gsrecon.data.prepare.sfm.run_sfm` runs on them
+    with ``sfm_options``. ``on_stage`` hears each of :data:`VIDEO_STAGES` as it starts.
+
+    Returns:
+        The SfM report and the seconds each stage took, ``frames`` first.
+
+    Raises:
+        PycolmapUnavailableError: pycolmap is not installed (said before any frame is extracted).
+        DatasetError: what :func:`extract_frames` and ``run_sfm`` refuse.
+    """
+    import_pycolmap("gsrecon data colmap")  # before spending time on the videos
+    extraction = extract_frames(
+        videos,
+        Path(out_dir) / "input",
+        frames=frames,
+        fps=fps,
+        oversample=oversample,
+        on_stage=on_stage,
+        on_video=on_video,
+        replaced=[Path(out_dir) / name for name in REPLACED],
+    )
+    report = run_sfm(str(extraction.images_dir), out_dir, on_stage=on_stage, **sfm_options)
+    return report, {"frames": extraction.seconds, **report.seconds}

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gsrecon.data.colmap_format import ColmapCamera
 from gsrecon.data.errors import DatasetError
+from gsrecon.data.formats.colmap_model import ColmapCamera
 
 SUPPORTED_MODELS = (  # COLMAP model name: number of parameters
     {"SIMPLE_PINHOLE": 3, "PINHOLE": 4, "SIMPLE_RADIAL": 4, "RADIAL": 5, "OPENCV": 8}

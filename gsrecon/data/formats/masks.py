@@ -21,8 +21,8 @@ import numpy as np
 from PIL import Image
 
 from gsrecon.data.errors import DatasetError
-from gsrecon.data.images import ImageFile, ImageTransform, read_image, read_image_size
-from gsrecon.data.undistort import undistort_image
+from gsrecon.data.formats.images import ImageFile, ImageTransform, read_image, read_image_size
+from gsrecon.data.formats.lens import undistort_image
 
 MASKS_FOLDER = "masks"
 _LEAK = 1.0 / 255.0  # the least change of a resized pixel that an ignored source pixel may not make

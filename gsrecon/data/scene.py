@@ -21,7 +21,7 @@ from gsrecon.geometry import camera_centers
 
 @runtime_checkable
 class PixelFile(Protocol):
-    """Pixels kept in a file and decoded when read (:class:`gsrecon.data.images.ImageFile`, or a mask file alike)."""
+    """Pixels kept in a file and decoded when read (:class:`gsrecon.data.formats.images.ImageFile`, or a mask file)."""
 
     @property
     def size(self) -> tuple[int, int]:

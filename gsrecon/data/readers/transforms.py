@@ -19,13 +19,12 @@ points of a ``colmap/sparse/0/`` model beside the file (older ``ns-process-data`
 ``ply_file_path``) are moved by it (by nerfstudio's former fixed transform where the field is absent).
 Without either the point cloud is empty, and ``Scene.triangulate`` makes one from the images and their known
 poses when ``model.init: auto`` asks (pycolmap, cached; ``gsrecon data triangulate`` writes it into the
-folder instead: :mod:`gsrecon.data.triangulate`). A frame's mask (:mod:`gsrecon.data.masks`) is its
+folder instead: :mod:`gsrecon.data.prepare.triangulate`). A frame's mask (:mod:`gsrecon.data.formats.masks`) is its
 ``mask_path``, else the file of its name in ``masks/`` beside ``images/``.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from functools import partial
@@ -36,21 +35,24 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gsrecon.data.cameras import Frame, Scene, SfmPoints
-from gsrecon.data.colmap_format import read_model
 from gsrecon.data.errors import DatasetError, checked_number
-from gsrecon.data.images import (
-    IMAGE_EXTENSIONS,
+from gsrecon.data.formats.colmap_model import read_model
+from gsrecon.data.formats.images import (
     ImageFile,
     camera_frame,
     camera_image_file,
     check_factor,
     read_image_size,
 )
-from gsrecon.data.masks import MASKS_FOLDER, MaskFile, find_mask, mask_file
+from gsrecon.data.formats.lens import SUPPORTED_MODELS, Distortion, fov_to_focal, intrinsics_matrix
+from gsrecon.data.formats.masks import MASKS_FOLDER, MaskFile, find_mask, mask_file
+from gsrecon.data.formats.transforms_json import image_path, read_transforms, transforms_file
+from gsrecon.data.pipeline import DataPipeline, folder_arguments
+from gsrecon.data.prepare.posed_sfm import training_points
+from gsrecon.data.scene import Frame, Scene, SfmPoints
 from gsrecon.data.splits import NameList, check_eval_split, evenly_spaced, frame_name, listed_as_test, split_frames
-from gsrecon.data.undistort import SUPPORTED_MODELS, Distortion, fov_to_focal, intrinsics_matrix
-from gsrecon.model.ply import read_ply
+from gsrecon.io.ply import read_ply
+from gsrecon.registry import DATASET_REGISTRY
 
 OPENGL_TO_OPENCV = np.diag([1.0, -1.0, -1.0, 1.0])  # flips the camera's y and z axes
 _INTRINSIC_KEYS = ("fl_x", "fl_y", "cx", "cy", "w", "h", "camera_angle_x", "camera_angle_y")
@@ -68,7 +70,17 @@ class _Entry(NamedTuple):
     is_test: bool | None  # the dataset's own split; None unless eval_split is "dataset"
 
 
-def load_blender(
+@DATASET_REGISTRY.register("blender")  # the name it had, for configs written before
+@DATASET_REGISTRY.register("transforms")
+class TransformsReader:
+    """``data.dataset: transforms`` (alias ``blender``): a transforms.json folder at ``data.path`` (no options of its
+    own: ``data.transforms`` takes none)."""
+
+    def read(self, data: DataPipeline.Config) -> Scene:
+        return load_transforms(**folder_arguments(data, "a folder with transforms.json or transforms_train.json"))
+
+
+def load_transforms(
     path: str,
     factor: int = 1,
     eval_split: str = "every_8",
@@ -125,11 +137,15 @@ def load_blender(
     return Scene(train, test, points, colors, points_hint=hint, triangulate=partial(_triangulated_points, root))
 
 
+def every_frame(root: Path, factor: int, max_images: int = 0) -> list[Frame]:
+    """Every frame the capture in ``root`` lists (nerf_synthetic's test file left out), as training reads them at
+    ``factor`` (pinhole, undistorted), ``max_images`` of them if > 0: what triangulation starts from."""
+    return load_transforms(str(root), factor, "none", max_images, point_cloud=False).train
+
+
 def _triangulated_points(root: Path, log: Callable[[str], None]) -> SfmPoints:
     """The points triangulated from the scene's images and poses (cached), and where each was seen."""
-    from gsrecon.data.triangulate import training_points  # it reads scenes with this module
-
-    triangulation = training_points(root, log)
+    triangulation = training_points(root, partial(every_frame, root), log)
     return SfmPoints(
         points=torch.from_numpy(triangulation.points),
         colors=torch.from_numpy(triangulation.colors.astype(np.float32) / 255.0),
@@ -187,36 +203,6 @@ def _colmap_points(sparse_dir: Path, applied: np.ndarray) -> tuple[Tensor, Tenso
     return torch.from_numpy(xyz.astype(np.float32)), torch.from_numpy(points.rgb.astype(np.float32) / 255.0)
 
 
-def read_transforms(path: Path) -> dict[str, Any]:
-    """A transforms file's JSON object, with a 'frames' list of objects with 'file_path' and 'transform_matrix'."""
-    try:
-        content = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise DatasetError(f"{path}: invalid JSON at line {err.lineno}, column {err.colno}: {err.msg}") from err
-    except (OSError, UnicodeDecodeError) as err:
-        raise DatasetError(f"{path}: cannot read ({err})") from err
-    if not isinstance(content, dict) or not isinstance(content.get("frames"), list):
-        raise DatasetError(f"{path}: expected a JSON object with a 'frames' list")
-    for i, frame in enumerate(content["frames"]):
-        if not isinstance(frame, dict) or "file_path" not in frame or "transform_matrix" not in frame:
-            raise DatasetError(f"{path}: frame {i} needs 'file_path' and 'transform_matrix'")
-    return content
-
-
-def transforms_file(path: str | Path) -> Path:
-    """The scene folder's main transforms file, whose top-level fields (``ply_file_path`` among them) are the
-    scene's: nerf_synthetic's ``transforms_train.json``, else ``transforms.json``.
-
-    Raises:
-        DatasetError: the folder has neither.
-    """
-    root = Path(path)
-    for name in ("transforms_train.json", "transforms.json"):
-        if (root / name).is_file():
-            return root / name
-    raise DatasetError(f"{root}: no transforms_train.json or transforms.json found")
-
-
 def _read_entries(root: Path, eval_split: str) -> list[_Entry]:
     """The frames to load: nerf_synthetic's train file (plus its test file for eval_split "dataset"), or
     the one ``transforms.json``."""
@@ -263,21 +249,6 @@ def _frame_names(file_paths: list[str]) -> list[str]:
     if parts and all(len(p) > 1 for p in parts) and len({p[0] for p in parts}) == 1:
         parts = [p[1:] for p in parts]
     return [frame_name("/".join(p)) for p in parts]
-
-
-def image_path(root: Path, json_path: Path, file_path: str) -> Path:
-    """The image file a frame's ``file_path`` names (relative to ``root``; the extension may be left out)."""
-    path = root / file_path
-    if path.is_file():
-        return path
-    extensions = [case(ext) for ext in IMAGE_EXTENSIONS for case in (str.lower, str.upper)]
-    for ext in extensions:
-        candidate = path.with_name(path.name + ext)
-        if candidate.is_file():
-            return candidate
-    raise DatasetError(
-        f"{path}: image file is missing (referenced by {json_path}; also tried adding {', '.join(extensions)})"
-    )
 
 
 def _number(fields: dict, key: str, json_path: Path, where: str) -> float | None:

@@ -1,32 +1,22 @@
-"""Sparse points for a transforms.json scene from its known poses: pycolmap's SIFT features, matching and
-triangulation with the cameras and poses held fixed.
+"""Sparse points for a capture that comes posed (a transforms.json scene) from its known poses: pycolmap's SIFT
+features, matching and triangulation with the cameras and poses held fixed.
 
 instant-ngp / nerfstudio captures come posed but without SfM points, so training would start from random
-points. :func:`triangulate_scene` loads the frames as training does (``load_blender``: the same undistorted
-pinhole cameras, and world-to-camera OpenCV poses, which are COLMAP's ``cam_from_world``), triangulates
-points from them, writes the points as ``sparse_pc.ply`` (nerfstudio's name; x y z float32, red green blue
-uint8) beside the transforms file and adds ``"ply_file_path": "sparse_pc.ply"`` to that file as its first
-key, leaving the rest of its text as it was. ``load_blender`` reads that key as the scene's SfM points, so
-``model.init: auto`` starts from them.
-
-Training does the same without the file: with ``model.init: auto``, a capture without points gets them from
-:func:`training_points`, cached outside the user's folder (``gsrecon/cache.py``), the folder left untouched.
+points. :func:`triangulate_frames` takes the frames as training reads them (the reader's undistorted pinhole
+cameras, and world-to-camera OpenCV poses, which are COLMAP's ``cam_from_world``) and triangulates points from
+them. With ``model.init: auto``, training gets them from :func:`training_points`, cached outside the user's folder
+(``gsrecon/cache.py``), the folder left untouched; ``gsrecon data triangulate`` writes them into the folder instead
+(:mod:`gsrecon.data.prepare.triangulate`).
 
 Frames: every frame the transforms file lists, test views included, as the 3DGS convention triangulates
 from all images (a point's position carries no test pixel into the metrics); nerf_synthetic's
 ``transforms_test.json`` is left out, as training leaves it out.
-
-Work files, replaced by the next run and safe to delete: ``<scene>/triangulation/database.db`` (features
-and matches) and ``<scene>/triangulation/sparse/`` (the COLMAP model: the given cameras and poses, and the
-points with their tracks). The images handed to SIFT (``triangulation/images/``) are removed at the end.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
-import re
 import shutil
 import tempfile
 import zipfile
@@ -37,15 +27,13 @@ from types import ModuleType
 
 import numpy as np
 from PIL import Image
-from plyfile import PlyData, PlyElement
 
 from gsrecon.atomic import atomic_path
 from gsrecon.cache import cache_dir, cache_file
-from gsrecon.data.blender import image_path, load_blender, read_transforms, transforms_file
-from gsrecon.data.cameras import Frame
 from gsrecon.data.errors import DatasetError
-from gsrecon.data.images import FACTORS
-from gsrecon.data.sfm import (
+from gsrecon.data.formats.images import FACTORS
+from gsrecon.data.formats.transforms_json import image_path, read_transforms, transforms_file
+from gsrecon.data.prepare.sfm import (
     MATCHERS,
     MIN_FEATURES,
     database_counts,
@@ -54,13 +42,14 @@ from gsrecon.data.sfm import (
     match_features,
     pycolmap_logging,
 )
+from gsrecon.data.scene import Frame
 
-PLY_NAME = "sparse_pc.ply"  # nerfstudio's name for the point cloud beside transforms.json
-PLY_KEY = "ply_file_path"
-WORK_DIR = "triangulation"  # under the scene folder: database.db and sparse/
 POINTS_CACHE = "points"  # the cache of points triangulated for training (:func:`training_points`)
-STAGES = ("features", "matching", "triangulation")  # triangulate_scene's stages, in order
+STAGES = ("features", "matching", "triangulation")  # triangulate_frames' stages, in order
 MAX_SIDE = 1600  # px: the automatic factor is the smallest that brings the longest image side to at most this
+# (factor, max_images) -> every frame of the capture as training reads it at ``factor`` (``max_images`` > 0: that
+# many of them), e.g. :func:`gsrecon.data.readers.transforms.every_frame`
+FramesAt = Callable[[int, int], list[Frame]]
 MIN_POINTS = 100  # a sparser cloud is no start for training: refused, and the transforms file is left alone
 _RIGID_TOLERANCE = 1e-3  # how far a pose's rotation may be from orthonormal (float32 matrices from JSON)
 
@@ -86,65 +75,9 @@ class Triangulation:
         )
 
 
-@dataclass
-class TriangulationReport:
-    """What :func:`triangulate_scene` produced."""
-
-    triangulation: Triangulation
-    ply_path: Path  # the point cloud written
-    transforms_path: Path  # the transforms file that now names it
-    change: str  # what changed in the transforms file, e.g. 'added "ply_file_path": "sparse_pc.ply"'
-    work_dir: Path  # database.db and sparse/ (the COLMAP model)
-
-
-def triangulate_scene(
-    path: str | Path,
-    factor: int = 0,
-    matcher: str = "exhaustive",
-    overwrite: bool = False,
-    use_gpu: bool = True,
-    verbose: bool = False,
-    on_stage: Callable[[str, str], None] | None = None,
-) -> TriangulationReport:
-    """Triangulate sparse points from the images and known poses of a transforms.json scene, write them as
-    ``sparse_pc.ply`` beside the transforms file and name them there with ``ply_file_path``.
-
-    Args:
-        path: the scene folder (``transforms.json``, or nerf_synthetic's ``transforms_train.json``).
-        factor: image downscale factor features are extracted at (1, 2, 4, 8; ``images_<f>/`` is used when
-            present); 0 picks the smallest that brings the first frame's longest side to at most
-            :data:`MAX_SIDE` pixels.
-        matcher: "exhaustive" (any order, up to a few hundred images) or "sequential" (video frames).
-        overwrite: replace a ``ply_file_path`` the transforms file already has, and a ``sparse_pc.ply`` it
-            does not name; without it both are refused.
-        use_gpu: use CUDA for SIFT when pycolmap was built with it.
-        verbose: let pycolmap log its progress (to stderr); otherwise it logs errors only.
-        on_stage: called as each stage starts with its name (:data:`STAGES`) and what it does.
-
-    Raises:
-        ValueError: unknown ``matcher`` or ``factor``.
-        DatasetError: no transforms file, a ``ply_file_path`` or ``sparse_pc.ply`` already there (without
-            ``overwrite``), and what :func:`triangulate_frames` refuses.
-        PycolmapUnavailableError: pycolmap is not installed.
-    """
-    root = Path(path)
-    if not root.is_dir():
-        raise DatasetError(f"{root}: scene folder does not exist")
-    json_path = transforms_file(root)
-    content = read_transforms(json_path)
-    text = json_path.read_text(encoding="utf-8")  # kept byte for byte where the key is added
-    ply_path = root / PLY_NAME
-    if not overwrite:
-        _check_nothing_replaced(json_path, content, ply_path)
-    work = root / WORK_DIR
-    triangulation = triangulate_frames(root, work, factor, matcher, use_gpu, verbose, on_stage)
-    write_points_ply(ply_path, triangulation.points, triangulation.colors)
-    change = _name_point_cloud(json_path, text, content)
-    return TriangulationReport(triangulation, ply_path, json_path, change, work)
-
-
 def triangulate_frames(
     root: Path,
+    frames_at: FramesAt,
     work: Path,
     factor: int = 0,
     matcher: str = "exhaustive",
@@ -152,14 +85,14 @@ def triangulate_frames(
     verbose: bool = False,
     on_stage: Callable[[str, str], None] | None = None,
 ) -> Triangulation:
-    """Triangulate points from every frame of the transforms.json scene in ``root`` with its cameras and poses
-    held fixed, leaving pycolmap's work files in ``work`` (``database.db``, ``sparse/``; replaced).
+    """Triangulate points from ``frames_at``'s frames of the transforms.json scene in ``root`` with their cameras and
+    poses held fixed, leaving pycolmap's work files in ``work`` (``database.db``, ``sparse/``; replaced).
 
-    Arguments as for :func:`triangulate_scene`.
+    Arguments as for :func:`gsrecon.data.prepare.triangulate.triangulate_scene`.
 
     Raises:
         ValueError: unknown ``matcher`` or ``factor``.
-        DatasetError: frames ``load_blender`` refuses (missing images, bad cameras), fewer than 2 frames, poses
+        DatasetError: frames ``frames_at`` refuses (missing images, bad cameras), fewer than 2 frames, poses
             that are not rigid, or fewer than :data:`MIN_POINTS` points triangulated (the message names the
             causes the database shows).
         PycolmapUnavailableError: pycolmap is not installed.
@@ -170,8 +103,8 @@ def triangulate_frames(
         raise ValueError(f"factor must be 0 (automatic) or one of {FACTORS}, got {factor!r}")
     json_path = transforms_file(root)
     pycolmap = import_pycolmap("gsrecon data triangulate")
-    factor = factor or _auto_factor(root)
-    frames = load_blender(str(root), factor, "none", point_cloud=False).train
+    factor = factor or _auto_factor(frames_at)
+    frames = frames_at(factor, 0)
     if len(frames) < 2:
         raise DatasetError(f"{json_path}: triangulation needs at least 2 frames, the file lists {len(frames)}")
     for frame in frames:
@@ -233,7 +166,7 @@ def triangulate_frames(
     )
 
 
-def training_points(root: Path, log: Callable[[str], None]) -> Triangulation:
+def training_points(root: Path, frames_at: FramesAt, log: Callable[[str], None]) -> Triangulation:
     """The points triangulated from the transforms.json scene in ``root`` (:func:`triangulate_frames`), for training
     to start from; the user's folder is left as it is.
 
@@ -253,6 +186,7 @@ def training_points(root: Path, log: Callable[[str], None]) -> Triangulation:
     with _work_dir() as work:
         triangulation = triangulate_frames(
             root,
+            frames_at,
             work,
             on_stage=lambda name, what: log(f"triangulating SfM points [{STAGES.index(name) + 1}/3]: {what}"),
         )
@@ -318,38 +252,9 @@ def _work_dir() -> Iterator[Path]:
         yield Path(work)
 
 
-def write_points_ply(path: str | Path, points: np.ndarray, colors: np.ndarray) -> None:
-    """Write points ``[P, 3]`` and uint8 colours ``[P, 3]`` as a binary PLY (``x y z`` float32, ``red green blue``
-    uchar: the layout of nerfstudio's ``sparse_pc.ply`` and 3DGS's ``points3D.ply``), atomically."""
-    vertices = np.empty(
-        len(points), dtype=[(axis, "<f4") for axis in "xyz"] + [(c, "u1") for c in ("red", "green", "blue")]
-    )
-    for i, axis in enumerate("xyz"):
-        vertices[axis] = points[:, i]
-    for i, channel in enumerate(("red", "green", "blue")):
-        vertices[channel] = colors[:, i]
-    ply = PlyData([PlyElement.describe(vertices, "vertex")], text=False, byte_order="<")
-    with atomic_path(path) as tmp:
-        ply.write(str(tmp))
-
-
-def _check_nothing_replaced(json_path: Path, content: dict, ply_path: Path) -> None:
-    """Refuse to replace a point cloud the transforms file names, or a ``sparse_pc.ply`` it does not name."""
-    if PLY_KEY in content:
-        raise DatasetError(
-            f'{json_path} already names a point cloud ("{PLY_KEY}": {json.dumps(content[PLY_KEY])}); '
-            "pass --overwrite to replace it with triangulated points"
-        )
-    if ply_path.exists():
-        raise DatasetError(
-            f"{ply_path}: exists although {json_path.name} does not name it; move it away or pass --overwrite "
-            "to replace it"
-        )
-
-
-def _auto_factor(root: Path) -> int:
+def _auto_factor(frames_at: FramesAt) -> int:
     """The smallest factor that brings the first frame's longest side to at most :data:`MAX_SIDE` pixels (else 8)."""
-    frame = load_blender(str(root), 1, "none", max_images=1, point_cloud=False).train[0]
+    frame = frames_at(1, 1)[0]
     longest = max(frame.width, frame.height)
     return next((f for f in FACTORS if longest / f <= MAX_SIDE), FACTORS[-1])
 
@@ -422,40 +327,3 @@ def _failure_causes(pycolmap: ModuleType, database: Path, min_matches: int) -> l
             "the cameras barely move between the images"
         )
     return causes
-
-
-def _name_point_cloud(json_path: Path, text: str, content: dict) -> str:
-    """Make the transforms file name :data:`PLY_NAME` with ``ply_file_path`` and say what changed.
-
-    A new key goes in as the object's first key, in the file's own layout, and an existing string value is
-    replaced in place: the rest of the text stays byte for byte. A file where that cannot be done (the key
-    also inside a frame, a value that is not a string) is written again as JSON with its indentation.
-    """
-    value = json.dumps(PLY_NAME)
-    if content.get(PLY_KEY) == PLY_NAME:
-        return f'unchanged (it already has "{PLY_KEY}": {value})'
-    expected = {**content, PLY_KEY: PLY_NAME}
-    entry = f'"{PLY_KEY}": {value}'
-    if PLY_KEY in content:
-        old = content[PLY_KEY]
-        change = f'replaced "{PLY_KEY}": {json.dumps(old)} with {value}'
-        change += f" ({old} is left in place)" if isinstance(old, str) else ""
-        spans = [match.span() for match in re.finditer(rf'"{PLY_KEY}"\s*:\s*"(?:[^"\\]|\\.)*"', text)]
-        edit = (*spans[0], entry) if len(spans) == 1 else None  # (start, end, replacement)
-    else:
-        change = f'added "{PLY_KEY}": {value}'
-        opening = re.match(r"\s*\{(\s*)", text)  # the object's brace and the space before its first key
-        edit = (opening.end(), opening.end(), f"{entry},{opening[1] or ' '}") if opening else None
-    new_text = text[: edit[0]] + edit[2] + text[edit[1] :] if edit else ""
-    try:
-        kept = json.loads(new_text) == expected
-    except json.JSONDecodeError:
-        kept = False
-    if not kept:
-        indent = re.search(r"\n([ \t]+)\S", text)
-        new_text = json.dumps(expected, indent=indent[1] if indent else None, ensure_ascii=False) + "\n"
-        change += " (the file was written again as JSON)"
-    with atomic_path(json_path) as tmp:
-        tmp.write_text(new_text, encoding="utf-8")
-        shutil.copymode(json_path, tmp)
-    return change

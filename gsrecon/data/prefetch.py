@@ -4,7 +4,7 @@ choice of cache (``data.cache: auto``) from the decoded size the image headers a
 Training order is a pure function of the seed and step (:meth:`DataPipeline.train_indices`), so the frames that
 come next are known: :class:`Prefetcher` decodes exactly those, a bounded number of batches ahead. Decoding goes
 through :meth:`Frame.decoded` (``ImageFile.load``), which reads resized / undistorted images from the on-disk
-image cache once made (:func:`gsrecon.data.images.load_transformed`) instead of redoing the work.
+image cache once made (:func:`gsrecon.data.formats.images.load_transformed`) instead of redoing the work.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from gsrecon.data.cameras import Frame, PixelFile
+from gsrecon.data.scene import Frame, PixelFile
 
 CACHE_MODES = ("device", "cpu", "disk", "auto")
 MAX_DECODE_THREADS = 4

@@ -7,7 +7,7 @@ Layout::
     <scene>/sparse/0/ or <scene>/sparse/
         cameras.bin  images.bin  points3D.bin     (or the .txt versions)
     <scene>/test.txt, <scene>/train.txt  optional image-name lists for ``eval_split="dataset"``
-    <scene>/masks/<stem>.png           optional per-image masks (or <name>.png; :mod:`gsrecon.data.masks`),
+    <scene>/masks/<stem>.png           optional per-image masks (or <name>.png; :mod:`gsrecon.data.formats.masks`),
     <scene>/masks_<f>/<stem>.png       at 1/f beside images_<f>/
 """
 
@@ -19,13 +19,24 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gsrecon.data.cameras import Frame, Scene
-from gsrecon.data.colmap_format import ColmapImage, SparseModel, find_sparse_dir, read_model
 from gsrecon.data.errors import DatasetError
-from gsrecon.data.images import ImageFile, camera_frame, camera_image_file, check_factor
-from gsrecon.data.masks import MASKS_FOLDER, MaskFile, find_mask, mask_file
+from gsrecon.data.formats.colmap_model import ColmapImage, SparseModel, find_sparse_dir, read_model
+from gsrecon.data.formats.images import ImageFile, camera_frame, camera_image_file, check_factor
+from gsrecon.data.formats.lens import camera_intrinsics
+from gsrecon.data.formats.masks import MASKS_FOLDER, MaskFile, find_mask, mask_file
+from gsrecon.data.pipeline import DataPipeline, folder_arguments
+from gsrecon.data.scene import Frame, Scene
 from gsrecon.data.splits import NameList, check_eval_split, evenly_spaced, frame_name, listed_as_test, split_frames
-from gsrecon.data.undistort import camera_intrinsics
+from gsrecon.registry import DATASET_REGISTRY
+
+
+@DATASET_REGISTRY.register("colmap")
+class ColmapReader:
+    """``data.dataset: colmap``: a COLMAP scene folder at ``data.path`` (no options of its own: ``data.colmap`` takes
+    none)."""
+
+    def read(self, data: DataPipeline.Config) -> Scene:
+        return load_colmap(**folder_arguments(data, "a folder with images/ and sparse/0/"))
 
 
 def load_colmap(
@@ -52,7 +63,7 @@ def load_colmap(
     The point cloud may be empty (a model without SfM points); the Gaussians then need ``model.init=random``.
 
     Raises:
-        DatasetError: missing or malformed files, impossible values (see :mod:`gsrecon.data.colmap_format`),
+        DatasetError: missing or malformed files, impossible values (see :mod:`gsrecon.data.formats.colmap_model`),
             unsupported cameras, images that disagree with their camera; the message names the file.
     """
     check_factor(factor)

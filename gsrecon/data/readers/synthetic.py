@@ -24,6 +24,7 @@ import math
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -32,12 +33,16 @@ from numpy.typing import NDArray
 from gsrecon import geometry
 from gsrecon.atomic import atomic_path
 from gsrecon.cache import cache_file
-from gsrecon.data import undistort
-from gsrecon.data.cameras import Frame, Scene
+from gsrecon.data.formats import lens as lens_maths
+from gsrecon.data.formats.lens import fov_to_focal, intrinsics_matrix
+from gsrecon.data.scene import Frame, Scene
 from gsrecon.data.splits import check_eval_split, evenly_spaced, split_frames
-from gsrecon.data.undistort import fov_to_focal, intrinsics_matrix
 from gsrecon.errors import InputError
 from gsrecon.geometry import camera_centers, look_at
+from gsrecon.registry import DATASET_REGISTRY
+
+if TYPE_CHECKING:
+    from gsrecon.data.pipeline import DataPipeline
 
 Array = NDArray[np.float64]
 
@@ -350,7 +355,7 @@ def _camera_center(viewmat: Array) -> Array:
 
 
 def render_view(
-    viewmat: Array, K: Array, cfg: SyntheticConfig, lens: undistort.Distortion | None = None
+    viewmat: Array, K: Array, cfg: SyntheticConfig, lens: lens_maths.Distortion | None = None
 ) -> NDArray[np.uint8]:
     """[H, W, 3|4] uint8 image of the scene from one camera (world-to-camera ``viewmat`` [4, 4], intrinsics
     ``K`` [3, 3], distorted by ``lens``; None: a pinhole), box-filtered over s x s samples."""
@@ -361,7 +366,7 @@ def render_view(
     uu, vv = np.meshgrid(u, v)  # [H*s, W*s]
     x, y = (uu - K[0, 2]) / K[0, 0], (vv - K[1, 2]) / K[1, 1]
     if lens is not None:
-        x, y = undistort.undistort_points(x, y, lens)
+        x, y = lens_maths.undistort_points(x, y, lens)
     cam = np.stack([x, y, np.ones_like(uu)], -1)
     R = viewmat[:3, :3]
     dirs = cam.reshape(-1, 3) @ R  # [S, 3] world directions (R^T applied to each)
@@ -444,8 +449,8 @@ def generator_digest(sources: list[bytes]) -> str:
 
 
 def generator_sources() -> list[bytes]:
-    """The bytes of the files whose code decides the generated data: this module, geometry.py, undistort.py."""
-    return [Path(path).read_bytes() for path in (__file__, geometry.__file__, undistort.__file__)]
+    """The bytes of the files whose code decides the generated data: this module, geometry.py, data/formats/lens.py."""
+    return [Path(path).read_bytes() for path in (__file__, geometry.__file__, lens_maths.__file__)]
 
 
 _GENERATOR_DIGEST = generator_digest(generator_sources())
@@ -555,3 +560,16 @@ def load_synthetic(cfg: SyntheticConfig, factor: int = 1, eval_split: str = "dat
         points=torch.from_numpy(arrays["points"]),
         colors=torch.from_numpy(arrays["colors"]),
     )
+
+
+@DATASET_REGISTRY.register("synthetic")
+class SyntheticReader:
+    """``data.dataset: synthetic``: the built-in scene, its options in ``data.synthetic`` (:class:`SyntheticConfig`)."""
+
+    Config = SyntheticConfig
+
+    def __init__(self, cfg: SyntheticConfig) -> None:
+        self.cfg = cfg
+
+    def read(self, data: DataPipeline.Config) -> Scene:
+        return load_synthetic(self.cfg, data.factor, data.eval_split, data.max_images)

@@ -1,0 +1,1 @@
+"""Gaussian-agnostic file formats shared by model/, data/ and export/."""
