@@ -165,7 +165,7 @@ def evaluate(
     def render(batch: Batch) -> RenderOutput:
         return renderer.render(
             params, batch.viewmats, batch.Ks, batch.width, batch.height, scene.sh_degree, batch.backgrounds,
-            batch.fisheye,
+            camera_model=batch.camera_model,
         )  # fmt: skip
 
     def write_view(index: int, outputs: dict[str, Any]) -> None:
@@ -181,7 +181,7 @@ def evaluate(
             "width": batch.width,
             "height": batch.height,
         }
-        | ({} if batch.fisheye is None else {"fisheye_k1_k4": batch.fisheye[0].tolist()})
+        | ({"fisheye_k1_k4": batch.camera_model.coeffs[0].tolist()} if batch.camera_model.kind == "fisheye" else {})
         for batch in batches
     ]
     write_json(out_dir / "cameras.json", cameras)
