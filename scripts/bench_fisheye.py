@@ -91,7 +91,7 @@ def split_psnr(trainer: DefaultTrainer, pipeline: DataPipeline, angle: float) ->
         rows, columns = (torch.arange(n, device=error.device) + 0.5 for n in (batch.height, batch.width))
         v, u = torch.meshgrid(rows, columns, indexing="ij")
         r = torch.hypot((u - K[0, 2]) / K[0, 0], (v - K[1, 2]) / K[1, 1])  # [H, W]
-        within = (r if batch.fisheye is not None else torch.atan(r)) < angle
+        within = (r if batch.camera_model.kind == "fisheye" else torch.atan(r)) < angle
         errors[True].append(error[within])
         errors[False].append(error[~within])
     centre, rim = (-10 * math.log10(float(torch.cat(errors[side]).mean())) for side in (True, False))

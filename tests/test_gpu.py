@@ -153,6 +153,7 @@ def test_gsplat_unscented_transform_through_a_fisheye_lens_matches_the_torch_lin
     evaluated along the rays, no screen-space dilation) and the torch renderer's EWA linearisation of the same
     lens draw nearly the same image. (Written without a GPU: the bound is a first guess that a wrong lens model or
     coefficient order falls far below; tighten it once measured.)"""
+    from gsrecon.data.scene import CameraModel
     from gsrecon.metrics import psnr
 
     generator = torch.Generator().manual_seed(0)
@@ -169,9 +170,11 @@ def test_gsplat_unscented_transform_through_a_fisheye_lens_matches_the_torch_lin
     }
     params = {k: v.cuda() for k, v in params.items()}
     Ks = torch.tensor([[[40.0, 0, 64], [0, 40.0, 48], [0, 0, 1]]]).cuda()  # 128x96: ~160 degrees across
-    fisheye = torch.tensor([[0.03, -0.01, 0.002, -0.0005]]).cuda()
+    lens = CameraModel.fisheye(torch.tensor([[0.03, -0.01, 0.002, -0.0005]]).cuda())
     images = [
-        renderer.render(params, torch.eye(4)[None].cuda(), Ks, 128, 96, 0, torch.zeros(1, 3).cuda(), fisheye).image
+        renderer.render(
+            params, torch.eye(4)[None].cuda(), Ks, 128, 96, 0, torch.zeros(1, 3).cuda(), camera_model=lens
+        ).image
         for renderer in renderers
     ]
     assert psnr(images[0][0].clamp(0, 1), images[1][0].clamp(0, 1)) >= 25.0

@@ -25,12 +25,14 @@ from test_fisheye import (
 from gsrecon.cli import main
 from gsrecon.data.formats.lens import distort, undistorted_intrinsics
 from gsrecon.data.readers.transforms import load_transforms
+from gsrecon.data.scene import CameraModel
 from gsrecon.render.lens import fisheye_project, max_lens_angle
 from gsrecon.render.torch_renderer import TorchRenderer
 from gsrecon.strategy.default import DefaultStrategy
 
 COEFFS = torch.tensor([[FISHEYE.k1, FISHEYE.k2, FISHEYE.k3, FISHEYE.k4]], dtype=torch.float64)  # [1, 4]
 K64 = torch.from_numpy(K)[None]  # [1, 3, 3] float64
+LENS = CameraModel.fisheye(COEFFS.float())  # one camera through the lens
 
 
 @pytest.fixture(autouse=True)
@@ -93,7 +95,7 @@ def test_a_gaussian_is_drawn_where_the_lens_sees_its_centre() -> None:
     params = _one_gaussian(position)
     renderer = TorchRenderer()
     Ks, viewmats, background = torch.from_numpy(K).float()[None], torch.eye(4)[None], torch.zeros(1, 3)
-    image = renderer.render(params, viewmats, Ks, W, H, 0, background, COEFFS.float()).image[0, ..., 0]  # [H, W]
+    image = renderer.render(params, viewmats, Ks, W, H, 0, background, camera_model=LENS).image[0, ..., 0]  # [H, W]
     v, u = torch.meshgrid(torch.arange(H) + 0.5, torch.arange(W) + 0.5, indexing="ij")
     centroid = [float((u * image).sum() / image.sum()), float((v * image).sum() / image.sum())]
     xd, yd = distort(np.array(position[0]), np.array(position[1]), FISHEYE)
@@ -116,7 +118,7 @@ def test_gradients_through_the_lens_are_finite_with_a_gaussian_on_the_axis() -> 
     params["means"][0] = torch.tensor([0.0, 0.0, 1.5])  # exactly on the optical axis
     params = {k: v.requires_grad_(True) for k, v in params.items()}
     out = TorchRenderer().render(
-        params, torch.eye(4)[None], torch.from_numpy(K).float()[None], W, H, 1, torch.zeros(1, 3), COEFFS.float()
+        params, torch.eye(4)[None], torch.from_numpy(K).float()[None], W, H, 1, torch.zeros(1, 3), camera_model=LENS
     )
     out.image.sum().backward()
     assert out.info["radii"][0, 0].max() > 0
@@ -130,11 +132,12 @@ def test_a_fisheye_capture_is_kept_as_shot_with_data_fisheye_lens(tmp_path: Path
     _write_fisheye_transforms(tmp_path, k1=FISHEYE.k1, k2=FISHEYE.k2, k3=FISHEYE.k3, k4=FISHEYE.k4)
     kept = load_transforms(str(tmp_path), eval_split="none", keep_fisheye=True).train[0]
     np.testing.assert_allclose(kept.K.numpy(), K, rtol=1e-6)
-    np.testing.assert_allclose(kept.fisheye.numpy(), COEFFS[0].numpy(), rtol=1e-6)
+    assert kept.camera_model.kind == "fisheye"
+    np.testing.assert_allclose(kept.camera_model.coeffs.numpy(), COEFFS[0].numpy(), rtol=1e-6)
     np.testing.assert_array_equal(kept.image.numpy(), _render_fisheye(K, FISHEYE))  # the file's pixels
     assert kept.source.startswith("as stored, ") and kept.source.endswith(" degrees through the fisheye lens")
     undistorted = load_transforms(str(tmp_path), eval_split="none").train[0]  # the default: a pinhole image
-    assert undistorted.fisheye is None
+    assert undistorted.camera_model.kind == "pinhole" and undistorted.camera_model.coeffs is None
     np.testing.assert_allclose(undistorted.K.numpy(), undistorted_intrinsics(K, FISHEYE, W, H), rtol=1e-5)
 
 

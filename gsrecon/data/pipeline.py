@@ -29,9 +29,10 @@ from gsrecon.data.prefetch import (
     decode_threads,
     decoded_bytes,
 )
-from gsrecon.data.scene import Frame, Scene, decoded
+from gsrecon.data.scene import PINHOLE, CameraModel, Frame, Scene, decoded
 from gsrecon.data.splits import EVAL_SPLITS
 from gsrecon.errors import InputError
+from gsrecon.geometry import pinhole_project
 from gsrecon.registry import DATASET_REGISTRY
 from gsrecon.render.lens import fisheye_project
 
@@ -51,7 +52,7 @@ class Batch:
     width: int
     height: int
     masks: Tensor | None = None  # [B, H, W, 1] float, 1 where a pixel counts in the loss and metrics, 0 where ignored
-    fisheye: Tensor | None = None  # [B, 4] the fisheye lenses the images were seen through (`Frame.fisheye`), or None
+    camera_model: CameraModel = PINHOLE  # what the images were seen through (`Frame.camera_model`; fisheye: [B, 4])
 
 
 class DataPipeline:
@@ -106,7 +107,7 @@ class DataPipeline:
             raise InputError(f"dataset '{cfg.dataset}' ({cfg.path or 'built-in'}) has no training images")
         if cfg.batch_size > 1 and len({(f.width, f.height) for f in self.scene.train}) > 1:
             raise InputError("data.batch_size > 1 needs training images of one size; this scene mixes sizes")
-        if cfg.batch_size > 1 and len({f.fisheye is None for f in self.scene.train}) > 1:
+        if cfg.batch_size > 1 and len({f.camera_model.kind for f in self.scene.train}) > 1:
             raise InputError(
                 "data.batch_size > 1 needs one kind of camera; this scene mixes fisheye and pinhole images "
                 "(data.fisheye: lens): use batch_size 1 or data.fisheye=undistort"
@@ -219,7 +220,7 @@ class DataPipeline:
             width=frames[0].width,
             height=frames[0].height,
             masks=self._masks(frames),
-            fisheye=None if frames[0].fisheye is None else torch.stack([f.fisheye for f in frames]).to(self.device),
+            camera_model=CameraModel.stack([f.camera_model for f in frames]).to(self.device),
         )
 
     def _masks(self, frames: list[Frame]) -> Tensor | None:
@@ -235,14 +236,15 @@ def _observed_depths(points: Tensor, frame: Frame, device: torch.device) -> Tens
     pixels its mask leaves out (a moving person, the sky) left out."""
     viewmat = frame.viewmat.to(device)
     camera = points @ viewmat[:3, :3].T + viewmat[:3, 3]  # [P, 3]
-    K = frame.K.to(device)[None]
-    if frame.fisheye is None:
-        z = camera[:, 2:].clamp_min(1e-6)
-        pixels = (camera[:, :2] / z) @ K[0, :2, :2].T + K[0, :2, 2]  # [P, 2]
-        seen = camera[:, 2] > 0
-    else:
-        projection = fisheye_project(camera[None], K, frame.fisheye.to(device)[None], near_plane=0.0)
-        pixels, seen = projection.means2d[0], projection.in_lens[0]
+    K = frame.K.to(device)
+    if frame.camera_model.kind == "pinhole":
+        x, y, z = camera.unbind(-1)  # [P] each
+        projection = pinhole_project(x, y, z.clamp_min(1e-6), K)
+        pixels = torch.stack([projection.pixel_x, projection.pixel_y], dim=-1)  # [P, 2]
+        seen = z > 0
+    else:  # "fisheye"
+        lens = fisheye_project(camera[None], K[None], frame.camera_model.coeffs.to(device)[None], near_plane=0.0)
+        pixels, seen = lens.means2d[0], lens.in_lens[0]
     inside = seen & (pixels >= 0).all(-1) & (pixels[:, 0] < frame.width) & (pixels[:, 1] < frame.height)
     observed = torch.cat([pixels, camera[:, 2:]], dim=-1)[inside]  # [P', 3]
     if frame.mask is None:
@@ -269,6 +271,7 @@ def _to_device(frame: Frame, device: torch.device) -> Frame:
     fields = {f.name: getattr(frame, f.name) for f in dataclasses.fields(frame)}
     moved = {name: value.to(device) for name, value in fields.items() if isinstance(value, Tensor)}
     moved |= {"viewmat": frame.viewmat.float().to(device), "K": frame.K.float().to(device)}
+    moved["camera_model"] = frame.camera_model.to(device)
     return dataclasses.replace(frame, **moved)
 
 

@@ -143,7 +143,7 @@ def scene_renderer(scene: TrainedScene, device: torch.device, logger: Logger) ->
     def render(batch: Batch) -> RenderOutput:
         return renderer.render(
             params, batch.viewmats, batch.Ks, batch.width, batch.height, scene.sh_degree, batch.backgrounds,
-            batch.fisheye,
+            camera_model=batch.camera_model,
         )  # fmt: skip
 
     return render
@@ -189,7 +189,7 @@ def evaluate(
             "width": batch.width,
             "height": batch.height,
         }
-        | ({} if batch.fisheye is None else {"fisheye_k1_k4": batch.fisheye[0].tolist()})
+        | ({"fisheye_k1_k4": batch.camera_model.coeffs[0].tolist()} if batch.camera_model.kind == "fisheye" else {})
         for batch in batches
     ]
     write_json(out_dir / "cameras.json", cameras)

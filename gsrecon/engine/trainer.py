@@ -200,7 +200,7 @@ class DefaultTrainer:
             sh_degree = self.model.active_sh_degree(self.step)
         return self.renderer.render(
             self.model.params, batch.viewmats, batch.Ks, batch.width, batch.height, sh_degree, batch.backgrounds,
-            batch.fisheye,
+            camera_model=batch.camera_model,
         )  # fmt: skip
 
     def run_step(self) -> None:

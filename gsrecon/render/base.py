@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
+from gsrecon.data.scene import PINHOLE, CameraModel
 from gsrecon.model.params import check_params
 
 if TYPE_CHECKING:
@@ -79,15 +80,16 @@ class Renderer(abc.ABC):
         self,
         params: Mapping[str, Tensor],
         viewmats: Tensor,  # [C, 4, 4] world-to-camera, OpenCV convention
-        Ks: Tensor,  # [C, 3, 3] pinhole intrinsics in pixels
+        Ks: Tensor,  # [C, 3, 3] intrinsics in pixels (of ``camera_model``)
         width: int,
         height: int,
         sh_degree: int,
         backgrounds: Tensor,  # [C, 3]
-        fisheye: Tensor | None = None,  # [C, 4] OpenCV fisheye k1..k4: cameras that see through these lenses
+        *,
+        camera_model: CameraModel = PINHOLE,  # the C cameras' model: pinholes, or fisheye lenses (coeffs [C, 4])
     ) -> RenderOutput:
-        """Render ``C`` cameras of size ``width`` x ``height`` using SH up to ``sh_degree``; with ``fisheye``,
-        ``Ks`` are the lenses' intrinsics and the images are what the lenses see (not undistorted).
+        """Render ``C`` cameras of size ``width`` x ``height`` using SH up to ``sh_degree``; through a fisheye
+        ``camera_model``, ``Ks`` are the lenses' intrinsics and the images are what the lenses see (not undistorted).
 
         Raises ValueError naming the offending input when shapes or sizes are inconsistent.
         """
@@ -103,9 +105,13 @@ class Renderer(abc.ABC):
             raise ValueError(f"backgrounds has shape {tuple(backgrounds.shape)}, expected ({c}, 3)")
         if width <= 0 or height <= 0:
             raise ValueError(f"image size must be positive, got width={width}, height={height}")
-        if fisheye is not None and tuple(fisheye.shape) != (c, 4):
-            raise ValueError(f"fisheye has shape {tuple(fisheye.shape)}, expected ({c}, 4)")
-        return self._render(params, viewmats, Ks, width, height, sh_degree, backgrounds, fisheye)
+        if not isinstance(camera_model, CameraModel):
+            raise ValueError(f"camera_model must be a CameraModel, got {type(camera_model).__name__}")
+        if camera_model.kind == "fisheye" and tuple(camera_model.coeffs.shape) != (c, 4):
+            raise ValueError(
+                f"fisheye camera_model coeffs have shape {tuple(camera_model.coeffs.shape)}, expected ({c}, 4)"
+            )
+        return self._render(params, viewmats, Ks, width, height, sh_degree, backgrounds, camera_model=camera_model)
 
     @abc.abstractmethod
     def _render(
@@ -117,6 +123,7 @@ class Renderer(abc.ABC):
         height: int,
         sh_degree: int,
         backgrounds: Tensor,
-        fisheye: Tensor | None = None,
+        *,
+        camera_model: CameraModel,
     ) -> RenderOutput:
         """:meth:`render` for inputs already checked."""

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from gsrecon.data.scene import CameraModel
 from gsrecon.errors import InputError
 from gsrecon.logging.console import Logger
 from gsrecon.registry import RENDERER_REGISTRY
@@ -89,20 +90,21 @@ class GsplatRenderer(Renderer):
         height: int,
         sh_degree: int,
         backgrounds: Tensor,
-        fisheye: Tensor | None = None,
+        *,
+        camera_model: CameraModel,
     ) -> RenderOutput:
         if self._rasterization is None:
             raise GsplatUnavailableError("GsplatRenderer.setup() must run before render()")
         cfg = self.cfg
-        if fisheye is not None and (cfg.packed or cfg.sparse_grad):
+        if camera_model.kind == "fisheye" and (cfg.packed or cfg.sparse_grad):
             raise InputError(
                 "fisheye frames (data.fisheye: lens) render through gsplat's unscented transform, which has no "
                 "packed mode: set renderer.packed=false renderer.sparse_grad=false, or data.fisheye=undistort"
             )
         # A fisheye lens: gsplat's unscented transform projects through the lens model (3DGUT), and with_eval3d
         # evaluates each Gaussian along the pixels' rays, as 3DGUT trains.
-        lens = {} if fisheye is None else {
-            "camera_model": "fisheye", "radial_coeffs": fisheye, "with_ut": True, "with_eval3d": True,
+        lens = {} if camera_model.kind == "pinhole" else {
+            "camera_model": "fisheye", "radial_coeffs": camera_model.coeffs, "with_ut": True, "with_eval3d": True,
         }  # fmt: skip
         colors = torch.cat([params["sh0"], params["shN"]], dim=1)  # [N, K, 3]
         render_colors, render_alphas, info = self._rasterization(

@@ -4,7 +4,8 @@ A frame kept through its lens (``data.fisheye: lens``) is rendered by projecting
 with the lens model and its covariance with the model's Jacobian at that centre (the EWA linearisation
 that 3DGS applies to the pinhole; gsplat's ``camera_model="fisheye"`` does the same for a lens without
 distortion). The model is that of :mod:`gsrecon.data.formats.lens`: with ``theta`` the angle from the
-optical axis, ``theta_d = theta (1 + k1 theta^2 + k2 theta^4 + k3 theta^6 + k4 theta^8)`` and the pixel
+optical axis, ``theta_d = theta (1 + k1 theta^2 + k2 theta^4 + k3 theta^6 + k4 theta^8)`` (its
+:func:`~gsrecon.data.formats.lens.fisheye_polynomial`) and the pixel
 ``(u, v) = (fx x theta_d / r + cx, fy y theta_d / r + cy)`` for a camera-space point ``(x, y, z)`` with
 ``r = sqrt(x^2 + y^2)``.
 """
@@ -16,6 +17,8 @@ from typing import NamedTuple
 
 import torch
 from torch import Tensor
+
+from gsrecon.data.formats.lens import fisheye_polynomial
 
 _AXIS_RATIO = 1e-3  # r / z below which the series at the optical axis replaces the exact terms (0 / 0 at r = 0)
 
@@ -31,11 +34,7 @@ class LensProjection(NamedTuple):
 
 def _polynomial(theta: Tensor, coeffs: Tensor) -> tuple[Tensor, Tensor]:
     """(theta_d, d theta_d / d theta) of the fisheye polynomial; ``theta`` [C, N], ``coeffs`` [C, 4] (k1..k4)."""
-    k1, k2, k3, k4 = (k[:, None] for k in coeffs.unbind(-1))  # [C, 1] each
-    t2 = theta * theta
-    theta_d = theta * (1.0 + t2 * (k1 + t2 * (k2 + t2 * (k3 + t2 * k4))))
-    slope = 1.0 + t2 * (3.0 * k1 + t2 * (5.0 * k2 + t2 * (7.0 * k3 + t2 * 9.0 * k4)))
-    return theta_d, slope
+    return fisheye_polynomial(theta, [k[:, None] for k in coeffs.unbind(-1)])  # k1..k4 [C, 1] each
 
 
 @torch.no_grad()

@@ -25,7 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gsrecon.geometry import camera_centers, quat_scale_to_factor
+from gsrecon.data.scene import PINHOLE, CameraModel
+from gsrecon.geometry import camera_centers, pinhole_project, quat_scale_to_factor
 from gsrecon.model.params import PARAM_NAMES
 from gsrecon.registry import RENDERER_REGISTRY
 from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
@@ -64,7 +65,7 @@ def project_gaussians(
     far_plane: float,
     eps2d: float,
     antialiased: bool = False,
-    fisheye: Tensor | None = None,  # [C, 4] OpenCV fisheye k1..k4: project through these lenses, not pinholes
+    camera_model: CameraModel = PINHOLE,  # the C cameras' model (fisheye: coeffs [C, 4])
 ) -> Projection:
     """EWA projection of 3D Gaussians into pinhole (or fisheye) cameras, with culling.
 
@@ -79,16 +80,16 @@ def project_gaussians(
     "antialiased" mode), so that the dilation does not make small Gaussians brighter; the box and
     the 1/255 test use the compensated opacity, as in gsplat.
 
-    Through a ``fisheye`` lens the centre and the Jacobian are the lens model's (`gsrecon.render.lens`), with
+    Through a fisheye ``camera_model`` the centre and the Jacobian are the lens model's (`gsrecon.render.lens`), with
     no clamp, and Gaussians past the angle where the model folds back are culled.
     """
     rot, trans = viewmats[:, :3, :3], viewmats[:, :3, 3]  # [C, 3, 3], [C, 3]
     means_c = torch.matmul(means, rot.transpose(1, 2)) + trans[:, None, :]  # [C, N, 3]
     in_depth = (means_c[..., 2] > near_plane) & (means_c[..., 2] < far_plane)  # [C, N]
-    if fisheye is None:
+    if camera_model.kind == "pinhole":
         means2d, jr_x, jr_y = _pinhole_jacobian(means_c, in_depth, rot, Ks, width, height)
-    else:
-        lens = fisheye_project(means_c, Ks, fisheye, near_plane)
+    else:  # "fisheye"
+        lens = fisheye_project(means_c, Ks, camera_model.coeffs, near_plane)
         means2d, in_depth = lens.means2d, in_depth & lens.in_lens
         # Rows of J @ R_cam: the Jacobian of pixel coordinates w.r.t. world position.
         jr_x, jr_y = torch.matmul(lens.jacobian_u, rot), torch.matmul(lens.jacobian_v, rot)  # [C, N, 3] each
@@ -144,10 +145,10 @@ def _pinhole_coords(
     """The centres' pixel coordinates, and x / z, y / z clamped to 1.3x the half field of view."""
     x, y, z = means_c.unbind(-1)  # [C, N] each
     z = torch.where(in_depth, z, torch.ones_like(z))
+    u, v, pixel_x, pixel_y = pinhole_project(x, y, z, Ks)
+    means2d = torch.stack([pixel_x, pixel_y], dim=-1)  # [C, N, 2]
     fx, fy = Ks[:, 0, 0, None], Ks[:, 1, 1, None]  # [C, 1]
     cx, cy = Ks[:, 0, 2, None], Ks[:, 1, 2, None]
-    u, v = x / z, y / z
-    means2d = torch.stack([fx * u + cx, fy * v + cy], dim=-1)  # [C, N, 2]
     margin_x, margin_y = 0.15 * width / fx, 0.15 * height / fy  # 0.3 * tan(fov / 2)
     u_clamped = torch.clamp(u, -(cx / fx + margin_x), (width - cx) / fx + margin_x)
     v_clamped = torch.clamp(v, -(cy / fy + margin_y), (height - cy) / fy + margin_y)
@@ -182,7 +183,7 @@ def cull_gaussians(
     near_plane: float,
     far_plane: float,
     eps2d: float,
-    fisheye: Tensor | None = None,  # [C, 4]: fisheye lenses, whose view is only bounded by depth here
+    camera_model: CameraModel = PINHOLE,  # the C cameras' model; a fisheye's view is only bounded by depth here
 ) -> Tensor:
     """Ids of the Gaussians that may be visible in at least one camera, sorted, [M].
 
@@ -191,13 +192,13 @@ def cull_gaussians(
     centre lies farther outside the image than an upper bound of their box, ``3.33 * sqrt(cov_ii)``
     with ``cov_xx <= (fx / z)^2 (1 + u^2) max_scale^2 + eps2d`` (the rows of ``J R`` have that
     norm, the covariance factor has spectral norm ``max_scale``). It costs a few passes over the
-    means and scales, instead of the full projection and colour evaluation. Through ``fisheye`` lenses only
+    means and scales, instead of the full projection and colour evaluation. Through fisheye lenses only
     the depth and opacity bounds apply.
     """
     rot, trans = viewmats[:, :3, :3], viewmats[:, :3, 3]  # [C, 3, 3], [C, 3]
     means_c = torch.matmul(means, rot.transpose(1, 2)) + trans[:, None, :]  # [C, N, 3]
     keep = (means_c[..., 2] > near_plane) & (means_c[..., 2] < far_plane)  # [C, N]
-    if fisheye is None:
+    if camera_model.kind == "pinhole":
         keep &= _near_pinhole_image(means_c, keep, log_scales, Ks, width, height, eps2d)
     return (keep.any(dim=0) & (log_opacities >= math.log(ALPHA_MIN) - 1e-5)).nonzero().squeeze(1)  # [M]
 
@@ -230,7 +231,7 @@ def shade_gaussians(
     height: int,
     sh_degree: int,
     cfg: RendererConfig,
-    fisheye: Tensor | None = None,  # [C, 4]
+    camera_model: CameraModel = PINHOLE,  # the C cameras' model
 ) -> tuple[Tensor, ...]:
     """The `Projection` fields, then the colours [C, M, 3], of the Gaussians whose parameter rows are ``rows``.
 
@@ -242,7 +243,7 @@ def shade_gaussians(
     factors = quat_scale_to_factor(quats, torch.exp(log_scales))  # [M, 3, 3]
     proj = project_gaussians(
         means, factors, log_opacities, viewmats, Ks, width, height,
-        cfg.near_plane, cfg.far_plane, cfg.eps2d, cfg.antialiased, fisheye,
+        cfg.near_plane, cfg.far_plane, cfg.eps2d, cfg.antialiased, camera_model,
     )  # fmt: skip
     dirs = F.normalize(means[None] - camera_centers(viewmats)[:, None], dim=-1)  # [C, M, 3]
     coeffs = torch.cat([sh0, shN[:, : num_sh_bases(sh_degree) - 1]], dim=1)  # [M, K', 3]
@@ -705,7 +706,8 @@ class TorchRenderer(Renderer):
         height: int,
         sh_degree: int,
         backgrounds: Tensor,
-        fisheye: Tensor | None = None,
+        *,
+        camera_model: CameraModel,
     ) -> RenderOutput:
         cfg = self.cfg
         n_cams, n = viewmats.shape[0], params["means"].shape[0]
@@ -714,7 +716,7 @@ class TorchRenderer(Renderer):
         if cfg.cull:
             ids = cull_gaussians(
                 params["means"].detach(), params["scales"].detach(), F.logsigmoid(params["opacities"].detach()),
-                viewmats, Ks, width, height, cfg.near_plane, cfg.far_plane, cfg.eps2d, fisheye,
+                viewmats, Ks, width, height, cfg.near_plane, cfg.far_plane, cfg.eps2d, camera_model,
             )  # fmt: skip
             if len(ids) == n:
                 ids = None
@@ -726,7 +728,7 @@ class TorchRenderer(Renderer):
             height=height,
             sh_degree=sh_degree,
             cfg=cfg,
-            fisheye=fisheye,
+            camera_model=camera_model,
         )
         if (n if ids is None else len(ids)) <= cfg.max_kept_gaussians:
             # index_select's backward scatters into full-size gradients: culled Gaussians get exact zeros.

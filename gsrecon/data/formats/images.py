@@ -28,7 +28,7 @@ from gsrecon.atomic import atomic_path
 from gsrecon.cache import cache_file
 from gsrecon.data.errors import DatasetError
 from gsrecon.data.formats.lens import Distortion, describe_crop, field_of_view, undistort_image, undistorted_intrinsics
-from gsrecon.data.scene import Frame, PixelFile
+from gsrecon.data.scene import PINHOLE, CameraModel, Frame, PixelFile
 from gsrecon.errors import InputError
 
 FACTORS = (1, 2, 4, 8)
@@ -177,7 +177,7 @@ class CameraImage(NamedTuple):
     file: ImageFile  # the source file and how it is transformed
     K: np.ndarray  # [3, 3] intrinsics of the prepared image: a pinhole's, or a kept fisheye lens's
     source: str  # how it is made: "images_8/", "resized 1/8", "as stored", plus ", undistorted (kept ...)" ...
-    fisheye: np.ndarray | None  # [4] k1..k4 of the fisheye lens the image is kept through; None: a pinhole image
+    camera_model: CameraModel  # a pinhole, or the fisheye lens the image is kept through (coeffs [4] float32)
 
 
 def camera_image_file(
@@ -226,8 +226,8 @@ def camera_image_file(
     if dist.fisheye and keep_fisheye:
         fov = field_of_view(K, dist, *size)
         seen = f"{fov[0]:.0f}x{fov[1]:.0f} degrees " if np.isfinite(fov).all() else ""
-        coefficients = np.array([dist.k1, dist.k2, dist.k3, dist.k4])
-        return CameraImage(ImageFile(source, transform), K, f"{how}, {seen}through the fisheye lens", coefficients)
+        lens = CameraModel.fisheye(torch.from_numpy(np.array(dist.fisheye_coeffs, np.float32)))
+        return CameraImage(ImageFile(source, transform), K, f"{how}, {seen}through the fisheye lens", lens)
     if not dist.is_zero:
         try:
             K_new = undistorted_intrinsics(K, dist, *size)
@@ -236,7 +236,7 @@ def camera_image_file(
         transform = ImageTransform(size, tuple(K.flat), tuple(K_new.flat), dist)
         crop = f" ({describe_crop(K, dist, K_new, *size)})" if dist.fisheye else ""
         K, how = K_new, f"{how}, undistorted{crop}"
-    return CameraImage(ImageFile(source, transform), K, how, None)
+    return CameraImage(ImageFile(source, transform), K, how, PINHOLE)
 
 
 def camera_frame(
@@ -250,7 +250,7 @@ def camera_frame(
         pixels=image.file if lazy else torch.from_numpy(image.file.load()),
         source=image.source,
         mask=mask,
-        fisheye=None if image.fisheye is None else torch.from_numpy(image.fisheye.astype(np.float32)),
+        camera_model=image.camera_model,
     )
 
 

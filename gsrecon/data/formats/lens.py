@@ -9,24 +9,31 @@ OpenCV's radial-tangential model on normalised coordinates ``(x, y) = ((u - cx) 
 
 Fisheye cameras (COLMAP ``*_FISHEYE``, OpenCV/nerfstudio ``OPENCV_FISHEYE``) are equidistant with a polynomial
 on the angle ``theta = atan(r)`` from the optical axis: ``theta_d = theta (1 + k1 t^2 + k2 t^4 + k3 t^6 + k4 t^8)``,
-``(xd, yd) = (x, y) theta_d / r``.
+``(xd, yd) = (x, y) theta_d / r`` (:func:`fisheye_polynomial`, which the renderer's lens projection uses too).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
 from gsrecon.data.errors import DatasetError
 from gsrecon.data.formats.colmap_model import ColmapCamera
 
+if TYPE_CHECKING:
+    import torch
+
 SUPPORTED_MODELS = (  # COLMAP model name: number of parameters
     {"SIMPLE_PINHOLE": 3, "PINHOLE": 4, "SIMPLE_RADIAL": 4, "RADIAL": 5, "OPENCV": 8}
     | {"SIMPLE_RADIAL_FISHEYE": 4, "RADIAL_FISHEYE": 5, "OPENCV_FISHEYE": 8}
 )
 FISHEYE_MAX_ANGLE = math.radians(80.0)  # widest half-angle an undistorted pinhole image keeps
+
+Angles = TypeVar("Angles", np.ndarray, "torch.Tensor")
 
 
 @dataclass(frozen=True)
@@ -44,6 +51,21 @@ class Distortion:
     @property
     def is_zero(self) -> bool:
         return not self.fisheye and not any((self.k1, self.k2, self.k3, self.p1, self.p2))
+
+    @property
+    def fisheye_coeffs(self) -> tuple[float, float, float, float]:
+        """(k1, k2, k3, k4) of the fisheye polynomial."""
+        return self.k1, self.k2, self.k3, self.k4
+
+
+def fisheye_polynomial(theta: Angles, coeffs: Sequence[float | Angles]) -> tuple[Angles, Angles]:
+    """(theta_d, d theta_d / d theta) of the fisheye polynomial at the angles ``theta`` (any shape; a numpy array
+    or a torch tensor), with ``coeffs`` k1..k4 (numbers, or values that broadcast against ``theta``)."""
+    k1, k2, k3, k4 = coeffs
+    t2 = theta * theta
+    theta_d = theta * (1.0 + t2 * (k1 + t2 * (k2 + t2 * (k3 + t2 * k4))))
+    slope = 1.0 + t2 * (3.0 * k1 + t2 * (5.0 * k2 + t2 * (7.0 * k3 + t2 * 9.0 * k4)))
+    return theta_d, slope
 
 
 def intrinsics_matrix(fx: float, fy: float, cx: float, cy: float) -> np.ndarray:
@@ -92,7 +114,8 @@ def distort(x: np.ndarray, y: np.ndarray, dist: Distortion) -> tuple[np.ndarray,
     if dist.fisheye:
         r = np.hypot(x, y)
         theta = np.arctan(r)
-        scale = np.where(r > 1e-12, _fisheye_theta_d(theta, dist) / np.maximum(r, 1e-12), 1.0)
+        theta_d, _ = fisheye_polynomial(theta, dist.fisheye_coeffs)
+        scale = np.where(r > 1e-12, theta_d / np.maximum(r, 1e-12), 1.0)
         return x * scale, y * scale
     r2 = x * x + y * y
     radial = 1.0 + r2 * (dist.k1 + r2 * (dist.k2 + r2 * dist.k3))
@@ -127,10 +150,9 @@ def fisheye_angle(rd: np.ndarray, dist: Distortion, iters: int = 30) -> np.ndarr
     the lens, where the polynomial has no solution."""
     theta = rd.copy()
     for _ in range(iters):
-        t2 = theta * theta
-        slope = 1.0 + t2 * (3 * dist.k1 + t2 * (5 * dist.k2 + t2 * (7 * dist.k3 + t2 * 9 * dist.k4)))
-        theta = theta - (_fisheye_theta_d(theta, dist) - rd) / slope
-    off_lens = ~(np.abs(_fisheye_theta_d(theta, dist) - rd) < 1e-9) | (theta < 0)
+        theta_d, slope = fisheye_polynomial(theta, dist.fisheye_coeffs)
+        theta = theta - (theta_d - rd) / slope
+    off_lens = ~(np.abs(fisheye_polynomial(theta, dist.fisheye_coeffs)[0] - rd) < 1e-9) | (theta < 0)
     return np.where(off_lens, np.nan, theta)
 
 
@@ -158,12 +180,6 @@ def describe_crop(K: np.ndarray, dist: Distortion, K_new: np.ndarray, width: int
     else:
         lens_text = "a view whose borders lie past the lens model"
     return f"kept {kept[0]:.0f}x{kept[1]:.0f} degrees of {lens_text}"
-
-
-def _fisheye_theta_d(theta: np.ndarray, dist: Distortion) -> np.ndarray:
-    """Distorted angle of the fisheye polynomial (any shape)."""
-    t2 = theta * theta
-    return theta * (1.0 + t2 * (dist.k1 + t2 * (dist.k2 + t2 * (dist.k3 + t2 * dist.k4))))
 
 
 def undistorted_intrinsics(K: np.ndarray, dist: Distortion, width: int, height: int) -> np.ndarray:

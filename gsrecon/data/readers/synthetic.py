@@ -38,7 +38,7 @@ from gsrecon.data.formats.lens import fov_to_focal, intrinsics_matrix
 from gsrecon.data.scene import Frame, Scene
 from gsrecon.data.splits import check_eval_split, evenly_spaced, split_frames
 from gsrecon.errors import InputError
-from gsrecon.geometry import camera_centers, look_at
+from gsrecon.geometry import camera_centers, look_at, pinhole_project
 from gsrecon.registry import DATASET_REGISTRY
 
 if TYPE_CHECKING:
@@ -396,8 +396,7 @@ def _visible(points: Array, normals: Array, viewmats: Array, K: Array, cfg: Synt
     for viewmat in viewmats:
         R, t = viewmat[:3, :3], viewmat[:3, 3]
         cam = points @ R.T + t  # [P, 3]
-        z = np.maximum(cam[:, 2], _EPS)
-        u, v = K[0, 0] * cam[:, 0] / z + K[0, 2], K[1, 1] * cam[:, 1] / z + K[1, 2]  # [P]
+        _, _, u, v = pinhole_project(cam[:, 0], cam[:, 1], np.maximum(cam[:, 2], _EPS), K)  # [P] pixels each
         eye = _camera_center(viewmat)  # [3]
         to_point = points - eye  # [P, 3]
         length = np.linalg.norm(to_point, axis=-1)
