@@ -1,6 +1,6 @@
 """Writing COLMAP sparse models (cameras, images, points3D) as .bin or .txt, for tests that build scenes.
 
-The layout is COLMAP's, as :mod:`gsrecon.data.colmap_format` reads it. The writers check the structure
+The layout is COLMAP's, as :mod:`gsrecon.data.formats.colmap_model` reads it. The writers check the structure
 only, so that files with values no scene can have (which the reader refuses) can be written.
 """
 
@@ -10,7 +10,8 @@ import struct
 from pathlib import Path
 
 import numpy as np
-from gsrecon.data.colmap_format import (
+
+from gsrecon.data.formats.colmap_model import (
     _POINT2D_DTYPE,
     CAMERA_MODELS,
     MODEL_NUM_PARAMS,

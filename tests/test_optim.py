@@ -38,9 +38,9 @@ class SparseGradRenderer(TorchRenderer):
     def sparse_grad(self) -> bool:
         return True
 
-    def _render(self, params, *args):
+    def _render(self, params, *args, **kwargs):
         sparse = {k: _RowSparseGrad.apply(v) if k in ("means", "quats", "scales") else v for k, v in params.items()}
-        return super()._render(sparse, *args)
+        return super()._render(sparse, *args, **kwargs)
 
 
 def test_row_sparse_adam_moves_only_rows_with_a_gradient() -> None:
