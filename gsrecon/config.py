@@ -23,7 +23,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -68,12 +68,14 @@ def per_start(random: float, points: float) -> Any:
     return dataclasses.field(default=points, metadata={"per_start": (random, points)})
 
 
-def named_section(selector: str) -> Any:
+def named_section(selector: str, siblings: Callable[[], list[str]] | None = None) -> Any:
     """A dataclass field holding the mapping that YAML writes under the key field ``selector`` names: with
     ``selector="dataset"``, ``data: {dataset: synthetic, synthetic: {width: 64}}`` fills it with ``{width: 64}``.
     It holds the options of the registry entry chosen by name, checked against that entry's own ``Config``
-    where it is built, so that an entry added by a plugin brings its options without a change to this schema."""
-    return dataclasses.field(default_factory=dict, metadata={"named_by": selector})
+    where it is built, so that an entry added by a plugin brings its options without a change to this schema.
+    ``siblings()`` lists the names of the other entries: their sections (a base config's reader, before a child
+    or the command line chose another) are left out, not refused as unknown keys."""
+    return dataclasses.field(default_factory=dict, metadata={"named_by": selector, "siblings": siblings})
 
 
 def _gathered_sections(schema: Any, data: Any) -> Any:
@@ -88,6 +90,10 @@ def _gathered_sections(schema: Any, data: Any) -> Any:
             name = out.get(selector.name, selector.default)
             if isinstance(name, str) and name not in fields and name in out:
                 out[f.name] = out.pop(name)
+            unknown = [key for key in out if key not in fields and isinstance(out[key], Mapping)]
+            if unknown and f.metadata["siblings"] is not None:
+                siblings = set(f.metadata["siblings"]())
+                out = {key: value for key, value in out.items() if key not in unknown or key not in siblings}
         elif f.name in out and f.default_factory is not dataclasses.MISSING:
             out[f.name] = _gathered_sections(type(f.default_factory()), out[f.name])
     return out

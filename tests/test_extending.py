@@ -110,3 +110,92 @@ def test_a_plugin_per_view_module_trains_checkpoints_and_resumes_exactly(
     assert torch.equal(again["views"]["exposure"]["module"]["log_gains"], gains)
     for name, value in reference["params"].items():
         assert torch.equal(again["params"][name], value), name
+
+
+def _write_csv_capture(root: Path, synthetic_cache: Path) -> list[str]:
+    """The tiny synthetic scene in the CSV example reader's layout; returns the frame names."""
+    from PIL import Image
+
+    from gsrecon.data.readers.synthetic import SyntheticConfig, load_synthetic
+
+    config = SyntheticConfig(
+        width=32, height=24, num_views=9, num_points=300, supersample=2, cache_dir=str(synthetic_cache)
+    )
+    frames = load_synthetic(config, eval_split="none").train
+    (root / "images").mkdir(parents=True)
+    rows = []
+    for frame in frames:
+        Image.fromarray(frame.image.numpy()).save(root / "images" / f"{frame.name}.png")
+        K = frame.K
+        rows.append(
+            ",".join(map(str, [frame.name, *K[[0, 1, 0, 1], [0, 1, 2, 2]].tolist(), *frame.viewmat.flatten().tolist()]))
+        )
+    (root / "cameras.csv").write_text("\n".join(rows) + "\n")
+    return [frame.name for frame in frames]
+
+
+def test_a_plugin_reader_reads_its_own_options_and_trains(
+    examples: Path, tmp_path: Path, synthetic_cache: Path, capsys
+) -> None:
+    names = _write_csv_capture(tmp_path / "capture", synthetic_cache)
+    config = str(examples / "custom_reader.yaml")
+    run = _tiny(tmp_path / "run", synthetic_cache)  # its data.synthetic options: another reader's, left out
+    data = [f"data.path={tmp_path / 'capture'}", "data.csv_poses.poses=cameras.csv"]
+    assert main(["train", "--config", config, *run, *data]) == 0, capsys.readouterr().err
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert f"from random points on {len(names) - 2} views at 32x24" in log  # every 8th of 9 is a test view
+    written = (tmp_path / "run" / "config.yaml").read_text()
+    assert "csv_poses:\n    poses: cameras.csv" in written
+
+    assert main(["train", "--config", config, *run, *data[:1], "data.csv_poses.file=x.csv"]) == 2
+    assert "key 'data.csv_poses.file'" in capsys.readouterr().err  # the reader's options are checked by name
+    assert main(["train", "--config", config, *run, *data[:1], "--overwrite"]) == 2  # poses.csv is not there
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "poses.csv: no such file" in err[0]
+
+
+def _without_strategy(overrides: list[str]) -> list[str]:
+    return [o for o in overrides if not o.startswith("strategy.")]
+
+
+def test_a_plugin_strategy_changes_the_gaussians_through_the_model_ops_and_resumes_exactly(
+    examples: Path, tmp_path: Path, synthetic_cache: Path, capsys
+) -> None:
+    config = str(examples / "custom_strategy.yaml")
+    strategy = ["strategy={name: prune_transparent, every: 2, min_opacity: 0.3}"]  # prunes the 0.1-opacity start
+    full = [*_without_strategy(_tiny(tmp_path / "full", synthetic_cache)), *strategy, "hooks.CheckPointHook.interval=3"]
+    assert main(["train", "--config", config, *full]) == 0, capsys.readouterr().err
+    reference = load_checkpoint_file(tmp_path / "full" / "checkpoints" / "last.pt")
+    n = len(reference["params"]["means"])
+    assert reference["strategy"]["pruned"] == 300 - n > 0
+    assert all(len(value) == n for value in reference["params"].values())
+    assert all(
+        len(moment) == n
+        for state in reference["optimizers"].values()
+        for moment in state["state"][0].values()
+        if moment.dim()
+    )
+
+    resumed = [*_without_strategy(_tiny(tmp_path / "resumed", synthetic_cache)), *strategy]
+    step_3 = tmp_path / "full" / "checkpoints" / "step_000003.pt"
+    assert main(["train", "--config", config, *resumed, f"resume={step_3}"]) == 0
+    again = load_checkpoint_file(tmp_path / "resumed" / "checkpoints" / "last.pt")
+    assert again["strategy"] == reference["strategy"]
+    for name, value in reference["params"].items():
+        assert torch.equal(again["params"][name], value), name
+
+
+def test_a_plugin_renderer_is_chosen_by_name_and_trains(
+    examples: Path, tmp_path: Path, synthetic_cache: Path, capsys
+) -> None:
+    from gsrecon.engine.builder import load_run_config
+    from gsrecon.engine.trainer import DefaultTrainer
+
+    tiny = [o for o in _tiny(tmp_path / "run", synthetic_cache) if not o.startswith("renderer.")]
+    cfg, source = load_run_config(str(examples / "custom_renderer.yaml"), tiny)
+    trainer = DefaultTrainer(cfg, source)
+    trainer.train()
+    assert type(trainer.renderer).__name__ == "CountingTorchRenderer"
+    assert trainer.renderer.drawn_total > 0
+    assert trainer.resolved_config["renderer"]["name"] == "torch_counting"
+    assert trainer.val_metrics["psnr"] is not None

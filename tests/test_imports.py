@@ -117,7 +117,12 @@ def _imported_after(statement: str) -> set[str]:
 
 def test_importing_the_registries_imports_no_component() -> None:
     modules = _imported_after("import gsrecon.registry")
-    assert {m for m in modules if m.startswith("gsrecon")} == {"gsrecon", "gsrecon.config", "gsrecon.errors", "gsrecon.registry"}
+    assert {m for m in modules if m.startswith("gsrecon")} == {
+        "gsrecon",
+        "gsrecon.config",
+        "gsrecon.errors",
+        "gsrecon.registry",
+    }
     assert "torch" not in modules
 
 

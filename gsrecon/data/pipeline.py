@@ -76,7 +76,7 @@ class DataPipeline:
         # Gaussian through it, gsplat uses its unscented transform and needs strategy mcmc or none)
         fisheye: str = "undistort"
         # The reader's own options, written under its name (``synthetic: {width: 64}``), checked by its Config
-        reader: dict[str, Any] = named_section("dataset")  # noqa: RUF009 (a dataclasses.field)
+        reader: dict[str, Any] = named_section("dataset", DATASET_REGISTRY.names)  # noqa: RUF009 (a dataclasses.field)
 
     def __init__(self, cfg: Config, device: torch.device, seed: int = 0, rank: int = 0, world_size: int = 1) -> None:
         if cfg.background not in BACKGROUNDS:
