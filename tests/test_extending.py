@@ -199,3 +199,18 @@ def test_a_plugin_renderer_is_chosen_by_name_and_trains(
     assert trainer.renderer.drawn_total > 0
     assert trainer.resolved_config["renderer"]["name"] == "torch_counting"
     assert trainer.val_metrics["psnr"] is not None
+
+
+def test_the_readme_extending_table_names_examples_that_exist_for_every_registry() -> None:
+    import re
+
+    from gsrecon import registry
+
+    section = (REPO / "README.md").read_text().split("## Extending gsrecon")[1].split("\n## ")[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| kind")]
+    named = {re.search(r"`@(\w+_REGISTRY)", row).group(1) for row in rows if "@" in row}
+    registries = {name for name in dir(registry) if name.endswith("_REGISTRY")}
+    assert named == registries - {"WRITER_REGISTRY", "MODEL_REGISTRY"}  # those two: the paragraph after the table
+    for row in rows:
+        for example in re.findall(r"`(\w+\.(?:py|yaml))`", row):
+            assert (REPO / "configs" / "examples" / example).is_file(), example
