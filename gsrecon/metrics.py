@@ -48,6 +48,24 @@ METRIC_NAMES = ("psnr", "ssim", "lpips")  # what ImageMetrics reports per view, 
 LOWER_IS_BETTER = ("lpips",)  # the metrics of METRIC_NAMES for which a smaller value is better
 
 
+def depth_errors(rendered: Tensor, target: Tensor, mask: Tensor | None = None) -> dict[str, float]:
+    """Errors of the ``rendered`` depth [H, W, 1] against a depth map ``target`` [H, W, 1] (0: no depth) over the
+    pixels where it has a depth and ``mask`` ([H, W, 1], 1 kept; None: all) keeps, a pixel rendered empty counting
+    as depth 0: ``depth_abs_rel`` (mean |rendered - target| / target) and ``depth_rmse`` (in the target's units).
+    Empty where no pixel is left."""
+    valid = target > 0
+    if mask is not None:
+        valid = valid & (mask > 0)
+    if not valid.any():
+        return {}
+    rendered, target = rendered[valid].double(), target[valid].double()
+    error = rendered - target
+    return {
+        "depth_abs_rel": (error.abs() / target).mean().item(),
+        "depth_rmse": error.square().mean().sqrt().item(),
+    }
+
+
 @dataclass
 class MetricsConfig:
     lpips_net: str = "alex"  # alex | vgg | none
@@ -106,10 +124,12 @@ class ImageMetrics:
 
 
 def mean_metrics(results: list[dict[str, Any]]) -> dict[str, float | None]:
-    """Per-metric means over per-view ``results`` (keys other than ``name``); None if any view lacks it."""
+    """Per-metric means over per-view ``results`` (keys other than ``name``), each over the views that report it
+    (depth errors: the views with a depth map); None if any of them gives None."""
+    keys = dict.fromkeys(k for result in results for k in result if k != "name")
     means: dict[str, float | None] = {}
-    for key in (k for k in results[0] if k != "name"):
-        values = [r[key] for r in results]
+    for key in keys:
+        values = [r[key] for r in results if key in r]
         means[key] = None if any(v is None for v in values) else float(sum(values) / len(values))
     return means
 

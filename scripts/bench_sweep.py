@@ -27,8 +27,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_quality import load_average, run
 
-FIELDS = ("scene", "variant", "length", "seed", "psnr", "ssim", "lpips", "gaussians", "cpu_seconds", "load1")
-METRICS = ("psnr", "ssim", "lpips", "gaussians", "cpu_seconds")
+FIELDS = (
+    *("scene", "variant", "length", "seed", "psnr", "ssim", "lpips", "gaussians", "cpu_seconds", "load1"),
+    "depth_abs_rel",  # empty where the test views have no depth maps
+)
+METRICS = ("psnr", "ssim", "lpips", "gaussians", "cpu_seconds", "depth_abs_rel")
 
 
 def parse_named(spec: str) -> tuple[str, list[str]]:
@@ -56,7 +59,7 @@ def append_run(path: Path, row: dict) -> None:
         writer = csv.DictWriter(f, fieldnames=FIELDS)
         if new:
             writer.writeheader()
-        writer.writerow({k: row[k] for k in FIELDS})
+        writer.writerow({k: row.get(k) for k in FIELDS})
 
 
 def summarize(rows: list[dict]) -> list[dict]:
@@ -78,15 +81,17 @@ def summarize(rows: list[dict]) -> list[dict]:
 
 def markdown(summary: list[dict]) -> str:
     lines = [
-        "| scene | steps | variant | seeds | PSNR (mean ± spread) | per seed | SSIM | LPIPS | Gaussians | CPU s |",
-        "|---|---:|---|---:|---:|---|---:|---:|---:|---:|",
+        "| scene | steps | variant | seeds | PSNR (mean ± spread) | per seed | SSIM | LPIPS | Gaussians | CPU s "
+        "| depth abs rel |",
+        "|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
     for e in summary:
         per_seed = " / ".join(f"{v:.2f}" for v in e["psnr_values"])
         lines.append(
             f"| {e['scene']} | {e['length']} | {e['variant']} | {e['seeds']} "
             f"| {e['psnr']:.2f} ± {e['psnr_spread']:.2f} "
-            f"| {per_seed} | {e['ssim']:.3f} | {e['lpips']:.3f} | {e['gaussians']:.0f} | {e['cpu_seconds']:.0f} |"
+            f"| {per_seed} | {e['ssim']:.3f} | {e['lpips']:.3f} | {e['gaussians']:.0f} | {e['cpu_seconds']:.0f} "
+            f"| {e['depth_abs_rel']:.4f} ± {e['depth_abs_rel_spread']:.4f} |"
         )
     return "\n".join(lines)
 
@@ -116,7 +121,7 @@ def main() -> None:
                     trainer = run(config, overrides, recorder, args.threads, work)
                     final = trainer.hooks["QualityRecorderHook"].rows[-1]
                     row = {"scene": scene, "variant": variant, "length": length, "seed": seed}
-                    row |= {k: final[k] for k in ("psnr", "ssim", "lpips", "gaussians", "cpu_seconds", "load1")}
+                    row |= {k: final.get(k) for k in FIELDS[4:]}
                     append_run(runs_csv, row)
                     print(
                         f"{scene} {variant} {length} steps seed {seed}: {row['psnr']:.2f} dB, {row['gaussians']} "

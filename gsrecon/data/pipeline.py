@@ -53,6 +53,9 @@ class Batch:
     height: int
     masks: Tensor | None = None  # [B, H, W, 1] float, 1 where a pixel counts in the loss and metrics, 0 where ignored
     camera_model: CameraModel = PINHOLE  # what the images were seen through (`Frame.camera_model`; fisheye: [B, 4])
+    depths: Tensor | None = (
+        None  # [B, H, W, 1] float metres (`Frame.depth`), 0 where unknown; None where no view has one
+    )
 
 
 class DataPipeline:
@@ -221,6 +224,7 @@ class DataPipeline:
             height=frames[0].height,
             masks=self._masks(frames),
             camera_model=CameraModel.stack([f.camera_model for f in frames]).to(self.device),
+            depths=self._depths(frames),
         )
 
     def _masks(self, frames: list[Frame]) -> Tensor | None:
@@ -229,6 +233,13 @@ class DataPipeline:
             return None
         masks = [torch.ones(f.height, f.width, dtype=torch.bool) if f.mask is None else decoded(f.mask) for f in frames]
         return torch.stack([m.to(self.device) for m in masks]).float()[..., None]
+
+    def _depths(self, frames: list[Frame]) -> Tensor | None:
+        """[B, H, W, 1] float of the frames' depth maps (zeros for a frame without one); None where none has one."""
+        if all(f.depth is None for f in frames):
+            return None
+        depths = [torch.zeros(f.height, f.width) if f.depth is None else decoded(f.depth) for f in frames]
+        return torch.stack([d.to(self.device) for d in depths]).float()[..., None]
 
 
 def _observed_depths(points: Tensor, frame: Frame, device: torch.device) -> Tensor:

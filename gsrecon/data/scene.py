@@ -77,7 +77,8 @@ PINHOLE = CameraModel()  # a pinhole camera, or any number of them
 
 @runtime_checkable
 class PixelFile(Protocol):
-    """Pixels kept in a file and decoded when read (:class:`gsrecon.data.formats.images.ImageFile`, or a mask file)."""
+    """Pixels kept in a file and decoded when read (:class:`gsrecon.data.formats.images.ImageFile`, a mask or a depth
+    map file)."""
 
     @property
     def size(self) -> tuple[int, int]:
@@ -105,6 +106,9 @@ class Frame:
     # The camera the pixels were seen through: a pinhole, or a fisheye lens (coeffs [4] float32) where they are as
     # that lens saw them (``data.fisheye: lens``; ``K`` is the lens's), rendered through it.
     camera_model: CameraModel = PINHOLE
+    # The capture's depth map (:mod:`gsrecon.data.formats.depths`): [H, W] float32 metres along the optical axis, 0
+    # where unknown (or a file decoding to it); None: no depth map.
+    depth: Tensor | PixelFile | None = None
 
     @property
     def image(self) -> Tensor:
@@ -120,7 +124,8 @@ class Frame:
         return _size(self.pixels)[1]
 
     def decoded(self) -> Frame:
-        """This frame with every field held in a :class:`PixelFile` (the pixels, a mask) decoded to a tensor."""
+        """This frame with every field held in a :class:`PixelFile` (the pixels, a mask, a depth map) decoded to a
+        tensor."""
         files = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         return dataclasses.replace(self, **{k: decoded(v) for k, v in files.items() if isinstance(v, PixelFile)})
 

@@ -10,7 +10,7 @@ import torch
 
 from gsrecon.data.pipeline import Batch
 from gsrecon.logging.console import Logger
-from gsrecon.metrics import ImageMetrics
+from gsrecon.metrics import ImageMetrics, depth_errors
 from gsrecon.render.base import RenderOutput
 
 
@@ -34,7 +34,8 @@ def evaluate_views(
     after_view: Callable[[int, dict[str, Any]], None] | None = None,
     adjust: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Render and score each single-view batch; returns ``[{"name", "psnr", "ssim", "lpips"}]`` per view.
+    """Render and score each single-view batch; returns ``[{"name", "psnr", "ssim", "lpips"}]`` per view, plus
+    ``depth_abs_rel`` and ``depth_rmse`` (:func:`~gsrecon.metrics.depth_errors`) for a view with a depth map.
 
     ``before_view(index)`` runs before a view is rendered, ``after_view(index, outputs)`` after it is
     scored, with ``outputs``: ``name``, ``render`` / ``gt`` [H, W, 3] in [0, 1], ``depth`` / ``alpha``
@@ -53,6 +54,9 @@ def evaluate_views(
             image, gt = adjust(image, gt)
         mask = None if batch.masks is None else batch.masks[0, :, batch.width - image.shape[1] :]  # [H, W', 1]
         scores = metrics(image, gt, mask)
+        if batch.depths is not None:
+            full_mask = None if batch.masks is None else batch.masks[0]
+            scores |= depth_errors(out.depth[0], batch.depths[0], full_mask)
         if after_view is not None:
             outputs = {
                 "name": batch.names[0],

@@ -240,9 +240,15 @@ def camera_image_file(
 
 
 def camera_frame(
-    name: str, viewmat: np.ndarray, image: CameraImage, mask: Tensor | PixelFile | None, lazy: bool
+    name: str,
+    viewmat: np.ndarray,
+    image: CameraImage,
+    mask: Tensor | PixelFile | None,
+    lazy: bool,
+    depth: PixelFile | None = None,
 ) -> Frame:
-    """The :class:`Frame` of a camera's ``image`` posed by ``viewmat`` [4, 4], its pixels decoded unless ``lazy``."""
+    """The :class:`Frame` of a camera's ``image`` posed by ``viewmat`` [4, 4], its pixels (and ``depth`` map)
+    decoded unless ``lazy``."""
     return Frame(
         name=name,
         viewmat=torch.from_numpy(viewmat.astype(np.float32)),
@@ -251,6 +257,7 @@ def camera_frame(
         source=image.source,
         mask=mask,
         camera_model=image.camera_model,
+        depth=depth if depth is None or lazy else torch.from_numpy(depth.load()),
     )
 
 

@@ -224,12 +224,17 @@ def undistort_image(image: np.ndarray, K: np.ndarray, dist: Distortion, K_new: n
     Each output pixel centre is mapped through the forward model to the distorted image and sampled
     bilinearly (edge-clamped); the output has the same size and dtype.
     """
-    height, width = image.shape[:2]
+    return _bilinear(image, *undistortion_sources(image.shape[1], image.shape[0], K, dist, K_new))
+
+
+def undistortion_sources(
+    width: int, height: int, K: np.ndarray, dist: Distortion, K_new: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Where each pixel of a ``width`` x ``height`` pinhole image (``K_new``) lies in the distorted image (``K``):
+    fractional column and row indices (pixel centres at integers), [H, W] each."""
     u, v = np.meshgrid(np.arange(width) + 0.5, np.arange(height) + 0.5)  # [H, W] each
     xd, yd = distort((u - K_new[0, 2]) / K_new[0, 0], (v - K_new[1, 2]) / K_new[1, 1], dist)
-    src_u = xd * K[0, 0] + K[0, 2] - 0.5  # [H, W] source column, pixel-index units
-    src_v = yd * K[1, 1] + K[1, 2] - 0.5
-    return _bilinear(image, src_u, src_v)
+    return xd * K[0, 0] + K[0, 2] - 0.5, yd * K[1, 1] + K[1, 2] - 0.5
 
 
 def _bilinear(image: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:

@@ -9,6 +9,8 @@ Layout::
     <scene>/test.txt, <scene>/train.txt  optional image-name lists for ``eval_split="dataset"``
     <scene>/masks/<stem>.png           optional per-image masks (or <name>.png; :mod:`gsrecon.data.formats.masks`),
     <scene>/masks_<f>/<stem>.png       at 1/f beside images_<f>/
+    <scene>/depths/<stem>.png          optional per-image depth maps: 16-bit PNG in millimetres (or <stem>.npy in
+                                       metres), any resolution of the image's shape (:mod:`gsrecon.data.formats.depths`)
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from torch import Tensor
 
 from gsrecon.data.errors import DatasetError
 from gsrecon.data.formats.colmap_model import ColmapImage, SparseModel, find_sparse_dir, read_model
+from gsrecon.data.formats.depths import DEPTHS_FOLDER, DepthFile, depth_file, find_depth
 from gsrecon.data.formats.images import ImageFile, camera_frame, camera_image_file, check_factor
 from gsrecon.data.formats.lens import camera_intrinsics
 from gsrecon.data.formats.masks import MASKS_FOLDER, MaskFile, find_mask, mask_file
@@ -144,7 +147,13 @@ def _frame(
         keep_fisheye=keep_fisheye,
     )
     mask = _mask(root, image.name, path, prepared.file, factor, lazy)
-    return camera_frame(frame_name(image.name), viewmat, prepared, mask, lazy)
+    return camera_frame(frame_name(image.name), viewmat, prepared, mask, lazy, _depth(root, image.name, prepared.file))
+
+
+def _depth(root: Path, name: str, image_file: ImageFile) -> DepthFile | None:
+    """The depth map of the image ``name`` in ``depths/`` (PNG in millimetres, .npy in metres), None without one."""
+    depth_path = find_depth(root / DEPTHS_FOLDER, PurePosixPath(name))
+    return None if depth_path is None else depth_file(depth_path, image_file.transform)
 
 
 def _mask(

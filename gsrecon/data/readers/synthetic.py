@@ -56,8 +56,8 @@ _CHUNK = 8192  # rays traced at once (keeps the working set in cache)
 
 @dataclass
 class SyntheticConfig:
-    """Parameters of the synthetic scene; every field except ``val_every`` (the split) and ``cache_dir``
-    changes the data (and so the cache file)."""
+    """Parameters of the synthetic scene; every field except ``val_every`` (the split), ``depth_noise`` (drawn
+    when loaded) and ``cache_dir`` changes the data (and so the cache file)."""
 
     num_views: int = 24
     width: int = 64
@@ -74,6 +74,10 @@ class SyntheticConfig:
     supersample: int = 3  # samples per pixel along each axis
     background: tuple[float, float, float] = (0.0, 0.0, 0.0)  # sky colour in [0, 1]
     alpha: bool = False  # True: RGBA images with alpha 0 where the sky shows, RGB unpremultiplied
+    depth: bool = False  # True: a depth map per view (z at each pixel's centre, metres; 0 where the sky shows)
+    # Noise of the training views' depth maps, as a sensor's: each depth times (1 + depth_noise * N(0, 1)), drawn
+    # with `seed`; the test views keep their true depth (what depth errors are measured against)
+    depth_noise: float = 0.0
     cache_dir: str | None = None  # None: gsrecon's cache root / synthetic (see `cache_path`)
 
     def __post_init__(self) -> None:
@@ -97,6 +101,8 @@ class SyntheticConfig:
             raise ValueError(f"SyntheticConfig.arc_deg must be in (0, 360], got {self.arc_deg!r}")
         if self.point_noise < 0.0:
             raise ValueError(f"SyntheticConfig.point_noise must be >= 0, got {self.point_noise!r}")
+        if not 0.0 <= self.depth_noise < 1.0:
+            raise ValueError(f"SyntheticConfig.depth_noise must be in [0, 1), got {self.depth_noise!r}")
         if not self.elevations_deg or not all(0.0 < e < 90.0 for e in self.elevations_deg):
             raise ValueError(
                 "SyntheticConfig.elevations_deg must be a non-empty list of angles in (0, 90), "
@@ -387,6 +393,21 @@ def render_view(
     return np.round(np.clip(image, 0.0, 1.0) * 255.0).astype(np.uint8)
 
 
+def render_depth(viewmat: Array, K: Array, cfg: SyntheticConfig) -> NDArray[np.float32]:
+    """[H, W] float32 depth (camera z, metres) of the surface seen through each pixel's centre of a pinhole camera
+    (world-to-camera ``viewmat`` [4, 4], intrinsics ``K`` [3, 3]); 0 where the ray misses the scene."""
+    uu, vv = np.meshgrid(np.arange(cfg.width) + 0.5, np.arange(cfg.height) + 0.5)  # [H, W]
+    cam = np.stack([(uu - K[0, 2]) / K[0, 0], (vv - K[1, 2]) / K[1, 1], np.ones_like(uu)], -1).reshape(-1, 3)
+    length = np.linalg.norm(cam, axis=-1)  # [S] camera z of a unit step along each ray is 1 / length
+    dirs = cam @ viewmat[:3, :3] / length[:, None]  # [S, 3] unit world directions
+    origins = np.broadcast_to(_camera_center(viewmat), dirs.shape)
+    distance = np.concatenate(
+        [_trace(origins[i : i + _CHUNK], dirs[i : i + _CHUNK])[0] for i in range(0, len(dirs), _CHUNK)]
+    )
+    depth = np.where(np.isfinite(distance), distance / length, 0.0)
+    return depth.reshape(cfg.height, cfg.width).astype(np.float32)
+
+
 # ----------------------------------------------------------------------------- point cloud
 
 
@@ -463,27 +484,26 @@ def cache_path(cfg: SyntheticConfig, generator: str = _GENERATOR_DIGEST) -> Path
     ``synthetic/`` under gsrecon's cache root (``$GSRECON_CACHE``, ``$XDG_CACHE_HOME/gsrecon`` or
     ``~/.cache/gsrecon``); it may not exist yet.
     """
-    fields = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("val_every", "cache_dir")}
+    fields = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("val_every", "depth_noise", "cache_dir")}
     folder = Path(cfg.cache_dir).expanduser() if cfg.cache_dir is not None else None
     return cache_file("synthetic", {"generator": generator, **fields}, ".npz", folder)
 
 
-_ARRAYS = ("images", "viewmats", "Ks", "points", "colors")
-
-
 def _generate(cfg: SyntheticConfig) -> dict[str, np.ndarray]:
-    """Scene arrays: images [N, H, W, C] uint8, viewmats [N, 4, 4], Ks [N, 3, 3], points, colors."""
+    """Scene arrays: images [N, H, W, C] uint8, viewmats [N, 4, 4], Ks [N, 3, 3], points, colors, and with
+    ``cfg.depth`` depths [N, H, W] float32."""
     K = pinhole_intrinsics(cfg)
     viewmats = orbit_viewmats(cfg)
     images = np.stack([render_view(viewmat, K, cfg) for viewmat in viewmats])
     points, colors = _point_cloud(viewmats, K, cfg)
+    depths = {"depths": np.stack([render_depth(viewmat, K, cfg) for viewmat in viewmats])} if cfg.depth else {}
     return {
         "images": images,
         "viewmats": viewmats.astype(np.float32),
         "Ks": np.broadcast_to(K, (cfg.num_views, 3, 3)).astype(np.float32),
         "points": points.astype(np.float32),
         "colors": colors.astype(np.float32),
-    }
+    } | depths
 
 
 def _read_cache(path: Path, cfg: SyntheticConfig) -> dict[str, np.ndarray] | None:
@@ -495,10 +515,10 @@ def _read_cache(path: Path, cfg: SyntheticConfig) -> dict[str, np.ndarray] | Non
         "Ks": (cfg.num_views, 3, 3),
         "points": (cfg.num_points, 3),
         "colors": (cfg.num_points, 3),
-    }
+    } | ({"depths": (cfg.num_views, cfg.height, cfg.width)} if cfg.depth else {})
     try:
         with open(path, "rb") as f, np.load(f, allow_pickle=False) as npz:
-            arrays = {name: npz[name] for name in _ARRAYS}
+            arrays = {name: npz[name] for name in expected}
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
         return None
     if any(arrays[name].shape != shape for name, shape in expected.items()):
@@ -541,6 +561,10 @@ def load_synthetic(cfg: SyntheticConfig, factor: int = 1, eval_split: str = "dat
         arrays = _generate(cfg)
         _write_cache(path, arrays)
     keep = evenly_spaced(cfg.num_views, max_images)
+    is_test = [cfg.val_every > 0 and i % cfg.val_every == 0 for i in range(cfg.num_views)]  # per view
+    if eval_split == "none":
+        is_test = [False] * cfg.num_views
+    depths = _noisy_depths(arrays["depths"], is_test, cfg) if cfg.depth else [None] * cfg.num_views
     frames = [
         Frame(
             name=f"view_{i:03d}",
@@ -548,17 +572,27 @@ def load_synthetic(cfg: SyntheticConfig, factor: int = 1, eval_split: str = "dat
             K=torch.from_numpy(arrays["Ks"][i].copy()),
             pixels=torch.from_numpy(arrays["images"][i].copy()),
             source="generated",
+            depth=depths[i],
         )
         for i in keep
     ]
-    is_test = [cfg.val_every > 0 and i % cfg.val_every == 0 for i in keep]
-    train, test = split_frames(frames, "none" if eval_split == "none" else "dataset", is_test)
+    train, test = split_frames(frames, "dataset", [is_test[i] for i in keep])
     return Scene(
         train=train,
         test=test,
         points=torch.from_numpy(arrays["points"]),
         colors=torch.from_numpy(arrays["colors"]),
     )
+
+
+def _noisy_depths(depths: np.ndarray, is_test: list[bool], cfg: SyntheticConfig) -> list[torch.Tensor]:
+    """The views' depth maps [H, W] from the true ones ``depths`` [N, H, W], those of training views (not
+    ``is_test``) with ``cfg.depth_noise`` (relative, drawn with ``cfg.seed``; 0 stays 0)."""
+    noise = 1.0 + cfg.depth_noise * np.random.default_rng(cfg.seed).standard_normal(depths.shape)  # [N, H, W]
+    return [
+        torch.from_numpy(depth.copy() if test or cfg.depth_noise == 0 else (depth * noise[i]).astype(np.float32))
+        for i, (depth, test) in enumerate(zip(depths, is_test, strict=True))
+    ]
 
 
 @DATASET_REGISTRY.register("synthetic")

@@ -20,7 +20,9 @@ points of a ``colmap/sparse/0/`` model beside the file (older ``ns-process-data`
 Without either the point cloud is empty, and ``Scene.triangulate`` makes one from the images and their known
 poses when ``model.init: auto`` asks (pycolmap, cached; ``gsrecon data triangulate`` writes it into the
 folder instead: :mod:`gsrecon.data.prepare.triangulate`). A frame's mask (:mod:`gsrecon.data.formats.masks`) is its
-``mask_path``, else the file of its name in ``masks/`` beside ``images/``.
+``mask_path``, else the file of its name in ``masks/`` beside ``images/``; its depth map
+(:mod:`gsrecon.data.formats.depths`) is its ``depth_file_path`` (in ``depth_unit_scale_factor``, global or per
+frame), else the file of its name in ``depths/``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from torch import Tensor
 
 from gsrecon.data.errors import DatasetError, checked_number
 from gsrecon.data.formats.colmap_model import read_model
+from gsrecon.data.formats.depths import DEPTHS_FOLDER, MILLIMETRES, DepthFile, depth_file, find_depth
 from gsrecon.data.formats.images import (
     ImageFile,
     camera_frame,
@@ -56,6 +59,7 @@ from gsrecon.registry import DATASET_REGISTRY
 
 OPENGL_TO_OPENCV = np.diag([1.0, -1.0, -1.0, 1.0])  # flips the camera's y and z axes
 _INTRINSIC_KEYS = ("fl_x", "fl_y", "cx", "cy", "w", "h", "camera_angle_x", "camera_angle_y")
+_POSITIVE_KEYS = (*_INTRINSIC_KEYS, "depth_unit_scale_factor")
 _DISTORTION_KEYS = ("k1", "k2", "k3", "p1", "p2")
 # nerfstudio's applied_transform for COLMAP conversions made before the field was written: swaps x and y, flips z.
 _LEGACY_APPLIED_TRANSFORM = np.array([[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, -1.0, 0.0]])
@@ -252,11 +256,12 @@ def _frame_names(file_paths: list[str]) -> list[str]:
 
 
 def _number(fields: dict, key: str, json_path: Path, where: str) -> float | None:
-    """The finite number ``fields[key]`` (> 0 for sizes, focal lengths, principal point and angles), or None."""
+    """The finite number ``fields[key]`` (> 0 for sizes, focal lengths, principal point, angles and the depth
+    unit), or None."""
     value = fields.get(key)
     if value is None:
         return None
-    number = checked_number(f"{json_path}: {where}", key, value, positive=key in _INTRINSIC_KEYS)
+    number = checked_number(f"{json_path}: {where}", key, value, positive=key in _POSITIVE_KEYS)
     if key.startswith("camera_angle") and number >= math.pi:
         raise DatasetError(f"{json_path}: {where}: '{key}' must be below pi (180 degrees, in radians), got {value!r}")
     return number
@@ -279,7 +284,30 @@ def _frame(root: Path, entry: _Entry, name: str, factor: int, lazy: bool, keep_f
         keep_fisheye=keep_fisheye,
     )
     viewmat = _viewmat(frame["transform_matrix"], json_path, where)
-    return camera_frame(name, viewmat, prepared, _mask(root, entry, path, prepared.file, factor, where, lazy), lazy)
+    mask = _mask(root, entry, path, prepared.file, factor, where, lazy)
+    depth = _depth(root, entry, fields, path, prepared.file, where)
+    return camera_frame(name, viewmat, prepared, mask, lazy, depth)
+
+
+def _depth(root: Path, entry: _Entry, fields: dict, path: Path, image_file: ImageFile, where: str) -> DepthFile | None:
+    """The frame's depth map (its ``depth_file_path``, else its file in ``depths/`` beside ``images/``) in the
+    ``depth_unit_scale_factor`` of its fields, None without one."""
+    if "depth_file_path" in entry.frame:
+        value = entry.frame["depth_file_path"]
+        if not isinstance(value, str) or not value:
+            raise DatasetError(f"{entry.json_path}: {where}: 'depth_file_path' must be a file name, got {value!r}")
+        depth_path = root / value
+        if not depth_path.is_file():
+            raise DatasetError(
+                f"{depth_path}: depth map file is missing (the 'depth_file_path' of {where} in {entry.json_path})"
+            )
+    else:
+        relative = _images_relative(root, path)
+        depth_path = None if relative is None else find_depth(root / DEPTHS_FOLDER, relative)
+        if depth_path is None:
+            return None
+    unit = _number(fields, "depth_unit_scale_factor", entry.json_path, where)
+    return depth_file(depth_path, image_file.transform, MILLIMETRES if unit is None else unit)
 
 
 def _mask(
