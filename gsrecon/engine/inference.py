@@ -155,7 +155,8 @@ def evaluate(
     """Render the test split; write ``renders/test/<name>.png``, ``gt/<name>.png``, ``metrics.json`` and
     ``cameras.json``.
 
-    ``metrics.json`` holds PSNR, SSIM and LPIPS per image and their means, the LPIPS network and
+    ``metrics.json`` holds PSNR, SSIM and LPIPS per image and their means (and the depth errors ``depth_abs_rel``
+    and ``depth_rmse`` of the views with a depth map, their means over those views), the LPIPS network and
     version, the resolution, the number of Gaussians and the rendering speed (frames per second,
     the median over ``fps_repeats`` renders of the whole split; the metrics pass before them warms up).
     ``cameras.json`` lists the rendered views so another tool can render the same ones: ``name``,
