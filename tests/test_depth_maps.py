@@ -22,6 +22,7 @@ from gsrecon.data.formats.depths import DepthFile, read_depth
 from gsrecon.data.formats.images import camera_image_file
 from gsrecon.data.formats.lens import Distortion, intrinsics_matrix
 from gsrecon.data.pipeline import DataPipeline
+from gsrecon.data.prefetch import BYTES_PER_PIXEL, decoded_bytes
 from gsrecon.data.readers.colmap import load_colmap
 from gsrecon.data.readers.synthetic import SyntheticConfig, load_synthetic, surface_distance
 from gsrecon.data.readers.transforms import load_transforms
@@ -139,6 +140,9 @@ def test_depth_maps_are_found_beside_colmap_images_lazily_alike_and_frames_witho
         DataPipeline.Config(dataset="colmap", path=str(root), eval_split="none", cache="disk", factor=2),
         torch.device("cpu"),
     )
+    pixels = 32 * 24
+    assert decoded_bytes([lazy["img_03"]]) == pixels * BYTES_PER_PIXEL + pixels * 4  # data.cache auto counts depth
+    assert decoded_bytes([eager["img_03"]]) == pixels * eager["img_03"].pixels.shape[-1] + pixels * 4
     batches = [pipeline.next_train(step) for step in range(10)]
     with_depth = next(b for b in batches if b.names == ["img_05"])
     assert torch.equal(with_depth.depths[0, ..., 0], torch.full((24, 32), 2.5))

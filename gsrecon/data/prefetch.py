@@ -100,13 +100,18 @@ class Prefetcher:
 
 
 def decoded_bytes(frames: Sequence[Frame]) -> int:
-    """Bytes the frames' images take decoded: held tensors as they are, files at :data:`BYTES_PER_PIXEL`."""
+    """Bytes the frames' images and depth maps take decoded: held tensors as they are, image files at
+    :data:`BYTES_PER_PIXEL`, depth map files at 4 bytes per pixel (float32)."""
     total = 0
     for frame in frames:
         if isinstance(frame.pixels, PixelFile):
             total += frame.width * frame.height * BYTES_PER_PIXEL
         else:
             total += frame.pixels.numel() * frame.pixels.element_size()
+        if isinstance(frame.depth, PixelFile):
+            total += frame.width * frame.height * 4
+        elif frame.depth is not None:
+            total += frame.depth.numel() * frame.depth.element_size()
     return total
 
 
