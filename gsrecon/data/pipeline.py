@@ -53,9 +53,7 @@ class Batch:
     height: int
     masks: Tensor | None = None  # [B, H, W, 1] float, 1 where a pixel counts in the loss and metrics, 0 where ignored
     camera_model: CameraModel = PINHOLE  # what the images were seen through (`Frame.camera_model`; fisheye: [B, 4])
-    depths: Tensor | None = (
-        None  # [B, H, W, 1] float metres (`Frame.depth`), 0 where unknown; None where no view has one
-    )
+    depths: Tensor | None = None  # [B, H, W, 1] float metres (`Frame.depth`), 0 where unknown; None: no view has one
 
 
 class DataPipeline:

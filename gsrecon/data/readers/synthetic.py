@@ -561,9 +561,7 @@ def load_synthetic(cfg: SyntheticConfig, factor: int = 1, eval_split: str = "dat
         arrays = _generate(cfg)
         _write_cache(path, arrays)
     keep = evenly_spaced(cfg.num_views, max_images)
-    is_test = [cfg.val_every > 0 and i % cfg.val_every == 0 for i in range(cfg.num_views)]  # per view
-    if eval_split == "none":
-        is_test = [False] * cfg.num_views
+    is_test = [eval_split != "none" and cfg.val_every > 0 and i % cfg.val_every == 0 for i in range(cfg.num_views)]
     depths = _noisy_depths(arrays["depths"], is_test, cfg) if cfg.depth else [None] * cfg.num_views
     frames = [
         Frame(
@@ -576,7 +574,7 @@ def load_synthetic(cfg: SyntheticConfig, factor: int = 1, eval_split: str = "dat
         )
         for i in keep
     ]
-    train, test = split_frames(frames, "dataset", [is_test[i] for i in keep])
+    train, test = split_frames(frames, "none" if eval_split == "none" else "dataset", [is_test[i] for i in keep])
     return Scene(
         train=train,
         test=test,
