@@ -149,6 +149,20 @@ def test_depth_maps_are_found_beside_colmap_images_lazily_alike_and_frames_witho
     assert next(b for b in batches if b.names == ["img_04"]).depths is None
 
 
+def test_a_transforms_capture_reads_depths_beside_its_images_and_its_per_frame_unit(tmp_path: Path) -> None:
+    scene_cfg = SyntheticConfig(width=32, height=24, num_views=3, num_points=100, supersample=1, val_every=0)
+    frames = capture(tmp_path, scene_cfg)
+    (tmp_path / "depths").mkdir()
+    np.save(tmp_path / "depths" / f"{frames[0].name}.npy", np.full((24, 32), 0.75))
+    write_png_depth(tmp_path / "depths" / f"{frames[1].name}.png", np.full((24, 32), 1.5), unit=0.0001)
+    content = json.loads((tmp_path / "transforms.json").read_text())
+    content["frames"][1]["depth_unit_scale_factor"] = 0.0001
+    (tmp_path / "transforms.json").write_text(json.dumps(content))
+    loaded = load_transforms(str(tmp_path), eval_split="none").train
+    assert torch.equal(loaded[0].depth, torch.full((24, 32), 0.75))
+    assert torch.allclose(loaded[1].depth, torch.full((24, 32), 1.5)) and loaded[2].depth is None
+
+
 # ----------------------------------------------------------------------------------------- bad depth files
 
 
