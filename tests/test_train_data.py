@@ -14,12 +14,13 @@ import yaml
 from PIL import Image
 from test_colmap import _make_scene
 from test_nerfstudio import write_nerfstudio
-from test_sfm import _write_views
+from test_sfm import TARGET, _eyes, _render, _write_views
 
 from gsrecon.cli import main
 from gsrecon.data.prepare.detect import CONFIGS_DIR, detect_capture
 from gsrecon.data.prepare.posed_sfm import matching_factor
 from gsrecon.data.scene import Frame
+from gsrecon.render.video import write_video
 
 TINY_RUN = [  # a run of two steps on one CPU thread, whatever the config
     "max_steps=2",
@@ -110,8 +111,8 @@ def test_every_layout_gets_its_config_and_start_by_what_it_holds(
 
 def test_the_readme_capture_table_matches_the_detection() -> None:
     readme = (CONFIGS_DIR.parent / "README.md").read_text()
-    table = readme.split("### Training a capture", 1)[1].split("\n#", 1)[0]
-    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    table = readme.split("### Training a capture", 1)[1].split("| layout |", 1)[1].split("\n\n", 1)[0]
+    rows = table.splitlines()[2:]  # after the header's end and the separator line
     assert len(rows) == len(LAYOUTS)
     for row, (layout, (config, keys, _, start)) in zip(rows, LAYOUTS.items()):
         cells = [cell.strip() for cell in row.strip("|").split("|")]
@@ -283,3 +284,22 @@ def test_the_nerf_synthetic_config_on_a_phone_capture_points_to_the_phone_config
     assert code == 2
     assert len(err.strip().splitlines()) == 1
     assert "eval_split 'dataset' needs 'test_filenames' or 'train_filenames'" in err and "configs/phone.yaml" in err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("pycolmap") is None, reason="pycolmap not installed")
+def test_a_video_goes_through_structure_from_motion_and_trains(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    clip = tmp_path / "walk.mp4"
+    write_video(clip, [_render(eye, TARGET) for eye in _eyes()], fps=4)
+    code, out, err = _train(capsys, "--data", str(clip), *TINY_RUN)
+    assert code == 0, err
+    assert out.splitlines()[0].startswith(
+        f"using {CONFIGS_DIR / 'phone.yaml'} data.dataset=colmap for {clip}: a video (walk.mp4: 320x240, 3 s at 4 fps) "
+        "without poses: structure from motion first"
+    )
+    assert all(f"[{i}/5] {stage}:" in err for i, stage in enumerate(("frames", "features", "matching"), start=1))
+    assert "Gaussians from SfM points on " in err
+    scene = Path(_resolved(tmp_path / "outputs" / "walk")["data"]["path"])
+    assert scene.parent == tmp_path / "cache" / "scenes" and len(list((scene / "input").iterdir())) == 12
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "outputs", "walk.mp4"]  # nothing beside the video
