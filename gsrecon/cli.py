@@ -30,13 +30,14 @@ _console = Console(stderr=True, soft_wrap=True)
 
 
 def _train(args: argparse.Namespace) -> int:
-    from gsrecon.data.prepare.detect import config_for_capture
     from gsrecon.engine.builder import load_run_config
     from gsrecon.engine.trainer import DefaultTrainer
-    from gsrecon.logging.console import Logger
 
     config, overrides = args.config, args.overrides
     if args.data:
+        from gsrecon.data.prepare.detect import config_for_capture
+        from gsrecon.logging.console import Logger
+
         config, data_keys = config_for_capture(args.data, config, print, _stage_announcer, Logger().info)
         overrides = [*data_keys, *overrides]  # the command line's own key=value pairs still win
     if config is None:

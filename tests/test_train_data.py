@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import capture_layouts
@@ -303,3 +305,13 @@ def test_a_video_goes_through_structure_from_motion_and_trains(
     scene = Path(_resolved(tmp_path / "outputs" / "walk")["data"]["path"])
     assert scene.parent == tmp_path / "cache" / "scenes" and len(list((scene / "input").iterdir())) == 12
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "outputs", "walk.mp4"]  # nothing beside the video
+
+
+def test_data_on_a_scene_folder_needs_no_ffmpeg(tmp_path: Path) -> None:
+    """imageio-ffmpeg is for videos only: detecting and training a COLMAP folder works without it."""
+    root = capture_layouts.colmap(tmp_path / "scene", tmp_path)
+    no_ffmpeg = "import sys; sys.modules['imageio_ffmpeg'] = None; from gsrecon.cli import main; sys.exit(main())"
+    argv = ["train", "--data", str(root), *TINY_RUN, f"exp_dir={tmp_path / 'run'}"]
+    result = subprocess.run([sys.executable, "-c", no_ffmpeg, *argv], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"using {CONFIGS_DIR / 'mipnerf360.yaml'} for {root}: a COLMAP scene")

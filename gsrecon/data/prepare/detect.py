@@ -27,8 +27,7 @@ from gsrecon.data.errors import DatasetError
 from gsrecon.data.formats.colmap_model import find_sparse_dir
 from gsrecon.data.formats.images import read_image
 from gsrecon.data.formats.transforms_json import image_path, read_transforms, transforms_file
-from gsrecon.data.prepare.unposed import StageAnnouncer, Unposed, find_unposed, sfm_scene
-from gsrecon.data.prepare.video import VIDEO_EXTENSIONS
+from gsrecon.data.prepare.unposed import StageAnnouncer, Unposed, are_videos, find_unposed, sfm_scene
 
 CONFIGS_DIR = Path(__file__).resolve().parents[3] / "configs"  # the shipped configs, beside the package
 SPLIT_LISTS = ("test_filenames", "train_filenames")  # nerfstudio's split, inside transforms.json
@@ -91,7 +90,7 @@ def config_for_capture(
     """
     paths = [Path(path) for path in data]
     if config is not None:
-        if all(path.suffix.lower() in VIDEO_EXTENSIONS for path in paths):
+        if are_videos(paths):
             scene = sfm_scene(find_unposed(paths), announcer, log)
             return config, [_key("data.path", str(scene)), "data.dataset=colmap"]
         if len(paths) > 1:

@@ -9,6 +9,7 @@ import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gsrecon.cache import cache_file
 from gsrecon.data.errors import DatasetError
@@ -22,7 +23,12 @@ from gsrecon.data.prepare.sfm import (
     listing,
     run_sfm,
 )
-from gsrecon.data.prepare.video import VIDEO_EXTENSIONS, VIDEO_STAGES, VideoInfo, probe_video, sfm_from_videos
+
+if TYPE_CHECKING:
+    from gsrecon.data.prepare.video import VideoInfo
+
+# gsrecon.data.prepare.video is imported where a video is read: imageio-ffmpeg is for videos only (training needs
+# no ffmpeg).
 
 SCENES_CACHE = "scenes"  # the cache of scene folders that structure from motion made from photos or videos
 # Given the stages in order, a function that announces each as it starts: (stage name, what it does) -> None.
@@ -56,6 +62,8 @@ def find_unposed(paths: Sequence[Path]) -> Unposed | None:
         DatasetError: a path that does not exist, is not a video, or a video ffmpeg cannot read; photos of which
             fewer than :data:`MIN_REGISTERED` can be read.
     """
+    from gsrecon.data.prepare.video import VIDEO_EXTENSIONS, probe_video
+
     folder = paths[0] if len(paths) == 1 and paths[0].is_dir() else None
     if folder is None:
         for path in paths:
@@ -80,6 +88,13 @@ def find_unposed(paths: Sequence[Path]) -> Unposed | None:
         return Unposed(photos_dir=folder, photos=readable)
     videos = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in VIDEO_EXTENSIONS)
     return Unposed(videos=[probe_video(path) for path in videos]) if videos else None
+
+
+def are_videos(paths: Sequence[Path]) -> bool:
+    """Whether every path names a video file by its extension."""
+    from gsrecon.data.prepare.video import VIDEO_EXTENSIONS
+
+    return all(path.suffix.lower() in VIDEO_EXTENSIONS for path in paths)
 
 
 def _readable(photo: Path) -> bool:
@@ -116,6 +131,8 @@ def sfm_scene(unposed: Unposed, announcer: StageAnnouncer, log: Callable[[str], 
             report = run_sfm(str(unposed.photos_dir), str(partial), on_stage=announcer(STAGES))
             seconds = report.seconds
         else:
+            from gsrecon.data.prepare.video import VIDEO_STAGES, sfm_from_videos
+
             report, seconds = sfm_from_videos(
                 [video.path for video in unposed.videos],
                 str(partial),
