@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import subprocess
 import sys
@@ -315,3 +316,17 @@ def test_data_on_a_scene_folder_needs_no_ffmpeg(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-c", no_ffmpeg, *argv], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(f"using {CONFIGS_DIR / 'mipnerf360.yaml'} for {root}: a COLMAP scene")
+
+
+def test_split_lists_inside_a_capture_are_its_own_split_too(tmp_path: Path, synthetic_cache: Path) -> None:
+    """nerfstudio's test_filenames in transforms.json and COLMAP's test.txt are a capture's own split too."""
+    root = capture_layouts.ns_process_data(tmp_path / "ns", synthetic_cache)
+    content = json.loads((root / "transforms.json").read_text())
+    (root / "transforms.json").write_text(json.dumps(content | {"test_filenames": ["images/frame_00002.png"]}))
+    recipe = detect_capture([root])
+    assert recipe.overrides == ["data.eval_split=dataset"] and recipe.why.endswith("; test_filenames)")
+
+    root = capture_layouts.colmap(tmp_path / "colmap", synthetic_cache)
+    (root / "test.txt").write_text("img_03.png\n")
+    recipe = detect_capture([root])
+    assert recipe.overrides == ["data.eval_split=dataset"] and recipe.why.endswith("; images_2/; test.txt)")

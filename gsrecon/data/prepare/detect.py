@@ -172,14 +172,22 @@ def _transforms_recipe(root: Path) -> Recipe:
     if transparent:
         overrides = [] if own_split else ["data.eval_split=every_8"]
         return Recipe(
-            _shipped("blender_lego.yaml"), overrides, f"a NeRF-synthetic scene ({evidence})", "random points",
-            root.resolve().name, folder=root,
-        )  # fmt: skip
+            _shipped("blender_lego.yaml"),
+            overrides,
+            f"a NeRF-synthetic scene ({evidence})",
+            "random points",
+            root.resolve().name,
+            folder=root,
+        )
     overrides = ["data.eval_split=dataset"] if own_split else []
     return Recipe(
-        _shipped("phone.yaml"), overrides, f"photos with known poses ({evidence})", _posed_start(root, content),
-        root.resolve().name, folder=root,
-    )  # fmt: skip
+        _shipped("phone.yaml"),
+        overrides,
+        f"photos with known poses ({evidence})",
+        _posed_start(root, content),
+        root.resolve().name,
+        folder=root,
+    )
 
 
 def _nonzero(value: object) -> bool:
@@ -207,9 +215,13 @@ def _colmap_recipe(root: Path, sparse_dir: Path) -> Recipe:
     lists = [name for name in ("test.txt", "train.txt") if (root / name).is_file()]
     evidence.add(" + ".join(lists), lists)
     return Recipe(
-        _shipped("mipnerf360.yaml"), ["data.eval_split=dataset"] if lists else [], f"a COLMAP scene ({evidence})",
-        "its SfM points", root.resolve().name, folder=root,
-    )  # fmt: skip
+        _shipped("mipnerf360.yaml"),
+        ["data.eval_split=dataset"] if lists else [],
+        f"a COLMAP scene ({evidence})",
+        "its SfM points",
+        root.resolve().name,
+        folder=root,
+    )
 
 
 def _shipped(name: str) -> Path:
