@@ -48,9 +48,6 @@ from gsrecon.data.scene import Frame
 POINTS_CACHE = "points"  # the cache of points triangulated for training (:func:`training_points`)
 STAGES = ("features", "matching", "triangulation")  # triangulate_frames' stages, in order
 MAX_SIDE = 1600  # px: the automatic factor is the smallest that brings the longest image side to at most this
-# px: for training, features are extracted at the training factor where that leaves the longest side at least this
-# long (SIFT needs the pixels: the statuette's 1000 px photos give 1360 points at 500 px and 289 at 250 px)
-MIN_MATCH_SIDE = 480
 # (factor, max_images) -> every frame of the capture as training reads it at ``factor`` (``max_images`` > 0: that
 # many of them), e.g. :func:`gsrecon.data.readers.transforms.every_frame`
 FramesAt = Callable[[int, int], list[Frame]]
@@ -170,22 +167,18 @@ def triangulate_frames(
     )
 
 
-def training_points(
-    root: Path, frames_at: FramesAt, log: Callable[[str], None], training_factor: int = 1
-) -> Triangulation:
+def training_points(root: Path, frames_at: FramesAt, log: Callable[[str], None]) -> Triangulation:
     """The points triangulated from the transforms.json scene in ``root`` (:func:`triangulate_frames`), for training
-    at ``training_factor`` to start from, features extracted at :func:`matching_factor`; the user's folder is left
-    as it is.
+    to start from; the user's folder is left as it is.
 
-    The result is cached under ``cache_dir("points")``, keyed by the transforms file's bytes, the path, size
-    and modification time of every image it lists and the matching factor, so that the next run of the same
-    capture reads it back. ``log`` receives the stages and a summary line with the seconds the step took.
+    The result is cached under ``cache_dir("points")``, keyed by the transforms file's bytes and the path, size
+    and modification time of every image it lists, so that the next run of the same capture reads it back.
+    ``log`` receives the stages and a summary line with the seconds the step took.
 
     Raises:
         DatasetError, PycolmapUnavailableError: as :func:`triangulate_frames`.
     """
-    factor = matching_factor(frames_at, training_factor)
-    path = cache_file(POINTS_CACHE, _points_cache_key(root, factor), ".npz")
+    path = cache_file(POINTS_CACHE, _points_cache_key(root), ".npz")
     with contextlib.suppress(OSError, ValueError, KeyError, zipfile.BadZipFile):  # no (usable) cache entry
         with np.load(path, allow_pickle=False) as cached:
             triangulation = _from_arrays(dict(cached))
@@ -197,7 +190,6 @@ def training_points(
             root,
             frames_at,
             work,
-            factor,
             on_stage=lambda name, what: log(f"triangulating SfM points [{STAGES.index(name) + 1}/3]: {what}"),
         )
     log(f"SfM points: {triangulation.describe()} in {time.perf_counter() - started:.1f} s")
@@ -236,8 +228,8 @@ def _from_arrays(arrays: dict[str, np.ndarray]) -> Triangulation:
     )
 
 
-def _points_cache_key(root: Path, factor: int) -> dict:
-    """What the points triangulated at ``factor`` from the scene in ``root`` depend on (see :func:`training_points`)."""
+def _points_cache_key(root: Path) -> dict:
+    """What the triangulated points of the scene in ``root`` depend on (see :func:`training_points`)."""
     json_path = transforms_file(root)
     images = []
     for frame in read_transforms(json_path)["frames"]:
@@ -248,7 +240,7 @@ def _points_cache_key(root: Path, factor: int) -> dict:
         "transforms": hashlib.sha256(json_path.read_bytes()).hexdigest(),
         "root": str(root.resolve()),
         "images": images,
-        "factor": factor,
+        "max_side": MAX_SIDE,
     }
 
 
@@ -263,28 +255,10 @@ def _work_dir() -> Iterator[Path]:
 
 
 def _auto_factor(frames_at: FramesAt) -> int:
-    """The automatic factor (:func:`_factor_for_side`) of the first frame's longest side."""
-    return _factor_for_side(_longest_side(frames_at))
-
-
-def _factor_for_side(longest: int) -> int:
-    """The smallest factor that brings ``longest`` pixels to at most :data:`MAX_SIDE` (else 8)."""
-    return next((f for f in FACTORS if longest / f <= MAX_SIDE), FACTORS[-1])
-
-
-def matching_factor(frames_at: FramesAt, training_factor: int) -> int:
-    """The factor to extract features at for training at ``training_factor``: the coarsest one up to it that leaves
-    the first frame's longest side at least :data:`MIN_MATCH_SIDE` pixels, and never finer than the automatic one
-    (:data:`MAX_SIDE`). Points a training pixel apart need no finer matching, and matching fewer pixels is faster."""
-    longest = _longest_side(frames_at)
-    serving = [f for f in FACTORS if f <= training_factor and longest / f >= MIN_MATCH_SIDE]
-    return max([_factor_for_side(longest), *serving])
-
-
-def _longest_side(frames_at: FramesAt) -> int:
-    """The longest side in pixels of the first frame at full resolution."""
+    """The smallest factor that brings the first frame's longest side to at most :data:`MAX_SIDE` pixels (else 8)."""
     frame = frames_at(1, 1)[0]
-    return max(frame.width, frame.height)
+    longest = max(frame.width, frame.height)
+    return next((f for f in FACTORS if longest / f <= MAX_SIDE), FACTORS[-1])
 
 
 def _check_rigid(json_path: Path, frame: Frame) -> None:

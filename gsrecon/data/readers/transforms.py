@@ -134,7 +134,7 @@ def load_transforms(
     if len(points):
         return Scene(train=train, test=test, points=points, colors=colors)
     hint = f"`gsrecon data triangulate --data {path}` triangulates them from the known poses"
-    return Scene(train, test, points, colors, points_hint=hint, triangulate=partial(_triangulated_points, root, factor))
+    return Scene(train, test, points, colors, points_hint=hint, triangulate=partial(_triangulated_points, root))
 
 
 def every_frame(root: Path, factor: int, max_images: int = 0) -> list[Frame]:
@@ -143,10 +143,9 @@ def every_frame(root: Path, factor: int, max_images: int = 0) -> list[Frame]:
     return load_transforms(str(root), factor, "none", max_images, point_cloud=False).train
 
 
-def _triangulated_points(root: Path, factor: int, log: Callable[[str], None]) -> SfmPoints:
-    """The points triangulated from the scene's images and poses for training at ``factor`` (cached), and where each
-    was seen."""
-    triangulation = training_points(root, partial(every_frame, root), log, factor)
+def _triangulated_points(root: Path, log: Callable[[str], None]) -> SfmPoints:
+    """The points triangulated from the scene's images and poses (cached), and where each was seen."""
+    triangulation = training_points(root, partial(every_frame, root), log)
     return SfmPoints(
         points=torch.from_numpy(triangulation.points),
         colors=torch.from_numpy(triangulation.colors.astype(np.float32) / 255.0),
