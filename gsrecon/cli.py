@@ -11,11 +11,9 @@ boundary after writing a checkpoint.
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
@@ -32,21 +30,18 @@ _console = Console(stderr=True, soft_wrap=True)
 
 
 def _train(args: argparse.Namespace) -> int:
-    from gsrecon.data.prepare.detect import config_for_capture
     from gsrecon.engine.builder import load_run_config
     from gsrecon.engine.trainer import DefaultTrainer
 
     config, overrides = args.config, args.overrides
-    if args.data is not None:
-        data_keys = [f"data.path={json.dumps(args.data)}"]  # quoted: the path stays a string
-        if config is None:
-            config, why = config_for_capture(Path(args.data))
-            exp_dir = f"outputs/{Path(args.data).resolve().name}"
-            data_keys.append(f"exp_dir={json.dumps(exp_dir)}")
-            print(f"using {config} for {args.data}: {why} (exp_dir {exp_dir} unless set)")
+    if args.data:
+        from gsrecon.data.prepare.detect import config_for_capture
+        from gsrecon.logging.console import Logger
+
+        config, data_keys = config_for_capture(args.data, config, print, _stage_announcer, Logger().info)
         overrides = [*data_keys, *overrides]  # the command line's own key=value pairs still win
     if config is None:
-        raise InputError("gsrecon train needs --config CONFIG, --data SCENE_FOLDER, or both")
+        raise InputError("gsrecon train needs --config CONFIG, --data CAPTURE, or both")
     cfg, source = load_run_config(config, overrides)
     if args.resume:
         cfg.resume = True
@@ -76,9 +71,14 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", help="YAML config file (without it, --data picks one from what the folder holds)")
     p.add_argument(
         "--data",
-        help="scene folder (sets data.path); without --config: sparse/0/ (COLMAP) trains with "
-        "configs/mipnerf360.yaml, transforms.json (phone, nerfstudio) with configs/phone.yaml, "
-        "transforms_train.json + transforms_test.json (NeRF-synthetic) with configs/blender_lego.yaml",
+        action="append",
+        help="the capture: a scene folder (sets data.path), a folder of photos or videos, or a video file (repeat "
+        "--data for several videos; photos and videos go through structure from motion first, into gsrecon's "
+        "cache). Without --config the config is picked by what the capture is, and the first line says which "
+        "and why: a COLMAP model trains with configs/mipnerf360.yaml, RGBA renders with a transforms file "
+        "(NeRF-synthetic) with configs/blender_lego.yaml, photos with known poses (nerfstudio, Polycam, "
+        "Record3D, instant-ngp, phone captures) or without them with configs/phone.yaml; a capture's own split "
+        "is kept (README: Training a capture)",
     )
     p.add_argument("overrides", nargs="*", help="key=value overrides of the config")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint of exp_dir")

@@ -19,6 +19,7 @@ import contextlib
 import hashlib
 import shutil
 import tempfile
+import time
 import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -172,7 +173,7 @@ def training_points(root: Path, frames_at: FramesAt, log: Callable[[str], None])
 
     The result is cached under ``cache_dir("points")``, keyed by the transforms file's bytes and the path, size
     and modification time of every image it lists, so that the next run of the same capture reads it back.
-    ``log`` receives the stages and a summary line.
+    ``log`` receives the stages and a summary line with the seconds the step took.
 
     Raises:
         DatasetError, PycolmapUnavailableError: as :func:`triangulate_frames`.
@@ -183,6 +184,7 @@ def training_points(root: Path, frames_at: FramesAt, log: Callable[[str], None])
             triangulation = _from_arrays(dict(cached))
         log(f"SfM points: {len(triangulation.points)} triangulated points of this capture from the cache ({path})")
         return triangulation
+    started = time.perf_counter()
     with _work_dir() as work:
         triangulation = triangulate_frames(
             root,
@@ -190,7 +192,7 @@ def training_points(root: Path, frames_at: FramesAt, log: Callable[[str], None])
             work,
             on_stage=lambda name, what: log(f"triangulating SfM points [{STAGES.index(name) + 1}/3]: {what}"),
         )
-    log(f"SfM points: {triangulation.describe()}")
+    log(f"SfM points: {triangulation.describe()} in {time.perf_counter() - started:.1f} s")
     with contextlib.suppress(OSError), atomic_path(path) as tmp, tmp.open("wb") as f:
         np.savez(f, **_to_arrays(triangulation))
     return triangulation

@@ -342,15 +342,20 @@ def _check_folders(images_dir: Path, out: Path) -> None:
             )
 
 
-def _image_names(images_dir: Path) -> list[str]:
-    """Image files under ``images_dir``, as paths relative to it."""
-    if not images_dir.is_dir():
-        raise DatasetError(f"{images_dir}: images folder does not exist")
-    names = sorted(
+def image_names(images_dir: Path) -> list[str]:
+    """The image files under ``images_dir`` (sub-folders included) as paths relative to it, sorted; [] where none."""
+    return sorted(
         p.relative_to(images_dir).as_posix()
         for p in images_dir.rglob("*")
         if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS
     )
+
+
+def _image_names(images_dir: Path) -> list[str]:
+    """Image files under ``images_dir``, as paths relative to it."""
+    if not images_dir.is_dir():
+        raise DatasetError(f"{images_dir}: images folder does not exist")
+    names = image_names(images_dir)
     if not names:
         raise DatasetError(f"{images_dir}: no images found ({', '.join(IMAGE_EXTENSIONS)})")
     return names
