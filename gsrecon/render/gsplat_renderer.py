@@ -39,7 +39,7 @@ class GsplatRenderer(Renderer):
 
     @dataclass
     class Config(RendererConfig):
-        packed: bool = False  # packed intersections: less memory for large scenes
+        packed: bool = False  # packed intersections: less memory for large scenes (not with median_depth)
         absgrad: bool = False  # also accumulate |grad| of means2d (AbsGS): set from strategy.absgrad by the builder
         sparse_grad: bool = False  # sparse gradients for means/quats/scales (needs packed; trains with RowSparseAdam)
         radius_clip: float = 0.0  # skip Gaussians whose screen radius is at most this (pixels)
@@ -50,8 +50,6 @@ class GsplatRenderer(Renderer):
                 raise ValueError("renderer.sparse_grad needs renderer.packed: true")
             if self.radius_clip < 0.0:
                 raise ValueError(f"renderer radius_clip={self.radius_clip} must be >= 0")
-            if self.median_depth and self.packed:
-                raise ValueError("renderer.median_depth needs renderer.packed: false (gsplat walks unpacked lists)")
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
@@ -119,6 +117,7 @@ class GsplatRenderer(Renderer):
             "camera_model": "fisheye", "radial_coeffs": camera_model.coeffs, "with_ut": True, "with_eval3d": True,
         }  # fmt: skip
         colors = torch.cat([params["sh0"], params["shN"]], dim=1)  # [N, K, 3]
+        packed = cfg.packed and not cfg.median_depth  # the median depth walks unpacked lists: the same image
         render_colors, render_alphas, info = self._rasterization(
             means=params["means"],
             quats=params["quats"],
@@ -134,11 +133,11 @@ class GsplatRenderer(Renderer):
             radius_clip=cfg.radius_clip,
             eps2d=cfg.eps2d,
             sh_degree=sh_degree,
-            packed=cfg.packed,
+            packed=packed,
             tile_size=cfg.tile_size,
             backgrounds=backgrounds,
             render_mode="RGB+ED",
-            sparse_grad=cfg.sparse_grad,
+            sparse_grad=cfg.sparse_grad and packed,
             absgrad=cfg.absgrad,
             rasterize_mode="antialiased" if cfg.antialiased else "classic",
             **lens,
