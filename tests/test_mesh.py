@@ -192,3 +192,42 @@ def test_cli_meshes_a_ply_with_the_config_of_its_capture_and_refuses_a_ply_alone
     assert "--ply needs --config" in capsys.readouterr().err
     assert main([*args, "--config", str(config), "--voxel", "-1"]) == 2
     assert "voxel" in capsys.readouterr().err
+
+
+def test_render_depth_median_writes_the_surface_depth_video(make_config, tmp_path: Path) -> None:
+    iio = pytest.importorskip("imageio.v3")
+    config = write_yaml(tmp_path / "capture.yaml", make_config("capture", renderer={"name": "torch"}))
+    ply = tmp_path / "sphere_gaussians.ply"
+    save_ply(ply, _sphere_gaussians(3000))
+    out = tmp_path / "orbit.mp4"
+    args = ["render", "--ply", str(ply), "--config", str(config), "--frames", "4", "--out", str(out)]
+    assert main([*args, "--depth", "median"]) == 0
+    frames = np.stack(list(iio.imiter(tmp_path / "orbit_depth.mp4")))  # [4, H, W, 3]
+    assert len(frames) == 4 and frames.max() > 100  # the sphere, colour-mapped
+    assert (frames.max(-1) < 30).mean() > 0.2  # black around it: the median depth is 0 where nothing is opaque
+    with pytest.raises(SystemExit) as refused:  # argparse's own exit for a choice it does not know
+        main([*args, "--depth", "nearest"])
+    assert refused.value.code == 2
+
+
+def test_depth_image_shows_the_median_depth_black_where_it_is_zero() -> None:
+    from gsrecon.render.base import RenderOutput
+    from gsrecon.render.colormap import depth_image
+
+    median = torch.tensor([[0.0, 2.0], [3.0, 4.0]])[None, ..., None]  # [1, 2, 2, 1]
+    out = RenderOutput(torch.zeros(1, 2, 2, 3), torch.ones(1, 2, 2, 1), median + 1.0, {}, median_depth=median)
+    image = depth_image(out, "median")
+    assert image[0, 0].tolist() == [0, 0, 0] and image[1, 1].sum() > 0
+    assert depth_image(out, "expected")[0, 0].sum() > 0  # the expected depth is 1 there
+
+
+def test_export_hook_writes_the_mesh_when_training_ends(make_trainer, tmp_path: Path) -> None:
+    ply = tmp_path / "sphere_gaussians.ply"
+    save_ply(ply, _sphere_gaussians(3000))
+    trainer = make_trainer(
+        "hooked", max_steps=1, model={"sh_degree": 0, "init": "ply", "init_path": str(ply)},
+        hooks={"ExportHook": {"format": "mesh", "path": "mesh.obj"}},
+    )  # fmt: skip
+    trainer.train()
+    loaded = trimesh.load(trainer.exp_dir / "mesh.obj", force="mesh", process=False)
+    assert len(loaded.faces) > 100
