@@ -28,7 +28,9 @@ from gsrecon.registry import EXPORT_REGISTRY
 
 INSTALL_HINT = "pip install 'gsrecon[mesh]' (scikit-image and trimesh)"
 BLOCK = 8  # voxels per side of the blocks the fusion touches
-BYTES_PER_VOXEL = 10  # the dense grid of marching cubes: signed distance (float32), mask, and its working copies
+DENSE_BYTES = 10  # per voxel of the grid: marching cubes' signed distance (float32), masks and working copies
+ACTIVE_BYTES = 64  # per voxel near the surface: its id, fused sums and weight, and building its list
+CHUNK_VOXELS = 1 << 21  # voxels projected into a view at once (bounds the temporaries)
 DEPTH_MODES = ("median", "expected")
 
 
@@ -168,14 +170,19 @@ def plan_grid(views: list[SurfaceView], cfg: MeshFormat.Config) -> Grid:
     low, high = low - margin, high + margin
     dims = tuple(int(d) for d in torch.ceil((high - low) / voxel).long() + 1)
     grid = Grid(low, voxel, dims)
-    needed, free = grid.size * BYTES_PER_VOXEL, available_host_bytes()
+    check_memory(grid, grid.size * DENSE_BYTES)
+    return grid
+
+
+def check_memory(grid: Grid, needed: int) -> None:
+    """An InputError saying how much memory the grid needs when ``needed`` bytes exceed what is free."""
+    free = available_host_bytes()
     if needed > free:
         raise InputError(
-            f"voxel={voxel:.4g} makes a {dims[0]}x{dims[1]}x{dims[2]} grid, which needs {needed / 2**30:.1f} GiB "
-            f"of memory; {free / 2**30:.1f} GiB are free: give a larger voxel (e.g. --voxel "
-            f"{voxel * (needed / free) ** (1 / 3) * 1.1:.3g})"
+            f"voxel={grid.voxel:.4g} makes a {'x'.join(map(str, grid.dims))} grid, which needs {needed / 2**30:.1f} "
+            f"GiB of memory; {free / 2**30:.1f} GiB are free: give a larger voxel (e.g. --voxel "
+            f"{grid.voxel * math.sqrt(needed / free) * 1.1:.3g})"
         )
-    return grid
 
 
 def flat_ids(ijk: Tensor, dims: tuple[int, int, int] | Tensor) -> Tensor:
@@ -213,24 +220,17 @@ def fuse(views: list[SurfaceView], cfg: MeshFormat.Config, marching_cubes) -> Me
     observed a voxel; colours are the fused colours of the vertices' nearest voxels."""
     grid = plan_grid(views, cfg)
     ids = active_voxels(views, grid, cfg.truncation)  # [M]
-    centres = grid.origin + grid.voxel * cell_indices(ids, grid.dims).float()  # [M, 3]
+    check_memory(grid, grid.size * DENSE_BYTES + len(ids) * ACTIVE_BYTES)
     truncation = cfg.truncation * grid.voxel
     sdf_sum, weight, color_sum = torch.zeros(len(ids)), torch.zeros(len(ids)), torch.zeros(len(ids), 3)
-    for view in views:
-        height, width = view.depth.shape
-        cam = centres @ view.viewmat[:3, :3].T + view.viewmat[:3, 3]  # [M, 3]
-        z = cam[:, 2]
-        front = z > 1e-6
-        _, _, px, py = pinhole_project(cam[:, 0], cam[:, 1], torch.where(front, z, 1.0), view.K)
-        col, row = torch.floor(px).long(), torch.floor(py).long()
-        seen = front & (col >= 0) & (col < width) & (row >= 0) & (row < height)
-        pixel = torch.where(seen, row * width + col, 0)
-        depth = view.depth.reshape(-1)[pixel]  # [M]
-        distance = depth - z  # > 0 in front of the surface
-        update = seen & (depth > 0) & (distance >= -truncation)
-        sdf_sum += torch.where(update, (distance / truncation).clamp_max(1.0), 0.0)
-        weight += update.float()
-        color_sum += torch.where(update[:, None], view.color.reshape(-1, 3)[pixel], 0.0)
+    for start in range(0, len(ids), CHUNK_VOXELS):
+        chunk = slice(start, start + CHUNK_VOXELS)
+        centres = grid.origin + grid.voxel * cell_indices(ids[chunk], grid.dims).float()  # [m, 3]
+        for view in views:
+            update, sdf, color = integrate(view, centres, truncation)
+            sdf_sum[chunk] += sdf
+            weight[chunk] += update.float()
+            color_sum[chunk] += color
     observed = weight > 0
     volume = np.ones(grid.dims, dtype=np.float32)
     volume.reshape(-1)[ids[observed].numpy()] = (sdf_sum[observed] / weight[observed]).numpy()
@@ -249,6 +249,25 @@ def fuse(views: list[SurfaceView], cfg: MeshFormat.Config, marching_cubes) -> Me
         faces.astype(np.int64),
         (colors.clamp(0, 1) * 255 + 0.5).to(torch.uint8).numpy(),
     )
+
+
+def integrate(view: SurfaceView, centres: Tensor, truncation: float) -> tuple[Tensor, Tensor, Tensor]:
+    """What ``view`` says of the voxels at ``centres`` [m, 3]: whether it observes each, within ``truncation``
+    behind its surface or anywhere in front (bool [m]), the truncated signed distance along the camera's z in
+    units of ``truncation`` (positive in front, at most 1; [m]) and the pixel's colour ([m, 3]), 0 where not."""
+    height, width = view.depth.shape
+    cam = centres @ view.viewmat[:3, :3].T + view.viewmat[:3, 3]  # [m, 3]
+    z = cam[:, 2]
+    front = z > 1e-6
+    _, _, px, py = pinhole_project(cam[:, 0], cam[:, 1], torch.where(front, z, 1.0), view.K)
+    col, row = torch.floor(px).long(), torch.floor(py).long()
+    inside = front & (col >= 0) & (col < width) & (row >= 0) & (row < height)
+    pixel = torch.where(inside, row * width + col, 0)
+    depth = view.depth.reshape(-1)[pixel]  # [m]
+    distance = depth - z  # > 0 in front of the surface
+    update = inside & (depth > 0) & (distance >= -truncation)
+    sdf = torch.where(update, (distance / truncation).clamp_max(1.0), 0.0)
+    return update, sdf, torch.where(update[:, None], view.color.reshape(-1, 3)[pixel], 0.0)
 
 
 def observed_cubes(seen: np.ndarray) -> np.ndarray:
