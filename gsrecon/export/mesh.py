@@ -10,10 +10,11 @@ surface points (blocks of 8³ voxels). Marching cubes extracts its zero level wh
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
@@ -25,6 +26,12 @@ from gsrecon.errors import InputError
 from gsrecon.export.base import ExportContext, ExportFormat
 from gsrecon.geometry import pinhole_project
 from gsrecon.registry import EXPORT_REGISTRY
+
+if TYPE_CHECKING:
+    from gsrecon.data.pipeline import Batch
+    from gsrecon.render.base import RenderOutput
+
+MarchingCubes = Callable[..., tuple[Any, ...]]  # skimage.measure.marching_cubes
 
 INSTALL_HINT = "pip install 'gsrecon[mesh]' (scikit-image and trimesh)"
 BLOCK = 8  # voxels per side of the blocks the fusion touches
@@ -98,8 +105,8 @@ class MeshFormat(ExportFormat):
             )
 
 
-def _libraries():
-    """scikit-image's marching cubes and trimesh, or an InputError naming the install command."""
+def _libraries() -> tuple[MarchingCubes, ModuleType]:
+    """scikit-image's marching cubes and the trimesh module, or an InputError naming the install command."""
     try:
         import trimesh
         from skimage.measure import marching_cubes
@@ -109,7 +116,7 @@ def _libraries():
 
 
 @torch.no_grad()
-def surface_view(render, batch, cfg: MeshFormat.Config) -> SurfaceView:
+def surface_view(render: Callable[[Batch], RenderOutput], batch: Batch, cfg: MeshFormat.Config) -> SurfaceView:
     """The first view of ``batch`` rendered by ``render``: its depth (``cfg.depth``) where opaque, and colour."""
     if batch.camera_model.kind != "pinhole":
         raise InputError(
@@ -215,7 +222,7 @@ def active_voxels(views: list[SurfaceView], grid: Grid, truncation: float) -> Te
     return torch.sort(flat_ids(ijk, grid.dims))[0]
 
 
-def fuse(views: list[SurfaceView], cfg: MeshFormat.Config, marching_cubes) -> Mesh:
+def fuse(views: list[SurfaceView], cfg: MeshFormat.Config, marching_cubes: MarchingCubes) -> Mesh:
     """TSDF fusion of ``views`` over the voxels near their surface points, then marching cubes at 0 where some view
     observed a voxel; colours are the fused colours of the vertices' nearest voxels."""
     grid = plan_grid(views, cfg)
