@@ -18,7 +18,8 @@ defaults otherwise), and scores each mesh:
 - on a capture, the distance from its SfM points to the mesh (median, mean, and the share within 1 % of the size
   of the SfM points' bounding box).
 
-A row is appended to ``<out>/runs.csv`` as each run ends (runs already there are skipped). ``--memory N`` instead
+A row is appended to ``<out>/runs.csv`` as each run ends (runs already there are skipped); the trained Gaussians
+stay in ``<out>/<scene>/<variant>/<seed>/params.pt``. ``--memory N`` instead
 exports a mesh of N random Gaussians (`bench_memory.random_params`) through ``gsrecon export`` on the synthetic
 scene's cameras, in a subprocess, and prints its wall time and peak RSS.
 """
@@ -201,6 +202,7 @@ def main() -> None:
                 recorder = {"steps": [max_steps or _config_steps(config, overrides)], "seconds": [], "clock": "cpu"}
                 trainer = run(config, overrides, recorder, args.threads, work)
                 psnr = _psnr(trainer)
+                torch.save({k: v.detach().cpu() for k, v in trainer.model.params.items()}, work / "params.pt")
                 for depth, (path, seconds) in export_meshes(trainer, work).items():
                     if trainer.datapipeline.cfg.dataset == "synthetic":
                         scores = synthetic_scores(path)

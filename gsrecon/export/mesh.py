@@ -68,6 +68,7 @@ class MeshFormat(ExportFormat):
     @dataclass
     class Config:
         voxel: float = 0.0  # voxel size in scene units; 0: the longest side of the surface's bounding box / 256
+        max_depth: float = 0.0  # depth beyond this is not fused; 0: twice the cameras' extent (3DGS's, as 2DGS)
         truncation: float = 3.0  # the signed distance is truncated at this many voxels
         min_alpha: float = 0.5  # depth is fused only where the render's accumulated opacity reaches this
         depth: str = "median"  # median (the surface) | expected (the renderer's blended depth)
@@ -76,6 +77,8 @@ class MeshFormat(ExportFormat):
         def __post_init__(self) -> None:
             if not (math.isfinite(self.voxel) and self.voxel >= 0.0):
                 raise ValueError(f"voxel={self.voxel!r} must be a size >= 0 (0: from the scene's extent)")
+            if not (math.isfinite(self.max_depth) and self.max_depth >= 0.0):
+                raise ValueError(f"max_depth={self.max_depth!r} must be a depth >= 0 (0: from the cameras' extent)")
             if not self.truncation >= 1.0:
                 raise ValueError(f"truncation={self.truncation!r} must be >= 1 voxel")
             if not 0.0 < self.min_alpha <= 1.0:
@@ -96,6 +99,8 @@ class MeshFormat(ExportFormat):
         views = [surface_view(context.render, batch, self.cfg) for batch in context.train_views()]
         if not views:
             raise InputError("nothing to mesh from: the scene has no training views (its capture's cameras)")
+        max_depth = self.cfg.max_depth or 2.0 * camera_extent(views)
+        views = [view._replace(depth=torch.where(view.depth <= max_depth, view.depth, 0.0)) for view in views]
         mesh = fuse(views, self.cfg, marching_cubes)
         if self.cfg.keep_parts:
             mesh = keep_largest_parts(mesh, self.cfg.keep_parts)
@@ -135,6 +140,12 @@ def surface_view(render: Callable[[Batch], RenderOutput], batch: Batch, cfg: Mes
     background = batch.backgrounds[0].float()  # [3]
     color = ((out.image[0].float() - (1.0 - alpha) * background) / alpha.clamp_min(1e-6)).clamp(0.0, 1.0)
     return SurfaceView(depth.cpu(), color.cpu(), batch.viewmats[0].float().cpu(), batch.Ks[0].float().cpu())
+
+
+def camera_extent(views: list[SurfaceView]) -> float:
+    """The radius of the views' camera centres around their mean, times 1.1 (3DGS's scene extent)."""
+    centres = torch.stack([-view.viewmat[:3, :3].T @ view.viewmat[:3, 3] for view in views])  # [V, 3]
+    return max((centres - centres.mean(0)).norm(dim=-1).max().item(), 1e-6) * 1.1
 
 
 def backproject(view: SurfaceView) -> Tensor:
