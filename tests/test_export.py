@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import math
 import struct
+import sys
 
 import numpy as np
 import pytest
@@ -201,3 +202,14 @@ def test_spz_refuses_bad_files(tmp_path):
     path.write_bytes(gzip.compress(gzip.decompress(path.read_bytes())[:-10]))
     with pytest.raises(ValueError, match="bad.spz: truncated"):
         load_spz(path)
+
+
+def test_the_mesh_without_its_libraries_names_the_install_command(tmp_path, monkeypatch):
+    from gsrecon.errors import InputError
+    from gsrecon.export import ExportContext
+
+    monkeypatch.setitem(sys.modules, "skimage.measure", None)  # as where scikit-image is not installed
+    context = ExportContext(train_views=lambda: iter(()), render=lambda batch: None)
+    with pytest.raises(InputError, match=r"needs skimage.*pip install 'gsrecon\[mesh\]'"):
+        export_gaussians(_params(), tmp_path / "mesh.ply", "mesh", context=context)
+    assert list(tmp_path.iterdir()) == []
