@@ -169,6 +169,8 @@ def test_nothing_opaque_and_a_voxel_too_small_for_the_memory_are_input_errors(tm
     with pytest.raises(InputError, match=r"needs \d+(\.\d)? GiB of memory.*--voxel"):
         export_gaussians(params, tmp_path / "m.ply", "mesh", context=_context(params, _views(4)),
                          options={"voxel": 1e-5})  # fmt: skip
+    with pytest.raises(InputError, match="no training views"):
+        export_gaussians(params, tmp_path / "m.ply", "mesh", context=_context(params, []))
     with pytest.raises(InputError, match=r"\.ply, \.obj, \.glb"):
         export_gaussians(params, tmp_path / "m.stl", "mesh", context=_context(params, _views(4)))
     with pytest.raises(InputError, match="takes no options"):
@@ -225,9 +227,12 @@ def test_export_hook_writes_the_mesh_when_training_ends(make_trainer, tmp_path: 
     ply = tmp_path / "sphere_gaussians.ply"
     save_ply(ply, _sphere_gaussians(3000))
     trainer = make_trainer(
-        "hooked", max_steps=1, model={"sh_degree": 0, "init": "ply", "init_path": str(ply)},
-        hooks={"ExportHook": {"format": "mesh", "path": "mesh.obj"}},
+        "hooked", max_steps=3, model={"sh_degree": 0, "init": "ply", "init_path": str(ply)},
+        hooks={"CheckPointHook": {"interval": 3}, "ExportHook": {"format": "mesh", "path": "mesh.obj"}},
     )  # fmt: skip
     trainer.train()
     loaded = trimesh.load(trainer.exp_dir / "mesh.obj", force="mesh", process=False)
     assert len(loaded.faces) > 100
+    out = tmp_path / "again.glb"  # and gsrecon export on the finished run
+    assert main(["export", "--exp-dir", str(trainer.exp_dir), "--format", "mesh", "--out", str(out)]) == 0
+    assert len(trimesh.load(out, force="mesh", process=False).faces) == pytest.approx(len(loaded.faces), rel=0.05)
