@@ -3,8 +3,9 @@ then marching cubes (scikit-image), with vertex colours; written as ``.ply``, ``
 
 Each training view is rendered with the renderer the scene was trained with; its median depth (where the
 accumulated opacity crosses 1/2: a surface, where the expected depth blends the surfaces a pixel sees) is kept
-where the render is opaque enough, and fused into a truncated signed distance volume over the voxels near the
-surface points (blocks of 8³ voxels). Marching cubes extracts its zero level where some view observed it.
+where the render is opaque enough and nearer than twice the cameras' extent (as 2DGS bounds its TSDF), and fused
+into a truncated signed distance volume over the voxels near the surface points (blocks of 8³ voxels). Marching
+cubes extracts its zero level where views observed all eight corners of a cube.
 """
 
 from __future__ import annotations
