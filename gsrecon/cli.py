@@ -227,7 +227,14 @@ def _add_render(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--frames", type=int, default=120)
     p.add_argument("--fps", type=int, default=30)
-    p.add_argument("--depth", action="store_true", help="also write a depth video (<out>_depth.mp4)")
+    p.add_argument(
+        "--depth",
+        nargs="?",
+        const="expected",
+        choices=("expected", "median"),
+        help="also write a depth video (<out>_depth.mp4): the expected depth (the default; blends the surfaces a "
+        "pixel sees) or the median depth (where the accumulated opacity crosses 1/2: the surface)",
+    )
     p.add_argument("--out", required=True, help="output .mp4")
     p.set_defaults(func=_render)
 
@@ -235,7 +242,9 @@ def _add_render(sub: argparse._SubParsersAction) -> None:
 def _export(args: argparse.Namespace) -> int:
     from gsrecon.engine.inference import export
 
-    path = export(_load_scene(args), args.out, args.format, device=args.device)
+    given = {"voxel": args.voxel, "keep_parts": args.keep_parts, "depth": args.mesh_depth}
+    options = {key: value for key, value in given.items() if value is not None}
+    path = export(_load_scene(args), args.out, args.format, device=args.device, options=options)
     print(f"wrote {path}")
     return 0
 
@@ -257,7 +266,7 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     p = _command(
         sub,
         "export",
-        "write the Gaussians as a 3DGS .ply or a web-viewer format",
+        "write the Gaussians as a 3DGS .ply, a web-viewer format or a mesh",
         "Write a trained scene's Gaussians to a file. The render mode (classic or antialiased) is recorded where "
         "the format can; a scene trained antialiased gets a warning, since only some viewers draw it right.",
     )
@@ -269,6 +278,14 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     )
     fmt.registered = _RegisteredExportFormats()  # type: ignore[attr-defined]  # filled in by --help only
     p.add_argument("--out", required=True, help="output file")
+    mesh = p.add_argument_group("mesh (--format mesh: TSDF fusion of the training views' depth, marching cubes)")
+    mesh.add_argument("--voxel", type=float, help="voxel size in scene units (default: the longest side / 256)")
+    mesh.add_argument("--keep-parts", type=int, help="keep only this many largest connected parts (default: all)")
+    mesh.add_argument(
+        "--mesh-depth",
+        choices=("median", "expected"),
+        help="the depth fused: median (the default; where the opacity crosses 1/2) or expected (blended)",
+    )
     p.set_defaults(func=_export)
 
 

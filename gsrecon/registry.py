@@ -110,7 +110,14 @@ RENDERER_REGISTRY: Registry = Registry(
 STRATEGY_REGISTRY: Registry = Registry("strategy", "strategies", locations=("gsrecon.strategy",))
 LOSS_REGISTRY: Registry = Registry(
     "loss term",
-    locations=("gsrecon.losses.l1", "gsrecon.losses.ssim", "gsrecon.losses.depth_prior", "gsrecon.losses.depth_maps"),
+    locations=(
+        "gsrecon.losses.l1",
+        "gsrecon.losses.ssim",
+        "gsrecon.losses.depth_prior",
+        "gsrecon.losses.depth_maps",
+        "gsrecon.losses.flatten",
+        "gsrecon.losses.depth_normal",
+    ),
 )
 VIEW_REGISTRY: Registry = Registry("per-view module", locations=("gsrecon.model.views.affine",))
 EXPORT_REGISTRY: Registry = Registry("export format", locations=("gsrecon.export",))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import math
 import struct
+import sys
 
 import numpy as np
 import pytest
@@ -41,14 +42,14 @@ def _unit(quats: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def test_export_refuses_an_unknown_format(tmp_path):
-    message = "^unknown export format 'obj'; known export formats: compressed_ply, ply, sog, splat, spz$"
+    message = "^unknown export format 'obj'; known export formats: compressed_ply, mesh, ply, sog, splat, spz$"
     with pytest.raises(RegistryError, match=message):
         export_gaussians(_params(), tmp_path / "scene.obj", "obj")
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("fmt", EXPORT_REGISTRY.names())
-def test_every_format_writes_its_file(tmp_path, fmt):
+@pytest.mark.parametrize("fmt", [name for name in EXPORT_REGISTRY.names() if not EXPORT_REGISTRY.get(name).needs])
+def test_every_format_of_the_gaussians_alone_writes_its_file(tmp_path, fmt):  # the mesh: tests/test_mesh.py
     path = export_gaussians(_params(n=10), tmp_path / f"scene.{fmt}", fmt, antialiased=True)
     assert path == tmp_path / f"scene.{fmt}" and path.stat().st_size > 0
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # written atomically: no temporary left
@@ -201,3 +202,14 @@ def test_spz_refuses_bad_files(tmp_path):
     path.write_bytes(gzip.compress(gzip.decompress(path.read_bytes())[:-10]))
     with pytest.raises(ValueError, match="bad.spz: truncated"):
         load_spz(path)
+
+
+def test_the_mesh_without_its_libraries_names_the_install_command(tmp_path, monkeypatch):
+    from gsrecon.errors import InputError
+    from gsrecon.export import ExportContext
+
+    monkeypatch.setitem(sys.modules, "skimage.measure", None)  # as where scikit-image is not installed
+    context = ExportContext(train_views=lambda: iter(()), render=lambda batch: None)
+    with pytest.raises(InputError, match=r"needs skimage.*pip install 'gsrecon\[mesh\]'"):
+        export_gaussians(_params(), tmp_path / "mesh.ply", "mesh", context=context)
+    assert list(tmp_path.iterdir()) == []

@@ -73,6 +73,49 @@ def test_gsplat_matches_torch_on_a_random_scene(renderers) -> None:
     _compare(renderers, params, viewmats.cuda(), Ks.cuda(), 128, 96, 3)
 
 
+def test_gsplat_median_depth_of_hand_made_gaussians_and_of_a_random_scene_matches_torch() -> None:
+    from gsrecon.logging.console import Logger
+    from gsrecon.render.gsplat_renderer import GSPLAT_ALPHA_MAX, GsplatRenderer
+    from gsrecon.render.torch_renderer import TorchRenderer
+
+    gsplat = GsplatRenderer(GsplatRenderer.Config(median_depth=True))
+    gsplat.setup(Logger())
+    reference = TorchRenderer(TorchRenderer.Config(alpha_max=GSPLAT_ALPHA_MAX, tile_size=16, median_depth=True))
+    # Twelve Gaussians of opacity 0.1 on the axis, 8 px wide: T falls from 0.53 to 0.48 across the 7th (depth 3.2).
+    n, focal = 12, 20.0
+    depths = torch.linspace(2.0, 4.2, n)
+    params = {
+        "means": torch.stack([torch.zeros(n), torch.zeros(n), depths], dim=1),
+        "scales": torch.log(depths * 8.0 / focal)[:, None].repeat(1, 3),
+        "quats": torch.tensor([1.0, 0.0, 0.0, 0.0]).repeat(n, 1),
+        "opacities": torch.logit(torch.full((n,), 0.1)),
+        "sh0": torch.zeros(n, 1, 3),
+        "shN": torch.zeros(n, 0, 3),
+    }
+    params = {k: v.cuda() for k, v in params.items()}
+    viewmats, Ks = torch.eye(4)[None].cuda(), torch.tensor([[[focal, 0, 8.0], [0, focal, 6.0], [0, 0, 1]]]).cuda()
+    out = gsplat.render(params, viewmats, Ks, 16, 12, 0, torch.zeros(1, 3, device="cuda"))
+    torch.testing.assert_close(out.median_depth[0, 5:7, 7:9].cpu(), torch.full((2, 2, 1), float(depths[6])))
+    assert out.depth[0, 5:7, 7:9].max() < depths[6] - 0.1  # the expected depth lies in front of it
+    # A random scene: the two renderers agree wherever the crossing is not a near tie between two Gaussians.
+    generator = torch.Generator().manual_seed(1)
+    n = 5000
+    params = {
+        "means": torch.randn(n, 3, generator=generator) * torch.tensor([1.0, 0.7, 0.5]) + torch.tensor([0, 0, 4.0]),
+        "scales": torch.log(torch.rand(n, 3, generator=generator) * 0.05 + 0.01),
+        "quats": torch.randn(n, 4, generator=generator),
+        "opacities": torch.logit(torch.rand(n, generator=generator) * 0.9 + 0.05),
+        "sh0": torch.randn(n, 1, 3, generator=generator) * 0.5,
+        "shN": torch.zeros(n, 0, 3),
+    }
+    params = {k: v.cuda() for k, v in params.items()}
+    Ks = torch.tensor([[[150.0, 0, 64], [0, 150.0, 48], [0, 0, 1]]]).cuda()
+    got = gsplat.render(params, viewmats, Ks, 128, 96, 0, torch.zeros(1, 3, device="cuda")).median_depth
+    want = reference.render(params, viewmats, Ks, 128, 96, 0, torch.zeros(1, 3, device="cuda")).median_depth
+    assert (want > 0).float().mean() > 0.3
+    assert ((got - want).abs() < 1e-3).float().mean() > 0.99
+
+
 def test_gsplat_matches_torch_on_mipnerf360_garden_points(renderers, shared_data) -> None:
     from gsrecon.model.gaussians import init_params
 

@@ -545,3 +545,47 @@ def test_chunks_keep_images_and_gradients(cull: bool, monkeypatch):
     monkeypatch.setattr(torch_renderer, "INTERSECT_CHUNK", 5)
     chunked = TorchRenderer(TorchRenderer.Config(cull=cull, max_kept_gaussians=0, max_chunk_gaussians=7))
     _assert_same_render(whole, _render_and_backward(params, chunked, *size))
+
+
+@pytest.mark.parametrize("max_chunk_elements", [1 << 16, 64], ids=["one-segment", "segments"])
+def test_median_depth_is_the_depth_where_the_accumulated_opacity_crosses_one_half(max_chunk_elements: int):
+    """Twelve Gaussians of opacity 0.1 on the axis: T falls 0.9 per Gaussian, from 0.531 to 0.478 across the 7th."""
+    width, height, focal, n = 16, 12, 20.0, 12
+    depths = torch.linspace(2.0, 4.2, n, dtype=torch.float64)
+    means = torch.stack([torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64), depths], dim=1)
+    params = _gaussians(means, depths * 8.0 / focal, [0.1] * n, [[0.5, 0.5, 0.5]] * n)
+    viewmats, Ks = _cameras(width, height, focal, cx=8.0, cy=6.0)  # pixel (8, 6)'s centre lies off the axis
+    cfg = TorchRenderer.Config(tile_size=4, max_chunk_elements=max_chunk_elements, median_depth=True)
+    out = TorchRenderer(cfg).render(params, viewmats, Ks, width, height, 0, torch.zeros(1, 3, dtype=torch.float64))
+    centre = (slice(None), slice(5, 7), slice(7, 9))  # the four pixels around the axis see each Gaussian alike
+    variance = 8.0**2 + TorchRenderer.Config().eps2d  # px^2: 8 px wide on screen, dilated by eps2d
+    alpha = 0.1 * math.exp(-0.5 * (0.5**2 + 0.5**2) / variance)  # half a pixel off the axis each way
+    alphas = torch.full((n,), alpha, dtype=torch.float64)  # [n]
+    trans = torch.cumprod(torch.cat([torch.ones(1, dtype=torch.float64), 1 - alphas]), 0)  # [n + 1]
+    crossing = int(((trans[:-1] > 0.5) & (trans[1:] <= 0.5)).nonzero())
+    assert crossing == 6
+    torch.testing.assert_close(out.median_depth[centre], torch.full((1, 2, 2, 1), depths[crossing].item()).double())
+    expected = (alphas * trans[:-1] * depths).sum() / (1 - trans[-1])
+    torch.testing.assert_close(out.depth[centre], torch.full((1, 2, 2, 1), expected.item()).double())
+    assert out.depth[centre].max() < depths[crossing] - 0.1  # the expected depth lies in front of that surface
+
+
+def test_median_depth_is_zero_where_the_opacity_stays_below_one_half_and_takes_no_gradient():
+    width, height = 17, 13
+    viewmats, Ks = _cameras(width, height, 50.0, dtype=torch.float32, cx=8.5, cy=6.5)  # centre pixel (8, 6)
+    bg = torch.zeros(1, 3)
+    thin = _requiring_grad(_gaussians([[0.0, 0.0, 2.0], [0.0, 0.0, 3.0]], [0.2, 0.3], [0.3, 0.2], [[1.0] * 3] * 2,
+                                      dtype=torch.float32))  # fmt: skip
+    renderer = TorchRenderer(TorchRenderer.Config(median_depth=True))
+    out = renderer.render(thin, viewmats, Ks, width, height, 0, bg)
+    assert out.alpha[0, 6, 8, 0].item() == pytest.approx(1 - 0.7 * 0.8, abs=1e-6)  # 0.44: no surface
+    assert (out.median_depth == 0).all() and out.depth[0, 6, 8, 0] > 2.0
+    assert not out.median_depth.requires_grad
+    # The red, blue, green stack: red (alpha 0.99) is the surface whatever lies behind it.
+    out = renderer.render(_stack_of_three([0, 1, 2]), viewmats, Ks, width, height, 0, bg)
+    assert out.median_depth[0, 6, 8, 0].item() == pytest.approx(2.0)
+    out = renderer.render(_stack_of_three([2, 1, 0]), viewmats, Ks, width, height, 0, bg)
+    assert out.median_depth[0, 6, 8, 0].item() == pytest.approx(2.0)  # green, now in front, at depth 2
+    # Asked for nothing, the renderer renders no median depth (it costs time) and the same image.
+    plain = TorchRenderer().render(_stack_of_three([2, 1, 0]), viewmats, Ks, width, height, 0, bg)
+    assert plain.median_depth is None and torch.equal(plain.image, out.image) and torch.equal(plain.depth, out.depth)

@@ -35,11 +35,12 @@ from gsrecon.plugins import import_plugins
 from gsrecon.registry import DATASET_REGISTRY, EXPORT_REGISTRY, MODEL_REGISTRY, RENDERER_REGISTRY
 from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
 from gsrecon.render.camera_path import ellipse_path, focus_point, interp_path, spiral_path
-from gsrecon.render.colormap import depth_to_rgb
+from gsrecon.render.colormap import depth_image
 from gsrecon.render.gsplat_renderer import GSPLAT_ALPHA_MAX
 from gsrecon.render.video import VideoWriter
 
 CAMERA_PATHS = {"ellipse": ellipse_path, "spiral": spiral_path, "interp": interp_path}
+DEPTH_KINDS = ("expected", "median")  # what a depth video shows: the blended depth, or the surface's
 
 
 @dataclass
@@ -118,8 +119,9 @@ def _check_registered(cfg: RunConfig, stored_imports: list[str], source: str) ->
             raise ConfigError(f"{source}: key '{key}': unknown {registry.name} '{name}'{hint}")
 
 
-def build_renderer(scene: TrainedScene, device: torch.device, logger: Logger) -> Renderer:
-    """The renderer the scene was trained with (``auto`` resolved for ``device``).
+def build_renderer(scene: TrainedScene, device: torch.device, logger: Logger, median_depth: bool = False) -> Renderer:
+    """The renderer the scene was trained with (``auto`` resolved for ``device``), rendering the median depth too
+    with ``median_depth``.
 
     A scene trained with gsplat renders on a machine without CUDA with the torch renderer, given the
     same shared settings (`RendererConfig`) and gsplat's alpha clamp, so that it sees the same image.
@@ -130,14 +132,18 @@ def build_renderer(scene: TrainedScene, device: torch.device, logger: Logger) ->
         shared.discard("tile_size")  # the torch renderer's own tiling gives the same image
         entry = {"name": "torch", **{k: v for k, v in entry.items() if k in shared}, "alpha_max": GSPLAT_ALPHA_MAX}
         logger.info("trained with renderer gsplat, which needs CUDA: rendering with the torch renderer (same settings)")
+    if median_depth:
+        entry = {**entry, "median_depth": True}
     renderer = RENDERER_REGISTRY.build(entry)
     renderer.setup(logger)
     return renderer
 
 
-def scene_renderer(scene: TrainedScene, device: torch.device, logger: Logger) -> Callable[[Batch], RenderOutput]:
+def scene_renderer(
+    scene: TrainedScene, device: torch.device, logger: Logger, median_depth: bool = False
+) -> Callable[[Batch], RenderOutput]:
     """A function rendering the scene on ``device`` from a batch's cameras (see :func:`build_renderer`)."""
-    renderer = build_renderer(scene, device, logger)
+    renderer = build_renderer(scene, device, logger, median_depth)
     params = {k: v.to(device) for k, v in scene.params.items()}
 
     def render(batch: Batch) -> RenderOutput:
@@ -218,17 +224,20 @@ def render_path_video(
     path: str = "ellipse",
     frames: int = 120,
     fps: int = 30,
-    depth: bool = False,
+    depth: str | None = None,
     device: str = "auto",
     logger: Logger | None = None,
 ) -> list[Path]:
     """Render a smooth camera path fitted to the training cameras into ``out`` (mp4).
 
-    The frames use the intrinsics and size of the first training view. With ``depth`` a depth
+    The frames use the intrinsics and size of the first training view. With ``depth`` (``expected``: the
+    renderer's blended depth, or ``median``: where the accumulated opacity crosses 1/2, the surface) a depth
     video is also written beside it (``<out stem>_depth.mp4``). Returns the written paths.
     """
     if path not in CAMERA_PATHS:
         raise InputError(f"unknown camera path '{path}'; use one of {', '.join(CAMERA_PATHS)}")
+    if depth not in (None, *DEPTH_KINDS):
+        raise InputError(f"unknown depth '{depth}'; use one of {', '.join(DEPTH_KINDS)}")
     if frames < 2:
         raise InputError(f"--frames must be at least 2, got {frames}")
     if Path(out).suffix.lower() != ".mp4":
@@ -245,7 +254,7 @@ def render_path_video(
         viewmats = CAMERA_PATHS[path](train_viewmats, frames, focus=focus)
     viewmats = viewmats.to(torch_device)
     K, width, height = train[0].K.float().to(torch_device), train[0].width, train[0].height
-    renderer = build_renderer(scene, torch_device, logger)
+    renderer = build_renderer(scene, torch_device, logger, median_depth=depth == "median")
     params = {k: v.to(torch_device) for k, v in scene.params.items()}
     background = pipeline.fixed_background().to(torch_device)[None]
 
@@ -265,26 +274,34 @@ def render_path_video(
             frame = renderer.render(params, viewmat[None], K[None], width, height, scene.sh_degree, background)
             rgb_video.write(to_uint8(frame.image[0]))
             for video in depth_video:
-                video.write(depth_to_rgb(frame.depth[0, ..., 0], frame.alpha[0, ..., 0]))
+                video.write(depth_image(frame, depth))
             progress.update(index + 1)
     return written
 
 
 def export(
-    scene: TrainedScene, out: str | Path, fmt: str = "ply", device: str = "auto", logger: Logger | None = None
+    scene: TrainedScene,
+    out: str | Path,
+    fmt: str = "ply",
+    device: str = "auto",
+    logger: Logger | None = None,
+    options: dict[str, Any] | None = None,
 ) -> Path:
-    """Write the Gaussians in the registered export format ``fmt``, recording the render mode where the
-    format can, and warning when the scene needs a viewer with Mip-Splatting's compensation.
+    """Write the Gaussians in the registered export format ``fmt`` with its ``options`` (e.g. the mesh's
+    ``voxel``), recording the render mode where the format can, and warning when the scene needs a viewer with
+    Mip-Splatting's compensation.
 
-    The training views and the renderer (on ``device``) are loaded only for a format that needs them.
+    The training views and the renderer (on ``device``, with the median depth) are loaded only for a format
+    that needs them.
     """
     logger = logger or Logger()
     context = ExportContext()
     if EXPORT_REGISTRY.get(fmt).needs:
         torch_device = scene_device(scene, device, logger)
         pipeline = DataPipeline(scene.cfg.data, torch_device, scene.cfg.seed)
-        context = ExportContext(train_views=pipeline.train_views, render=scene_renderer(scene, torch_device, logger))
-    path = export_gaussians(scene.params, out, fmt, antialiased=scene.antialiased, context=context)
+        render = scene_renderer(scene, torch_device, logger, median_depth=True)
+        context = ExportContext(train_views=pipeline.train_views, render=torch.no_grad()(render))
+    path = export_gaussians(scene.params, out, fmt, antialiased=scene.antialiased, context=context, options=options)
     if scene.antialiased:
         logger.warning(
             f"{path} was trained in antialiased mode (Mip-Splatting opacity compensation): it looks right only in "

@@ -215,7 +215,7 @@ class DefaultTrainer:
         out = self.render(batch)
         self.strategy.step_pre_backward(params, self.optimizers, state, self.step, out.info)
         image = self.views.adjust_image(out.image, batch)  # [B, H, W, 3]
-        losses = self.loss(LossInputs(image, out, batch, self.datapipeline))
+        losses = self.loss(LossInputs(image, out, batch, self.datapipeline, params, self.renderer))
         losses.update(self.views.regularization())
         regularization = self.strategy.regularization(params, state, out.info)
         if regularization is not None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from torch import Tensor
 
+from gsrecon.errors import InputError
 from gsrecon.registry import EXPORT_REGISTRY
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ class ExportContext:
 
     ``train_views``: every training view once, a batch each (cameras, images, backgrounds).
     ``render``: the trained scene rendered from a batch's cameras with the renderer and settings it
-    was trained with, without gradients.
+    was trained with, without gradients, and with the median depth (``RenderOutput.median_depth``).
     """
 
     train_views: Callable[[], Iterable[Batch]] | None = None
@@ -69,13 +70,17 @@ def export_gaussians(
     fmt: str,
     antialiased: bool = False,
     context: ExportContext = ExportContext(),
+    options: Mapping[str, object] | None = None,
 ) -> Path:
-    """Write ``params`` to ``path`` in the registered format ``fmt``; return the path.
+    """Write ``params`` to ``path`` in the registered format ``fmt`` with its ``options`` (the fields of its
+    ``Config``, e.g. the mesh's ``voxel``); return the path.
 
-    Raises RegistryError (a KeyError) naming the known formats when ``fmt`` is not registered, and
-    ValueError when the format needs something ``context`` does not give.
+    Raises RegistryError (a KeyError) naming the known formats when ``fmt`` is not registered, ConfigError for
+    options the format does not take, and ValueError when the format needs something ``context`` does not give.
     """
-    exporter: ExportFormat = EXPORT_REGISTRY.build({"name": fmt})
+    if options and getattr(EXPORT_REGISTRY.get(fmt), "Config", None) is None:
+        raise InputError(f"export format '{fmt}' takes no options; given {', '.join(sorted(options))}")
+    exporter: ExportFormat = EXPORT_REGISTRY.build({"name": fmt, **(options or {})})
     missing = context.missing(exporter.needs)
     if missing:
         raise ValueError(f"export format '{fmt}' needs {' and '.join(missing)}, which the caller did not give")

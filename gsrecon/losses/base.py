@@ -20,8 +20,10 @@ from gsrecon.config import ConfigError
 from gsrecon.registry import LOSS_REGISTRY
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from gsrecon.data.pipeline import Batch, DataPipeline
-    from gsrecon.render.base import RenderOutput
+    from gsrecon.render.base import Renderer, RenderOutput
 
 # The terms of a run whose YAML lists none: the 3DGS loss (1 - λ)·L1 + λ·(1 - SSIM) with λ = 0.2.
 DEFAULT_LOSS: dict[str, dict[str, Any]] = {"l1": {"weight": 0.8}, "ssim": {"weight": 0.2}}
@@ -35,6 +37,8 @@ class LossInputs:
     render: RenderOutput  # the renderer's output: depth, alpha [B, H, W, 1] and its info
     batch: Batch  # the step's views: photos, masks, cameras, names
     data: DataPipeline  # the scene and its per-view data (e.g. the SfM points each photo observed)
+    params: Mapping[str, Tensor] | None = None  # the Gaussians rendered (pre-activation; see gsrecon.model.gaussians)
+    renderer: Renderer | None = None  # what rendered them (a term may render other features of them with it)
 
 
 class LossTerm:

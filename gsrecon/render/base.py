@@ -25,6 +25,7 @@ class RendererConfig:
     eps2d: float = 0.3  # px^2 added to the 2D covariance (low-pass filter of 3DGS)
     tile_size: int = 16  # px; rasterization works on tile_size x tile_size pixel blocks
     antialiased: bool = False  # Mip-Splatting opacity compensation for the eps2d dilation (gsplat "antialiased")
+    median_depth: bool = False  # also render RenderOutput.median_depth (a surface's depth; costs render time)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.near_plane < self.far_plane:
@@ -52,6 +53,10 @@ class RenderOutput:
     alpha: Tensor  # [C, H, W, 1], accumulated opacity 1 - T
     depth: Tensor  # [C, H, W, 1], expected depth sum(w * z) / alpha; 0 where alpha is 0
     info: dict[str, Any]
+    # [C, H, W, 1], the depth of the Gaussian at which the accumulated opacity crosses 1/2 (a surface, where the
+    # expected depth blends the surfaces a pixel sees); 0 where it stays below 1/2. None unless the renderer's
+    # median_depth setting asks for it. Not differentiable.
+    median_depth: Tensor | None = None
 
 
 class Renderer(abc.ABC):

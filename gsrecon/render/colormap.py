@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from gsrecon.render.base import RenderOutput
 
 # 17 evenly spaced samples (index 0, 16, ..., 240, 255) of Google's Turbo colormap (Apache-2.0), sRGB bytes.
 _TURBO = np.array(
@@ -33,6 +38,15 @@ def depth_to_rgb(depth: Tensor | np.ndarray, alpha: Tensor | np.ndarray | None =
     t = np.clip((np.nan_to_num(depth, nan=far) - near) / max(far - near, 1e-12), 0.0, 1.0)  # [H, W]
     rgb = np.stack([np.interp(t, _TURBO_POSITIONS, _TURBO[:, c]) for c in range(3)], axis=-1)  # [H, W, 3]
     return np.round(rgb * np.clip(alpha, 0.0, 1.0)[..., None]).astype(np.uint8)
+
+
+def depth_image(out: RenderOutput, depth: str = "expected") -> np.ndarray:
+    """The first camera's ``expected`` or ``median`` depth (``out.median_depth``), colour-mapped as uint8
+    [H, W, 3], black where nothing is (the median depth: where the opacity stays below 1/2)."""
+    if depth == "median":
+        median = out.median_depth[0, ..., 0]  # [H, W]
+        return depth_to_rgb(median, (median > 0).float())
+    return depth_to_rgb(out.depth[0, ..., 0], out.alpha[0, ..., 0])
 
 
 def _numpy(x: Tensor | np.ndarray) -> np.ndarray:

@@ -2,10 +2,15 @@
 
 gsplat compiles its CUDA kernels on first use (minutes); :meth:`GsplatRenderer.setup` says so
 before it happens and fails with an actionable message when CUDA or its toolkit is missing.
+
+``gsplat.rasterization`` renders no median depth for 3D Gaussians (only its 2DGS rasterizer has one): with
+``median_depth`` this renderer walks each pixel's Gaussians front to back with gsplat's
+``rasterize_to_indices_in_range``, the kernel of its own reference rasterizer, until the transmittance crosses 1/2.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 from collections.abc import Mapping
@@ -34,7 +39,7 @@ class GsplatRenderer(Renderer):
 
     @dataclass
     class Config(RendererConfig):
-        packed: bool = False  # packed intersections: less memory for large scenes
+        packed: bool = False  # packed intersections: less memory for large scenes (not with median_depth)
         absgrad: bool = False  # also accumulate |grad| of means2d (AbsGS): set from strategy.absgrad by the builder
         sparse_grad: bool = False  # sparse gradients for means/quats/scales (needs packed; trains with RowSparseAdam)
         radius_clip: float = 0.0  # skip Gaussians whose screen radius is at most this (pixels)
@@ -96,6 +101,11 @@ class GsplatRenderer(Renderer):
         if self._rasterization is None:
             raise GsplatUnavailableError("GsplatRenderer.setup() must run before render()")
         cfg = self.cfg
+        if camera_model.kind == "fisheye" and cfg.median_depth:
+            raise InputError(
+                "renderer.median_depth with gsplat needs pinhole cameras (fisheye Gaussians are evaluated along rays, "
+                "which gsplat's per-pixel lists do not follow): set data.fisheye=undistort or renderer.name=torch"
+            )
         if camera_model.kind == "fisheye" and (cfg.packed or cfg.sparse_grad):
             raise InputError(
                 "fisheye frames (data.fisheye: lens) render through gsplat's unscented transform, which has no "
@@ -107,6 +117,7 @@ class GsplatRenderer(Renderer):
             "camera_model": "fisheye", "radial_coeffs": camera_model.coeffs, "with_ut": True, "with_eval3d": True,
         }  # fmt: skip
         colors = torch.cat([params["sh0"], params["shN"]], dim=1)  # [N, K, 3]
+        packed = cfg.packed and not cfg.median_depth  # the median depth walks unpacked lists: the same image
         render_colors, render_alphas, info = self._rasterization(
             means=params["means"],
             quats=params["quats"],
@@ -122,16 +133,64 @@ class GsplatRenderer(Renderer):
             radius_clip=cfg.radius_clip,
             eps2d=cfg.eps2d,
             sh_degree=sh_degree,
-            packed=cfg.packed,
+            packed=packed,
             tile_size=cfg.tile_size,
             backgrounds=backgrounds,
             render_mode="RGB+ED",
-            sparse_grad=cfg.sparse_grad,
+            sparse_grad=cfg.sparse_grad and packed,
             absgrad=cfg.absgrad,
             rasterize_mode="antialiased" if cfg.antialiased else "classic",
             **lens,
         )
-        return RenderOutput(image=render_colors[..., :3], alpha=render_alphas, depth=render_colors[..., 3:4], info=info)
+        median = median_depth(info) if cfg.median_depth else None
+        return RenderOutput(
+            image=render_colors[..., :3], alpha=render_alphas, depth=render_colors[..., 3:4], info=info,
+            median_depth=median,
+        )  # fmt: skip
+
+
+@torch.no_grad()
+def median_depth(info: dict, alpha_max: float = GSPLAT_ALPHA_MAX) -> Tensor:
+    """The median depth [C, H, W, 1] of an unpacked ``gsplat.rasterization``'s ``info``: per pixel the depth of the
+    Gaussian across which the transmittance falls from above 1/2 to 1/2 or below (0 where it stays above), with
+    gsplat's alphas (clamped to ``alpha_max``, 1/255 skipped) and its pixel centres at +0.5.
+
+    Walks the per-tile lists one block of ``tile_size²`` Gaussians at a time, stopping when every pixel is past
+    1/2. ``rasterize_to_indices_in_range`` writes each pixel's pairs together, front to back, pixels in order."""
+    from gsplat import rasterize_to_indices_in_range
+
+    means2d, conics = info["means2d"].detach(), info["conics"].detach()  # [C, N, 2], [C, N, 3]
+    opacities, depths = info["opacities"].detach(), info["depths"].detach()  # [C, N] each
+    width, height, tile_size = info["width"], info["height"], info["tile_size"]
+    offsets, flatten_ids = info["isect_offsets"], info["flatten_ids"]  # [C, TH, TW], [n_isects]
+    n_cams, n_pixels = means2d.shape[0], width * height
+    trans = torch.ones(n_cams, height, width, device=means2d.device)
+    median = torch.zeros(n_cams * n_pixels, device=means2d.device)
+    ends = torch.cat([offsets.flatten(), offsets.new_tensor([len(flatten_ids)])])
+    longest = int((ends[1:] - ends[:-1]).max()) if len(flatten_ids) else 0
+    for block in range(math.ceil(longest / tile_size**2)):
+        gauss, pixels, images = rasterize_to_indices_in_range(
+            block, block + 1, trans, means2d, conics, opacities, width, height, tile_size, offsets, flatten_ids
+        )  # [M] each, grouped by pixel, front to back
+        if len(gauss) == 0:
+            break
+        x, y = (pixels % width).float() + 0.5, (pixels // width).float() + 0.5  # [M]
+        dx, dy = means2d[images, gauss, 0] - x, means2d[images, gauss, 1] - y
+        a, b, c = conics[images, gauss].unbind(-1)
+        sigma = 0.5 * (a * dx * dx + c * dy * dy) + b * dx * dy
+        log_keep = torch.log1p(-(opacities[images, gauss] * torch.exp(-sigma)).clamp_max(alpha_max))  # ln(1 - alpha)
+        rays = images * n_pixels + pixels  # [M] flat pixel ids, non-decreasing
+        _, counts = torch.unique_consecutive(rays, return_counts=True)
+        after = torch.cumsum(log_keep, 0)  # [M] ln T after each pair, from the block's first pair
+        first = torch.cumsum(counts, 0) - counts  # [R] each ray's first pair
+        after = after - torch.repeat_interleave(after[first] - log_keep[first], counts)  # from the ray's first pair
+        start = trans.view(-1)[rays]  # [M] T in front of the block
+        crossing = (start * torch.exp(after - log_keep) > 0.5) & (start * torch.exp(after) <= 0.5)
+        median[rays[crossing]] = depths[images[crossing], gauss[crossing]]
+        trans.view(-1).index_put_((rays[first],), start[first] * torch.exp(after[first + counts - 1]))
+        if float(trans.max()) <= 0.5:
+            break
+    return median.view(n_cams, height, width, 1)
 
 
 def configure_cuda_build_env() -> None:

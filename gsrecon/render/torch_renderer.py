@@ -37,6 +37,8 @@ ALPHA_MIN = 1.0 / 255.0  # a Gaussian with alpha below this is skipped at a pixe
 TRANSMITTANCE_MIN = 1e-4  # a pixel stops before the Gaussian that would take T to or below this
 BBOX_SIGMAS = 3.33  # bounding boxes never extend past this many standard deviations
 N_FEATURES = 5  # composited per Gaussian: r, g, b, depth, 1 (the last accumulates alpha)
+DEPTH_FEATURE = 3  # the depth's place among the composited features
+MEDIAN_TRANSMITTANCE = 0.5  # the median depth is the depth of the Gaussian that takes T across this
 _SKIP = 1e4  # quadratic offset of padding slots: exp(-1e4) is exactly 0
 _TINY = 1e-30  # floor of the undilated covariance determinant (degenerate Gaussians get opacity ~0)
 _LOG2_E = 1.0 / math.log(2.0)
@@ -505,7 +507,7 @@ def _blend(
     quads: Tensor, log2_basis: Tensor, alpha_max: float, trans_start: Tensor | None = None
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Alpha, 1 - alpha and blend weights of a chunk of tiles, each [T, K, S], and the transmittance
-    after the last slot [T, S].
+    in front of every slot and after the last, [T, K + 1, S].
 
     Args:
         quads: [T, K, 6] quadratic coefficients, slots sorted front to back.
@@ -525,13 +527,16 @@ def _blend(
     trans = torch.cumprod(one_minus, dim=1)  # [T, K + 1, S]: trans[:, i] is T before slot i
     weights = alpha * trans[:, :-1]
     weights.mul_(F.threshold(trans[:, 1:], TRANSMITTANCE_MIN, 0.0).sign_())
-    return alpha, one_minus[:, 1:], weights, trans[:, -1]
+    return alpha, one_minus[:, 1:], weights, trans
 
 
 class _BlendTiles(torch.autograd.Function):
     """Front-to-back compositing of slot features over the tiles of a `_Layout`.
 
-    Forward: ``out[tile, :, pixel] = sum_i w_i f_i`` over the tile's slots. Backward uses
+    Forward: ``out[tile, :, pixel] = sum_i w_i f_i`` over the tile's slots and, with ``median_depth``, the median
+    depth ``median[tile, 0, pixel]``: the depth of the slot across which the transmittance falls from above 1/2 to
+    1/2 or below, 0 where it stays above (not differentiable; without ``median_depth``, ``median`` is
+    [T, 0, S]). Backward uses
     ``d out / d ln(alpha_i) = w_i f_i - alpha_i / (1 - alpha_i) * sum_{j>i} w_j f_j``, which
     never divides by a transmittance, so gradients stay finite at the 0.99 clamp and the cutoff.
     With ``keep=True`` the per-pixel alphas and weights are kept for backward; otherwise backward
@@ -541,11 +546,12 @@ class _BlendTiles(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, quads, feats, chunks, basis, alpha_max, keep):
-        # quads [E, 6], feats [E, F] per slot; basis [6, S] -> out [T, F, S]
+    def forward(ctx, quads, feats, chunks, basis, alpha_max, keep, median_depth):
+        # quads [E, 6], feats [E, F] per slot; basis [6, S] -> out [T, F, S], median [T, 1 or 0, S]
         log2_basis = basis * -_LOG2_E
         n_tiles = sum(ch.n_tiles for ch in chunks)
         out = feats.new_empty(n_tiles, feats.shape[1], basis.shape[1])
+        median = feats.new_zeros(n_tiles, int(median_depth), basis.shape[1])
         composited, kept = [], []  # per chunk: (first, end, transmittance in front) of each segment composited
         for ch in chunks:
             q, f, t0, _ = _chunk_views(quads, feats, ch)
@@ -553,11 +559,16 @@ class _BlendTiles(torch.autograd.Function):
             trans = None
             for first, end in ch.segments():
                 segments.append((first, end, trans))
-                alpha, _, weights, trans = _blend(q[:, first:end], log2_basis, alpha_max, trans)
+                alpha, _, weights, trans_all = _blend(q[:, first:end], log2_basis, alpha_max, trans)
+                trans = trans_all[:, -1]
                 if first == 0:
                     torch.matmul(f[:, :end].transpose(1, 2), weights, out=target)
                 else:
                     target.add_(torch.matmul(f[:, first:end].transpose(1, 2), weights))
+                if median_depth:
+                    crossing = (trans_all[:, :-1] > MEDIAN_TRANSMITTANCE) & (trans_all[:, 1:] <= MEDIAN_TRANSMITTANCE)
+                    depths = f[:, first:end, DEPTH_FEATURE : DEPTH_FEATURE + 1].transpose(1, 2)  # [T, 1, K]
+                    median[t0 : t0 + ch.n_tiles].add_(torch.matmul(depths, crossing.to(f.dtype)))
                 if keep:
                     kept_segments.append((alpha, weights))
                 if end < ch.n_slots and float(trans.max()) <= TRANSMITTANCE_MIN:
@@ -567,10 +578,11 @@ class _BlendTiles(torch.autograd.Function):
                 kept.append(kept_segments)
         ctx.save_for_backward(quads, feats, basis)
         ctx.chunks, ctx.alpha_max, ctx.composited, ctx.kept = chunks, alpha_max, composited, kept
-        return out
+        ctx.mark_non_differentiable(median)
+        return out, median
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, grad_out, grad_median):
         quads, feats, basis = ctx.saved_tensors
         log2_basis = basis * -_LOG2_E
         grad_out = grad_out.contiguous()
@@ -607,7 +619,7 @@ class _BlendTiles(torch.autograd.Function):
                 gq[:, first:end] = torch.matmul(basis, rows.T).T.neg_().view(ch.n_tiles, end - first, -1)
                 gf[:, first:end] = torch.matmul(g, weights.transpose(1, 2)).transpose(1, 2)
         ctx.kept = None
-        return grad_q, grad_f, None, None, None, None
+        return grad_q, grad_f, None, None, None, None, None
 
 
 def _chunk_views(quads: Tensor, feats: Tensor, ch: _Chunk) -> tuple[Tensor, Tensor, int, int]:
@@ -631,11 +643,12 @@ def rasterize_tiles(
     alpha_max: float,
     max_chunk_elements: int,
     max_kept_elements: int,
+    median_depth: bool = False,
 ) -> Tensor:
-    """Composite visible Gaussians front to back into ``[C, H, W, 5]``.
+    """Composite visible Gaussians front to back into ``[C, H, W, 5]`` (``[C, H, W, 6]`` with ``median_depth``).
 
-    Channels are ``sum_i w_i f_i`` for ``f = [r, g, b, depth, 1]``: premultiplied colour,
-    accumulated depth and alpha (``1 - T``), without background.
+    The first five channels are ``sum_i w_i f_i`` for ``f = [r, g, b, depth, 1]``: premultiplied colour,
+    accumulated depth and alpha (``1 - T``), without background; the sixth is the median depth (see `_BlendTiles`).
     """
     n_cams = depths.shape[0]
     tiles_x, tiles_y = math.ceil(width / tile_size), math.ceil(height / tile_size)
@@ -650,12 +663,15 @@ def rasterize_tiles(
         and (quads.requires_grad or feats.requires_grad)
         and quads.shape[0] * basis.shape[1] <= max_kept_elements
     )
-    blended = _BlendTiles.apply(quads, feats, layout.chunks, basis, alpha_max, keep)  # [T, 5, S]
+    blended, median = _BlendTiles.apply(quads, feats, layout.chunks, basis, alpha_max, keep, median_depth)
+    if median_depth:
+        blended = torch.cat([blended, median], dim=1)  # [T, 6, S]
+    n_channels = blended.shape[1]
 
     n_tiles = n_cams * tiles_x * tiles_y
-    out = blended.new_zeros(n_tiles, N_FEATURES, tile_size * tile_size)
+    out = blended.new_zeros(n_tiles, n_channels, tile_size * tile_size)
     out = out.index_copy(0, layout.tiles, blended)  # empty tiles stay 0
-    out = out.reshape(n_cams, tiles_y, tiles_x, N_FEATURES, tile_size, tile_size)
+    out = out.reshape(n_cams, tiles_y, tiles_x, n_channels, tile_size, tile_size)
     out = out.permute(0, 1, 4, 2, 5, 3).reshape(n_cams, tiles_y * tile_size, tiles_x * tile_size, -1)
     return out[:, :height, :width]
 
@@ -747,8 +763,8 @@ class TorchRenderer(Renderer):
         out = rasterize_tiles(
             means2d if ids is None else means2d.index_select(1, ids), proj.conics, proj.log_opacities,
             colors, proj.depths, proj.radii, width, height, cfg.tile_size, cfg.alpha_max,
-            cfg.max_chunk_elements, cfg.max_kept_elements,
-        )  # fmt: skip  # [C, H, W, 5]
+            cfg.max_chunk_elements, cfg.max_kept_elements, cfg.median_depth,
+        )  # fmt: skip  # [C, H, W, 5 or 6]
         alpha = out[..., 4:5]
         image = out[..., :3] + (1.0 - alpha) * backgrounds[:, None, None, :]
         depth = torch.where(alpha > 0, out[..., 3:4] / alpha.clamp_min(1e-10), 0.0)
@@ -764,4 +780,5 @@ class TorchRenderer(Renderer):
             "n_cameras": viewmats.shape[0],
             "gaussian_ids": None,  # gsplat's key for packed mode; gsplat.strategy requires it
         }
-        return RenderOutput(image=image, alpha=alpha, depth=depth, info=info)
+        median_depth = out[..., 5:6].detach() if cfg.median_depth else None
+        return RenderOutput(image=image, alpha=alpha, depth=depth, info=info, median_depth=median_depth)

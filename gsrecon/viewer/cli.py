@@ -26,7 +26,7 @@ def view(args: argparse.Namespace) -> int:
     logger = Logger()
     device = scene_device(scene, args.device, logger)
     pipeline = DataPipeline(scene.cfg.data, device, scene.cfg.seed)
-    renderer = build_renderer(scene, device, logger)
+    renderer = build_renderer(scene, device, logger, median_depth=True)
     viewer = SceneViewer(
         renderer,
         pipeline.scene,
@@ -35,6 +35,7 @@ def view(args: argparse.Namespace) -> int:
         port=args.port,
         display=args.display,
         resolution=args.resolution,
+        median_depth=True,
     )
     try:
         viewer.set_scene({k: v.to(device) for k, v in scene.params.items()}, scene.sh_degree, scene.step)

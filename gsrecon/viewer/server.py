@@ -29,11 +29,11 @@ from gsrecon.data.scene import Scene
 from gsrecon.geometry import camera_centers
 from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
 from gsrecon.render.camera_path import focus_point, mean_up
-from gsrecon.render.colormap import depth_to_rgb
+from gsrecon.render.colormap import depth_image
 from gsrecon.viewer import DISPLAYS, RESOLUTIONS, check_view_settings
 from gsrecon.viewer.convert import Pose, pose_of, splat_arrays, thumbnail, vertical_fov, view_of
 
-OUTPUTS = ("rgb", "depth", "alpha")
+OUTPUTS = ("rgb", "depth", "median depth", "alpha")  # "median depth" where the renderer renders it
 OVERVIEW_DISTANCE = 1.6  # the first view is the first camera's, this much farther from what it looks at
 THUMBNAIL_SIDE = 96  # px, longer side of the image shown in each training camera's frustum
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
@@ -53,6 +53,7 @@ class SceneViewer:
         resolution: longer side in pixels of server-side renders (changeable in the page).
         pausable: show a Pause/Resume button (for training; see :attr:`paused`).
         max_steps: shown beside the step ("step 300 of 30000").
+        median_depth: offer the median depth among the outputs (the renderer renders it: renderer.median_depth).
     """
 
     def __init__(
@@ -67,9 +68,11 @@ class SceneViewer:
         resolution: int = 512,
         pausable: bool = False,
         max_steps: int | None = None,
+        median_depth: bool = False,
     ) -> None:
         check_view_settings(display, resolution)
         self.renderer = renderer
+        self.median_depth = median_depth
         self.background = background.detach().float()  # [3]
         self.max_steps = max_steps
         self.step: int | None = None
@@ -203,7 +206,8 @@ class SceneViewer:
         self.info_text = gui.add_markdown(self._info())
         self.display_dropdown = gui.add_dropdown("Display", list(DISPLAYS.values()), initial_value=DISPLAYS[display])
         self.status_text = gui.add_markdown("")
-        self.output_dropdown = gui.add_dropdown("Output", list(OUTPUTS), visible=display == "server")
+        outputs = [o for o in OUTPUTS if o != "median depth" or self.median_depth]
+        self.output_dropdown = gui.add_dropdown("Output", outputs, visible=display == "server")
         self.resolution_slider = gui.add_slider(
             "Resolution (px)",
             min=RESOLUTIONS[0],
@@ -340,9 +344,10 @@ def display_key(label: str) -> str:
 
 
 def output_image(out: RenderOutput, output: str) -> np.ndarray:
-    """The first camera of ``out`` as uint8 [H, W, 3]: ``rgb``, ``depth`` (colour-mapped) or ``alpha`` (grey)."""
-    if output == "depth":
-        return depth_to_rgb(out.depth[0, ..., 0], out.alpha[0, ..., 0])
+    """The first camera of ``out`` as uint8 [H, W, 3]: ``rgb``, ``depth`` or ``median depth`` (colour-mapped) or
+    ``alpha`` (grey)."""
+    if output in ("depth", "median depth"):
+        return depth_image(out, "median" if output == "median depth" else "expected")
     if output == "alpha":
         return to_uint8(out.alpha[0].expand(-1, -1, 3))
     return to_uint8(out.image[0])
