@@ -281,3 +281,19 @@ def test_total_variation_is_zero_for_a_constant_grid_and_counts_each_step() -> N
     grids[:, :, :, :, 2:] += 1.0  # a step between columns 1 and 2: one of 4 x-differences in each row is 1
     assert total_variation(grids).item() == pytest.approx(0.25)
     assert total_variation(torch.zeros(1, 12, 1, 1, 1)).item() == 0.0  # one cell: nothing to compare
+
+
+def test_bilateral_grid_from_the_command_line_trains_resumes_evaluates_and_exports(
+    make_config, tmp_path: Path, capsys
+) -> None:
+    config = write_yaml(tmp_path / "grid.yaml", make_config("grid", appearance=GRID))
+    assert main(["train", "--config", str(config), "max_steps=3"]) == 0
+    assert main(["train", "--config", str(config), "resume=true"]) == 0  # on to max_steps 6
+    exp_dir = tmp_path / "grid"
+    saved = load_checkpoint_file(exp_dir / "checkpoints" / "last.pt")
+    assert saved["step"] == 6 and saved["views"]["appearance"]["module"]["offsets"].shape[1:] == (12, 2, 3, 4)
+    assert main(["eval", "--exp-dir", str(exp_dir), "--device", "cpu"]) == 0
+    assert (exp_dir / "eval" / "metrics.json").is_file()
+    assert main(["export", "--exp-dir", str(exp_dir), "--format", "ply", "--out", str(tmp_path / "grid.ply")]) == 0
+    assert (tmp_path / "grid.ply").stat().st_size > 0
+    capsys.readouterr()
