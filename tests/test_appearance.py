@@ -204,9 +204,7 @@ def benchmark_config(mode: str, cache_dir: Path, steps: int = 1500) -> dict:
                 "cache_dir": str(cache_dir),
             },
         },
-        # Each photo's colours are drawn on their own, in no order along the capture: transforms averaging to the
-        # identity over all views (as for an unordered photo collection).
-        "appearance": {"mode": mode, "lr": 5e-3, "neighbours": 0},
+        "appearance": {"mode": mode, "lr": 5e-3},
         "hooks": {"CheckPointHook": {"interval": steps, "max_keep": 1}, "LogHook": {"progress": False}},
     }
 

@@ -43,8 +43,8 @@ class AppearanceConfig(ViewModule.Config):
     """Options every appearance module has: its regularisation weight and its test-view policy."""
 
     reg: float = 1e-2  # weight of the module's regularisation
-    neighbours: int = 3  # the corrections average to the identity over each view and this many on each side, in
-    # name order (a capture's path: what changes smoothly along it is left to the Gaussians); 0: over all views
+    neighbours: int = 0  # 0: the corrections average to the identity over all training views; k: over each view
+    # and k on each side in name order (a capture's path: what changes smoothly along it is left to the Gaussians)
     eval: str = "identity"  # test views: identity | fit_left (fit on the left half, score the right half)
     eval_steps: int = 100  # fit_left: Adam steps fitting a test view's transform
     eval_lr: float = 1e-2  # fit_left: their learning rate
@@ -66,11 +66,13 @@ class AppearanceConfig(ViewModule.Config):
 class AppearanceModule(ViewModule):
     """A per-view module changing the rendered colours of the training images; test views follow ``cfg.eval``.
 
-    Its corrections average to the identity over neighbouring training views (``cfg.neighbours``). A test view
-    has no correction of its own and is rendered as the Gaussians are, so the Gaussians must hold the colours its
-    neighbours saw. Corrections that drift along the capture (a slow exposure drift, or brightness that changes
-    with the viewing direction, which the Gaussians' view-dependent colour could hold) would otherwise move the
-    Gaussians' colours away from every photo's near a test view, and cost it what they gain on training views.
+    Its corrections average to the identity over all training views, or with ``cfg.neighbours`` over each view's
+    neighbours along the capture. A test view has no correction of its own and is rendered as the Gaussians are,
+    so the Gaussians should hold the colours its neighbours saw: corrections that drift along the capture (a slow
+    exposure drift, or brightness that changes with the viewing direction, which the Gaussians' view-dependent
+    colour could hold) move the Gaussians' colours away from the photos near a test view. Averaging over
+    neighbours leaves such a drift to the Gaussians, at the cost of the part of independent per-photo changes
+    that neighbouring photos share (BENCHMARKS.md, issue 29).
     """
 
     def centred(self, offsets: Tensor) -> Tensor:
