@@ -248,7 +248,8 @@ def test_neighbourhood_mean_is_the_windowed_mean_shortened_at_the_ends() -> None
     values = torch.tensor([1.0, 2.0, 4.0, 8.0, 16.0])[:, None]  # [5, 1]
     expected = [(1 + 2) / 2, (1 + 2 + 4) / 3, (2 + 4 + 8) / 3, (4 + 8 + 16) / 3, (8 + 16) / 2]
     torch.testing.assert_close(neighbourhood_mean(values, 1)[:, 0], torch.tensor(expected))
-    for neighbours in (0, 2, 9):  # none, or as many as reach every row: the mean of all
+    torch.testing.assert_close(neighbourhood_mean(values, 3)[:, 0], torch.tensor([3.75, 6.2, 6.2, 6.2, 7.5]))
+    for neighbours in (0, 4, 9):  # none, or as many as reach every row from every row: the mean of all
         torch.testing.assert_close(neighbourhood_mean(values, neighbours), values.mean(0, keepdim=True))
 
 

@@ -119,9 +119,9 @@ class AffineAppearance(AppearanceModule):
 
 def neighbourhood_mean(offsets: Tensor, neighbours: int) -> Tensor:
     """The mean [N, ...] of ``offsets`` [N, ...] over each row and ``neighbours`` rows on each side (fewer at the
-    ends); over all rows where ``neighbours`` is 0 or reaches them all."""
+    ends); over all rows where ``neighbours`` is 0 or every row's neighbourhood holds them all."""
     count = len(offsets)
-    if neighbours == 0 or 2 * neighbours + 1 >= count:
+    if neighbours == 0 or neighbours >= count - 1:
         return offsets.mean(0, keepdim=True)
     sums = torch.cat([torch.zeros_like(offsets[:1]), offsets.cumsum(0)])  # [N + 1, ...]: sums of the first rows
     rows = torch.arange(count, device=offsets.device)
