@@ -30,18 +30,29 @@ _warned_no_lpips = False
 LPIPS_MIN_SIDE = {"alex": 31, "vgg": 16}  # the smallest image side each backbone's pooling layers accept (pixels)
 
 
+MAX_PSNR = 100.0  # dB: the PSNR of images closer than an MSE of 1e-10 (identical images have no finite PSNR)
+
+
 def psnr(pred: Tensor, gt: Tensor, mask: Tensor | None = None) -> float:
     """Peak signal-to-noise ratio in dB of ``pred`` against ``gt`` (same shape ``[..., C]``, data range 1), over
     the pixels ``mask`` (``[..., 1]``, 1 kept, 0 ignored; None: all) keeps.
 
-    Identical images give ``math.inf``.
+    Identical images give :data:`MAX_PSNR`; NaN pixels give NaN.
+
+    Raises:
+        ValueError: ``mask`` keeps no pixel.
     """
     squared = (pred.double() - gt.double()) ** 2
     if mask is None:
         mse = torch.mean(squared).item()
     else:
-        mse = ((squared * mask).sum() / (mask.sum() * pred.shape[-1]).clamp_min(1.0)).item()
-    return math.inf if mse == 0 else -10.0 * math.log10(mse)
+        kept = mask.sum().item()
+        if kept == 0:
+            raise ValueError("the mask keeps no pixel to score")
+        mse = ((squared * mask).sum() / (kept * pred.shape[-1])).item()
+    if math.isnan(mse):
+        return math.nan
+    return MAX_PSNR if mse <= 10.0 ** (-MAX_PSNR / 10.0) else -10.0 * math.log10(mse)
 
 
 METRIC_NAMES = ("psnr", "ssim", "lpips")  # what ImageMetrics reports per view, in this order
@@ -106,7 +117,8 @@ class ImageMetrics:
 
         With ``mask`` (``[H, W, 1]``, 1 where a pixel counts, 0 where it is ignored), PSNR and SSIM are means over
         the kept pixels and LPIPS compares the images with their ignored pixels blacked out in both.
-        Returns ``{"psnr": dB, "ssim": ..., "lpips": ... or None}``.
+        Returns ``{"psnr": dB, "ssim": ..., "lpips": ...}``, each None where it has no finite value (a render
+        with NaN pixels; LPIPS off or not possible), so that no metric is ever NaN or infinite.
         """
         if pred.shape != gt.shape or pred.ndim != 3 or pred.shape[-1] != 3:
             raise ValueError(
@@ -120,7 +132,8 @@ class ImageMetrics:
         if self._lpips is not None and min(pred.shape[1:3]) >= LPIPS_MIN_SIDE[self._lpips_net]:
             seen_pred, seen_gt = (pred, gt) if mask is None else (pred * mask, gt * mask)
             lpips_value = self._lpips(seen_pred.permute(0, 3, 1, 2) * 2 - 1, seen_gt.permute(0, 3, 1, 2) * 2 - 1).item()
-        return {"psnr": psnr(pred, gt, mask), "ssim": float(ssim(pred, gt, mask)), "lpips": lpips_value}
+        values = {"psnr": psnr(pred, gt, mask), "ssim": float(ssim(pred, gt, mask)), "lpips": lpips_value}
+        return {name: value if value is None or math.isfinite(value) else None for name, value in values.items()}
 
 
 def mean_metrics(results: list[dict[str, Any]]) -> dict[str, float | None]:

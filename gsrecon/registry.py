@@ -119,5 +119,7 @@ LOSS_REGISTRY: Registry = Registry(
         "gsrecon.losses.depth_normal",
     ),
 )
-VIEW_REGISTRY: Registry = Registry("per-view module", locations=("gsrecon.model.views.affine",))
+VIEW_REGISTRY: Registry = Registry(
+    "per-view module", locations=("gsrecon.model.views.affine", "gsrecon.model.views.bilateral_grid")
+)
 EXPORT_REGISTRY: Registry = Registry("export format", locations=("gsrecon.export",))

@@ -13,9 +13,17 @@ from gsrecon.cli import main
 from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.engine.evaluator import evaluate_views
 from gsrecon.engine.trainer import DefaultTrainer
-from gsrecon.model.views.affine import AffineAppearance, apply_affine, fit_left_half, identity_affine
+from gsrecon.model.views.affine import (
+    AffineAppearance,
+    apply_affine,
+    fit_left_half,
+    identity_affine,
+    neighbourhood_mean,
+)
+from gsrecon.model.views.bilateral_grid import BilateralGridAppearance, slice_grids, total_variation
 
 AFFINE = {"mode": "affine", "lr": 5e-3}
+GRID = {"mode": "bilateral_grid", "lr": 5e-3, "shape": [4, 3, 2]}
 
 
 def perturb_training_images(trainer: DefaultTrainer, seed: int) -> None:
@@ -23,12 +31,17 @@ def perturb_training_images(trainer: DefaultTrainer, seed: int) -> None:
     photos have (test views keep the true colours)."""
     generator = torch.Generator().manual_seed(seed)
     for frame in trainer.datapipeline._train:  # the decoded uint8 images training reads
-        gain = 0.6 + 0.8 * torch.rand(1, generator=generator)  # exposure
-        balance = 0.8 + 0.4 * torch.rand(3, generator=generator)  # white balance, per channel
-        offset = 0.1 * torch.rand(3, generator=generator) - 0.05  # black level
-        image = frame.pixels.float() / 255.0  # [H, W, 3]
-        changed = (image * gain * balance + offset).clamp(0.0, 1.0)
-        frame.pixels.copy_((changed * 255.0).round().to(torch.uint8))
+        frame.pixels.copy_(with_camera_colours(frame.pixels, generator))
+
+
+def with_camera_colours(pixels: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """uint8 ``pixels`` [H, W, 3] with a random exposure gain U(0.6, 1.4), white balance U(0.8, 1.2) per channel
+    and black level U(-0.05, 0.05) per channel, drawn from ``generator``."""
+    gain = 0.6 + 0.8 * torch.rand(1, generator=generator)  # exposure
+    balance = 0.8 + 0.4 * torch.rand(3, generator=generator)  # white balance, per channel
+    offset = 0.1 * torch.rand(3, generator=generator) - 0.05  # black level
+    changed = (pixels.float() / 255.0 * gain * balance + offset).clamp(0.0, 1.0)
+    return (changed * 255.0).round().to(torch.uint8)
 
 
 def train_perturbed(make_trainer, name: str, seed: int = 0, **top) -> DefaultTrainer:
@@ -92,23 +105,24 @@ def test_appearance_is_off_by_default(make_trainer) -> None:
     assert default.val_metrics == explicit.val_metrics
 
 
-def test_affine_appearance_learns_per_image_transforms(make_trainer) -> None:
-    trainer = train_perturbed(make_trainer, "affine", appearance=AFFINE)
+@pytest.mark.parametrize("appearance", [AFFINE, GRID], ids=["affine", "bilateral_grid"])
+def test_appearance_learns_per_image_corrections(make_trainer, appearance: dict) -> None:
+    trainer = train_perturbed(make_trainer, "learn", appearance=appearance)
     saved = load_checkpoint_file(trainer.exp_dir / "checkpoints" / "last.pt")["views"]["appearance"]
     offsets = saved["module"]["offsets"]
-    assert offsets.shape == (trainer.datapipeline.num_train, 3, 4)
-    appearance = trainer.views.modules["appearance"]
-    torch.testing.assert_close(appearance.offsets.detach(), offsets)
-    transforms = appearance.transforms().detach()
-    assert (transforms - identity_affine(len(offsets))).abs().amax() > 1e-3
+    module = trainer.views.modules["appearance"]
+    torch.testing.assert_close(module.offsets.detach(), offsets)
+    assert len(offsets) == trainer.datapipeline.num_train
+    assert offsets.abs().amax() > 1e-3  # moved away from the identity start
     assert trainer.val_metrics["psnr"] is not None
 
 
-def test_resume_with_appearance_is_bit_identical(make_trainer) -> None:
-    full = train_perturbed(make_trainer, "full", appearance=AFFINE)
+@pytest.mark.parametrize("appearance", [AFFINE, GRID], ids=["affine", "bilateral_grid"])
+def test_resume_with_appearance_is_bit_identical(make_trainer, appearance: dict) -> None:
+    full = train_perturbed(make_trainer, "full", appearance=appearance)
     step_3 = full.exp_dir / "checkpoints" / "step_000003.pt"
     assert load_checkpoint_file(step_3)["views"]["appearance"]["optimizer"]["state"]
-    resumed = train_perturbed(make_trainer, "resumed", appearance=AFFINE, resume=str(step_3))
+    resumed = train_perturbed(make_trainer, "resumed", appearance=appearance, resume=str(step_3))
     reference = load_checkpoint_file(full.exp_dir / "checkpoints" / "last.pt")
     again = load_checkpoint_file(resumed.exp_dir / "checkpoints" / "last.pt")
     assert again["step"] == reference["step"] == 6
@@ -142,13 +156,21 @@ def test_fit_left_evaluation_scores_the_right_half(make_trainer) -> None:
         ("appearance.mode=bilateral", "key 'appearance.mode': unknown per-view module 'bilateral'"),
         ("appearance.eval=left", "key 'appearance': eval must be one of identity, fit_left, got 'left'"),
         ("appearance.lr=-1", "key 'appearance': lr must be a finite number >= 0, got -1"),
+        ("appearance.neighbours=-2", "key 'appearance': neighbours must be >= 0 (0: all training views), got -2"),
+        (
+            "appearance.mode=bilateral_grid appearance.shape=[16,16]",
+            "key 'appearance': shape must be three whole numbers of cells [x, y, luminance], each 1 to 256, "
+            "got [16, 16]",
+        ),
+        ("appearance.mode=bilateral_grid appearance.shape=[16,0,8]", "each 1 to 256, got [16, 0, 8]"),
+        ("appearance.mode=bilateral_grid appearance.shape=[16,16,8.5]", "key 'appearance.shape[2]': Value '8.5'"),
     ],
 )
 def test_bad_appearance_config_is_one_line_and_exit_2(
     capsys, make_config, tmp_path: Path, override: str, message: str
 ) -> None:
     path = write_yaml(tmp_path / "c.yaml", make_config(max_steps=1))
-    code = main(["train", "--config", str(path), "appearance.mode=affine", override])
+    code = main(["train", "--config", str(path), "appearance.mode=affine", *override.split()])
     err = capsys.readouterr().err
     assert code == 2
     assert message in err and len(err.strip().splitlines()) == 1, err
@@ -199,3 +221,80 @@ def test_the_test_view_fit_follows_eval_steps_and_eval_lr() -> None:
     scored, scored_gt = fitted(render, gt)
     assert (scored - scored_gt).abs().mean() < 0.5 * (render[:, 4:] - gt[:, 4:]).abs().mean()
     assert AffineAppearance(AffineAppearance.Config(eval="identity"), ["a"]).eval_adjust() is None
+
+
+def test_a_smooth_drift_along_the_capture_is_left_to_the_gaussians() -> None:
+    """Corrections average to the identity over each view's neighbours in name order: a drift that changes
+    smoothly from view to view (auto exposure, brightness that changes with the viewing direction) leaves the
+    inner views' transforms at the identity, while a jump of one photo is kept."""
+    names = [f"v{i}" for i in range(9)]
+    module = AffineAppearance(AffineAppearance.Config(neighbours=2), names)
+    with torch.no_grad():
+        module.offsets[:, 0, 0] = 0.02 * torch.arange(9.0)  # a red gain rising along the capture
+    inner = module.transforms().detach()[2:7]
+    torch.testing.assert_close(inner, identity_affine(5))
+    with torch.no_grad():
+        module.offsets.zero_()
+        module.offsets[4, 1, 3] = 0.25  # one photo's green black level
+    transforms = module.transforms().detach()
+    assert transforms[4, 1, 3].item() == pytest.approx(0.2)  # 0.25 less the neighbourhood's mean 0.05
+    every_view = AffineAppearance(AffineAppearance.Config(neighbours=0), names)
+    with torch.no_grad():
+        every_view.offsets[:, 0, 0] = 0.02 * torch.arange(9.0)
+    assert (every_view.transforms()[2:7, 0, 0] - 1.0).abs().amax() > 0.01  # all views: the drift is learnt
+
+
+def test_neighbourhood_mean_is_the_windowed_mean_shortened_at_the_ends() -> None:
+    values = torch.tensor([1.0, 2.0, 4.0, 8.0, 16.0])[:, None]  # [5, 1]
+    expected = [(1 + 2) / 2, (1 + 2 + 4) / 3, (2 + 4 + 8) / 3, (4 + 8 + 16) / 3, (8 + 16) / 2]
+    torch.testing.assert_close(neighbourhood_mean(values, 1)[:, 0], torch.tensor(expected))
+    torch.testing.assert_close(neighbourhood_mean(values, 3)[:, 0], torch.tensor([3.75, 6.2, 6.2, 6.2, 7.5]))
+    for neighbours in (0, 4, 9):  # none, or as many as reach every row from every row: the mean of all
+        torch.testing.assert_close(neighbourhood_mean(values, neighbours), values.mean(0, keepdim=True))
+
+
+def test_bilateral_grid_starts_at_the_identity_and_renders_unchanged() -> None:
+    module = BilateralGridAppearance(BilateralGridAppearance.Config(), ["a", "b", "c"])
+    assert module.offsets.shape == (3, 12, 8, 16, 16)  # [N, 3x4, luminance, y, x]
+    images = torch.rand(2, 5, 7, 3)
+    assert torch.equal(module.adjust_image(images, SimpleNamespace(names=["c", "a"])), images)
+    assert module.regularization().item() == 0.0
+
+
+def test_bilateral_grid_transform_follows_pixel_position_and_luminance() -> None:
+    offsets = torch.zeros(1, 12, 2, 1, 2)  # [1, 12, luminance, y, x]: 2 luminance cells, 2 columns
+    offsets[0, 3, :, :, 0] = 0.2  # red bias +0.2 in the left column of cells
+    offsets[0, 5, 0] = -0.5  # green gain -0.5 in the dark cells (luminance 0)
+    dark, bright = torch.zeros(3), torch.ones(3)
+    images = torch.stack([dark, dark, bright, bright]).reshape(1, 1, 4, 3)  # [1, 1, 4, 3]: a row of 4 pixels
+    out = slice_grids(offsets, images)[0, 0]  # [4, 3]
+    # Pixel centres at x = 1/8, 3/8, 5/8, 7/8 of the width: the red bias falls from left to right.
+    torch.testing.assert_close(out[:, 0], torch.tensor([0.175, 0.125, 1.075, 1.025]))
+    # Green: the dark pixels have nothing to scale (0 * gain); the bright ones are read at luminance 1, unscaled.
+    torch.testing.assert_close(out[:, 1], torch.tensor([0.0, 0.0, 1.0, 1.0]))
+    grey = torch.full((1, 1, 1, 3), 0.5)  # luminance 0.5: half-way between the cells, gain -0.25
+    torch.testing.assert_close(slice_grids(offsets[..., :1], grey)[0, 0, 0, 1], torch.tensor(0.375))
+
+
+def test_total_variation_is_zero_for_a_constant_grid_and_counts_each_step() -> None:
+    grids = torch.full((2, 12, 3, 4, 5), 0.3)
+    assert total_variation(grids).item() == 0.0
+    grids[:, :, :, :, 2:] += 1.0  # a step between columns 1 and 2: one of 4 x-differences in each row is 1
+    assert total_variation(grids).item() == pytest.approx(0.25)
+    assert total_variation(torch.zeros(1, 12, 1, 1, 1)).item() == 0.0  # one cell: nothing to compare
+
+
+def test_bilateral_grid_from_the_command_line_trains_resumes_evaluates_and_exports(
+    make_config, tmp_path: Path, capsys
+) -> None:
+    config = write_yaml(tmp_path / "grid.yaml", make_config("grid", appearance=GRID))
+    assert main(["train", "--config", str(config), "max_steps=3"]) == 0
+    assert main(["train", "--config", str(config), "resume=true"]) == 0  # on to max_steps 6
+    exp_dir = tmp_path / "grid"
+    saved = load_checkpoint_file(exp_dir / "checkpoints" / "last.pt")
+    assert saved["step"] == 6 and saved["views"]["appearance"]["module"]["offsets"].shape[1:] == (12, 2, 3, 4)
+    assert main(["eval", "--exp-dir", str(exp_dir), "--device", "cpu"]) == 0
+    assert (exp_dir / "eval" / "metrics.json").is_file()
+    assert main(["export", "--exp-dir", str(exp_dir), "--format", "ply", "--out", str(tmp_path / "grid.ply")]) == 0
+    assert (tmp_path / "grid.ply").stat().st_size > 0
+    capsys.readouterr()

@@ -192,6 +192,26 @@ def test_a_mask_of_another_size_is_one_line_naming_it_and_exit_2(
     assert len(err.splitlines()) == 1 and str(bad) in err and "31x24" in err
 
 
+def test_a_mask_keeping_no_pixel_is_one_line_naming_it_and_exit_2(
+    tmp_path: Path, synthetic_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Masks written the other way round (0 where the photo should count) leave nothing to train on or to score:
+    refused before training, not trained on nothing with a PSNR of infinity."""
+    root = tmp_path / "capture"
+    names = write_capture(root, TINY, occluder=False, masks=True)
+    for name in names:
+        Image.fromarray(np.zeros((24, 32), np.uint8)).save(root / "masks" / f"{name}.png")
+    first = root / "masks" / f"{names[0]}.png"
+    with pytest.raises(DatasetError, match=f"{first}: the mask keeps no pixel"):
+        cfg = parse_structured(DefaultTrainer.Config, _capture_config(tmp_path / "r", synthetic_cache, root))
+        DataPipeline(cfg.data, torch.device("cpu"))
+    config = write_yaml(tmp_path / "run.yaml", _capture_config(tmp_path / "run", synthetic_cache, root))
+    assert main(["train", "--config", str(config)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(first) in err and "keeps no pixel" in err, err
+    assert not (tmp_path / "run" / "metrics.json").exists()
+
+
 # ----------------------------------------------------------------------------------- the loss and metrics
 
 

@@ -47,9 +47,24 @@ def _tensor_nchw(image: torch.Tensor) -> torch.Tensor:
     return image.permute(2, 0, 1)[None]
 
 
-def test_psnr_identical_is_inf():
+def test_psnr_of_identical_images_is_the_finite_ceiling():
     image = torch.rand(8, 8, 3)
-    assert psnr(image, image.clone()) == math.inf
+    assert psnr(image, image.clone()) == metrics.MAX_PSNR == 100.0
+    assert psnr(image, image + 1e-6) == metrics.MAX_PSNR  # an MSE of 1e-12 is below the ceiling's 1e-10
+    assert psnr(image, image + 1e-4) == pytest.approx(80.0, abs=0.01)
+
+
+def test_psnr_of_a_mask_keeping_no_pixel_is_refused():
+    image = torch.rand(4, 4, 3)
+    with pytest.raises(ValueError, match="keeps no pixel"):
+        psnr(image, image.clone(), torch.zeros(4, 4, 1))
+
+
+def test_a_metric_without_a_finite_value_is_none():
+    """A render with NaN (a diverged model) has no PSNR or SSIM: None (null in metrics.json), never NaN."""
+    pred, gt = _image_pair()
+    pred[3, 5] = float("nan")
+    assert ImageMetrics(lpips_net="none")(pred, gt) == {"psnr": None, "ssim": None, "lpips": None}
 
 
 def test_psnr_known_noise():
@@ -64,7 +79,7 @@ def test_image_metrics_psnr_ssim():
     compute = ImageMetrics(lpips_net="none")
     pred, gt = _image_pair()
     same = compute(gt, gt.clone())
-    assert same == {"psnr": math.inf, "ssim": pytest.approx(1.0, abs=1e-6), "lpips": None}
+    assert same == {"psnr": metrics.MAX_PSNR, "ssim": pytest.approx(1.0, abs=1e-6), "lpips": None}
     noisy = compute(pred, gt)
     assert noisy["psnr"] == pytest.approx(psnr(pred, gt))
     assert 15 < noisy["psnr"] < 30

@@ -72,7 +72,7 @@ class RunConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     strategy: dict[str, Any] = field(default_factory=lambda: {"name": "none"})
     loss: Any = None  # {term key: {weight, ...options}} (see gsrecon.losses.base); None: DEFAULT_LOSS
-    appearance: dict[str, Any] = field(default_factory=lambda: {"mode": "none"})  # per-image colours: none | affine
+    appearance: dict[str, Any] = field(default_factory=lambda: {"mode": "none"})  # none | affine | bilateral_grid
     views: Any = None  # further per-view modules, {key: {name, ...options}} (see gsrecon.model.views.base)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     writers: list[dict[str, Any]] = field(default_factory=lambda: [{"name": "TensorboardWriter"}])

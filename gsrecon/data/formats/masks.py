@@ -41,7 +41,11 @@ class MaskFile:
         return self.transform.size
 
     def load(self) -> np.ndarray:
-        """The prepared mask, bool [h, w], True where the pixel is kept."""
+        """The prepared mask, bool [h, w], True where the pixel is kept.
+
+        Raises:
+            DatasetError: the prepared mask keeps no pixel (nothing of its photo could be trained on or scored).
+        """
         ignored = ~read_mask(self.path)  # [H, W]
         if (ignored.shape[1], ignored.shape[0]) != self.transform.size:
             ignored = _resized_ignored(ignored, self.transform.size)
@@ -49,6 +53,12 @@ class MaskFile:
             K, K_new = (np.array(values).reshape(3, 3) for values in (self.transform.K, self.transform.K_new))
             spread = undistort_image(ignored.astype(np.uint8)[..., None] * 255, K, self.transform.dist, K_new)
             ignored = spread[..., 0] > 0
+        if ignored.all():
+            width, height = self.transform.size
+            raise DatasetError(
+                f"{self.path}: the mask keeps no pixel of its {width}x{height} photo (a mask is kept where nonzero, "
+                "ignored where zero: white where the photo counts); fix or remove the mask"
+            )
         return ~ignored
 
 

@@ -275,11 +275,17 @@ def _same_size_groups(images_dir: Path, names: list[str]) -> list[list[str]]:
     return [groups[size] for size in sorted(groups)]
 
 
+RANSAC_SEED = 0  # pycolmap's geometric verification draws from this seed, so that the same photos match the same
+
+
 def match_features(pycolmap: ModuleType, database: Path, matcher: str, device: object) -> None:
     """Match the features in ``database``: of every pair of images ("exhaustive") or of neighbours in name
-    order ("sequential", for video frames); ``device``: a ``pycolmap.Device``."""
+    order ("sequential", for video frames); ``device``: a ``pycolmap.Device``. The same database gives the same
+    matches however many threads verify them (a fixed RANSAC seed)."""
     match = pycolmap.match_exhaustive if matcher == "exhaustive" else pycolmap.match_sequential
-    match(database, device=device)
+    verification = pycolmap.TwoViewGeometryOptions()
+    verification.ransac.random_seed = RANSAC_SEED
+    match(database, verification_options=verification, device=device)
 
 
 def database_counts(pycolmap: ModuleType, database: Path, min_matches: int) -> tuple[dict[str, int], int]:

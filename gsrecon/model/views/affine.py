@@ -38,40 +38,75 @@ def apply_affine(images: Tensor, affine: Tensor) -> Tensor:
     return torch.einsum("bij,bhwj->bhwi", affine[:, :, :3], images) + affine[:, None, None, :, 3]
 
 
+@dataclass
+class AppearanceConfig(ViewModule.Config):
+    """Options every appearance module has: its regularisation weight and its test-view policy."""
+
+    reg: float = 1e-2  # weight of the module's regularisation
+    neighbours: int = 0  # 0: the corrections average to the identity over all training views; k: over each view
+    # and k on each side in name order (a capture's path: what changes smoothly along it is left to the Gaussians)
+    eval: str = "identity"  # test views: identity | fit_left (fit on the left half, score the right half)
+    eval_steps: int = 100  # fit_left: Adam steps fitting a test view's transform
+    eval_lr: float = 1e-2  # fit_left: their learning rate
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.eval not in APPEARANCE_EVALS:
+            raise ValueError(f"eval must be one of {', '.join(APPEARANCE_EVALS)}, got '{self.eval}'")
+        for key in ("reg", "eval_lr"):
+            value = getattr(self, key)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{key} must be a finite number >= 0, got {value!r}")
+        if self.eval_steps < 1:
+            raise ValueError(f"eval_steps must be >= 1, got {self.eval_steps}")
+        if self.neighbours < 0:
+            raise ValueError(f"neighbours must be >= 0 (0: all training views), got {self.neighbours}")
+
+
+class AppearanceModule(ViewModule):
+    """A per-view module changing the rendered colours of the training images; test views follow ``cfg.eval``.
+
+    Its corrections average to the identity over all training views, or with ``cfg.neighbours`` over each view's
+    neighbours along the capture. A test view has no correction of its own and is rendered as the Gaussians are,
+    so the Gaussians should hold the colours its neighbours saw: corrections that drift along the capture (a slow
+    exposure drift, or brightness that changes with the viewing direction, which the Gaussians' view-dependent
+    colour could hold) move the Gaussians' colours away from the photos near a test view. Averaging over
+    neighbours leaves such a drift to the Gaussians, at the cost of the part of independent per-photo changes
+    that neighbouring photos share (BENCHMARKS.md, issue 29).
+    """
+
+    def centred(self, offsets: Tensor) -> Tensor:
+        """``offsets`` [N, ...] of the training views, each less their mean over its neighbourhood."""
+        return offsets - neighbourhood_mean(offsets, self.cfg.neighbours)
+
+    def eval_adjust(self) -> EvalAdjust | None:
+        if self.cfg.eval == "identity":
+            return None
+        return partial(fit_left_half, steps=self.cfg.eval_steps, lr=self.cfg.eval_lr)
+
+
 @VIEW_REGISTRY.register("affine")
-class AffineAppearance(ViewModule):
+class AffineAppearance(AppearanceModule):
     """One colour transform per training image, looked up by image name.
 
-    The transforms average to the identity (each is the identity plus its offset from the mean offset): the
-    scene keeps the captures' average colours, which test views, having no transform, are rendered in.
-    Otherwise a colour shift shared by all transforms, undone by the Gaussians, would cost the loss nothing.
+    The transforms average to the identity (each is the identity plus its offset from the mean offset of its
+    neighbourhood): the scene keeps the captures' average colours, which test views, having no transform, are
+    rendered in. Otherwise a colour shift shared by all transforms, undone by the Gaussians, would cost the loss
+    nothing.
     """
 
     @dataclass
-    class Config(ViewModule.Config):
+    class Config(AppearanceConfig):
         reg: float = 1e-2  # weight of the mean squared distance of the transforms from the identity
-        eval: str = "identity"  # test views: identity | fit_left (fit on the left half, score the right half)
-        eval_steps: int = 100  # fit_left: Adam steps fitting a test view's transform
-        eval_lr: float = 1e-2  # fit_left: their learning rate
-
-        def __post_init__(self) -> None:
-            super().__post_init__()
-            if self.eval not in APPEARANCE_EVALS:
-                raise ValueError(f"eval must be one of {', '.join(APPEARANCE_EVALS)}, got '{self.eval}'")
-            for key in ("reg", "eval_lr"):
-                value = getattr(self, key)
-                if not (math.isfinite(value) and value >= 0):
-                    raise ValueError(f"{key} must be a finite number >= 0, got {value!r}")
-            if self.eval_steps < 1:
-                raise ValueError(f"eval_steps must be >= 1, got {self.eval_steps}")
 
     def __init__(self, cfg: Config, train_names: list[str]) -> None:
         super().__init__(cfg, train_names)
         self.offsets = torch.nn.Parameter(torch.zeros(len(train_names), 3, 4))  # [N, 3, 4]
 
     def transforms(self) -> Tensor:
-        """Every training image's transform [N, 3, 4]; their mean is the identity."""
-        return identity_affine(1, self.offsets.device) + self.offsets - self.offsets.mean(0, keepdim=True)
+        """Every training image's transform [N, 3, 4]; over each neighbourhood their mean is the identity."""
+        mean = neighbourhood_mean(self.offsets, self.cfg.neighbours)  # [N or 1, 3, 4]
+        return identity_affine(1, self.offsets.device) + self.offsets - mean
 
     def adjust_image(self, image: Tensor, batch: Batch) -> Tensor:
         """The rendered ``image`` [B, H, W, 3] as the training images ``batch.names`` saw them."""
@@ -81,10 +116,18 @@ class AffineAppearance(ViewModule):
         """``reg`` × the mean squared distance of the transforms from the identity."""
         return self.cfg.reg * (self.transforms() - identity_affine(1, self.offsets.device)).square().mean()
 
-    def eval_adjust(self) -> EvalAdjust | None:
-        if self.cfg.eval == "identity":
-            return None
-        return partial(fit_left_half, steps=self.cfg.eval_steps, lr=self.cfg.eval_lr)
+
+def neighbourhood_mean(offsets: Tensor, neighbours: int) -> Tensor:
+    """The mean [N, ...] of ``offsets`` [N, ...] over each row and ``neighbours`` rows on each side (fewer at the
+    ends); over all rows where ``neighbours`` is 0 or every row's neighbourhood holds them all."""
+    count = len(offsets)
+    if neighbours == 0 or neighbours >= count - 1:
+        return offsets.mean(0, keepdim=True)
+    sums = torch.cat([torch.zeros_like(offsets[:1]), offsets.cumsum(0)])  # [N + 1, ...]: sums of the first rows
+    rows = torch.arange(count, device=offsets.device)
+    first, end = (rows - neighbours).clamp_min(0), (rows + neighbours + 1).clamp_max(count)  # [N] each
+    sizes = (end - first).to(offsets.dtype).reshape(-1, *[1] * (offsets.ndim - 1))
+    return (sums[end] - sums[first]) / sizes
 
 
 def fit_left_half(render: Tensor, gt: Tensor, steps: int, lr: float) -> tuple[Tensor, Tensor]:
