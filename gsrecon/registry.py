@@ -111,5 +111,7 @@ STRATEGY_REGISTRY: Registry = Registry("strategy", "strategies", locations=("gsr
 LOSS_REGISTRY: Registry = Registry(
     "loss term", locations=("gsrecon.losses.l1", "gsrecon.losses.ssim", "gsrecon.losses.depth_prior")
 )
-VIEW_REGISTRY: Registry = Registry("per-view module", locations=("gsrecon.model.views.affine",))
+VIEW_REGISTRY: Registry = Registry(
+    "per-view module", locations=("gsrecon.model.views.affine", "gsrecon.model.views.pose")
+)
 EXPORT_REGISTRY: Registry = Registry("export format", locations=("gsrecon.export",))
