@@ -3,12 +3,14 @@ exact resume, the test-view policies, cameras.json and bad input."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import math
 import re
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -25,13 +27,19 @@ from gsrecon.render.torch_renderer import TorchRenderer
 PERTURB_POSES = Path(__file__).resolve().parents[1] / "scripts" / "perturb_poses.py"
 
 
-def perturbed_viewmats(viewmats: torch.Tensor, rotation_deg: float, translation: float, seed: int) -> torch.Tensor:
-    """The benchmark plugin's perturbation (imported inside the test: the hook it registers is undone after it)."""
+@functools.cache
+def perturb_poses_plugin() -> ModuleType:
+    """The benchmark plugin, imported once (inside the first test using it: the hook it registers is undone after)."""
     spec = importlib.util.spec_from_file_location("perturb_poses", PERTURB_POSES)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclass looks its module up
     spec.loader.exec_module(module)
-    return module.perturbed_viewmats(viewmats, rotation_deg, translation, seed)
+    return module
+
+
+def perturbed_viewmats(viewmats: torch.Tensor, rotation_deg: float, translation: float, seed: int) -> torch.Tensor:
+    """The benchmark plugin's seeded pose error (see scripts/perturb_poses.py)."""
+    return perturb_poses_plugin().perturbed_viewmats(viewmats, rotation_deg, translation, seed)
 
 
 SE3 = {"mode": "se3", "lr": 1e-3}
@@ -103,6 +111,23 @@ def test_a_perturbed_training_camera_is_pulled_back_toward_its_true_pose() -> No
         views.step(dist=_single_process())
     after = pose_error(views.camera_poses(given[None], ["a"])[0].detach(), truth)
     assert after[0] < 0.3 * before[0] and after[1] < 0.3 * before[1], (before, after)
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_torch_renderer_gives_the_camera_its_gradient_in_chunks_too(chunked: bool) -> None:
+    params = _cloud(2)
+    whole = TorchRenderer()
+    renderer = TorchRenderer(TorchRenderer.Config(max_kept_gaussians=0, max_chunk_gaussians=97)) if chunked else whole
+    grads = []
+    for one in (whole, renderer):
+        viewmats = perturbed_viewmats(_true_view()[None], 1.0, 0.05, seed=5).requires_grad_(True)
+        out = one.render(
+            params, viewmats, _batch(_true_view(), torch.zeros(32, 48, 3)).Ks, 48, 32, 0, torch.zeros(1, 3)
+        )
+        out.image.square().sum().backward()
+        grads.append(viewmats.grad)
+    assert grads[0].abs().amax() > 0
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-5)
 
 
 def test_fitting_a_test_view_moves_it_toward_its_photo() -> None:
