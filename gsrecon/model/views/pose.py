@@ -58,7 +58,7 @@ class PoseCorrection(ViewModule):
 
     @dataclass
     class Config(ViewModule.Config):
-        lr: float = 1e-3  # Adam learning rate of the twists (world units and radians per step, roughly)
+        lr: float = 3e-4  # Adam learning rate of the twists (world units and radians per step, roughly)
         lr_final_factor: float = 0.01  # the learning rate decays exponentially to this fraction of lr ...
         decay_steps: int = run_steps(30_000)  # ... at this step (left unset: the run's max_steps), then stays
         reg: float = 1e-3  # weight of the mean squared length of the twists: a pull toward the given poses
