@@ -106,9 +106,8 @@ class ViewModules:
         self.modules = modules
         self.optimizers = {key: module.build_optimizer() for key, module in modules.items()}
         self.schedulers = {
-            key: module.build_scheduler(optimizer)
+            key: None if (optimizer := self.optimizers[key]) is None else module.build_scheduler(optimizer)
             for key, module in modules.items()
-            if (optimizer := self.optimizers[key]) is not None
         }
 
     def __bool__(self) -> bool:
@@ -171,7 +170,7 @@ class ViewModules:
             key: {
                 "module": {name: value.detach().clone() for name, value in module.state_dict().items()},
                 "optimizer": None if self.optimizers[key] is None else self.optimizers[key].state_dict(),
-                **({"scheduler": scheduler.state_dict()} if (scheduler := self.schedulers.get(key)) else {}),
+                **({"scheduler": scheduler.state_dict()} if (scheduler := self.schedulers[key]) else {}),
             }
             for key, module in self.modules.items()
         }
@@ -191,7 +190,7 @@ class ViewModules:
             module.load_state_dict(state[key]["module"])
             if self.optimizers[key] is not None:
                 self.optimizers[key].load_state_dict(state[key]["optimizer"])
-            if self.schedulers.get(key) is not None and "scheduler" in state[key]:
+            if self.schedulers[key] is not None and "scheduler" in state[key]:
                 self.schedulers[key].load_state_dict(state[key]["scheduler"])
 
 
