@@ -251,3 +251,19 @@ def test_bad_pose_opt_is_one_line_and_exit_2(
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and re.search(message, err), err
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_benchmark_perturbation_moves_each_training_camera_by_the_asked_amount(make_trainer) -> None:
+    hooks = {"PerturbTrainingPoses": {"rotation_deg": 1.0, "translation": 0.01, "seed": 2}, "LogHook": {}}
+    trainer = make_trainer("perturbed", imports=[str(PERTURB_POSES)], hooks=hooks, pose_opt=SE3)
+    tests_before = [frame.viewmat.clone() for frame in trainer.datapipeline._test]
+    truth = torch.stack([frame.viewmat.clone() for frame in trainer.datapipeline._train])
+    trainer.train()
+    given = torch.stack([frame.viewmat for frame in trainer.datapipeline._train])
+    for moved, true in zip(given, truth):
+        angle, distance = pose_error(moved, true)
+        assert angle == pytest.approx(1.0, abs=1e-3)
+        assert distance == pytest.approx(0.01 * trainer.scene_extent, rel=1e-3)
+    assert all(torch.equal(f.viewmat, v) for f, v in zip(trainer.datapipeline._test, tests_before))
+    log = (trainer.exp_dir / "train.log").read_text()
+    assert re.search(r"training cameras from their true poses: given 1.000 deg, 1.000 % of the extent; placed", log)
