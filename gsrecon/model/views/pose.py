@@ -7,8 +7,8 @@ it through ``exp(xi) @ viewmat``: the camera moved by that rigid motion. The twi
 exponential learning-rate decay and a pull toward zero (``reg``); the renderer's gradients reach them through the
 view matrices (the torch renderer is differentiable in them, gsplat gives view-matrix gradients on pinhole
 cameras). Test views have no correction of their own: they are scored at their given poses (``eval: given``), or
-each at a pose fitted to its photo first (``eval: fit``, as nerfstudio and gsplat evaluate pose refinement), which
-aligns a test view with a scene whose training cameras moved.
+each at a pose fitted to its photo first (``eval: fit``, the test-time pose optimisation of BARF-style
+evaluations), which aligns a test view with a scene whose training cameras moved together.
 """
 
 from __future__ import annotations
