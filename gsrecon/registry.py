@@ -120,6 +120,7 @@ LOSS_REGISTRY: Registry = Registry(
     ),
 )
 VIEW_REGISTRY: Registry = Registry(
-    "per-view module", locations=("gsrecon.model.views.affine", "gsrecon.model.views.bilateral_grid")
+    "per-view module",
+    locations=("gsrecon.model.views.affine", "gsrecon.model.views.bilateral_grid", "gsrecon.model.views.pose"),
 )
 EXPORT_REGISTRY: Registry = Registry("export format", locations=("gsrecon.export",))

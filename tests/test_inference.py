@@ -59,6 +59,8 @@ def test_eval_writes_renders_ground_truth_and_metrics(trained: Path, capsys) -> 
 def test_eval_writes_the_cameras_it_rendered_so_others_can_render_them_again(trained: Path, tmp_path: Path) -> None:
     assert main(["eval", "--exp-dir", str(trained), "--out", str(tmp_path / "eval")]) == 0
     cameras = json.loads((tmp_path / "eval" / "cameras.json").read_text())
+    assert [c["name"] for c in cameras if c["split"] == "train"] == [f"view_{i:03d}" for i in range(1, 8)]
+    cameras = [c for c in cameras if c["split"] == "test"]
     assert [c["name"] for c in cameras] == ["view_000", "view_008"]
     params = load_checkpoint_file(trained / "checkpoints" / "last.pt")["params"]
     renderer = TorchRenderer(TorchRenderer.Config())

@@ -503,3 +503,50 @@ def test_gsrecon_view_draws_the_scene_in_chromium(make_config, tmp_path) -> None
     assert proc.returncode == 0, proc.stderr.read()
     assert _dark(first) < 0.05 and _dark(moved) < 0.05  # the browser's splats leave the page white around them
     assert _white(exact) < 0.05  # gsrecon's render fills the page
+
+
+def test_frustums_follow_the_training_cameras_where_pose_refinement_moved_them(scene_viewer) -> None:
+    viewer, trainer = scene_viewer
+    frames = trainer.datapipeline.scene.train
+    moved = torch.stack([frame.viewmat for frame in frames])  # [F, 4, 4]
+    moved[:, :3, 3] += torch.tensor([0.3, -0.2, 0.1])  # every camera shifted along its own axes
+    viewer.set_camera_poses(moved)
+    page = Page(viewer.url)
+    page.look_through(frames[0])
+    serve_until(viewer, page.renders, "the server to know the page's camera")
+    page.click("/cameras/00003")
+    wait_for(lambda: page.moves("SetCameraPositionMessage"), "the camera to move")
+    position = np.array(page.moves("SetCameraPositionMessage")[-1]["position"])
+    np.testing.assert_allclose(position, camera_centers(moved[3]).numpy(), atol=1e-5)
+    assert np.linalg.norm(position - camera_centers(frames[3].viewmat).numpy()) > 0.3
+    page.close()
+
+
+class FrustumRecorderHook(Hook):
+    """Records where the viewer draws the training cameras after every step (test helper; runs after ViewerHook)."""
+
+    priority = "LOWEST"
+
+    def __init__(self) -> None:
+        self.positions: list[np.ndarray] = []
+
+    def after_train_iter(self, trainer) -> None:
+        self.positions.append(np.stack([f.position for f in viewer_hook(trainer).viewer._frustums]))
+
+
+def test_viewer_hook_draws_the_corrected_training_cameras(make_trainer, hook_registry) -> None:
+    hook_registry.register()(FrustumRecorderHook)
+    hooks = {
+        "ViewerHook": {"port": 0, "keep_alive": False, "max_overhead": 1.0, "refresh_steps": 1, "refresh_seconds": 0},
+        "BrowserPageHook": {},
+        "FrustumRecorderHook": {},
+    }
+    trainer = make_trainer(hooks=hooks, pose_opt={"mode": "se3", "lr": 1e-2})
+    trainer.train()
+    frames = trainer.datapipeline.scene.train
+    given = torch.stack([frame.viewmat for frame in frames])
+    with torch.no_grad():
+        placed = trainer.views.camera_poses(given, [frame.name for frame in frames])
+    drawn = trainer.hooks["FrustumRecorderHook"].positions[-1]
+    np.testing.assert_allclose(drawn, camera_centers(placed).numpy(), atol=1e-5)
+    assert np.abs(drawn - camera_centers(given).numpy()).max() > 1e-3

@@ -25,7 +25,7 @@ from gsrecon.losses.base import DEFAULT_LOSS
 from gsrecon.lpips_weights import LPIPS_NETS
 from gsrecon.metrics import MetricsConfig
 from gsrecon.model.optim import OptimizerConfig, SchedulerConfig
-from gsrecon.model.views.base import VIEW_SECTIONS
+from gsrecon.model.views.base import VIEW_SECTIONS, check_views
 from gsrecon.registry import (
     DATASET_REGISTRY,
     HOOK_REGISTRY,
@@ -73,6 +73,7 @@ class RunConfig:
     strategy: dict[str, Any] = field(default_factory=lambda: {"name": "none"})
     loss: Any = None  # {term key: {weight, ...options}} (see gsrecon.losses.base); None: DEFAULT_LOSS
     appearance: dict[str, Any] = field(default_factory=lambda: {"mode": "none"})  # none | affine | bilateral_grid
+    pose_opt: dict[str, Any] = field(default_factory=lambda: {"mode": "none"})  # camera pose refinement: none | se3
     views: Any = None  # further per-view modules, {key: {name, ...options}} (see gsrecon.model.views.base)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     writers: list[dict[str, Any]] = field(default_factory=lambda: [{"name": "TensorboardWriter"}])
@@ -235,8 +236,17 @@ def resolve_run_config(cfg: RunConfig, device: torch.device, source: str) -> dic
     resolved["writers"] = [resolve_entry(WRITER_REGISTRY, w, source, f"writers.{i}") for i, w in enumerate(cfg.writers)]
     resolved["hooks"] = resolve_hooks(cfg.hooks, source, cfg.max_steps)
     resolved["loss"] = resolve_entry_map(LOSS_REGISTRY, cfg.loss, DEFAULT_LOSS, source, "loss", cfg.max_steps)
-    for section in VIEW_SECTIONS:
-        resolved[section] = resolve_view_section(getattr(cfg, section), source, section, cfg.max_steps)
+    resolved.update(resolve_views_config(cfg, source))
+    check_views(resolved, source)
+    return resolved
+
+
+def resolve_views_config(cfg: RunConfig, source: str) -> dict[str, Any]:
+    """The per-view modules' part of the resolved config: the sections of :data:`VIEW_SECTIONS` and ``views:``."""
+    resolved = {
+        section: resolve_view_section(getattr(cfg, section), source, section, cfg.max_steps)
+        for section in VIEW_SECTIONS
+    }
     resolved["views"] = resolve_entry_map(VIEW_REGISTRY, cfg.views, {}, source, "views", cfg.max_steps)
     return resolved
 

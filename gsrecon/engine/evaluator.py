@@ -33,6 +33,7 @@ def evaluate_views(
     before_view: Callable[[int], None] | None = None,
     after_view: Callable[[int, dict[str, Any]], None] | None = None,
     adjust: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None,
+    fit_cameras: Callable[[Batch, Callable[[Batch], RenderOutput]], Batch] | None = None,
 ) -> list[dict[str, Any]]:
     """Render and score each single-view batch; returns ``[{"name", "psnr", "ssim", "lpips"}]`` per view, plus
     ``depth_abs_rel`` and ``depth_rmse`` (:func:`~gsrecon.metrics.depth_errors`) for a view with a depth map.
@@ -42,12 +43,15 @@ def evaluate_views(
     [H, W, 1] and ``metrics``. A view's mask (``batch.masks``) leaves its ignored pixels out of the metrics.
     ``adjust(render, gt)``, when given, returns the pair that is scored and passed
     on instead (e.g. a test view's appearance fitted on one half, the other half scored); a mask keeps the
-    columns of the pair it returns, the right-most ones.
+    columns of the pair it returns, the right-most ones. ``fit_cameras(batch, render)``, when given, returns the
+    batch whose cameras the view is rendered from (e.g. a test view's pose fitted to its photo).
     """
     results = []
     for index, batch in enumerate(batches):
         if before_view is not None:
             before_view(index)
+        if fit_cameras is not None:
+            batch = fit_cameras(batch, render)
         out = render(batch)
         image, gt = out.image[0].clamp(0.0, 1.0), batch.images[0]  # [H, W, 3]
         if adjust is not None:

@@ -8,7 +8,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +20,15 @@ from gsrecon.atomic import write_json
 from gsrecon.config import ConfigError, apply_overrides, load_config, parse_structured
 from gsrecon.data.formats.images import to_uint8, write_png
 from gsrecon.data.pipeline import Batch, DataPipeline
+from gsrecon.data.scene import Frame
 from gsrecon.distributed import DistributedContext
-from gsrecon.engine.builder import RunConfig, resolve_device, resolve_renderer_entry, set_cpu_threads
+from gsrecon.engine.builder import (
+    RunConfig,
+    resolve_device,
+    resolve_renderer_entry,
+    resolve_views_config,
+    set_cpu_threads,
+)
 from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.engine.evaluator import build_metrics, evaluate_views
 from gsrecon.engine.run_dir import RunDir
@@ -31,6 +38,7 @@ from gsrecon.logging.console import Logger, ProgressLogger
 from gsrecon.metrics import mean_metrics
 from gsrecon.model.params import check_params
 from gsrecon.model.ply import load_ply
+from gsrecon.model.views.base import build_views
 from gsrecon.plugins import import_plugins
 from gsrecon.registry import DATASET_REGISTRY, EXPORT_REGISTRY, MODEL_REGISTRY, RENDERER_REGISTRY
 from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
@@ -51,6 +59,7 @@ class TrainedScene:
     params: dict[str, Tensor]  # pre-activation Gaussian parameters
     step: int | None  # training step of the checkpoint (None for a PLY)
     source: str  # where it was loaded from
+    views: dict[str, Any] = field(default_factory=dict)  # the checkpoint's per-view modules' state ({} for a PLY)
 
     @property
     def sh_degree(self) -> int:
@@ -90,15 +99,31 @@ def load_trained_scene(
         if not config:
             raise InputError("--ply needs --config: the YAML that says which dataset to evaluate on")
         raw, source, params, step = load_config(config, overrides), config, load_ply(ply), None
+        views = {}
     else:
         ckpt = load_checkpoint_file(checkpoint, "cpu")
         raw = load_config(config, overrides) if config else apply_overrides(copy.deepcopy(ckpt["config"]), overrides)
         source, params, step = config or checkpoint, ckpt["params"], int(ckpt["step"])
+        views = ckpt.get("views", {})
     trusted = [*imports, *(raw.get("imports") or [] if config else [])]
     import_plugins(trusted, "--imports" if imports else str(source))
     cfg = parse_structured(RunConfig, raw, source=str(source))
     _check_registered(cfg, [] if config else cfg.imports, str(source))
-    return TrainedScene(cfg, {k: v.float() for k, v in params.items()}, step, str(ply or checkpoint))
+    return TrainedScene(cfg, {k: v.float() for k, v in params.items()}, step, str(ply or checkpoint), views)
+
+
+def training_cameras(scene: TrainedScene, pipeline: DataPipeline) -> Tensor:
+    """The training cameras [F, 4, 4] (world-to-camera, in ``pipeline.scene.train`` order) where the trained scene
+    places them: their given poses, moved by the per-view modules of the checkpoint that correct them (``pose_opt``)."""
+    frames = pipeline.scene.train
+    given = torch.stack([frame.viewmat.float().cpu() for frame in frames])  # [F, 4, 4]
+    if not scene.views:
+        return given
+    names = [frame.name for frame in frames]
+    views = build_views(resolve_views_config(scene.cfg, scene.source), names, torch.device("cpu"), scene.source)
+    views.load_state_dict(scene.views)
+    with torch.no_grad():
+        return views.camera_poses(given, names)
 
 
 def _check_registered(cfg: RunConfig, stored_imports: list[str], source: str) -> None:
@@ -165,10 +190,11 @@ def evaluate(
     and ``depth_rmse`` of the views with a depth map, their means over those views), the LPIPS network and
     version, the resolution, the number of Gaussians and the rendering speed (frames per second,
     the median over ``fps_repeats`` renders of the whole split; the metrics pass before them warms up).
-    ``cameras.json`` lists the rendered views so another tool can render the same ones: ``name``,
-    ``world_to_camera`` (4×4, OpenCV axes: x right, y down, z forward), ``K`` (3×3, pixels),
-    ``width`` and ``height``, and for a view seen through a fisheye lens (``data.fisheye: lens``) its OpenCV
-    fisheye coefficients ``fisheye_k1_k4``.
+    ``cameras.json`` lists the rendered test views (``split: test``), so that another tool can render the same
+    ones, then the training cameras (``split: train``) where the trained scene places them (moved by pose
+    refinement, ``pose_opt``; ``given_world_to_camera`` is then the capture's pose): ``name``, ``world_to_camera``
+    (4×4, OpenCV axes: x right, y down, z forward), ``K`` (3×3, pixels), ``width`` and ``height``, and for a view
+    seen through a fisheye lens (``data.fisheye: lens``) its OpenCV fisheye coefficients ``fisheye_k1_k4``.
     """
     logger = logger or Logger()
     out_dir = Path(out_dir)
@@ -188,18 +214,10 @@ def evaluate(
         write_png(out_dir / "gt" / f"{outputs['name']}.png", outputs["gt"])
 
     views = evaluate_views(render, batches, metrics, after_view=write_view)
-    cameras = [
-        {
-            "name": batch.names[0],
-            "world_to_camera": batch.viewmats[0].tolist(),
-            "K": batch.Ks[0].tolist(),
-            "width": batch.width,
-            "height": batch.height,
-        }
-        | ({"fisheye_k1_k4": batch.camera_model.coeffs[0].tolist()} if batch.camera_model.kind == "fisheye" else {})
-        for batch in batches
-    ]
-    write_json(out_dir / "cameras.json", cameras)
+    test_cameras = [_camera_entry("test", frame) for frame in pipeline.scene.test]
+    placed = training_cameras(scene, pipeline)  # [F, 4, 4]
+    train_cameras = [_camera_entry("train", frame, viewmat) for frame, viewmat in zip(pipeline.scene.train, placed)]
+    write_json(out_dir / "cameras.json", test_cameras + train_cameras)
     with torch.no_grad():
         fps = _measure_fps(render, batches, torch_device, fps_repeats)
     mean = mean_metrics(views)
@@ -216,6 +234,20 @@ def evaluate(
     }
     write_json(out_dir / "metrics.json", result)
     return result
+
+
+def _camera_entry(split: str, frame: Frame, viewmat: Tensor | None = None) -> dict[str, Any]:
+    """``frame``'s ``cameras.json`` entry, seen from ``viewmat`` [4, 4] (None: its given pose; where pose refinement
+    moved it, the given one follows as ``given_world_to_camera``)."""
+    given = frame.viewmat.float().cpu()
+    viewmat = given if viewmat is None else viewmat
+    lens = frame.camera_model
+    return (
+        {"name": frame.name, "split": split, "world_to_camera": viewmat.tolist()}
+        | ({"given_world_to_camera": given.tolist()} if not torch.equal(viewmat.cpu(), given) else {})
+        | {"K": frame.K.tolist(), "width": frame.width, "height": frame.height}
+        | ({"fisheye_k1_k4": lens.coeffs.tolist()} if lens.kind == "fisheye" else {})
+    )
 
 
 def render_path_video(

@@ -259,6 +259,7 @@ class DefaultTrainer:
             before_view=lambda index: self.call_hook("before_val_iter", index=index),
             after_view=lambda index, outputs: self.call_hook("after_val_iter", index=index, outputs=outputs),
             adjust=self.views.eval_adjust(),
+            fit_cameras=self.views.eval_cameras,
         )
         self.val_metrics = mean_metrics(self.val_results)
         self.call_hook("after_val")

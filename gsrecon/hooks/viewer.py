@@ -7,6 +7,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import torch
+
 from gsrecon.hooks.base import Hook, Priority
 from gsrecon.registry import HOOK_REGISTRY
 from gsrecon.viewer import check_view_settings, require_viser
@@ -125,6 +127,11 @@ class ViewerHook(Hook):
         """Send a copy of the current Gaussians to the viewer (training goes on changing the originals)."""
         params = {k: v.detach().clone() for k, v in trainer.model.params.items()}
         self.viewer.set_scene(params, trainer.model.active_sh_degree(trainer.step), trainer.step)
+        if trainer.views:  # the training cameras where the per-view modules place them (pose refinement)
+            frames = trainer.datapipeline.scene.train
+            given = torch.stack([frame.viewmat for frame in frames]).float().to(trainer.device)  # [F, 4, 4]
+            with torch.no_grad():
+                self.viewer.set_camera_poses(trainer.views.camera_poses(given, [frame.name for frame in frames]))
         self._shown_step, self._shown_time = trainer.step, time.perf_counter()
 
     def _hold(self, trainer: DefaultTrainer) -> None:

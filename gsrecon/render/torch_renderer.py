@@ -253,45 +253,51 @@ def shade_gaussians(
 
 
 class _RowChunks(torch.autograd.Function):
-    """``fn`` of the rows ``ids`` of ``tensors``, ``chunk`` rows at a time; its outputs [C, M, ...] joined on dim 1.
+    """``fn`` of the rows ``ids`` of ``tensors`` and of ``shared`` as a whole, ``chunk`` rows at a time; its outputs
+    [C, M, ...] joined on dim 1.
 
-    ``fn`` maps a list of row blocks (one per tensor) to a tuple of [C, m, ...] tensors computed row by
-    row. Forward keeps only the inputs; backward recomputes ``fn`` chunk by chunk, so memory is bounded
-    by one chunk's intermediates instead of all rows', and the gradients are those of ``fn`` on all rows.
+    ``fn`` maps a list of row blocks (one per tensor) and ``shared`` (the cameras) to a tuple of [C, m, ...]
+    tensors computed row by row. Forward keeps only the inputs; backward recomputes ``fn`` chunk by chunk, so
+    memory is bounded by one chunk's intermediates instead of all rows', and the gradients are those of ``fn`` on
+    all rows (``shared``'s summed over the chunks).
     """
 
     @staticmethod
-    def forward(ctx, fn, ids, chunk, *tensors):
+    def forward(ctx, fn, ids, chunk, shared, *tensors):
         outputs: tuple[Tensor, ...] = ()
         for start in range(0, len(ids), chunk):  # each chunk straight into its place: no list of parts to join
-            part = fn([t.index_select(0, ids[start : start + chunk]) for t in tensors])
+            part = fn([t.index_select(0, ids[start : start + chunk]) for t in tensors], shared)
             outputs = outputs or tuple(p.new_empty(p.shape[0], len(ids), *p.shape[2:]) for p in part)
             for output, piece in zip(outputs, part):
                 output[:, start : start + chunk] = piece
         ctx.fn, ctx.chunk = fn, chunk
-        ctx.save_for_backward(ids, *tensors)
+        ctx.save_for_backward(ids, shared, *tensors)
         ctx.mark_non_differentiable(*(o for o in outputs if not o.is_floating_point()))
         return outputs
 
     @staticmethod
     def backward(ctx, *grad_outputs):
-        ids, *tensors = ctx.saved_tensors
-        wanted = ctx.needs_input_grad[3:]
+        ids, shared, *tensors = ctx.saved_tensors
+        shared_wanted, wanted = ctx.needs_input_grad[3], ctx.needs_input_grad[4:]
         grads = [t.new_zeros(t.shape) if need else None for t, need in zip(tensors, wanted)]  # [N, ...] each
+        shared_grad = torch.zeros_like(shared) if shared_wanted else None
+        shared = shared.detach().requires_grad_(shared_wanted)
         start = 0
         for rows in ids.split(ctx.chunk):
             blocks = [t.detach().index_select(0, rows).requires_grad_(need) for t, need in zip(tensors, wanted)]
             with torch.enable_grad():
-                outputs = ctx.fn(blocks)
+                outputs = ctx.fn(blocks, shared)
             pairs = [(o, g[:, start : start + len(rows)]) for o, g in zip(outputs, grad_outputs) if o.requires_grad]
-            inputs = [b for b in blocks if b.requires_grad]
+            inputs = [b for b in blocks if b.requires_grad] + ([shared] if shared_wanted else [])
             block_grads = torch.autograd.grad(
                 [o for o, _ in pairs], inputs, [g for _, g in pairs], allow_unused=True, materialize_grads=True
             )
             for grad, block_grad in zip((g for g in grads if g is not None), block_grads):
                 grad.index_copy_(0, rows, block_grad)
+            if shared_wanted:
+                shared_grad += block_grads[-1]
             start += len(rows)
-        return None, None, None, *grads
+        return None, None, None, shared_grad, *grads
 
 
 class TileIntersections(NamedTuple):
@@ -738,7 +744,6 @@ class TorchRenderer(Renderer):
                 ids = None
         shade = functools.partial(
             shade_gaussians,
-            viewmats=viewmats,
             Ks=Ks,
             width=width,
             height=height,
@@ -748,10 +753,10 @@ class TorchRenderer(Renderer):
         )
         if (n if ids is None else len(ids)) <= cfg.max_kept_gaussians:
             # index_select's backward scatters into full-size gradients: culled Gaussians get exact zeros.
-            shaded = shade(rows if ids is None else [t.index_select(0, ids) for t in rows])
+            shaded = shade(rows if ids is None else [t.index_select(0, ids) for t in rows], viewmats)
         else:  # as do _RowChunks' gradients
             all_ids = torch.arange(n, device=viewmats.device) if ids is None else ids
-            shaded = _RowChunks.apply(shade, all_ids, cfg.max_chunk_gaussians, *rows)
+            shaded = _RowChunks.apply(shade, all_ids, cfg.max_chunk_gaussians, viewmats, *rows)
         proj, colors = Projection(*shaded[:5]), shaded[5]  # colors [C, M, 3]
         means2d, radii = proj.means2d, proj.radii  # [C, M, 2] each
         if ids is not None:  # full-size [C, N, 2] for the strategy; culled rows are 0

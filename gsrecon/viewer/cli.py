@@ -11,7 +11,7 @@ def view(args: argparse.Namespace) -> int:
 
     require_viser()
     from gsrecon.data.pipeline import DataPipeline
-    from gsrecon.engine.inference import build_renderer, load_trained_scene, scene_device
+    from gsrecon.engine.inference import build_renderer, load_trained_scene, scene_device, training_cameras
     from gsrecon.logging.console import Logger
     from gsrecon.viewer.server import SceneViewer
 
@@ -38,6 +38,7 @@ def view(args: argparse.Namespace) -> int:
         median_depth=True,
     )
     try:
+        viewer.set_camera_poses(training_cameras(scene, pipeline))
         viewer.set_scene({k: v.to(device) for k, v in scene.params.items()}, scene.sh_degree, scene.step)
         print(f"viewer of {scene.source}: {viewer.url} (Ctrl-C to stop)", flush=True)
         viewer.serve_forever()

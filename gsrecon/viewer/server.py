@@ -120,6 +120,13 @@ class SceneViewer:
                 self._to_render |= self._with_camera
             self._render_pending()
 
+    def set_camera_poses(self, viewmats: Tensor) -> None:
+        """Draw the training cameras at ``viewmats`` [F, 4, 4] (world-to-camera, in the scene's training order), e.g.
+        where pose refinement moved them."""
+        for frustum, viewmat in zip(self._frustums, viewmats, strict=True):
+            pose = pose_of(viewmat)
+            frustum.wxyz, frustum.position = pose.wxyz, pose.position
+
     def process(self, timeout: float = 0.0) -> None:
         """Wait up to ``timeout`` seconds for something to do, then do what the page asked for:
         switch the display, render for browsers whose camera or settings changed."""

@@ -4,10 +4,11 @@ A per-view module learns something about each training view that the Gaussians s
 exposure, a camera's pose error). It owns its parameters, its optimiser (and schedule), a regularisation term
 that joins the loss, its checkpoint state, and a policy for test views, which it has no parameters for. It acts
 in one or both places of a step: on the cameras before the render (:meth:`ViewModule.adjust_cameras`) and on the
-rendered image before the loss (:meth:`ViewModule.adjust_image`).
+rendered image before the loss (:meth:`ViewModule.adjust_image`); and on a test view's camera before it is scored
+(:meth:`ViewModule.eval_cameras`).
 
-A run's modules come from its ``appearance:`` section (``mode`` names the module, ``none`` is off) and from the
-``views:`` entry map (``{key: {name, ...options}}``, e.g. a plugin's module), each a
+A run's modules come from its ``appearance:`` and ``pose_opt:`` sections (``mode`` names the module, ``none`` is
+off) and from the ``views:`` entry map (``{key: {name, ...options}}``, e.g. a plugin's module), each a
 :data:`~gsrecon.registry.VIEW_REGISTRY` entry. The trainer sees them only through :class:`ViewModules`.
 """
 
@@ -28,10 +29,12 @@ from gsrecon.registry import VIEW_REGISTRY
 
 if TYPE_CHECKING:
     from gsrecon.data.pipeline import Batch
+    from gsrecon.render.base import RenderOutput
 
 # Run-config sections that each hold one per-view module: `mode` is its VIEW_REGISTRY name, `none` turns it off.
-VIEW_SECTIONS = ("appearance",)
+VIEW_SECTIONS = ("appearance", "pose_opt")
 EvalAdjust = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]  # (render, gt) [H, W, 3] -> the pair to score
+RenderFn = Callable[["Batch"], "RenderOutput"]  # the scene rendered from a batch's cameras
 
 
 class ViewModule(torch.nn.Module):
@@ -50,6 +53,10 @@ class ViewModule(torch.nn.Module):
         self.cfg = cfg
         self.index = {name: i for i, name in enumerate(train_names)}  # training view name -> row of its parameters
 
+    @classmethod
+    def check_run(cls, resolved: dict[str, Any]) -> None:
+        """Refuse (ValueError) a resolved run config this module cannot work with; the base accepts every run."""
+
     def rows(self, names: list[str], device: torch.device) -> Tensor:
         """The parameter rows [B] of the training views ``names``."""
         return torch.tensor([self.index[name] for name in names], device=device)
@@ -61,9 +68,18 @@ class ViewModule(torch.nn.Module):
             return None
         return torch.optim.Adam([{"params": params, "lr": self.cfg.lr, "name": type(self).__name__}], eps=1e-15)
 
+    def build_scheduler(self, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler | None:
+        """The schedule of the module's learning rate, stepped after each optimiser step; None keeps it constant."""
+        return None
+
     def adjust_cameras(self, batch: Batch) -> Batch:
         """The training ``batch`` with its cameras as this module sees them (before the render)."""
         return batch
+
+    def camera_poses(self, viewmats: Tensor, names: list[str]) -> Tensor:
+        """The training views ``names`` as this module places them, from their given world-to-camera ``viewmats``
+        [B, 4, 4] (what :meth:`adjust_cameras` renders them from; the viewer and ``cameras.json`` show them)."""
+        return viewmats
 
     def adjust_image(self, image: Tensor, batch: Batch) -> Tensor:
         """The rendered ``image`` [B, H, W, 3] of training ``batch`` as its photos saw it (before the loss)."""
@@ -77,6 +93,11 @@ class ViewModule(torch.nn.Module):
         """How a test view is scored, having no parameters of its own: None scores the render as it is."""
         return None
 
+    def eval_cameras(self, batch: Batch, render: RenderFn) -> Batch:
+        """A test view's ``batch`` with the cameras it is scored from (``render`` draws the scene from a batch):
+        the base scores it where it was given."""
+        return batch
+
 
 class ViewModules:
     """A run's per-view modules by key, each with its optimiser; what the trainer calls."""
@@ -84,6 +105,10 @@ class ViewModules:
     def __init__(self, modules: dict[str, ViewModule]) -> None:
         self.modules = modules
         self.optimizers = {key: module.build_optimizer() for key, module in modules.items()}
+        self.schedulers = {
+            key: None if (optimizer := self.optimizers[key]) is None else module.build_scheduler(optimizer)
+            for key, module in modules.items()
+        }
 
     def __bool__(self) -> bool:
         return bool(self.modules)
@@ -92,6 +117,12 @@ class ViewModules:
         for module in self.modules.values():
             batch = module.adjust_cameras(batch)
         return batch
+
+    def camera_poses(self, viewmats: Tensor, names: list[str]) -> Tensor:
+        """The training views ``names`` [B, 4, 4] as the modules place them (see :meth:`ViewModule.camera_poses`)."""
+        for module in self.modules.values():
+            viewmats = module.camera_poses(viewmats, names)
+        return viewmats
 
     def adjust_image(self, image: Tensor, batch: Batch) -> Tensor:
         for module in self.modules.values():
@@ -111,6 +142,14 @@ class ViewModules:
             dist.all_reduce_grads(dict(self.modules[key].named_parameters()))
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            if self.schedulers[key] is not None:
+                self.schedulers[key].step()
+
+    def eval_cameras(self, batch: Batch, render: RenderFn) -> Batch:
+        """A test view's ``batch`` with the cameras each module's test-view policy scores it from, in order."""
+        for module in self.modules.values():
+            batch = module.eval_cameras(batch, render)
+        return batch
 
     def eval_adjust(self) -> EvalAdjust | None:
         """The test-view policies of the modules that have one, applied in order; None when none has."""
@@ -126,11 +165,12 @@ class ViewModules:
         return adjust
 
     def state_dict(self) -> dict[str, Any]:
-        """The checkpoint entry: each module's parameters and optimiser state, by key."""
+        """The checkpoint entry: each module's parameters, optimiser and schedule state, by key."""
         return {
             key: {
                 "module": {name: value.detach().clone() for name, value in module.state_dict().items()},
                 "optimizer": None if self.optimizers[key] is None else self.optimizers[key].state_dict(),
+                **({"scheduler": scheduler.state_dict()} if (scheduler := self.schedulers[key]) else {}),
             }
             for key, module in self.modules.items()
         }
@@ -150,6 +190,8 @@ class ViewModules:
             module.load_state_dict(state[key]["module"])
             if self.optimizers[key] is not None:
                 self.optimizers[key].load_state_dict(state[key]["optimizer"])
+            if self.schedulers[key] is not None and "scheduler" in state[key]:
+                self.schedulers[key].load_state_dict(state[key]["scheduler"])
 
 
 def view_entries(resolved: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -160,6 +202,17 @@ def view_entries(resolved: dict[str, Any]) -> dict[str, dict[str, Any]]:
         if resolved[section]["mode"] != "none"
     }
     return {**entries, **{key: entry for key, entry in resolved["views"].items() if entry is not None}}
+
+
+def check_views(resolved: dict[str, Any], source: str = "config") -> None:
+    """Refuse a resolved run config that one of its per-view modules cannot work with (see
+    :meth:`ViewModule.check_run`), naming the module's key."""
+    for key, entry in view_entries(resolved).items():
+        try:
+            VIEW_REGISTRY.get(entry["name"]).check_run(resolved)
+        except ValueError as exc:
+            where = f"{key}.mode" if key in VIEW_SECTIONS else f"views.{key}"
+            raise ConfigError(f"{source}: key '{where}': {exc}") from exc
 
 
 def build_views(

@@ -1,0 +1,269 @@
+"""Camera pose refinement (``pose_opt: {mode: se3}``): the twists, their gradients through the renderer, training,
+exact resume, the test-view policies, cameras.json and bad input."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import math
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+from conftest import write_yaml
+
+from gsrecon.cli import main
+from gsrecon.data.pipeline import Batch
+from gsrecon.engine.checkpoints import load_checkpoint_file
+from gsrecon.engine.evaluator import evaluate_views
+from gsrecon.model.views.base import ViewModules
+from gsrecon.model.views.pose import PoseCorrection, corrected_viewmats, fit_pose, se3_exp
+from gsrecon.render.torch_renderer import TorchRenderer
+
+PERTURB_POSES = Path(__file__).resolve().parents[1] / "scripts" / "perturb_poses.py"
+
+
+@functools.cache
+def perturb_poses_plugin() -> ModuleType:
+    """The benchmark plugin, imported once (inside the first test using it: the hook it registers is undone after)."""
+    spec = importlib.util.spec_from_file_location("perturb_poses", PERTURB_POSES)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def perturbed_viewmats(viewmats: torch.Tensor, rotation_deg: float, translation: float, seed: int) -> torch.Tensor:
+    """The benchmark plugin's seeded pose error (see scripts/perturb_poses.py)."""
+    return perturb_poses_plugin().perturbed_viewmats(viewmats, rotation_deg, translation, seed)
+
+
+SE3 = {"mode": "se3", "lr": 1e-3}
+
+
+def pose_error(moved: torch.Tensor, truth: torch.Tensor) -> tuple[float, float]:
+    """(rotation angle in degrees, distance between the camera centres) of two world-to-camera [4, 4]."""
+    relative = moved[:3, :3] @ truth[:3, :3].T
+    angle = math.degrees(math.acos(max(-1.0, min(1.0, (relative.trace().item() - 1.0) / 2.0))))
+    centre = lambda v: -(v[:3, :3].T @ v[:3, 3])  # noqa: E731
+    return angle, (centre(moved) - centre(truth)).norm().item()
+
+
+def test_zero_twist_is_exactly_the_identity() -> None:
+    assert torch.equal(se3_exp(torch.zeros(3, 6)), torch.eye(4).expand(3, 4, 4))
+    viewmats = perturbed_viewmats(torch.eye(4).repeat(2, 1, 1), 10.0, 0.5, seed=1)
+    assert torch.equal(corrected_viewmats(viewmats, torch.zeros(2, 6)), viewmats)
+
+
+def test_twist_is_a_rotation_and_a_translation_in_camera_axes() -> None:
+    angle = 0.3
+    rotation = se3_exp(torch.tensor([[0.0, 0.0, 0.0, 0.0, 0.0, angle]]))[0]
+    expected = torch.eye(4)
+    expected[:2, :2] = torch.tensor([[math.cos(angle), -math.sin(angle)], [math.sin(angle), math.cos(angle)]])
+    torch.testing.assert_close(rotation, expected)
+    translation = se3_exp(torch.tensor([[0.1, -0.2, 0.3, 0.0, 0.0, 0.0]]))[0]
+    torch.testing.assert_close(translation[:3, 3], torch.tensor([0.1, -0.2, 0.3]))
+    torch.testing.assert_close(translation[:3, :3], torch.eye(3))
+
+
+def _cloud(seed: int = 0) -> dict[str, torch.Tensor]:
+    """A textured cloud of Gaussians around the origin, seen by cameras 4 units away."""
+    generator = torch.Generator().manual_seed(seed)
+    n = 600
+    return {
+        "means": torch.rand(n, 3, generator=generator) * 2.0 - 1.0,
+        "scales": torch.full((n, 3), math.log(0.06)),
+        "quats": torch.tensor([1.0, 0.0, 0.0, 0.0]).repeat(n, 1),
+        "opacities": torch.full((n,), 2.0),
+        "sh0": torch.rand(n, 1, 3, generator=generator) * 2.0 - 1.0,
+        "shN": torch.zeros(n, 0, 3),
+    }
+
+
+def _batch(viewmat: torch.Tensor, image: torch.Tensor, name: str = "a") -> Batch:
+    K = torch.tensor([[40.0, 0.0, 24.0], [0.0, 40.0, 16.0], [0.0, 0.0, 1.0]])
+    return Batch(image[None], viewmat[None], K[None], torch.zeros(1, 3), [name], 48, 32)
+
+
+def _true_view() -> torch.Tensor:
+    viewmat = torch.eye(4)
+    viewmat[2, 3] = 4.0  # the camera at z = -4 looking along +z at the cloud
+    return viewmat
+
+
+def test_a_perturbed_training_camera_is_pulled_back_toward_its_true_pose() -> None:
+    params, renderer = _cloud(), TorchRenderer()
+    render = lambda batch: renderer.render(params, batch.viewmats, batch.Ks, 48, 32, 0, batch.backgrounds)  # noqa: E731
+    truth = _true_view()
+    with torch.no_grad():
+        photo = render(_batch(truth, torch.zeros(32, 48, 3))).image[0]
+    given = perturbed_viewmats(truth[None], 2.0, 0.08, seed=3)[0]
+    views = ViewModules({"pose_opt": PoseCorrection(PoseCorrection.Config(lr=3e-3, reg=0.0), ["a"])})
+    before = pose_error(given, truth)
+    for _ in range(150):
+        batch = views.adjust_cameras(_batch(given, photo))
+        loss = (render(batch).image - batch.images).abs().mean()
+        loss.backward()
+        views.step(dist=_single_process())
+    after = pose_error(views.camera_poses(given[None], ["a"])[0].detach(), truth)
+    assert after[0] < 0.3 * before[0] and after[1] < 0.3 * before[1], (before, after)
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_torch_renderer_gives_the_camera_its_gradient_in_chunks_too(chunked: bool) -> None:
+    params = _cloud(2)
+    whole = TorchRenderer()
+    renderer = TorchRenderer(TorchRenderer.Config(max_kept_gaussians=0, max_chunk_gaussians=97)) if chunked else whole
+    grads = []
+    for one in (whole, renderer):
+        viewmats = perturbed_viewmats(_true_view()[None], 1.0, 0.05, seed=5).requires_grad_(True)
+        out = one.render(
+            params, viewmats, _batch(_true_view(), torch.zeros(32, 48, 3)).Ks, 48, 32, 0, torch.zeros(1, 3)
+        )
+        out.image.square().sum().backward()
+        grads.append(viewmats.grad)
+    assert grads[0].abs().amax() > 0
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-5)
+
+
+def test_fitting_a_test_view_moves_it_toward_its_photo() -> None:
+    params, renderer = _cloud(1), TorchRenderer()
+    render = lambda batch: renderer.render(params, batch.viewmats, batch.Ks, 48, 32, 0, batch.backgrounds)  # noqa: E731
+    truth = _true_view()
+    with torch.no_grad():
+        photo = render(_batch(truth, torch.zeros(32, 48, 3))).image[0]
+    given = perturbed_viewmats(truth[None], 2.0, 0.08, seed=4)[0]
+    with torch.no_grad():  # as the evaluator calls it
+        fitted = fit_pose(_batch(given, photo), render, steps=150, lr=3e-3)
+    before, after = pose_error(given, truth), pose_error(fitted.viewmats[0], truth)
+    assert after[0] < 0.3 * before[0] and after[1] < 0.3 * before[1], (before, after)
+    assert all(p.grad is None for p in params.values())  # only the twist learned
+
+
+def _single_process():
+    from gsrecon.distributed import DistributedContext
+
+    return DistributedContext()
+
+
+def test_pose_opt_is_off_by_default_and_a_frozen_correction_changes_nothing(make_trainer) -> None:
+    default = make_trainer("default")
+    assert not default.views and default.resolved_config["pose_opt"] == {"mode": "none"}
+    default.train()
+    frozen = make_trainer("frozen", pose_opt={"mode": "se3", "lr": 0.0, "reg": 0.0})
+    assert set(frozen.views.modules) == {"pose_opt"}
+    frozen.train()
+    reference = load_checkpoint_file(default.exp_dir / "checkpoints" / "last.pt")
+    other = load_checkpoint_file(frozen.exp_dir / "checkpoints" / "last.pt")
+    for name, value in reference["params"].items():
+        assert torch.equal(other["params"][name], value), name
+    assert default.val_metrics == frozen.val_metrics
+    assert torch.equal(other["views"]["pose_opt"]["module"]["twists"], torch.zeros(7, 6))
+
+
+def test_se3_learns_a_correction_per_training_view_with_its_schedule(make_trainer) -> None:
+    trainer = make_trainer("se3", pose_opt={**SE3, "lr_final_factor": 0.1})
+    resolved = trainer.resolved_config["pose_opt"]
+    assert resolved["decay_steps"] == 6 and resolved["eval"] == "given"  # the schedule follows max_steps
+    trainer.train()
+    twists = trainer.views.modules["pose_opt"].twists.detach()
+    assert twists.shape == (trainer.datapipeline.num_train, 6) and twists.abs().amax() > 1e-5
+    group = trainer.views.optimizers["pose_opt"].param_groups[0]
+    assert group["lr"] == pytest.approx(1e-4)  # decayed to lr_final_factor at decay_steps
+    assert trainer.outputs["losses"]["pose_opt"].item() > 0.0  # the pull toward the given poses joins the loss
+    pull = trainer.views.regularization()["pose_opt"].item()
+    assert pull == pytest.approx(1e-3 * twists.square().sum(-1).mean().item(), rel=1e-5)
+
+
+def test_resume_with_pose_refinement_is_bit_identical(make_trainer) -> None:
+    full = make_trainer("full", pose_opt=SE3)
+    full.train()
+    step_3 = full.exp_dir / "checkpoints" / "step_000003.pt"
+    assert load_checkpoint_file(step_3)["views"]["pose_opt"]["scheduler"]["last_epoch"] == 3
+    resumed = make_trainer("resumed", pose_opt=SE3, resume=str(step_3))
+    resumed.train()
+    reference = load_checkpoint_file(full.exp_dir / "checkpoints" / "last.pt")
+    again = load_checkpoint_file(resumed.exp_dir / "checkpoints" / "last.pt")
+    for name, value in reference["params"].items():
+        assert torch.equal(again["params"][name], value), name
+    saved, restored = reference["views"]["pose_opt"], again["views"]["pose_opt"]
+    assert torch.equal(restored["module"]["twists"], saved["module"]["twists"])
+    assert restored["scheduler"] == saved["scheduler"]
+    assert torch.equal(restored["optimizer"]["state"][0]["exp_avg"], saved["optimizer"]["state"][0]["exp_avg"])
+
+
+def test_test_views_are_scored_at_their_given_poses_unless_fitted(make_trainer) -> None:
+    given = make_trainer("given", pose_opt=SE3)
+    given.train()
+    plain = evaluate_views(given.render, given.datapipeline.val_batches(), given.metrics)
+    assert [r["psnr"] for r in plain] == [r["psnr"] for r in given.val_results]
+    fitted = make_trainer("fitted", pose_opt={**SE3, "eval": "fit", "eval_steps": 5})
+    fitted.train()
+    assert fitted.val_metrics != given.val_metrics  # same training, test views scored at fitted poses
+    refit = evaluate_views(
+        fitted.render,
+        fitted.datapipeline.val_batches(),
+        fitted.metrics,
+        fit_cameras=fitted.views.eval_cameras,
+    )
+    assert [r["psnr"] for r in refit] == [r["psnr"] for r in fitted.val_results]
+
+
+def test_eval_writes_the_corrected_training_cameras(make_config, tmp_path: Path) -> None:
+    config = write_yaml(tmp_path / "run.yaml", make_config("run", pose_opt=SE3))
+    assert main(["train", "--config", str(config)]) == 0
+    assert main(["eval", "--exp-dir", str(tmp_path / "run")]) == 0
+    cameras = json.loads((tmp_path / "run" / "eval" / "cameras.json").read_text())
+    test = [c for c in cameras if c["split"] == "test"]
+    train = [c for c in cameras if c["split"] == "train"]
+    assert [c["name"] for c in test] == ["view_000", "view_008"] and len(train) == 7
+    assert all("given_world_to_camera" not in c for c in test)
+    twists = load_checkpoint_file(tmp_path / "run" / "checkpoints" / "last.pt")["views"]["pose_opt"]["module"]["twists"]
+    moved = [c for c in train if "given_world_to_camera" in c]  # the views trained on in 6 steps
+    assert len(moved) == int((twists != 0).any(-1).sum()) >= 5
+    for row, camera in enumerate(train):
+        given = torch.tensor(camera.get("given_world_to_camera", camera["world_to_camera"]))
+        expected = corrected_viewmats(given[None], twists[row : row + 1])[0]
+        torch.testing.assert_close(torch.tensor(camera["world_to_camera"]), expected)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("pose_opt.mode=affine6", r"key 'pose_opt.mode': .*affine6"),
+        ("pose_opt.eval=left", r"key 'pose_opt'.*eval must be one of given, fit"),
+        ("pose_opt.lr_final_factor=0", r"key 'pose_opt'.*lr_final_factor must be in \(0, 1\]"),
+        (
+            "renderer.name=gsplat data.fisheye=lens",
+            r"key 'pose_opt.mode': needs gradients of the camera poses.*data.fisheye=undistort",
+        ),
+    ],
+)
+def test_bad_pose_opt_is_one_line_and_exit_2(
+    make_config, tmp_path: Path, capsys: pytest.CaptureFixture, override: str, message: str
+) -> None:
+    config = write_yaml(tmp_path / "run.yaml", make_config("run", pose_opt=SE3))
+    assert main(["train", "--config", str(config), *override.split()]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and re.search(message, err), err
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_benchmark_perturbation_moves_each_training_camera_by_the_asked_amount(make_trainer) -> None:
+    hooks = {"PerturbTrainingPoses": {"rotation_deg": 1.0, "translation": 0.01, "seed": 2}, "LogHook": {}}
+    trainer = make_trainer("perturbed", imports=[str(PERTURB_POSES)], hooks=hooks, pose_opt=SE3)
+    tests_before = [frame.viewmat.clone() for frame in trainer.datapipeline._test]
+    truth = torch.stack([frame.viewmat.clone() for frame in trainer.datapipeline._train])
+    trainer.train()
+    given = torch.stack([frame.viewmat for frame in trainer.datapipeline._train])
+    for moved, true in zip(given, truth):
+        angle, distance = pose_error(moved, true)
+        assert angle == pytest.approx(1.0, abs=1e-3)
+        assert distance == pytest.approx(0.01 * trainer.scene_extent, rel=1e-3)
+    assert all(torch.equal(f.viewmat, v) for f, v in zip(trainer.datapipeline._test, tests_before))
+    log = (trainer.exp_dir / "train.log").read_text()
+    assert re.search(r"training cameras from their true poses: given 1.000 deg, 1.000 % of the extent; placed", log)
