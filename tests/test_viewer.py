@@ -158,12 +158,11 @@ class BrowserPageHook(Hook):
         self.shown_steps.append(viewer_hook(trainer).viewer.step)
 
     def after_train(self, trainer) -> None:
-        """Waits until a connected page has received every refresh the viewer sent (they arrive asynchronously)."""
+        """Waits until a connected page has received a refresh (they arrive asynchronously)."""
         if self.page is not None and not self.page.closed:
-            refreshes = len({step for step in self.shown_steps if step is not None})
-            wait_for(
-                lambda: len(self.page.of_type("GaussianSplatsMessage")) >= refreshes, "the page to get each refresh"
-            )
+            # viser replaces a scene node's update still queued for a page by a newer one: a page that reads slower
+            # than the refreshes come gets fewer of them, but always the last one.
+            wait_for(lambda: len(self.page.of_type("GaussianSplatsMessage")) >= 1, "the page to get a refresh")
 
     def after_run(self, trainer) -> None:
         if self.page is not None:
@@ -207,7 +206,7 @@ def test_hook_refreshes_every_n_steps_while_a_page_is_connected(make_trainer) ->
     trainer.train()
     page = _page_hook(trainer)
     assert page.shown_steps == [1, 1, 3, 3, 5, 5]
-    assert len(page.page.of_type("GaussianSplatsMessage")) == 3  # the page got each refresh
+    assert 1 <= len(page.page.of_type("GaussianSplatsMessage")) <= 3  # refreshes at steps 1, 3, 5 (see after_train)
     assert viewer_hook(trainer).viewer is None  # after_run stopped the server
 
 
