@@ -292,20 +292,9 @@ def _frame(root: Path, entry: _Entry, name: str, factor: int, lazy: bool, keep_f
 def _depth(root: Path, entry: _Entry, fields: dict, path: Path, image_file: ImageFile, where: str) -> DepthFile | None:
     """The frame's depth map (its ``depth_file_path``, else its file in ``depths/`` beside ``images/``) in the
     ``depth_unit_scale_factor`` of its fields, None without one."""
-    if "depth_file_path" in entry.frame:
-        value = entry.frame["depth_file_path"]
-        if not isinstance(value, str) or not value:
-            raise DatasetError(f"{entry.json_path}: {where}: 'depth_file_path' must be a file name, got {value!r}")
-        depth_path = root / value
-        if not depth_path.is_file():
-            raise DatasetError(
-                f"{depth_path}: depth map file is missing (the 'depth_file_path' of {where} in {entry.json_path})"
-            )
-    else:
-        relative = _images_relative(root, path)
-        depth_path = None if relative is None else find_depth(root / DEPTHS_FOLDER, relative)
-        if depth_path is None:
-            return None
+    depth_path = _frame_file(root, entry, path, "depth_file_path", "depth map", DEPTHS_FOLDER, find_depth, where)
+    if depth_path is None:
+        return None
     unit = _number(fields, "depth_unit_scale_factor", entry.json_path, where)
     return depth_file(depth_path, image_file.transform, MILLIMETRES if unit is None else unit)
 
@@ -314,21 +303,37 @@ def _mask(
     root: Path, entry: _Entry, path: Path, image_file: ImageFile, factor: int, where: str, lazy: bool
 ) -> Tensor | MaskFile | None:
     """The frame's mask (its ``mask_path``, else its file in ``masks/`` beside ``images/``), None without one."""
-    if "mask_path" in entry.frame:
-        value = entry.frame["mask_path"]
-        if not isinstance(value, str) or not value:
-            raise DatasetError(f"{entry.json_path}: {where}: 'mask_path' must be a file name, got {value!r}")
-        mask_path = root / value
-        if not mask_path.is_file():
-            raise DatasetError(f"{mask_path}: mask file is missing (the 'mask_path' of {where} in {entry.json_path})")
-    else:
-        relative = _images_relative(root, path)
-        mask_path = None if relative is None else find_mask(root / MASKS_FOLDER, relative)
-        if mask_path is None:
-            return None
+    mask_path = _frame_file(root, entry, path, "mask_path", "mask", MASKS_FOLDER, find_mask, where)
+    if mask_path is None:
+        return None
     prescaled = _prescaled_path(root, mask_path, factor, MASKS_FOLDER) if factor > 1 else None
     mask = mask_file(mask_path, prescaled, image_file, path)
     return mask if lazy else torch.from_numpy(mask.load())
+
+
+def _frame_file(
+    root: Path,
+    entry: _Entry,
+    path: Path,
+    key: str,
+    what: str,
+    folder: str,
+    find: Callable[[Path, PurePosixPath], Path | None],
+    where: str,
+) -> Path | None:
+    """The file of a frame's ``key`` (``mask_path``, ``depth_file_path``), else its file in ``folder`` beside
+    ``images/`` (``find(folder, image path relative to images/)``); None without one. A named file that is missing
+    is a DatasetError."""
+    if key not in entry.frame:
+        relative = _images_relative(root, path)
+        return None if relative is None else find(root / folder, relative)
+    value = entry.frame[key]
+    if not isinstance(value, str) or not value:
+        raise DatasetError(f"{entry.json_path}: {where}: '{key}' must be a file name, got {value!r}")
+    named = root / value
+    if not named.is_file():
+        raise DatasetError(f"{named}: {what} file is missing (the '{key}' of {where} in {entry.json_path})")
+    return named
 
 
 def _images_relative(root: Path, path: Path, folder: str = "images") -> PurePosixPath | None:
