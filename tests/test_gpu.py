@@ -56,17 +56,23 @@ def _compare(renderers, params, viewmats, Ks, width, height, sh_degree, min_psnr
     torch.testing.assert_close(outputs[0].info["radii"].float(), outputs[1].info["radii"].float(), atol=1, rtol=0.05)
 
 
-def test_gsplat_matches_torch_on_a_random_scene(renderers) -> None:
-    generator = torch.Generator().manual_seed(0)
+def _random_scene(seed: int, sh_degree: int = 3) -> dict[str, torch.Tensor]:
+    """5000 Gaussians of random size, orientation, opacity and colour in front of the camera (on the CPU)."""
+    generator = torch.Generator().manual_seed(seed)
     n = 5000
-    params = {
+    rest = (sh_degree + 1) ** 2 - 1
+    return {  # drawn in this order: the scenes the comparisons were written for
         "means": torch.randn(n, 3, generator=generator) * torch.tensor([1.0, 0.7, 0.5]) + torch.tensor([0, 0, 4.0]),
         "scales": torch.log(torch.rand(n, 3, generator=generator) * 0.05 + 0.01),
         "quats": torch.randn(n, 4, generator=generator),
         "opacities": torch.logit(torch.rand(n, generator=generator) * 0.9 + 0.05),
         "sh0": torch.randn(n, 1, 3, generator=generator) * 0.5,
-        "shN": torch.randn(n, 15, 3, generator=generator) * 0.1,
+        "shN": torch.randn(n, rest, 3, generator=generator) * 0.1 if rest else torch.zeros(n, 0, 3),
     }
+
+
+def test_gsplat_matches_torch_on_a_random_scene(renderers) -> None:
+    params = _random_scene(seed=0)
     viewmats = torch.eye(4).repeat(2, 1, 1)
     viewmats[1, 0, 3] = 0.3
     Ks = torch.tensor([[150.0, 0, 64], [0, 150.0, 48], [0, 0, 1]]).repeat(2, 1, 1)
@@ -98,16 +104,7 @@ def test_gsplat_median_depth_of_hand_made_gaussians_and_of_a_random_scene_matche
     torch.testing.assert_close(out.median_depth[0, 5:7, 7:9].cpu(), torch.full((2, 2, 1), float(depths[6])))
     assert out.depth[0, 5:7, 7:9].max() < depths[6] - 0.1  # the expected depth lies in front of it
     # A random scene: the two renderers agree wherever the crossing is not a near tie between two Gaussians.
-    generator = torch.Generator().manual_seed(1)
-    n = 5000
-    params = {
-        "means": torch.randn(n, 3, generator=generator) * torch.tensor([1.0, 0.7, 0.5]) + torch.tensor([0, 0, 4.0]),
-        "scales": torch.log(torch.rand(n, 3, generator=generator) * 0.05 + 0.01),
-        "quats": torch.randn(n, 4, generator=generator),
-        "opacities": torch.logit(torch.rand(n, generator=generator) * 0.9 + 0.05),
-        "sh0": torch.randn(n, 1, 3, generator=generator) * 0.5,
-        "shN": torch.zeros(n, 0, 3),
-    }
+    params = _random_scene(seed=1, sh_degree=0)
     params = {k: v.cuda() for k, v in params.items()}
     Ks = torch.tensor([[[150.0, 0, 64], [0, 150.0, 48], [0, 0, 1]]]).cuda()
     got = gsplat.render(params, viewmats, Ks, 128, 96, 0, torch.zeros(1, 3, device="cuda")).median_depth
