@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 import shlex
 import statistics
 import sys
@@ -79,6 +80,13 @@ def summarize(rows: list[dict]) -> list[dict]:
     return summary
 
 
+def _depth_cell(entry: dict) -> str:
+    """The depth error as mean ± spread, a dash where the test views have no depth maps."""
+    if math.isnan(entry["depth_abs_rel"]):
+        return "—"
+    return f"{entry['depth_abs_rel']:.4f} ± {entry['depth_abs_rel_spread']:.4f}"
+
+
 def markdown(summary: list[dict]) -> str:
     lines = [
         "| scene | steps | variant | seeds | PSNR (mean ± spread) | per seed | SSIM | LPIPS | Gaussians | CPU s "
@@ -91,7 +99,7 @@ def markdown(summary: list[dict]) -> str:
             f"| {e['scene']} | {e['length']} | {e['variant']} | {e['seeds']} "
             f"| {e['psnr']:.2f} ± {e['psnr_spread']:.2f} "
             f"| {per_seed} | {e['ssim']:.3f} | {e['lpips']:.3f} | {e['gaussians']:.0f} | {e['cpu_seconds']:.0f} "
-            f"| {e['depth_abs_rel']:.4f} ± {e['depth_abs_rel_spread']:.4f} |"
+            f"| {_depth_cell(e)} |"
         )
     return "\n".join(lines)
 
