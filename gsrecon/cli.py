@@ -14,12 +14,16 @@ import argparse
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
 
 from gsrecon.errors import InputError
 from gsrecon.heap import describe_heap_setting, unmap_large_blocks
+
+if TYPE_CHECKING:
+    from gsrecon.engine.builder import RunConfig
 
 EXIT_BUG = 1  # an error gsrecon did not raise on purpose: a bug in gsrecon or a plugin
 EXIT_USAGE = 2  # bad input: a config, file or value the user can fix (one red line)
@@ -45,6 +49,8 @@ def _train(args: argparse.Namespace) -> int:
     cfg, source = load_run_config(config, overrides)
     if args.resume:
         cfg.resume = True
+    if cfg.partition.enabled and cfg.partition.block is None:
+        return _train_blocks(cfg, source, args.overwrite)
     trainer = DefaultTrainer(cfg, source=source, overwrite=args.overwrite)
     trainer.train()
     if trainer.stop_reason:
@@ -52,12 +58,46 @@ def _train(args: argparse.Namespace) -> int:
             advice = "no checkpoint was written (the config has no CheckPointHook), so the run cannot be resumed"
         else:
             advice = f"continue with: gsrecon train --config {trainer.exp_dir / 'config.yaml'} --resume"
-        _console.print(f"[yellow]{escape(trainer.stop_reason)}; {escape(advice)}[/yellow]")
-        return EXIT_TERMINATED if trainer.stop_signal == signal.SIGTERM else EXIT_INTERRUPTED
-    summary = ", ".join(f"{k} {v:.4f}" for k, v in trainer.val_metrics.items() if v is not None)
-    print(f"finished {trainer.step} steps{': ' + summary if summary else ''}")
+        return _stopped(trainer.stop_reason, advice, trainer.stop_signal)
+    print(f"finished {trainer.step} steps{_summary(trainer.val_metrics)}")
     print(f"outputs: {trainer.exp_dir}")
     return 0
+
+
+def _train_blocks(cfg: RunConfig, source: str, overwrite: bool) -> int:
+    """``gsrecon train`` with ``partition.blocks`` > 1: the blocks (all, this rank's share, or ``partition.only``),
+    then the merge."""
+    from pathlib import Path
+
+    from gsrecon.partition.runner import train_blocks
+
+    outcome = train_blocks(cfg, source, overwrite)
+    config = Path(cfg.exp_dir) / "config.yaml"
+    if outcome.stop_reason:
+        only = "" if cfg.partition.only is None else f" partition.only={cfg.partition.only}"
+        return _stopped(
+            outcome.stop_reason, f"continue with: gsrecon train --config {config}{only} --resume", outcome.stop_signal
+        )
+    done = f"blocks trained: {', '.join(map(str, outcome.trained)) or 'none'}"
+    if outcome.finished_before:
+        done += f" (finished before: {', '.join(map(str, outcome.finished_before))})"
+    print(done)
+    if outcome.merged is not None:
+        print(f"merged: {outcome.merged.num_gaussians} Gaussians{_summary(outcome.merged.metrics)}")
+        print(f"outputs: {cfg.exp_dir}")
+    return 0
+
+
+def _stopped(reason: str, advice: str, signum: int | None) -> int:
+    """Say why training stopped early and how to continue; the exit code of the signal that stopped it."""
+    _console.print(f"[yellow]{escape(reason)}; {escape(advice)}[/yellow]")
+    return EXIT_TERMINATED if signum == signal.SIGTERM else EXIT_INTERRUPTED
+
+
+def _summary(metrics: dict[str, float | None]) -> str:
+    """``: psnr 25.1234, ssim 0.8123`` of the metrics that have a value ("" for none)."""
+    summary = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if v is not None)
+    return f": {summary}" if summary else ""
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
@@ -289,6 +329,30 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_export)
 
 
+def _merge(args: argparse.Namespace) -> int:
+    from gsrecon.partition.runner import merge_run
+
+    merged = merge_run(args.exp_dir, device=args.device)
+    print(f"merged: {merged.num_gaussians} Gaussians{_summary(merged.metrics)}")
+    print(f"outputs: {args.exp_dir} (checkpoints/last.pt, point_cloud.ply, metrics.json)")
+    return 0
+
+
+def _add_merge(sub: argparse._SubParsersAction) -> None:
+    p = _command(
+        sub,
+        "merge",
+        "merge the trained blocks of a block-training run into one scene",
+        "Merge the blocks of a run trained with partition.blocks and partition.only (one block per call, e.g. the "
+        "tasks of a Slurm job array) into one scene in the run folder: each block's Gaussians inside its own cell, "
+        "fine-tuned for partition.merge_steps steps when the config asks, scored on every test view. Refuses a run "
+        "whose blocks have not all finished, naming them.",
+    )
+    p.add_argument("--exp-dir", required=True, help="the block-training run folder (holds partition.json)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.set_defaults(func=_merge)
+
+
 def _view(args: argparse.Namespace) -> int:
     from gsrecon.viewer.cli import view
 
@@ -499,6 +563,7 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_eval,
     _add_render,
     _add_export,
+    _add_merge,
     _add_view,
     _add_weights,
     _add_data,

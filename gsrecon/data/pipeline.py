@@ -10,7 +10,7 @@ exact same sequence, and ranks always see disjoint views within a step.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,7 +79,18 @@ class DataPipeline:
         # The reader's own options, written under its name (``synthetic: {width: 64}``), checked by its Config
         reader: dict[str, Any] = named_section("dataset", DATASET_REGISTRY.names)  # noqa: RUF009 (a dataclasses.field)
 
-    def __init__(self, cfg: Config, device: torch.device, seed: int = 0, rank: int = 0, world_size: int = 1) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        device: torch.device,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        select: Callable[[Scene], tuple[Scene, str]] | None = None,
+    ) -> None:
+        """``select``: the part of the scene to train on and a line saying what it is (a block's, see
+        :mod:`gsrecon.partition`); the scene is then read with its pixels left in their files and only the selected
+        frames are decoded."""
         if cfg.background not in BACKGROUNDS:
             raise InputError(f"data.background must be one of {', '.join(BACKGROUNDS)}; got '{cfg.background}'")
         if cfg.cache not in CACHE_MODES:
@@ -102,8 +113,11 @@ class DataPipeline:
         self.seed = seed
         self.rank = rank
         self.world_size = world_size
-        reader = build_from_config(DATASET_REGISTRY.get(cfg.dataset), cfg.reader, prefix=f"data.{cfg.dataset}")
-        self.scene: Scene = reader.read(cfg)
+        self.selection_note = ""  # what ``select`` chose, said in the first log line
+        if select is None:
+            self.scene: Scene = read_scene(cfg)
+        else:
+            self.scene, self.selection_note = select(read_scene(dataclasses.replace(cfg, cache="disk")))
         if not self.scene.train:
             raise InputError(f"dataset '{cfg.dataset}' ({cfg.path or 'built-in'}) has no training images")
         if cfg.batch_size > 1 and len({(f.width, f.height) for f in self.scene.train}) > 1:
@@ -126,6 +140,11 @@ class DataPipeline:
         # On the device once: a per-step copy from the host would wait for the GPU (PyTorch syncs blocking copies).
         self._background = self.fixed_background().to(device)  # [3]
         self._point_depths: dict[str, Tensor] = {}  # filled on first use: the points may be triangulated later
+
+    @property
+    def notes(self) -> list[str]:
+        """What the first log line says about the data: where the images are kept, the masks, the part selected."""
+        return [note for note in (self.cache_note, self.mask_note, self.selection_note) if note]
 
     @property
     def num_train(self) -> int:
@@ -282,6 +301,13 @@ def _to_device(frame: Frame, device: torch.device) -> Frame:
     moved |= {"viewmat": frame.viewmat.float().to(device), "K": frame.K.float().to(device)}
     moved["camera_model"] = frame.camera_model.to(device)
     return dataclasses.replace(frame, **moved)
+
+
+def read_scene(cfg: DataPipeline.Config) -> Scene:
+    """The scene the reader ``cfg.dataset`` reads (built from its section ``data.<dataset>``); its pixels are left in
+    their files with ``cfg.cache`` disk or auto."""
+    reader = build_from_config(DATASET_REGISTRY.get(cfg.dataset), cfg.reader, prefix=f"data.{cfg.dataset}")
+    return reader.read(cfg)
 
 
 def folder_arguments(cfg: DataPipeline.Config, layout: str) -> dict[str, Any]:

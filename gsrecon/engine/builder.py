@@ -26,6 +26,7 @@ from gsrecon.lpips_weights import LPIPS_NETS
 from gsrecon.metrics import MetricsConfig
 from gsrecon.model.optim import OptimizerConfig, SchedulerConfig
 from gsrecon.model.views.base import VIEW_SECTIONS, check_views
+from gsrecon.partition.blocks import PartitionConfig, block_scene, plan_partition
 from gsrecon.registry import (
     DATASET_REGISTRY,
     HOOK_REGISTRY,
@@ -78,6 +79,7 @@ class RunConfig:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     writers: list[dict[str, Any]] = field(default_factory=lambda: [{"name": "TensorboardWriter"}])
     hooks: Any = None  # {entry key: arguments} (see gsrecon.config); None: DEFAULT_HOOKS
+    partition: PartitionConfig = field(default_factory=PartitionConfig)  # block training (gsrecon.partition)
 
 
 def load_run_config(path: str, overrides: Sequence[str] = ()) -> tuple[RunConfig, str]:
@@ -112,7 +114,7 @@ def resolve_device(name: str, dist: DistributedContext) -> torch.device:
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
             raise ConfigError(f"device '{name}' was asked for but CUDA is not available; use device=cpu")
-        if name == "cuda" and dist.world_size > 1:
+        if name == "cuda" and (dist.world_size > 1 or dist.local_rank > 0):  # a block's run under torchrun: its GPU
             name = f"cuda:{dist.local_rank}"
     elif name != "cpu":
         raise ConfigError(f"key 'device': must be auto, cpu, cuda or cuda:N, got '{name}'")
@@ -340,6 +342,19 @@ def build_strategy(cfg: RunConfig, resolved: dict[str, Any], model: torch.nn.Mod
     strategy = STRATEGY_REGISTRY.build(resolved["strategy"])
     strategy.check_sanity(model.params, resolved["renderer"])
     return strategy
+
+
+def build_datapipeline(cfg: RunConfig, device: torch.device, dist: DistributedContext) -> DataPipeline:
+    """The run's datapipeline: the whole scene, or for a block of a partition (``partition.block``) its part."""
+    if cfg.partition.block is None:
+        return DataPipeline(cfg.data, device, cfg.seed, dist.rank, dist.world_size)
+    index, count = cfg.partition.block, cfg.partition.num_blocks
+
+    def select(scene: Scene) -> tuple[Scene, str]:
+        block = plan_partition(scene, cfg.partition).blocks[index]
+        return block_scene(scene, block), f"one of {count} blocks of the capture: {block.describe()}"
+
+    return DataPipeline(cfg.data, device, cfg.seed, dist.rank, dist.world_size, select)
 
 
 def build_model(

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from gsrecon.data.pipeline import Batch, DataPipeline
+from gsrecon.data.pipeline import Batch
 from gsrecon.distributed import DistributedContext
 from gsrecon.engine import builder, checkpoints
 from gsrecon.engine.evaluator import build_metrics, evaluate_views
@@ -47,19 +47,20 @@ class DefaultTrainer:
     ``strategy`` and ``strategy_state``, ``hooks`` (key -> hook, in run order), ``writers``, ``logger``,
     ``outputs`` (the last step's loss and its terms, see :meth:`run_step`), ``val_metrics`` /
     ``val_results`` (the last validation), ``stop_reason`` (None, or why training ended early),
-    ``failed`` (it ended with an exception) and ``dist``.
+    ``failed`` (it ended with an exception) and ``dist`` (the processes training together).
     """
 
     Config = builder.RunConfig
 
     def __init__(
-        self, cfg: builder.RunConfig, source: str = "config", overwrite: bool = False, logger: Logger | None = None
-    ) -> None:
+        self, cfg: builder.RunConfig, source: str = "config", overwrite: bool = False, logger: Logger | None = None,
+        dist: DistributedContext | None = None,
+    ) -> None:  # fmt: skip
         import_plugins(cfg.imports, source)
         builder.check_run_config(cfg, source)
         self.cfg = cfg
         self.source = source
-        self.dist = DistributedContext.from_env()
+        self.dist = dist or DistributedContext.from_env()
         self.logger = logger or Logger(console=None if self.is_main else Console(quiet=True))
         self.device = builder.resolve_device(cfg.device, self.dist)
         threads = builder.set_cpu_threads(cfg.num_threads)
@@ -88,7 +89,7 @@ class DefaultTrainer:
 
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
-        self.datapipeline = DataPipeline(cfg.data, self.device, cfg.seed, self.dist.rank, self.dist.world_size)
+        self.datapipeline = builder.build_datapipeline(cfg, self.device, self.dist)
         self.model = builder.build_model(
             self.resolved_config["model"], self.datapipeline.scene, cfg.seed, source, self.logger
         )
@@ -107,9 +108,7 @@ class DefaultTrainer:
         self.writers = Writers([])
         if self.is_main:
             self.run_dir.open_log(overwrite, resume, self.logger)
-            self.logger.info(f"{source}: {threads}; device {self.device}; {self.datapipeline.cache_note}")
-            if self.datapipeline.mask_note:
-                self.logger.info(self.datapipeline.mask_note)
+            self.logger.info("; ".join([f"{source}: {threads}; device {self.device}", *self.datapipeline.notes]))
             self.writers = self.run_dir.open_writers(self.resolved_config, self.hooks)
         self.dist.barrier()
 
