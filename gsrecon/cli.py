@@ -233,7 +233,11 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
         "eval",
         "render the test split and compute PSNR / SSIM / LPIPS and FPS",
         "Render the test views of a trained scene with the renderer and settings it was trained with; write the "
-        "renders, the ground truth, metrics.json (per view and mean PSNR, SSIM, LPIPS, FPS) and cameras.json.",
+        "renders, the ground truth, metrics.json (per view and mean PSNR, SSIM, LPIPS, FPS) and cameras.json. "
+        "Test views are scored as the run's validation scores them: appearance.eval=fit_left scores the right half "
+        "after a colour fit on the left, pose_opt.eval=fit renders each from a pose fitted to its photo (override "
+        "either, e.g. appearance.eval=identity). A --ply has no per-view state; the --config's policies apply all "
+        "the same, since they fit each test view afresh.",
     )
     _add_source_args(p)
     p.add_argument("--out", help="output folder; none given: <exp_dir>/eval, or ./eval for --ply")

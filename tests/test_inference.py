@@ -195,3 +195,44 @@ def test_bad_inference_input_is_one_line(trained: Path, tmp_path: Path, capsys, 
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+TEST_VIEW_POLICIES = {
+    "default": {},
+    "fit_left": {"appearance": {"mode": "affine", "eval": "fit_left", "eval_steps": 20}},
+    "pose_fit": {"pose_opt": {"mode": "se3", "eval": "fit", "eval_steps": 5}},
+}
+
+
+@pytest.mark.parametrize("policy", list(TEST_VIEW_POLICIES))
+def test_eval_scores_test_views_as_the_last_validation_did(make_config, tmp_path: Path, policy: str) -> None:
+    config = write_yaml(tmp_path / "run.yaml", make_config("run", **TEST_VIEW_POLICIES[policy]))
+    assert main(["train", "--config", str(config)]) == 0
+    validation = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert main(["eval", "--exp-dir", str(tmp_path / "run"), "--device", "cpu"]) == 0
+    evaluated = json.loads((tmp_path / "run" / "eval" / "metrics.json").read_text())
+    assert evaluated["step"] == validation["step"] == 6
+    assert [v["name"] for v in evaluated["views"]] == [v["name"] for v in validation["views"]]
+    for ours, theirs in zip(evaluated["views"], validation["views"]):
+        assert ours["psnr"] == pytest.approx(theirs["psnr"], abs=1e-4), ours["name"]
+        assert ours["ssim"] == pytest.approx(theirs["ssim"], abs=1e-4), ours["name"]
+    if policy == "fit_left":  # the right half is scored, and the render written is what was scored
+        render = iio.imread(tmp_path / "run" / "eval" / "renders" / "test" / "view_000.png")
+        assert render.shape == (24, 16, 3)
+    if policy != "default":  # the policy is what makes the numbers agree: without it they differ
+        off = {"fit_left": "appearance.eval=identity", "pose_fit": "pose_opt.eval=given"}[policy]
+        out = tmp_path / "off"
+        assert main(["eval", "--exp-dir", str(tmp_path / "run"), "--device", "cpu", "--out", str(out), off]) == 0
+        plain = json.loads((out / "metrics.json").read_text())
+        assert plain["mean"]["psnr"] != pytest.approx(validation["mean"]["psnr"], abs=1e-4)
+
+
+def test_eval_of_a_ply_applies_its_configs_test_view_policy(make_config, tmp_path: Path) -> None:
+    policy = TEST_VIEW_POLICIES["fit_left"]
+    config = write_yaml(tmp_path / "run.yaml", make_config("run", **policy))
+    assert main(["train", "--config", str(config)]) == 0
+    validation = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    ply, resolved = tmp_path / "run" / "point_cloud.ply", tmp_path / "run" / "config.yaml"
+    assert main(["eval", "--ply", str(ply), "--config", str(resolved), "--out", str(tmp_path / "ply")]) == 0
+    evaluated = json.loads((tmp_path / "ply" / "metrics.json").read_text())
+    assert evaluated["mean"]["psnr"] == pytest.approx(validation["mean"]["psnr"], abs=1e-4)

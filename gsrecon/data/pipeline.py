@@ -132,6 +132,7 @@ class DataPipeline:
         cache_device = device if self.cache == "device" else torch.device("cpu")
         self._train = [_to_device(f if self.cache == "disk" else f.decoded(), cache_device) for f in self.scene.train]
         self._test = [_to_device(f if self.cache == "disk" else f.decoded(), cache_device) for f in self.scene.test]
+        self._train_by_name = {frame.name: frame for frame in self._train}
         self.decoder: FrameDecoder | None = None  # cache disk: decodes the frames of the batches to come
         if self.cache == "disk":
             self.decoder = FrameDecoder(decode_threads(cfg.prefetch, cfg.batch_size))
@@ -190,18 +191,31 @@ class DataPipeline:
         for frame in self._train:
             yield self._batch([frame], self._background[None])
 
-    def point_depths(self, names: list[str]) -> list[Tensor]:
+    def point_depths(self, names: list[str], viewmats: Tensor | None = None) -> list[Tensor]:
         """Per named training view, ``[P_i, 3]``: pixel x, y (pixel centres at +0.5) and camera-space z of the SfM
         points its photo observed (``Scene.observed``) that land in front of the camera, inside the image and on
-        pixels its mask keeps; [0, 3] for a view without observations."""
-        missing = [name for name in names if name not in self._point_depths]
-        if missing:
-            frames = {frame.name: frame for frame in self._train}
-            points = self.scene.points.to(self.device)
-            for name in missing:
-                rows = self.scene.observed.get(name, torch.zeros(0, dtype=torch.int64)).to(self.device)
-                self._point_depths[name] = _observed_depths(points[rows], frames[name], self.device)
-        return [self._point_depths[name] for name in names]
+        pixels its mask keeps; [0, 3] for a view without observations.
+
+        The camera is the view's given pose, or its row of ``viewmats`` [B, 4, 4] (world-to-camera, e.g. a
+        training batch's cameras moved by pose refinement; a target: no gradient reaches them) where given. A view
+        seen from its given pose is computed once and kept; a moved one at each call."""
+        depths = []
+        for row, name in enumerate(names):
+            frame = self._train_by_name[name]
+            viewmat = None if viewmats is None else viewmats[row].detach()
+            if viewmat is not None and not torch.equal(viewmat, frame.viewmat.to(viewmat)):
+                depths.append(self._observed_depths(frame, viewmat))
+                continue
+            if name not in self._point_depths:
+                self._point_depths[name] = self._observed_depths(frame, frame.viewmat)
+            depths.append(self._point_depths[name])
+        return depths
+
+    def _observed_depths(self, frame: Frame, viewmat: Tensor) -> Tensor:
+        """:meth:`point_depths` of ``frame`` seen from the world-to-camera ``viewmat`` [4, 4]."""
+        points = self.scene.points
+        rows = self.scene.observed.get(frame.name, torch.zeros(0, dtype=torch.int64)).to(points.device)
+        return _observed_depths(points[rows].to(self.device), frame, viewmat, self.device)
 
     def fixed_background(self) -> Tensor:
         """The background colour used where it is not random, [3]."""
@@ -259,10 +273,11 @@ class DataPipeline:
         return torch.stack([d.to(self.device) for d in depths]).float()[..., None]
 
 
-def _observed_depths(points: Tensor, frame: Frame, device: torch.device) -> Tensor:
-    """[P', 3] pixel x, y and camera z of ``points`` [P, 3] as ``frame`` sees them, those outside its image or on
-    pixels its mask leaves out (a moving person, the sky) left out."""
-    viewmat = frame.viewmat.to(device)
+def _observed_depths(points: Tensor, frame: Frame, viewmat: Tensor, device: torch.device) -> Tensor:
+    """[P', 3] pixel x, y and camera z of ``points`` [P, 3] as ``frame``'s camera sees them from the world-to-camera
+    ``viewmat`` [4, 4], those outside its image or on pixels its mask leaves out (a moving person, the sky) left
+    out."""
+    viewmat = viewmat.to(device)
     camera = points @ viewmat[:3, :3].T + viewmat[:3, 3]  # [P, 3]
     K = frame.K.to(device)
     if frame.camera_model.kind == "pinhole":

@@ -38,7 +38,7 @@ from gsrecon.logging.console import Logger, ProgressLogger
 from gsrecon.metrics import mean_metrics
 from gsrecon.model.params import check_params
 from gsrecon.model.ply import load_ply
-from gsrecon.model.views.base import build_views
+from gsrecon.model.views.base import ViewModules, build_views
 from gsrecon.plugins import import_plugins
 from gsrecon.registry import DATASET_REGISTRY, EXPORT_REGISTRY, MODEL_REGISTRY, RENDERER_REGISTRY
 from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
@@ -112,18 +112,27 @@ def load_trained_scene(
     return TrainedScene(cfg, {k: v.float() for k, v in params.items()}, step, str(ply or checkpoint), views)
 
 
-def training_cameras(scene: TrainedScene, pipeline: DataPipeline) -> Tensor:
-    """The training cameras [F, 4, 4] (world-to-camera, in ``pipeline.scene.train`` order) where the trained scene
-    places them: their given poses, moved by the per-view modules of the checkpoint that correct them (``pose_opt``)."""
-    frames = pipeline.scene.train
-    given = torch.stack([frame.viewmat.float().cpu() for frame in frames])  # [F, 4, 4]
-    if not scene.views:
-        return given
-    names = [frame.name for frame in frames]
+def scene_views(scene: TrainedScene, pipeline: DataPipeline) -> ViewModules:
+    """The per-view modules of the scene's config for ``pipeline``'s training views, holding the checkpoint's state.
+
+    A PLY has no such state: its modules start untrained (training cameras at their given poses), and their
+    test-view policies (``appearance.eval``, ``pose_opt.eval``), which fit each test view afresh, apply as configured.
+    """
+    names = [frame.name for frame in pipeline.scene.train]
     views = build_views(resolve_views_config(scene.cfg, scene.source), names, torch.device("cpu"), scene.source)
     views.load_state_dict(scene.views)
+    return views
+
+
+def training_cameras(scene: TrainedScene, pipeline: DataPipeline, views: ViewModules | None = None) -> Tensor:
+    """The training cameras [F, 4, 4] (world-to-camera, in ``pipeline.scene.train`` order) where the trained scene
+    places them: their given poses, moved by the per-view modules that correct them (``pose_opt``); ``views``: the
+    scene's modules (:func:`scene_views`) where the caller has them."""
+    frames = pipeline.scene.train
+    given = torch.stack([frame.viewmat.float().cpu() for frame in frames])  # [F, 4, 4]
+    views = scene_views(scene, pipeline) if views is None else views
     with torch.no_grad():
-        return views.camera_poses(given, names)
+        return views.camera_poses(given, [frame.name for frame in frames])
 
 
 def _check_registered(cfg: RunConfig, stored_imports: list[str], source: str) -> None:
@@ -186,6 +195,10 @@ def evaluate(
     """Render the test split; write ``renders/test/<name>.png``, ``gt/<name>.png``, ``metrics.json`` and
     ``cameras.json``.
 
+    Test views are scored as validation scores them, by the test-view policies of the scene's per-view modules
+    (:func:`scene_views`): ``pose_opt.eval: fit`` renders each from a pose fitted to its photo first,
+    ``appearance.eval: fit_left`` fits a colour transform on its left half and scores (and writes) the right half.
+
     ``metrics.json`` holds PSNR, SSIM and LPIPS per image and their means (and the depth errors ``depth_abs_rel``
     and ``depth_rmse`` of the views with a depth map, their means over those views), the LPIPS network and
     version, the resolution, the number of Gaussians and the rendering speed (frames per second,
@@ -213,9 +226,17 @@ def evaluate(
         write_png(out_dir / "renders" / "test" / f"{outputs['name']}.png", outputs["render"])
         write_png(out_dir / "gt" / f"{outputs['name']}.png", outputs["gt"])
 
-    views = evaluate_views(render, batches, metrics, after_view=write_view)
+    view_modules = scene_views(scene, pipeline)
+    views = evaluate_views(
+        render,
+        batches,
+        metrics,
+        after_view=write_view,
+        adjust=view_modules.eval_adjust(),
+        fit_cameras=view_modules.eval_cameras,
+    )
     test_cameras = [_camera_entry("test", frame) for frame in pipeline.scene.test]
-    placed = training_cameras(scene, pipeline)  # [F, 4, 4]
+    placed = training_cameras(scene, pipeline, view_modules)  # [F, 4, 4]
     train_cameras = [_camera_entry("train", frame, viewmat) for frame, viewmat in zip(pipeline.scene.train, placed)]
     write_json(out_dir / "cameras.json", test_cameras + train_cameras)
     with torch.no_grad():

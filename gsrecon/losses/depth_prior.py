@@ -36,7 +36,8 @@ def point_depth_loss(depth: Tensor, observed: list[Tensor]) -> Tensor | None:
 
 @LOSS_REGISTRY.register("depth_prior")
 class DepthPriorTerm(LossTerm):
-    """Scene extent × mean |1 / rendered depth - 1 / z| at the pixels where each photo's SfM points land; needs a
+    """Scene extent × mean |1 / rendered depth - 1 / z| at the pixels where each photo's SfM points land, seen from
+    the camera the photo was rendered from (moved by pose refinement, ``pose_opt``, where it is on); needs a
     COLMAP model or points triangulated from a transforms.json capture (``model.init: auto``)."""
 
     @dataclass
@@ -52,5 +53,6 @@ class DepthPriorTerm(LossTerm):
             )
 
     def __call__(self, inputs: LossInputs) -> Tensor | None:
-        error = point_depth_loss(inputs.render.depth, inputs.data.point_depths(inputs.batch.names))
+        observed = inputs.data.point_depths(inputs.batch.names, inputs.batch.viewmats)  # from the rendered cameras
+        error = point_depth_loss(inputs.render.depth, observed)
         return None if error is None else inputs.data.scene.extent * error
