@@ -102,18 +102,28 @@ class GroundFrame:
 
 
 def ground_frame(viewmats: Tensor) -> GroundFrame:
-    """The ground plane of cameras with world-to-camera ``viewmats`` [F, 4, 4] (OpenCV: image up is -y)."""
+    """The ground plane of cameras with world-to-camera ``viewmats`` [F, 4, 4] (OpenCV: image up is -y, forward z).
+
+    Up is the normal of the plane the cameras spread over where they spread over one (an aerial grid, an orbit;
+    pointing the way the images' up axes and against their viewing directions), else the mean of the images' up
+    axes, made perpendicular to the path where the cameras follow one (along a street: a path is level)."""
     viewmats = viewmats.double()
     centers = camera_centers(viewmats)  # [F, 3]
     origin = centers.mean(0)
-    image_up = -viewmats[:, 1, :3]  # [F, 3]: each camera's -y axis in world coordinates
-    up = image_up.mean(0)
-    if up.norm() < 0.3 and len(centers) >= 3:  # cameras rolled every way: the plane the cameras spread over
-        normal = torch.linalg.svd(centers - origin).Vh[-1]
-        up = normal if normal @ image_up.sum(0) >= 0 else -normal
-    up = up / up.norm().clamp_min(1e-12)
+    image_up = -viewmats[:, 1, :3].mean(0)  # the cameras' -y axes in world coordinates, averaged
+    hint = image_up - viewmats[:, 2, :3].mean(0)  # ... and against their viewing directions
+    up = image_up
+    if len(centers) >= 3:
+        singular, spread = torch.linalg.svd(centers - origin, full_matrices=False)[1:]  # [3], [3, 3]
+        if singular[1] > 0.25 * singular[0] and singular[2] < 0.5 * singular[1]:
+            up = spread[2] if spread[2] @ hint >= 0 else -spread[2]
+        elif singular[1] <= 0.25 * singular[0]:
+            up = image_up - (image_up @ spread[0]) * spread[0]
+    if up.norm() < 0.3:  # images rolled every way along a path: against the viewing directions
+        up = hint if hint.norm() > 1e-6 else torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64)
+    up = up / up.norm()
     flat = (centers - origin) - ((centers - origin) @ up)[:, None] * up  # [F, 3] on the plane
-    u = torch.linalg.svd(flat).Vh[0] if len(centers) >= 2 and flat.norm() > 1e-9 else torch.zeros(3).double()
+    u = torch.linalg.svd(flat).Vh[0] if flat.norm() > 1e-9 else torch.zeros(3, dtype=torch.float64)
     if u.norm() < 0.5:  # one camera, or all at one place: any horizontal axis
         u = torch.linalg.cross(up, torch.eye(3, dtype=up.dtype)[int(up.abs().argmin())])
     u = u - (u @ up) * up

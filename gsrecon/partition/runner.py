@@ -32,7 +32,15 @@ from gsrecon.engine.trainer import DefaultTrainer
 from gsrecon.errors import InputError
 from gsrecon.logging.console import Logger
 from gsrecon.partition.blocks import Partition, plan_partition
-from gsrecon.partition.merge import BLOCKS_DIR, MergeResult, block_dir, finished_blocks, merge_blocks, save_block_result
+from gsrecon.partition.merge import (
+    BLOCK_RESULT,
+    BLOCKS_DIR,
+    MergeResult,
+    block_dir,
+    finished_blocks,
+    merge_blocks,
+    save_block_result,
+)
 from gsrecon.plugins import import_plugins
 
 PLAN_FILE = "partition.json"
@@ -69,45 +77,60 @@ def train_blocks(cfg: builder.RunConfig, source: str, overwrite: bool = False) -
     group = _wait_group(dist)
     error = None
     try:
-        scene = read_scene(dataclasses.replace(cfg.data, cache="disk"))
-        partition = plan_partition(scene, cfg.partition)
+        partition = plan_partition(read_scene(dataclasses.replace(cfg.data, cache="disk")), cfg.partition)
         if dist.rank == 0:
             _take_folder(run_dir, resolved, partition, overwrite, resume, only is not None, logger)
     except (InputError, OSError) as exc:
         error = exc
     _agree(dist, group, resolved, error)
-    mine = [only] if only is not None else list(range(dist.rank, len(partition.blocks), dist.world_size))
+    try:
+        outcome = _train_own_blocks(cfg, source, overwrite, partition, dist, logger)
+        if outcome.stop_reason or only is not None:
+            return outcome
+        if group is not None:
+            torch_dist.barrier(group)
+        if dist.rank == 0:
+            pipeline = DataPipeline(dataclasses.replace(cfg.data, cache="disk"), device, cfg.seed)
+            outcome.merged = merge_blocks(cfg, resolved, partition, pipeline, logger, dist.local_rank)
+        return outcome
+    finally:
+        logger.close()
+        run_dir.release()
+
+
+def _train_own_blocks(
+    cfg: builder.RunConfig,
+    source: str,
+    overwrite: bool,
+    partition: Partition,
+    dist: DistributedContext,
+    logger: Logger,
+) -> BlocksOutcome:
+    """Train the blocks this process has (``partition.only``, or its rank's share) that have not finished."""
+    only, count = cfg.partition.only, len(partition.blocks)
+    mine = [only] if only is not None else list(range(dist.rank, count, dist.world_size))
     outcome = BlocksOutcome([], [])
     for index in mine:
-        if (block_dir(cfg.exp_dir, index) / "block.pt").is_file() and not (overwrite and only is not None):
+        if (block_dir(cfg.exp_dir, index) / BLOCK_RESULT).is_file() and not (overwrite and only is not None):
             outcome.finished_before.append(index)
             logger.info(f"block {index}: finished earlier, not trained again")
             continue
         trainer = _block_trainer(cfg, source, index, overwrite and only is not None, dist, logger)
         trainer.train()
         if trainer.stop_reason:
-            outcome.stop_reason = f"block {index}: {trainer.stop_reason}"
-            outcome.stop_signal = trainer.stop_signal
+            outcome.stop_reason, outcome.stop_signal = f"block {index}: {trainer.stop_reason}", trainer.stop_signal
             return outcome
         save_block_result(cfg.exp_dir, index, trainer.step, trainer.model.params)
         outcome.trained.append(index)
-        del trainer
+        del trainer  # its Gaussians and images, before the next block's
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     if only is not None:
         logger.info(
             f"block {only} done; when every block is, merge them: gsrecon merge --exp-dir {cfg.exp_dir} "
-            f"({len(finished_blocks(cfg.exp_dir, len(partition.blocks)))} of {len(partition.blocks)} finished)"
+            f"({len(finished_blocks(cfg.exp_dir, count))} of {count} finished)"
         )
-        return outcome
-    if group is not None:
-        torch_dist.barrier(group)
-    if dist.rank == 0:
-        pipeline = DataPipeline(dataclasses.replace(cfg.data, cache="disk"), device, cfg.seed)
-        outcome.merged = merge_blocks(cfg, resolved, partition, pipeline, logger, dist.local_rank)
-    logger.close()
-    run_dir.release()
     return outcome
 
 
@@ -158,7 +181,6 @@ def _take_folder(
         elif folder.is_dir() and any(folder.iterdir()) and not (folder / RUN_MARKER).is_file():
             run_dir.check(overwrite=False, resume=False)  # refuses a folder that is not a gsrecon run's
         folder.mkdir(parents=True, exist_ok=True)
-        logger.set_log_file(folder / f"train_block_{resolved['partition']['only']}.log")
     else:
         run_dir.check(overwrite, resume)
         if resume and (folder / PLAN_FILE).is_file():
