@@ -292,3 +292,44 @@ def test_two_torchrun_ranks_share_the_blocks_and_merge_what_one_process_does(mak
     assert all("block" in log for log in logs)
     for name, value in _merged_params(tmp_path / "ranks").items():
         torch.testing.assert_close(value, _merged_params(tmp_path / "serial")[name], rtol=0, atol=0)
+
+
+def test_every_feature_works_per_block_and_a_fine_tune_of_the_merged_scene(make_config, tmp_path: Path) -> None:
+    config = _blocks_config(
+        make_config,
+        tmp_path,
+        strategy={"name": "mcmc", "cap_max": 700, "refine_start": 2, "refine_every": 2},
+        appearance={"mode": "affine"},
+        partition={"blocks": 2, "merge_steps": 4},
+    )
+    assert main(["train", "--config", str(config), "data.cache=disk"]) == 0
+    exp_dir = tmp_path / "blocks"
+    for index in range(2):
+        log = (exp_dir / "blocks" / str(index) / "train.log").read_text()
+        assert "data.cache: disk" in log and f"block {index}:" in log
+        assert load_checkpoint_file(exp_dir / "blocks" / str(index) / "checkpoints" / "last.pt")["views"]
+    merged = load_checkpoint_file(exp_dir / "checkpoints" / "last.pt")
+    assert merged["step"] == 8 + 4  # the blocks' steps, then the fine-tune's
+    finetuned = load_checkpoint_file(exp_dir / "blocks" / "finetune" / "checkpoints" / "last.pt")["params"]
+    for name, value in merged["params"].items():
+        torch.testing.assert_close(value, finetuned[name], rtol=0, atol=0)
+    before = load_checkpoint_file(exp_dir / "blocks" / "0" / "block.pt")["params"]["means"]
+    assert not torch.equal(merged["params"]["means"][: len(before)], before[: len(merged["params"]["means"])])
+
+
+def test_torchrun_ranks_with_different_configs_are_refused_before_training(make_config, tmp_path: Path) -> None:
+    config = _blocks_config(make_config, tmp_path)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29517"}
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-m", "gsrecon", "train", "--config", str(config), f"seed={rank}"],
+            env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    errors = [process.communicate(timeout=300)[1] for process in ranks]
+    assert [process.returncode for process in ranks] == [2, 2]
+    assert all("torchrun ranks 1 have another config than rank 0" in err for err in errors), errors
+    assert not (tmp_path / "blocks").exists()  # nothing written

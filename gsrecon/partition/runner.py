@@ -75,9 +75,13 @@ def train_blocks(cfg: builder.RunConfig, source: str, overwrite: bool = False) -
     device = builder.resolve_device(cfg.device, dist)
     resolved = builder.resolve_run_config(cfg, device, source)
     group = _wait_group(dist)
-    error = None
+    partition, error = None, None
     try:
         partition = plan_partition(read_scene(dataclasses.replace(cfg.data, cache="disk")), cfg.partition)
+    except (InputError, OSError) as exc:
+        error = exc
+    _agree(dist, group, resolved, error)  # every rank has this config and its plan before anything is written
+    try:
         if dist.rank == 0:
             _take_folder(run_dir, resolved, partition, overwrite, resume, only is not None, logger)
     except (InputError, OSError) as exc:
