@@ -58,6 +58,7 @@ _LIGHT_DIR /= np.linalg.norm(_LIGHT_DIR)  # unit vector towards the (infinitely 
 _AMBIENT = 0.35
 _EPS = 1e-6
 _CHUNK = 8192  # rays traced at once (keeps the working set in cache)
+_STREET_VIEW = (1.3, 5.5)  # metres ahead of a street camera that the bottom and top of its image see on the ground
 
 
 @dataclass
@@ -101,12 +102,16 @@ class SyntheticConfig:
             "num_points": self.num_points,
             "fov_deg": self.fov_deg,
             "orbit_radius": self.orbit_radius,
-            "street_length": self.street_length,
             "supersample": self.supersample,
         }
         for name, value in positive.items():
             if value <= 0:
                 raise ValueError(f"SyntheticConfig.{name} must be > 0, got {value!r}")
+        if self.street_length < _STREET_VIEW[1]:
+            raise ValueError(
+                f"SyntheticConfig.street_length must be >= {_STREET_VIEW[1]} (metres: what one view sees of it), "
+                f"got {self.street_length!r}"
+            )
         defaults = {field.name: field.default for field in dataclasses.fields(self)}
         for name in _ignored_options(self.layout):
             value = getattr(self, name)
@@ -498,14 +503,16 @@ _STREET_AIM_HEIGHT = 0.3  # the height of that point on the centre line
 
 
 def street_viewmats(cfg: SyntheticConfig) -> Array:
-    """[N, 4, 4] OpenCV world-to-camera matrices moving along the street (world x, z up): view i looks at the
-    centre line at ``x_i = -L/2 + (i + 0.5) L / N`` from `_STREET_AHEAD` metres before it, alternating heights
-    and sides."""
+    """[N, 4, 4] OpenCV world-to-camera matrices moving along the street (world x, z up), evenly spaced from where
+    the first sees the street's start at the bottom of its image to where the last sees its end at the top; each
+    looks at the centre line `_STREET_AHEAD` metres ahead, at alternating heights and sides."""
     i = np.arange(cfg.num_views)
-    aim_x = -cfg.street_length / 2.0 + (i + 0.5) * cfg.street_length / cfg.num_views  # [N]
+    first, last = -cfg.street_length / 2.0 - _STREET_VIEW[0], cfg.street_length / 2.0 - _STREET_VIEW[1]
+    eye_x = first + (i + 0.5) * (last - first) / cfg.num_views  # [N]
     side = np.where(i // 2 % 2 == 0, -_STREET_SIDE, _STREET_SIDE)
     height = np.asarray(_STREET_HEIGHTS)[i % len(_STREET_HEIGHTS)]
-    eyes = np.stack([aim_x - _STREET_AHEAD, side, height], axis=-1)  # [N, 3]
+    eyes = np.stack([eye_x, side, height], axis=-1)  # [N, 3]
+    aim_x = eye_x + _STREET_AHEAD
     targets = np.stack([aim_x, np.zeros_like(aim_x), np.full_like(aim_x, _STREET_AIM_HEIGHT)], axis=-1)
     up = torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64)
     return look_at(torch.from_numpy(eyes), torch.from_numpy(targets), up).numpy()
