@@ -58,7 +58,7 @@ _LIGHT_DIR /= np.linalg.norm(_LIGHT_DIR)  # unit vector towards the (infinitely 
 _AMBIENT = 0.35
 _EPS = 1e-6
 _CHUNK = 8192  # rays traced at once (keeps the working set in cache)
-_STREET_VIEW = (1.3, 5.5)  # metres ahead of a street camera that the bottom and top of its image see on the ground
+_STREET_VIEW = (1.3, 5.5)  # about how far ahead of a street camera the bottom and top of its image meet the ground
 
 
 @dataclass
@@ -66,7 +66,9 @@ class SyntheticConfig:
     """Parameters of the synthetic scene; every field except ``val_every`` (the split), ``depth_noise`` (drawn
     when loaded), ``cache_dir`` and the options of the other layout changes the data (and so the cache file)."""
 
-    layout: str = "orbit"  # "orbit": objects near the origin, cameras around them; "street": see `street_length`
+    # "orbit": objects near the origin, cameras around them; "street": a long strip of objects, cameras moving along
+    # it, each seeing a few metres (a scene that needs blocks, for block training: issue 30)
+    layout: str = "orbit"
     num_views: int = 24
     width: int = 64
     height: int = 48
