@@ -44,6 +44,12 @@ def scene(cfg: SyntheticConfig) -> Scene:
     return load_synthetic(cfg)
 
 
+@pytest.fixture(scope="module")
+def exact(cfg: SyntheticConfig) -> Scene:
+    """The street with its points exactly on the surfaces (no jitter)."""
+    return load_synthetic(dataclasses.replace(cfg, point_noise=0.0))
+
+
 def _all_frames(scene: Scene) -> list[Frame]:
     return sorted(scene.train + scene.test, key=lambda f: f.name)
 
@@ -57,18 +63,20 @@ def _in_image(points: Tensor, frame: Frame) -> Tensor:
     return (cam[:, 2] > 0) & (u >= 0) & (u < width) & (v >= 0) & (v < height)
 
 
-def test_the_street_is_deterministic_and_not_the_orbit(cfg, scene, tmp_path):
-    fresh = load_synthetic(dataclasses.replace(cfg, cache_dir=str(tmp_path / "a")))
+def test_the_street_is_deterministic_and_not_the_orbit(cfg, tmp_path):
+    small = dataclasses.replace(cfg, num_views=8, num_points=300, cache_dir=str(tmp_path / "a"))
+    scene = load_synthetic(small)
+    fresh = load_synthetic(dataclasses.replace(small, cache_dir=str(tmp_path / "b")))
     for a, b in zip(_all_frames(fresh), _all_frames(scene), strict=True):
         assert torch.equal(a.image, b.image) and torch.equal(a.viewmat, b.viewmat)
     assert torch.equal(fresh.points, scene.points) and torch.equal(fresh.colors, scene.colors)
 
-    reseeded = load_synthetic(dataclasses.replace(cfg, seed=1, cache_dir=str(tmp_path / "b")))
+    reseeded = load_synthetic(dataclasses.replace(small, seed=1))
     assert torch.equal(reseeded.test[0].image, scene.test[0].image)  # the seed draws the points only
     assert not torch.allclose(reseeded.points, scene.points)
 
-    orbit = dataclasses.replace(cfg, layout="orbit")
-    assert cache_path(orbit) != cache_path(cfg)
+    orbit = dataclasses.replace(small, layout="orbit")
+    assert cache_path(orbit) != cache_path(small)
     assert not torch.equal(load_synthetic(orbit).test[0].image, scene.test[0].image)
     assert cache_path(cfg) != cache_path(dataclasses.replace(cfg, street_length=20.0))
     assert cache_path(cfg) == cache_path(dataclasses.replace(cfg, val_every=3))  # the split, not the data
@@ -98,8 +106,7 @@ def test_cameras_move_along_the_street_and_look_ahead_and_down(scene, cfg):
         assert (frame.viewmat[:3, :3] @ torch.tensor([0.0, 0.0, 1.0]))[1] < -0.5  # world up is image up
 
 
-def test_each_camera_sees_only_a_few_metres_of_the_street(scene, cfg, tmp_path):
-    exact = load_synthetic(dataclasses.replace(cfg, point_noise=0.0, cache_dir=str(tmp_path)))
+def test_each_camera_sees_only_a_few_metres_of_the_street(exact, cfg):
     frames = _all_frames(exact)
     for frame in frames:
         seen_x = exact.points[_in_image(exact.points, frame), 0]
@@ -125,13 +132,12 @@ def test_every_stretch_looks_different(scene):
         assert (img[img.shape[0] // 2 :].amax(-1) == 0).float().mean() < 0.05  # the street fills the lower half
 
 
-def test_points_lie_on_the_surfaces_the_cameras_see(scene, cfg, tmp_path):
+def test_points_lie_on_the_surfaces_the_cameras_see(scene, exact, cfg):
     sigma = cfg.point_noise * 3.0  # relative to the street's half-width, as to the orbit's ground radius
     dist = surface_distance(scene.points, cfg)
     assert 0.3 * sigma < dist.median() < 1.2 * sigma and dist.max() < 6 * sigma
     assert surface_distance(scene.points).median() > 10 * sigma  # the orbit scene (the default) is elsewhere
 
-    exact = load_synthetic(dataclasses.replace(cfg, point_noise=0.0, cache_dir=str(tmp_path)))
     assert surface_distance(exact.points, cfg).max() < 1e-5
     assert exact.points[:, 0].min() < -0.4 * cfg.street_length and exact.points[:, 0].max() > 0.4 * cfg.street_length
     assert 0.08 < (exact.points[:, 2] > 1e-3).float().mean() < 0.6  # objects and ground both get points
