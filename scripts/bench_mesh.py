@@ -67,10 +67,11 @@ def mesh_samples(path: Path, count: int) -> tuple[np.ndarray, np.ndarray]:
 def synthetic_scores(path: Path) -> dict[str, float]:
     """Accuracy, completeness, Chamfer and normal consistency against the synthetic scene's surfaces."""
     points, normals = mesh_samples(path, 200_000)
-    distances = np.stack([prim.distance(points) for prim in synthetic._PRIMITIVES])  # [5, P]
+    primitives = synthetic._primitives(synthetic.SyntheticConfig())
+    distances = np.stack([prim.distance(points) for prim in primitives])  # [5, P]
     nearest = distances.argmin(0)
     true_normals = np.zeros_like(points)
-    for i, prim in enumerate(synthetic._PRIMITIVES):
+    for i, prim in enumerate(primitives):
         true_normals[nearest == i] = prim.normal(points[nearest == i])
     true_normals /= np.linalg.norm(true_normals, axis=-1, keepdims=True)
     truth = synthetic.load_synthetic(synthetic.SyntheticConfig(num_points=50_000, point_noise=0.0)).points.numpy()

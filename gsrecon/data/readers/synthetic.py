@@ -1,15 +1,21 @@
 """A built-in analytic scene, ray-cast without any Gaussian renderer, for demos and tests.
 
-The scene (world z up, units of metres) is a checkered ground disc of radius 3 at z = 0 with
-four textured objects near the origin: a striped sphere, a sphere whose colour follows its
-normal, a checkered cube and a pillar with a vertical colour gradient. It is lit by a
-directional light (Lambertian, with cast shadows) plus ambient light; rays that miss
-everything see a plain background colour (or get alpha 0 with ``SyntheticConfig.alpha``).
+World z is up, units are metres. Two layouts (``SyntheticConfig.layout``):
 
-Cameras orbit the look-at point at a fixed radius, alternating between elevations, all around it or
-over an arc (a forward-facing capture); every ``val_every``-th view goes to the test split. An
-"SfM-like" point cloud is sampled on the surfaces the cameras see (area-proportionally), jittered and
-coloured with the shaded colour.
+- ``orbit``: a checkered ground disc of radius 3 at z = 0 with four textured objects near the origin: a
+  striped sphere, a sphere whose colour follows its normal, a checkered cube and a pillar with a vertical
+  colour gradient. Cameras orbit the look-at point at a fixed radius, alternating between elevations, all
+  around it or over an arc (a forward-facing capture).
+- ``street``: a scene that needs blocks (block training, issue 30): a ground strip 6 m wide along world x,
+  ``street_length`` long, whose checker colours drift along x, with spheres, boxes and pillars of varied
+  sizes, textures and colours along it (a fixed draw, so no two stretches look alike). Cameras move along
+  the street (alternating heights and sides), each looking down at the centre line a little ahead, so that
+  each sees only a few metres of it.
+
+The scene is lit by a directional light (Lambertian, with cast shadows) plus ambient light; rays that miss
+everything see a plain background colour (or get alpha 0 with ``SyntheticConfig.alpha``). Every
+``val_every``-th view goes to the test split. An "SfM-like" point cloud is sampled on the surfaces the
+cameras see (area-proportionally), jittered and coloured with the shaded colour.
 
 Images are supersampled for anti-aliased edges, deterministic for a given config, and cached
 as an ``.npz`` file keyed by a hash of the fields that change the data and of the generator's source
@@ -46,19 +52,23 @@ if TYPE_CHECKING:
 
 Array = NDArray[np.float64]
 
-_GROUND_RADIUS = 3.0  # the scene's half-size; `point_noise` is relative to it
+_GROUND_RADIUS = 3.0  # the scene's half-size (the street's half-width); `point_noise` is relative to it
 _LIGHT_DIR = np.array([-0.45, -0.3, 0.84])
 _LIGHT_DIR /= np.linalg.norm(_LIGHT_DIR)  # unit vector towards the (infinitely far) light
 _AMBIENT = 0.35
 _EPS = 1e-6
 _CHUNK = 8192  # rays traced at once (keeps the working set in cache)
+_STREET_VIEW = (1.3, 5.5)  # about how far ahead of a street camera the bottom and top of its image meet the ground
 
 
 @dataclass
 class SyntheticConfig:
     """Parameters of the synthetic scene; every field except ``val_every`` (the split), ``depth_noise`` (drawn
-    when loaded) and ``cache_dir`` changes the data (and so the cache file)."""
+    when loaded), ``cache_dir`` and the options of the other layout changes the data (and so the cache file)."""
 
+    # "orbit": objects near the origin, cameras around them; "street": a long strip of objects, cameras moving along
+    # it, each seeing a few metres (a scene that needs blocks, for block training: issue 30)
+    layout: str = "orbit"
     num_views: int = 24
     width: int = 64
     height: int = 48
@@ -67,10 +77,14 @@ class SyntheticConfig:
     point_noise: float = 0.02  # std of the point jitter, relative to the scene half-size (3 m)
     seed: int = 0  # drives the point cloud (images and cameras do not depend on it)
     fov_deg: float = 50.0  # horizontal field of view; pixels are square
+    # Options of layout "orbit" (layout "street" rejects a change to them)
     orbit_radius: float = 4.0  # camera distance from `look_at`
     arc_deg: float = 360.0  # azimuths the cameras spread over: 360 all around, e.g. 90 for a forward-facing capture
     elevations_deg: tuple[float, ...] = (25.0, 45.0)  # view i uses elevations_deg[i % len]
     look_at: tuple[float, float, float] = (0.0, 0.0, 0.35)  # orbit centre, projects to image centre
+    # Option of layout "street" (layout "orbit" rejects a change to it): the street's length along world x (it is
+    # 6 m wide, centred on the origin); the cameras spread evenly along it, each seeing a few metres
+    street_length: float = 24.0
     supersample: int = 3  # samples per pixel along each axis
     background: tuple[float, float, float] = (0.0, 0.0, 0.0)  # sky colour in [0, 1]
     alpha: bool = False  # True: RGBA images with alpha 0 where the sky shows, RGB unpremultiplied
@@ -81,6 +95,8 @@ class SyntheticConfig:
     cache_dir: str | None = None  # None: gsrecon's cache root / synthetic (see `cache_path`)
 
     def __post_init__(self) -> None:
+        if self.layout not in _LAYOUT_OPTIONS:
+            raise ValueError(f"SyntheticConfig.layout must be one of {sorted(_LAYOUT_OPTIONS)}, got {self.layout!r}")
         positive = {
             "num_views": self.num_views,
             "width": self.width,
@@ -93,6 +109,19 @@ class SyntheticConfig:
         for name, value in positive.items():
             if value <= 0:
                 raise ValueError(f"SyntheticConfig.{name} must be > 0, got {value!r}")
+        if self.street_length < _STREET_VIEW[1]:
+            raise ValueError(
+                f"SyntheticConfig.street_length must be >= {_STREET_VIEW[1]} (metres: what one view sees of it), "
+                f"got {self.street_length!r}"
+            )
+        defaults = {field.name: field.default for field in dataclasses.fields(self)}
+        for name in _ignored_options(self.layout):
+            value = getattr(self, name)
+            if (tuple(value) if isinstance(value, list) else value) != defaults[name]:
+                raise ValueError(
+                    f"SyntheticConfig.{name} is not an option of layout {self.layout!r} (got {value!r}); "
+                    f"leave it out or set layout to the one it belongs to"
+                )
         if self.val_every < 0:
             raise ValueError(f"SyntheticConfig.val_every must be >= 0, got {self.val_every!r}")
         if not 0.0 < self.fov_deg < 180.0:
@@ -114,6 +143,17 @@ class SyntheticConfig:
             raise ValueError(f"SyntheticConfig.background must be in [0, 1], got {self.background!r}")
 
 
+_LAYOUT_OPTIONS = {  # layout -> the fields only it uses
+    "orbit": ("look_at", "orbit_radius", "arc_deg", "elevations_deg"),
+    "street": ("street_length",),
+}
+
+
+def _ignored_options(layout: str) -> tuple[str, ...]:
+    """The `SyntheticConfig` fields that belong to the layouts other than ``layout`` (they change nothing)."""
+    return tuple(name for other, names in _LAYOUT_OPTIONS.items() if other != layout for name in names)
+
+
 # ----------------------------------------------------------------------------- primitives
 
 
@@ -133,16 +173,35 @@ def _soft_checker(x: Array, sharpness: float = 2.0) -> Array:
     return np.clip(0.5 + sharpness * np.prod(np.sin(math.pi * x), axis=-1), 0.0, 1.0)
 
 
-def _mix(a: tuple[float, float, float], b: tuple[float, float, float], w: Array) -> Array:
-    """Per-ray blend (1 - w) * a + w * b; w [R] -> [R, 3]."""
+Color = tuple[float, float, float]
+
+
+def _mix(a: Color | Array, b: Color | Array, w: Array) -> Array:
+    """Per-ray blend (1 - w) * a + w * b of colours [3] or [R, 3]; w [R] -> [R, 3]."""
     return np.asarray(a) + w[:, None] * (np.asarray(b) - np.asarray(a))
 
 
-class _Sphere:
-    """A sphere; `texture` is "stripes" (latitude bands) or "normal" (colour from the normal)."""
+def _hsv(hue: Array, saturation: float, value: float) -> Array:
+    """RGB colours [R, 3] in [0, 1] of hues [R] (in turns, 0 = red) at one saturation and value."""
+    k = (np.array([5.0, 3.0, 1.0]) + 6.0 * (hue[:, None] % 1.0)) % 6.0  # [R, 3]
+    return value - value * saturation * np.clip(np.minimum(k, 4.0 - k), 0.0, 1.0)
 
-    def __init__(self, center: tuple[float, float, float], radius: float, texture: str) -> None:
+
+_TEXTURE_COLORS: dict[str, tuple[Color, Color]] = {  # the two colours of a texture unless a primitive names its own
+    "stripes": ((0.85, 0.18, 0.12), (0.96, 0.9, 0.74)),
+    "checker": ((0.16, 0.55, 0.28), (0.95, 0.84, 0.3)),
+    "gradient": ((0.4, 0.18, 0.6), (0.98, 0.62, 0.18)),
+}
+
+
+class _Sphere:
+    """A sphere; `texture` is "stripes" (latitude bands of `colors`) or "normal" (colour from the normal)."""
+
+    def __init__(
+        self, center: tuple[float, float, float], radius: float, texture: str, colors: tuple[Color, Color] | None = None
+    ) -> None:
         self.center, self.radius, self.texture = np.asarray(center), radius, texture
+        self.colors = colors or _TEXTURE_COLORS.get(texture)
         self.area = 4.0 * math.pi * radius**2
 
     def intersect(self, origins: Array, dirs: Array) -> Array:
@@ -162,7 +221,7 @@ class _Sphere:
         local = (points - self.center) / self.radius  # [R, 3] unit normals
         if self.texture == "stripes":
             bands = _soft_stripes(local[:, 2] * self.radius / 0.2)
-            return _mix((0.85, 0.18, 0.12), (0.96, 0.9, 0.74), bands)
+            return _mix(*self.colors, bands)
         return 0.5 + 0.42 * local * np.array([1.0, -1.0, 1.0])
 
     def distance(self, points: Array) -> Array:
@@ -176,7 +235,8 @@ class _Sphere:
 
 
 class _Box:
-    """A box rotated about z by `yaw_deg`; `texture` is "checker" (3D checker) or "gradient"."""
+    """A box rotated about z by `yaw_deg`; `texture` is "checker" (3D checker) or "gradient" (bottom to top), in
+    `colors`."""
 
     def __init__(
         self,
@@ -184,8 +244,10 @@ class _Box:
         half: tuple[float, float, float],
         yaw_deg: float,
         texture: str,
+        colors: tuple[Color, Color] | None = None,
     ) -> None:
         self.center, self.half, self.texture = np.asarray(center), np.asarray(half), texture
+        self.colors = colors or _TEXTURE_COLORS[texture]
         self.rot = _rotation_z(yaw_deg)  # local -> world
         hx, hy, hz = half
         self.face_areas = 4.0 * np.array([hy * hz, hy * hz, hx * hz, hx * hz, hx * hy, hx * hy])
@@ -216,9 +278,9 @@ class _Box:
         local = self._to_local(points)
         if self.texture == "checker":
             cell = 2.0 * self.half[0] / 3.0
-            return _mix((0.16, 0.55, 0.28), (0.95, 0.84, 0.3), _soft_checker(local / cell))
+            return _mix(*self.colors, _soft_checker(local / cell))
         height = np.clip((local[:, 2] + self.half[2]) / (2.0 * self.half[2]), 0, 1)
-        return _mix((0.4, 0.18, 0.6), (0.98, 0.62, 0.18), height)
+        return _mix(*self.colors, height)
 
     def distance(self, points: Array) -> Array:
         """[P] unsigned distance from points to the surface."""
@@ -236,22 +298,45 @@ class _Box:
 
 
 class _Ground:
-    """The checkered disc z = 0, radius `_GROUND_RADIUS`, seen from above."""
+    """A ground at z = 0 seen from above; subclasses give its outline, texture and sampling."""
 
-    cell = 0.6
-    area = math.pi * _GROUND_RADIUS**2
+    cell = 0.6  # checker cell size
+
+    def _inside(self, xy: Array) -> Array:
+        """[R] bool: the points xy [R, 2] lie on the ground."""
+        raise NotImplementedError
+
+    def _beyond(self, xy: Array) -> Array:
+        """[P] horizontal distance from points xy [P, 2] to the ground (0 on it)."""
+        raise NotImplementedError
 
     def intersect(self, origins: Array, dirs: Array) -> Array:
         """[R] distance along unit rays to the first hit in front of the origin, inf on a miss."""
-        down = dirs[:, 2] < 0.0  # the disc is seen from above only
+        down = dirs[:, 2] < 0.0  # the ground is seen from above only
         t = np.where(down, -origins[:, 2] / np.where(down, dirs[:, 2], -1.0), np.inf)
         xy = origins[:, :2] + np.where(down, t, 0.0)[:, None] * dirs[:, :2]
-        inside = down & (t > _EPS) & (np.einsum("rk,rk->r", xy, xy) <= _GROUND_RADIUS**2)
+        inside = down & (t > _EPS) & self._inside(xy)
         return np.where(inside, t, np.inf)
 
     def normal(self, points: Array) -> Array:
         """[R, 3] outward unit normal at points on the surface."""
         return np.broadcast_to(np.array([0.0, 0.0, 1.0]), points.shape).copy()
+
+    def distance(self, points: Array) -> Array:
+        """[P] unsigned distance from points to the surface."""
+        return np.hypot(self._beyond(points[:, :2]), points[:, 2])
+
+
+class _Disc(_Ground):
+    """The orbit layout's checkered disc of radius `_GROUND_RADIUS`, plain at the rim."""
+
+    area = math.pi * _GROUND_RADIUS**2
+
+    def _inside(self, xy: Array) -> Array:
+        return np.einsum("rk,rk->r", xy, xy) <= _GROUND_RADIUS**2
+
+    def _beyond(self, xy: Array) -> Array:
+        return np.maximum(np.linalg.norm(xy, axis=-1) - _GROUND_RADIUS, 0.0)
 
     def albedo(self, points: Array) -> Array:
         """[R, 3] surface colour at points on the ground."""
@@ -260,11 +345,6 @@ class _Ground:
         fade = np.clip((_GROUND_RADIUS - 0.1 - r) / 0.8, 0.0, 1.0)  # plain at the rim
         return _mix((0.82, 0.78, 0.68), (0.36, 0.42, 0.5), 0.5 + fade * (checker - 0.5))
 
-    def distance(self, points: Array) -> Array:
-        """[P] unsigned distance from points to the surface."""
-        beyond = np.maximum(np.linalg.norm(points[:, :2], axis=-1) - _GROUND_RADIUS, 0.0)
-        return np.hypot(beyond, points[:, 2])
-
     def sample(self, rng: np.random.Generator, n: int) -> Array:
         """[n, 3] points uniform on the surface."""
         r = _GROUND_RADIUS * np.sqrt(rng.random(n))
@@ -272,63 +352,126 @@ class _Ground:
         return np.stack([r * np.cos(phi), r * np.sin(phi), np.zeros(n)], axis=-1)
 
 
-_PRIMITIVES = (
-    _Ground(),
-    _Sphere((-0.65, -0.35, 0.55), 0.55, "stripes"),
-    _Sphere((0.75, 0.45, 0.42), 0.42, "normal"),
-    _Box((0.35, -0.75, 0.35), (0.35, 0.35, 0.35), 30.0, "checker"),
-    _Box((-0.35, 0.8, 0.6), (0.15, 0.15, 0.6), -20.0, "gradient"),
-)
+class _Strip(_Ground):
+    """The street layout's ground: the rectangle |x| <= length / 2, |y| <= `_GROUND_RADIUS`, a checker whose dark
+    cells change hue along x (so that every stretch has its own colours)."""
+
+    def __init__(self, length: float) -> None:
+        self.half = np.array([length / 2.0, _GROUND_RADIUS])  # [2]
+        self.area = float(4.0 * self.half.prod())
+
+    def _inside(self, xy: Array) -> Array:
+        return (np.abs(xy) <= self.half).all(-1)
+
+    def _beyond(self, xy: Array) -> Array:
+        return np.linalg.norm(np.maximum(np.abs(xy) - self.half, 0.0), axis=-1)
+
+    def albedo(self, points: Array) -> Array:
+        """[R, 3] surface colour at points on the ground."""
+        checker = _soft_checker(points[:, :2] / self.cell, sharpness=4.0)
+        along = (points[:, 0] + self.half[0]) / (2.0 * self.half[0])  # [R], 0 -> 1 from one end to the other
+        return _mix((0.85, 0.82, 0.74), _hsv(0.8 * along, 0.55, 0.5), checker)
+
+    def sample(self, rng: np.random.Generator, n: int) -> Array:
+        """[n, 3] points uniform on the surface."""
+        xy = (2.0 * rng.random((n, 2)) - 1.0) * self.half
+        return np.concatenate([xy, np.zeros((n, 1))], axis=-1)
+
+
+_Primitive = _Ground | _Sphere | _Box
+
+_STREET_SPACING = 1.3  # metres along x from one object to the next
+_STREET_DRAW = 30  # seed of the street's fixed draw of objects (the config's `seed` drives the point cloud only)
+
+
+def _orbit_primitives() -> tuple[_Primitive, ...]:
+    """The orbit layout: the ground disc and four objects near the origin."""
+    return (
+        _Disc(),
+        _Sphere((-0.65, -0.35, 0.55), 0.55, "stripes"),
+        _Sphere((0.75, 0.45, 0.42), 0.42, "normal"),
+        _Box((0.35, -0.75, 0.35), (0.35, 0.35, 0.35), 30.0, "checker"),
+        _Box((-0.35, 0.8, 0.6), (0.15, 0.15, 0.6), -20.0, "gradient"),
+    )
+
+
+def _street_primitives(length: float) -> tuple[_Primitive, ...]:
+    """The street layout: the ground strip and an object every `_STREET_SPACING` metres along it, standing on the
+    ground, of a kind, size, place across the street, texture and colours drawn once (the same for every call)."""
+    rng = np.random.default_rng(_STREET_DRAW)
+    count = int(length // _STREET_SPACING)
+    objects: list[_Primitive] = []
+    for j in range(count):
+        x = -length / 2.0 + (j + 0.5) * length / count + rng.uniform(-0.15, 0.15)
+        kind = rng.integers(5)
+        hue = rng.random()
+        colors = (tuple(_hsv(np.array([hue]), 0.75, 0.85)[0]), tuple(_hsv(np.array([hue + 0.45]), 0.25, 0.95)[0]))
+        if kind < 2:  # a striped sphere or one coloured by its normal
+            radius = rng.uniform(0.25, 0.55)
+            y = rng.uniform(-1.0, 1.0) * (_GROUND_RADIUS - radius - 0.1)
+            objects.append(_Sphere((x, y, radius), radius, ("stripes", "normal")[kind], colors))
+        else:  # a checkered box, a low gradient box or a tall gradient pillar
+            side = rng.uniform(0.12, 0.2) if kind == 4 else rng.uniform(0.2, 0.45)
+            half_height = rng.uniform(0.5, 0.8) if kind == 4 else side * rng.uniform(0.6, 1.4)
+            y = rng.uniform(-1.0, 1.0) * (_GROUND_RADIUS - 1.5 * side - 0.1)
+            texture = "checker" if kind == 2 else "gradient"
+            objects.append(_Box((x, y, half_height), (side, side, half_height), rng.uniform(0, 90), texture, colors))
+    return (_Strip(length), *objects)
+
+
+def _primitives(cfg: SyntheticConfig) -> tuple[_Primitive, ...]:
+    """The surfaces of `cfg`'s scene; the first is the ground."""
+    return _orbit_primitives() if cfg.layout == "orbit" else _street_primitives(cfg.street_length)
 
 
 # ----------------------------------------------------------------------------- ray casting
 
 
-def _trace(origins: Array, dirs: Array) -> tuple[Array, Array]:
-    """First hit along unit rays: distance [R] (inf on a miss), primitive index [R] (-1: miss)."""
+def _trace(prims: tuple[_Primitive, ...], origins: Array, dirs: Array) -> tuple[Array, Array]:
+    """First hit on `prims` along unit rays: distance [R] (inf on a miss), primitive index [R] (-1: miss)."""
     t_best = np.full(len(origins), np.inf)
     index = np.full(len(origins), -1)
-    for i, prim in enumerate(_PRIMITIVES):
+    for i, prim in enumerate(prims):
         t = prim.intersect(origins, dirs)
         closer = t < t_best
         t_best, index = np.where(closer, t, t_best), np.where(closer, i, index)
     return t_best, index
 
 
-def _surface(points: Array, index: Array) -> tuple[Array, Array]:
-    """Albedo [R, 3] and outward normal [R, 3] at points on the primitives `index` (all >= 0)."""
+def _surface(prims: tuple[_Primitive, ...], points: Array, index: Array) -> tuple[Array, Array]:
+    """Albedo [R, 3] and outward normal [R, 3] at points on the primitives ``prims[index]`` (all >= 0)."""
     albedo, normals = np.zeros_like(points), np.zeros_like(points)
-    for i, prim in enumerate(_PRIMITIVES):
+    for i, prim in enumerate(prims):
         sel = index == i
         if sel.any():
             albedo[sel], normals[sel] = prim.albedo(points[sel]), prim.normal(points[sel])
     return albedo, normals
 
 
-def _shade(points: Array, index: Array) -> Array:
-    """[R, 3] Lambertian colour in [0, 1] at surface points: ambient + shadowed sunlight."""
-    albedo, normals = _surface(points, index)
+def _shade(prims: tuple[_Primitive, ...], points: Array, index: Array) -> Array:
+    """[R, 3] Lambertian colour in [0, 1] at points on ``prims[index]``: ambient + shadowed sunlight."""
+    albedo, normals = _surface(prims, points, index)
     lambert = np.maximum(normals @ _LIGHT_DIR, 0.0)  # [R]
     lit = np.flatnonzero(lambert > 0.0)
     shadow_origins = points[lit] + 1e-4 * normals[lit]
-    occluded = np.isfinite(_trace(shadow_origins, np.broadcast_to(_LIGHT_DIR, shadow_origins.shape))[0])
+    occluded = np.isfinite(_trace(prims, shadow_origins, np.broadcast_to(_LIGHT_DIR, shadow_origins.shape))[0])
     lambert[lit[occluded]] = 0.0
     return np.clip(albedo * (_AMBIENT + (1.0 - _AMBIENT) * lambert)[:, None], 0.0, 1.0)
 
 
-def _radiance(origins: Array, dirs: Array) -> tuple[Array, Array]:
-    """Colour seen along unit rays [R, 3] (0 on a miss) and whether they hit the scene [R]."""
-    dist, index = _trace(origins, dirs)
+def _radiance(prims: tuple[_Primitive, ...], origins: Array, dirs: Array) -> tuple[Array, Array]:
+    """Colour seen along unit rays [R, 3] (0 on a miss) and whether they hit `prims` [R]."""
+    dist, index = _trace(prims, origins, dirs)
     hit = np.isfinite(dist)
     color = np.zeros_like(dirs)
-    color[hit] = _shade(origins[hit] + dist[hit, None] * dirs[hit], index[hit])
+    color[hit] = _shade(prims, origins[hit] + dist[hit, None] * dirs[hit], index[hit])
     return color, hit
 
 
-def surface_distance(points: torch.Tensor) -> torch.Tensor:
-    """Distance from world points [P, 3] to the nearest surface of the synthetic scene, [P]."""
+def surface_distance(points: torch.Tensor, cfg: SyntheticConfig | None = None) -> torch.Tensor:
+    """Distance from world points [P, 3] to the nearest surface of `cfg`'s scene (None: the default orbit scene) [P]."""
     p = points.detach().cpu().double().numpy()
-    dist = np.min([prim.distance(p) for prim in _PRIMITIVES], axis=0)
+    dist = np.min([prim.distance(p) for prim in _primitives(cfg or SyntheticConfig())], axis=0)
     return torch.from_numpy(dist).to(points.dtype)
 
 
@@ -355,6 +498,33 @@ def orbit_viewmats(cfg: SyntheticConfig) -> Array:
     return look_at(eyes, torch.from_numpy(target), up).numpy()
 
 
+_STREET_HEIGHTS = (2.2, 3.0)  # metres: view i flies at _STREET_HEIGHTS[i % 2]
+_STREET_SIDE = 1.2  # metres off the centre line, left and right in turn every two views
+_STREET_AHEAD = 2.5  # metres along x from a camera to the point it looks at
+_STREET_AIM_HEIGHT = 0.3  # the height of that point on the centre line
+
+
+def street_viewmats(cfg: SyntheticConfig) -> Array:
+    """[N, 4, 4] OpenCV world-to-camera matrices moving along the street (world x, z up), evenly spaced from where
+    the first sees the street's start at the bottom of its image to where the last sees its end at the top; each
+    looks at the centre line `_STREET_AHEAD` metres ahead, at alternating heights and sides."""
+    i = np.arange(cfg.num_views)
+    first, last = -cfg.street_length / 2.0 - _STREET_VIEW[0], cfg.street_length / 2.0 - _STREET_VIEW[1]
+    eye_x = first + (i + 0.5) * (last - first) / cfg.num_views  # [N]
+    side = np.where(i // 2 % 2 == 0, -_STREET_SIDE, _STREET_SIDE)
+    height = np.asarray(_STREET_HEIGHTS)[i % len(_STREET_HEIGHTS)]
+    eyes = np.stack([eye_x, side, height], axis=-1)  # [N, 3]
+    aim_x = eye_x + _STREET_AHEAD
+    targets = np.stack([aim_x, np.zeros_like(aim_x), np.full_like(aim_x, _STREET_AIM_HEIGHT)], axis=-1)
+    up = torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64)
+    return look_at(torch.from_numpy(eyes), torch.from_numpy(targets), up).numpy()
+
+
+def layout_viewmats(cfg: SyntheticConfig) -> Array:
+    """[N, 4, 4] world-to-camera matrices of `cfg`'s views (its layout's cameras)."""
+    return orbit_viewmats(cfg) if cfg.layout == "orbit" else street_viewmats(cfg)
+
+
 def _camera_center(viewmat: Array) -> Array:
     """[3] world position of the camera of a world-to-camera ``viewmat`` [4, 4]."""
     return camera_centers(torch.from_numpy(viewmat)).numpy()
@@ -378,10 +548,11 @@ def render_view(
     dirs = cam.reshape(-1, 3) @ R  # [S, 3] world directions (R^T applied to each)
     dirs /= np.linalg.norm(dirs, axis=-1, keepdims=True)
     origins = np.broadcast_to(_camera_center(viewmat), dirs.shape)
+    prims = _primitives(cfg)
     color, hit = np.zeros_like(dirs), np.zeros(len(dirs), dtype=bool)  # [S, 3], [S]
     for start in range(0, len(dirs), _CHUNK):
         rays = slice(start, start + _CHUNK)
-        color[rays], hit[rays] = _radiance(origins[rays], dirs[rays])
+        color[rays], hit[rays] = _radiance(prims, origins[rays], dirs[rays])
     coverage = hit.astype(np.float64).reshape(H, s, W, s).mean((1, 3))  # [H, W]
     color = color.reshape(H, s, W, s, 3).mean((1, 3))  # [H, W, 3], sky samples count as 0
     background = np.asarray(cfg.background)
@@ -401,8 +572,9 @@ def render_depth(viewmat: Array, K: Array, cfg: SyntheticConfig) -> NDArray[np.f
     length = np.linalg.norm(cam, axis=-1)  # [S] camera z of a unit step along each ray is 1 / length
     dirs = cam @ viewmat[:3, :3] / length[:, None]  # [S, 3] unit world directions
     origins = np.broadcast_to(_camera_center(viewmat), dirs.shape)
+    prims = _primitives(cfg)
     distance = np.concatenate(
-        [_trace(origins[i : i + _CHUNK], dirs[i : i + _CHUNK])[0] for i in range(0, len(dirs), _CHUNK)]
+        [_trace(prims, origins[i : i + _CHUNK], dirs[i : i + _CHUNK])[0] for i in range(0, len(dirs), _CHUNK)]
     )
     depth = np.where(np.isfinite(distance), distance / length, 0.0)
     return depth.reshape(cfg.height, cfg.width).astype(np.float32)
@@ -411,8 +583,10 @@ def render_depth(viewmat: Array, K: Array, cfg: SyntheticConfig) -> NDArray[np.f
 # ----------------------------------------------------------------------------- point cloud
 
 
-def _visible(points: Array, normals: Array, viewmats: Array, K: Array, cfg: SyntheticConfig) -> Array:
-    """[P] bool: the surface point faces some camera and is seen unoccluded inside its image."""
+def _visible(
+    prims: tuple[_Primitive, ...], points: Array, normals: Array, viewmats: Array, K: Array, cfg: SyntheticConfig
+) -> Array:
+    """[P] bool: the point on the surface of `prims` faces some camera and is seen unoccluded inside its image."""
     seen = np.zeros(len(points), dtype=bool)
     for viewmat in viewmats:
         R, t = viewmat[:3, :3], viewmat[:3, 3]
@@ -425,7 +599,7 @@ def _visible(points: Array, normals: Array, viewmats: Array, K: Array, cfg: Synt
         in_image = (cam[:, 2] > _EPS) & (u >= 0) & (u < cfg.width) & (v >= 0) & (v < cfg.height)
         cand = np.flatnonzero(in_image & facing & ~seen)
         dirs = to_point[cand] / length[cand, None]
-        dist = _trace(np.broadcast_to(eye, dirs.shape), dirs)[0]
+        dist = _trace(prims, np.broadcast_to(eye, dirs.shape), dirs)[0]
         seen[cand[dist > length[cand] - 1e-4]] = True
     return seen
 
@@ -433,26 +607,25 @@ def _visible(points: Array, normals: Array, viewmats: Array, K: Array, cfg: Synt
 def _point_cloud(viewmats: Array, K: Array, cfg: SyntheticConfig) -> tuple[Array, Array]:
     """`num_points` jittered visible surface points [P, 3] and their noisy shaded colours [P, 3]."""
     rng = np.random.default_rng(cfg.seed)
-    areas = np.array([prim.area for prim in _PRIMITIVES])
+    prims = _primitives(cfg)
+    areas = np.array([prim.area for prim in prims])
     points, index = [], []
     count = 0
     while count < cfg.num_points:  # rejection sampling: area-proportional over the visible surface
         per_prim = rng.multinomial(2 * cfg.num_points, areas / areas.sum())
-        for i, (prim, n) in enumerate(zip(_PRIMITIVES, per_prim, strict=True)):
+        for i, (prim, n) in enumerate(zip(prims, per_prim, strict=True)):
             p = prim.sample(rng, int(n))  # [n, 3]
-            keep = _visible(p, prim.normal(p), viewmats, K, cfg)
+            keep = _visible(prims, p, prim.normal(p), viewmats, K, cfg)
             points.append(p[keep])
             index.append(np.full(int(keep.sum()), i))
         found = sum(len(p) for p in points)
         if found == count:
-            raise InputError(
-                f"SyntheticConfig: no camera sees the scene (look_at={cfg.look_at!r}, "
-                f"orbit_radius={cfg.orbit_radius!r}, fov_deg={cfg.fov_deg!r})"
-            )
+            cameras = ", ".join(f"{name}={getattr(cfg, name)!r}" for name in (*_LAYOUT_OPTIONS[cfg.layout], "fov_deg"))
+            raise InputError(f"SyntheticConfig: no camera sees the scene (layout={cfg.layout!r}, {cameras})")
         count = found
     pick = rng.permutation(count)[: cfg.num_points]
     p_all, i_all = np.concatenate(points)[pick], np.concatenate(index)[pick]
-    colors = _shade(p_all, i_all) + 0.02 * rng.standard_normal(p_all.shape)
+    colors = _shade(prims, p_all, i_all) + 0.02 * rng.standard_normal(p_all.shape)
     jitter = cfg.point_noise * _GROUND_RADIUS * rng.standard_normal(p_all.shape)
     return p_all + jitter, np.clip(colors, 0.0, 1.0)
 
@@ -484,7 +657,10 @@ def cache_path(cfg: SyntheticConfig, generator: str = _GENERATOR_DIGEST) -> Path
     ``synthetic/`` under gsrecon's cache root (``$GSRECON_CACHE``, ``$XDG_CACHE_HOME/gsrecon`` or
     ``~/.cache/gsrecon``); it may not exist yet.
     """
-    fields = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("val_every", "depth_noise", "cache_dir")}
+    not_data = ("val_every", "depth_noise", "cache_dir", *_ignored_options(cfg.layout))
+    if cfg.layout == "orbit":  # the key an orbit scene had before there were layouts
+        not_data += ("layout",)
+    fields = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in not_data}
     folder = Path(cfg.cache_dir).expanduser() if cfg.cache_dir is not None else None
     return cache_file("synthetic", {"generator": generator, **fields}, ".npz", folder)
 
@@ -493,7 +669,7 @@ def _generate(cfg: SyntheticConfig) -> dict[str, np.ndarray]:
     """Scene arrays: images [N, H, W, C] uint8, viewmats [N, 4, 4], Ks [N, 3, 3], points, colors, and with
     ``cfg.depth`` depths [N, H, W] float32."""
     K = pinhole_intrinsics(cfg)
-    viewmats = orbit_viewmats(cfg)
+    viewmats = layout_viewmats(cfg)
     images = np.stack([render_view(viewmat, K, cfg) for viewmat in viewmats])
     points, colors = _point_cloud(viewmats, K, cfg)
     depths = {"depths": np.stack([render_depth(viewmat, K, cfg) for viewmat in viewmats])} if cfg.depth else {}
