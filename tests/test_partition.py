@@ -333,3 +333,18 @@ def test_torchrun_ranks_with_different_configs_are_refused_before_training(make_
     assert [process.returncode for process in ranks] == [2, 2]
     assert all("torchrun ranks 1 have another config than rank 0" in err for err in errors), errors
     assert not (tmp_path / "blocks").exists()  # nothing written
+
+
+@pytest.mark.slow
+def test_a_real_capture_in_two_blocks_merges_to_the_quality_of_one_run(make_config, tmp_path, shared_data) -> None:
+    data = {"dataset": "colmap", "path": str(shared_data / "statuette_colmap"), "factor": 8}
+    top = {"max_steps": 300, "val_interval": 300, "data": data, "model": {"sh_degree": 0}}
+    single = write_yaml(tmp_path / "single.yaml", make_config("single", **top))
+    blocks = write_yaml(tmp_path / "two.yaml", make_config("two", **top, partition={"blocks": 2}))
+    assert main(["train", "--config", str(single)]) == 0 and main(["train", "--config", str(blocks)]) == 0
+    plan = json.loads((tmp_path / "two" / "partition.json").read_text())
+    assert [len(block["train"]) for block in plan["blocks"]] != [20, 20] or plan["blocks"][0]["points"] < 1443
+    merged = json.loads((tmp_path / "two" / "metrics.json").read_text())
+    alone = json.loads((tmp_path / "single" / "metrics.json").read_text())
+    assert merged["num_gaussians"] > 0 and len(merged["views"]) == 3
+    assert merged["mean"]["psnr"] > alone["mean"]["psnr"] - 1.0, (merged["mean"], alone["mean"])
