@@ -314,3 +314,26 @@ def test_gsplat_and_torch_give_a_pose_correction_the_same_gradient_direction(ren
     assert grads[0].abs().amax() > 0 and grads[1].abs().amax() > 0
     cosine = torch.nn.functional.cosine_similarity(grads[0], grads[1], dim=0).item()
     assert cosine > 0.9, (cosine, grads)
+
+
+def test_blocks_of_a_street_train_with_gsplat_and_each_holds_less_gpu_memory_than_one_run(
+    make_config, tmp_path
+) -> None:
+    import json
+
+    from conftest import write_yaml
+
+    from gsrecon.cli import main
+
+    data = {"dataset": "synthetic", "synthetic": {"layout": "street", "num_views": 48, "num_points": 6000}}
+    top = {"device": "cuda", "renderer": {"name": "gsplat"}, "max_steps": 300, "val_interval": 300, "data": data}
+    peaks = {}
+    for name, partition in (("single", {}), ("blocks", {"blocks": 4})):
+        config = write_yaml(tmp_path / f"{name}.yaml", make_config(name, **top, partition=partition))
+        torch.cuda.reset_peak_memory_stats()
+        assert main(["train", "--config", str(config)]) == 0
+        peaks[name] = torch.cuda.max_memory_allocated()
+    merged = json.loads((tmp_path / "blocks" / "metrics.json").read_text())
+    single = json.loads((tmp_path / "single" / "metrics.json").read_text())
+    assert merged["mean"]["psnr"] > single["mean"]["psnr"] - 1.0
+    assert peaks["blocks"] < peaks["single"]  # the largest block (or the merge) below the whole scene

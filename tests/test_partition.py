@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -348,3 +349,23 @@ def test_a_real_capture_in_two_blocks_merges_to_the_quality_of_one_run(make_conf
     alone = json.loads((tmp_path / "single" / "metrics.json").read_text())
     assert merged["num_gaussians"] > 0 and len(merged["views"]) == 3
     assert merged["mean"]["psnr"] > alone["mean"]["psnr"] - 1.0, (merged["mean"], alone["mean"])
+
+
+def test_blocks_of_a_capture_with_masks_train_on_their_masked_photos(
+    tmp_path: Path, synthetic_cache, monkeypatch
+) -> None:
+    from conftest import tiny_config
+    from test_masks import TINY, write_capture
+
+    monkeypatch.setenv("GSRECON_CACHE", str(tmp_path / "cache"))
+    root = tmp_path / "capture"
+    trained = write_capture(root, dataclasses.replace(TINY, num_views=17), occluder=True, masks=True)
+    data = {"dataset": "transforms", "path": str(root), "eval_split": "every_8"}
+    cfg = tiny_config(tmp_path / "run", synthetic_cache, data=data, max_steps=6, partition={"blocks": 2})
+    assert main(["train", "--config", str(write_yaml(tmp_path / "run.yaml", cfg))]) == 0
+    for index in range(2):
+        first = (tmp_path / "run" / "blocks" / str(index) / "train.log").read_text().splitlines()[0]
+        block = json.loads((tmp_path / "run" / "partition.json").read_text())["blocks"][index]
+        views = len(block["train"]) + len(block["test"])  # the training photos have masks, the test views none
+        assert f"masks: {len(block['train'])} of {views} images have one" in first
+        assert set(block["train"]) <= set(trained)
