@@ -252,10 +252,14 @@ def test_blocks_of_a_job_array_merge_only_when_all_have_finished(make_config, tm
     assert main(["train", "--config", str(config), "partition.only=0"]) == 0
     assert main(["merge", "--exp-dir", str(exp_dir)]) == 0
     assert (exp_dir / "point_cloud.ply").is_file() and (exp_dir / "metrics.json").is_file()
-    # Another partition over the same folder would mix blocks of two plans: refused, nothing removed.
+    # Another partition over the same folder would mix blocks of two plans, another config blocks of two runs:
+    # refused, nothing removed; a block may choose its machine's threads.
     capsys.readouterr()
     assert main(["train", "--config", str(config), "partition.only=0", "partition.overlap=0.5"]) == 2
     assert "splits the capture differently" in capsys.readouterr().err
+    assert main(["train", "--config", str(config), "partition.only=0", "max_steps=9"]) == 2
+    assert "trained with another config (max_steps: 8 -> 9)" in capsys.readouterr().err
+    assert main(["train", "--config", str(config), "partition.only=0", "num_threads=2", "--resume"]) == 0
     assert (exp_dir / "blocks" / "0" / "block.pt").is_file()
 
 

@@ -23,10 +23,11 @@ import torch.distributed as torch_dist
 from rich.console import Console
 
 from gsrecon.atomic import write_json
-from gsrecon.config import ConfigError, save_yaml, to_container
+from gsrecon.config import ConfigError, load_config, save_yaml, to_container
 from gsrecon.data.pipeline import DataPipeline, read_scene
 from gsrecon.distributed import DistributedContext
 from gsrecon.engine import builder
+from gsrecon.engine.checkpoints import changed_settings
 from gsrecon.engine.run_dir import RUN_MARKER, RunDir
 from gsrecon.engine.trainer import DefaultTrainer
 from gsrecon.errors import InputError
@@ -44,6 +45,7 @@ from gsrecon.partition.merge import (
 from gsrecon.plugins import import_plugins
 
 PLAN_FILE = "partition.json"
+_PER_MACHINE = ("device", "num_threads")  # settings the blocks of one run may each choose for their machine
 _BLOCK_WAIT = timedelta(days=30)  # ranks wait at the end for the others' blocks, however long those train
 
 
@@ -179,9 +181,12 @@ def _take_folder(
     there must be this one."""
     folder = run_dir.path
     plan = partition.to_json()
+    config = {**resolved, "partition": {**resolved["partition"], "only": None}}
     if shared:
         if (folder / PLAN_FILE).is_file():
             _check_plan(folder / PLAN_FILE, partition)
+        if (folder / "config.yaml").is_file():
+            _check_same_run(folder / "config.yaml", config)
         elif folder.is_dir() and any(folder.iterdir()) and not (folder / RUN_MARKER).is_file():
             run_dir.check(overwrite=False, resume=False)  # refuses a folder that is not a gsrecon run's
         folder.mkdir(parents=True, exist_ok=True)
@@ -191,7 +196,7 @@ def _take_folder(
             _check_plan(folder / PLAN_FILE, partition)
         run_dir.open_log(overwrite, resume, logger)
     run_dir.record_outputs(["config.yaml", "train.log", PLAN_FILE, BLOCKS_DIR, "metrics.json", "point_cloud.ply"])
-    save_yaml({**resolved, "partition": {**resolved["partition"], "only": None}}, folder / "config.yaml")
+    save_yaml(config, folder / "config.yaml")
     write_json(folder / PLAN_FILE, plan)
     logger.info(
         f"partition: {len(partition.blocks)} blocks on a {partition.grid[0]}×{partition.grid[1]} grid of the ground "
@@ -207,6 +212,19 @@ def _check_plan(path: Path, partition: Partition) -> None:
         raise ConfigError(
             f"{path}: this config splits the capture differently from the blocks already in {path.parent} (another "
             "partition, capture or data setting); use the config in that folder, or another exp_dir"
+        )
+
+
+def _check_same_run(path: Path, config: dict[str, Any]) -> None:
+    """Refuse a block whose run differs from the one the other blocks in ``path``'s folder were trained with (apart
+    from where and how fast: ``device``, ``num_threads``)."""
+    written = load_config(path)
+    as_written = json.loads(json.dumps(to_container(config)))  # tuples as the YAML file has them: lists
+    changes = [c for c in changed_settings(written, as_written) if c.split(":")[0] not in _PER_MACHINE]
+    if changes:
+        raise ConfigError(
+            f"{path}: the blocks there were trained with another config ({', '.join(changes[:4])}); give every block "
+            "the same config, or use another exp_dir"
         )
 
 
