@@ -336,7 +336,7 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
 def _merge(args: argparse.Namespace) -> int:
     from gsrecon.partition.runner import merge_run
 
-    merged = merge_run(args.exp_dir, device=args.device)
+    merged = merge_run(args.exp_dir, device=args.device, overrides=args.overrides)
     print(f"merged: {merged.num_gaussians} Gaussians{_summary(merged.metrics)}")
     print(f"outputs: {args.exp_dir} (checkpoints/last.pt, point_cloud.ply, metrics.json)")
     return 0
@@ -354,6 +354,7 @@ def _add_merge(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--exp-dir", required=True, help="the block-training run folder (holds partition.json)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("overrides", nargs="*", help="key=value changes of the run's config.yaml: partition.merge_steps=500")
     p.set_defaults(func=_merge)
 
 

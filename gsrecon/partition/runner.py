@@ -13,6 +13,7 @@ import dataclasses
 import gc
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -140,26 +141,25 @@ def _train_own_blocks(
     return outcome
 
 
-def merge_run(exp_dir: str | Path, device: str = "auto") -> MergeResult:
+def merge_run(exp_dir: str | Path, device: str = "auto", overrides: Sequence[str] = ()) -> MergeResult:
     """``gsrecon merge --exp-dir``: merge the finished blocks of the block-training run in ``exp_dir`` (trained
-    with ``partition.only``, e.g. as a job array) into one scene there."""
+    with ``partition.only``, e.g. as a job array) into one scene there; ``overrides`` (``key=value``) change its
+    ``config.yaml`` for the merge (e.g. ``partition.merge_steps=500``)."""
     exp_dir = Path(exp_dir)
     config = exp_dir / "config.yaml"
     if not (exp_dir / PLAN_FILE).is_file() or not config.is_file():
         raise InputError(f"{exp_dir} is not a block-training run (no {PLAN_FILE} and config.yaml)")
-    cfg, source = builder.load_run_config(
-        str(config), [f"exp_dir={exp_dir}"] + ([f"device={device}"] if device != "auto" else [])
-    )
+    machine = [f"exp_dir={exp_dir}", *([f"device={device}"] if device != "auto" else [])]
+    cfg, source = builder.load_run_config(str(config), [*machine, *overrides])
     import_plugins(cfg.imports, source)
-    logger = Logger()
-    run_dir = RunDir(exp_dir, source)
-    run_dir.prepare(overwrite=False, resume=True)  # the lock: one merge (or training) at a time
-    logger.set_log_file(exp_dir / "train.log")
     torch_device = builder.resolve_device(cfg.device, DistributedContext())
     resolved = builder.resolve_run_config(cfg, torch_device, source)
     pipeline = DataPipeline(dataclasses.replace(cfg.data, cache="disk"), torch_device, cfg.seed)
     partition = plan_partition(pipeline.scene, cfg.partition)
     _check_plan(exp_dir / PLAN_FILE, partition)
+    run_dir = RunDir(exp_dir, source)
+    run_dir.prepare(overwrite=False, resume=True)  # the lock: one merge (or training) at a time
+    logger = Logger(log_file=exp_dir / "train.log")
     try:
         return merge_blocks(cfg, resolved, partition, pipeline, logger)
     finally:
