@@ -43,7 +43,11 @@ def child(argv: list[str]) -> None:
 
 
 def measure(argv: list[str], threads: int, log: Path) -> dict:
-    """Run ``gsrecon argv`` in a child process: its exit code, peak RSS (MiB) and wall seconds."""
+    """Run ``gsrecon argv`` in a child process: its peak RSS (MiB) and wall seconds, also written beside ``log``
+    (``<log>.json``); a run whose figures are there already is not run again (an interrupted benchmark goes on)."""
+    done = log.with_suffix(".json")
+    if done.is_file():
+        return json.loads(done.read_text())
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT)}
     start = time.perf_counter()
     with log.open("w") as out:
@@ -54,7 +58,9 @@ def measure(argv: list[str], threads: int, log: Path) -> dict:
     report = json.loads(result.stdout.strip().splitlines()[-1])
     if report["code"] != 0:
         raise SystemExit(f"gsrecon {' '.join(argv)} failed (exit {report['code']}); see {log}")
-    return {"peak_rss_mib": report["peak_rss_mib"], "wall_s": wall}
+    figures = {"peak_rss_mib": report["peak_rss_mib"], "wall_s": wall}
+    done.write_text(json.dumps(figures))
+    return figures
 
 
 def split_psnr(views: list[dict], border: set[str]) -> tuple[float, float]:

@@ -278,7 +278,7 @@ def block_scene(scene: Scene, block: Block) -> Scene:
         test=[f for f in scene.test if f.name in test],
         points=scene.points[block.points],
         colors=scene.colors[block.points],
-        extent=0.0,  # the block's own, from its cameras
+        extent=scene.extent,  # the capture's: its scale sets the learning rates and densification, as in one run
         observed=observed,
         triangulate=None,
         points_hint=scene.points_hint if len(scene.points) else hint,
