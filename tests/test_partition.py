@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -324,7 +325,10 @@ def test_every_feature_works_per_block_and_a_fine_tune_of_the_merged_scene(make_
 
 def test_torchrun_ranks_with_different_configs_are_refused_before_training(make_config, tmp_path: Path) -> None:
     config = _blocks_config(make_config, tmp_path)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29517"}
+    with socket.socket() as probe:  # a port no other test's process group uses
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
     ranks = [
         subprocess.Popen(
             [sys.executable, "-m", "gsrecon", "train", "--config", str(config), f"seed={rank}"],
@@ -334,7 +338,7 @@ def test_torchrun_ranks_with_different_configs_are_refused_before_training(make_
         )
         for rank in range(2)
     ]
-    errors = [process.communicate(timeout=300)[1] for process in ranks]
+    errors = [process.communicate(timeout=120)[1] for process in ranks]
     assert [process.returncode for process in ranks] == [2, 2]
     assert all("torchrun ranks 1 have another config than rank 0" in err for err in errors), errors
     assert not (tmp_path / "blocks").exists()  # nothing written

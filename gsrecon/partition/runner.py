@@ -261,7 +261,8 @@ def _wait_group(dist: DistributedContext) -> Any:
 
 
 def _agree(dist: DistributedContext, group: Any, resolved: dict[str, Any], error: Exception | None) -> None:
-    """Raise ``error`` (this rank's or rank 0's) on every rank, or InputError where the ranks' configs differ."""
+    """Raise ``error`` (this rank's or another's) on every rank, or InputError where the ranks' configs differ; a
+    rank that raises leaves the process group first (every rank does, so none waits on another that is gone)."""
     if group is None:
         if error is not None:
             raise error
@@ -269,13 +270,16 @@ def _agree(dist: DistributedContext, group: Any, resolved: dict[str, Any], error
     digest = hashlib.sha256(json.dumps(to_container(resolved), sort_keys=True, default=str).encode()).hexdigest()
     gathered: list[Any] = [None] * dist.world_size
     torch_dist.all_gather_object(gathered, (digest, None if error is None else str(error)), group=group)
+    failed = [(rank, message) for rank, (_, message) in enumerate(gathered) if message is not None]
+    differing = [rank for rank, (d, _) in enumerate(gathered) if d != gathered[0][0]]
+    if failed or differing:
+        torch_dist.barrier(group)  # every rank has read every rank's answer before any leaves
+        torch_dist.destroy_process_group()
     if error is not None:
         raise error
-    failed = [(rank, message) for rank, (_, message) in enumerate(gathered) if message is not None]
     if failed:
         raise InputError(f"rank {failed[0][0]}: {failed[0][1]}")
-    if len({d for d, _ in gathered}) > 1:
-        differing = [rank for rank, (d, _) in enumerate(gathered) if d != gathered[0][0]]
+    if differing:
         raise InputError(
             f"partition: torchrun ranks {', '.join(map(str, differing))} have another config than rank 0 (a "
             "different file or overrides); start every rank with the same config"
