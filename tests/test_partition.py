@@ -160,7 +160,7 @@ def test_a_partition_that_leaves_a_block_nothing_to_train_on_is_refused() -> Non
     crowded.points = crowded.points[crowded.points[:, 0] < 5.0]  # every point at one end of the street
     crowded.colors = crowded.colors[: len(crowded.points)]
     with pytest.raises(InputError, match=r"block \d of the 1×4 grid .* has no points; use fewer blocks"):
-        plan_partition(crowded, PartitionConfig(blocks=4, balance="cameras"))
+        plan_partition(crowded, PartitionConfig(blocks=[1, 4], balance="cameras"))
 
 
 # ----------------------------------------------------------------------------- runs from the command line
@@ -345,18 +345,18 @@ def test_torchrun_ranks_with_different_configs_are_refused_before_training(make_
 
 
 @pytest.mark.slow
-def test_a_real_capture_in_two_blocks_merges_to_the_quality_of_one_run(make_config, tmp_path, shared_data) -> None:
+def test_a_real_capture_trains_in_two_blocks_each_on_its_part(make_config, tmp_path, shared_data) -> None:
     data = {"dataset": "colmap", "path": str(shared_data / "statuette_colmap"), "factor": 8}
     top = {"max_steps": 300, "val_interval": 300, "data": data, "model": {"sh_degree": 0}}
-    single = write_yaml(tmp_path / "single.yaml", make_config("single", **top))
     blocks = write_yaml(tmp_path / "two.yaml", make_config("two", **top, partition={"blocks": 2}))
-    assert main(["train", "--config", str(single)]) == 0 and main(["train", "--config", str(blocks)]) == 0
+    assert main(["train", "--config", str(blocks)]) == 0
     plan = json.loads((tmp_path / "two" / "partition.json").read_text())
-    assert [len(block["train"]) for block in plan["blocks"]] != [20, 20] or plan["blocks"][0]["points"] < 1443
+    for block in plan["blocks"]:  # each block takes its part: fewer than the 20 photos and 1443 points
+        assert 0 < len(block["train"]) < 20 and 0 < block["points"] < 1443
     merged = json.loads((tmp_path / "two" / "metrics.json").read_text())
-    alone = json.loads((tmp_path / "single" / "metrics.json").read_text())
-    assert merged["num_gaussians"] > 0 and len(merged["views"]) == 3
-    assert merged["mean"]["psnr"] > alone["mean"]["psnr"] - 1.0, (merged["mean"], alone["mean"])
+    assert len(merged["views"]) == 3 and all(kept > 0 for kept in merged["kept_per_block"])
+    before = json.loads((tmp_path / "two" / "blocks" / "0" / "metrics.json").read_text())
+    assert merged["mean"]["psnr"] > 12.0 and before["step"] == 300
 
 
 def test_blocks_of_a_capture_with_masks_train_on_their_masked_photos(

@@ -193,7 +193,7 @@ class Partition:
     ground: GroundFrame
     grid: tuple[int, int]  # rows (along v) × cols (along u); blocks are listed column by column
     balance: str  # what the cells were balanced by: points | cameras
-    bounds: tuple[tuple[float, float], tuple[float, float]]  # (lo, hi) of the capture on the ground plane
+    bounds: tuple[tuple[float, float], tuple[float, float]]  # (lo, hi) of what the capture shows, on the ground plane
     heights: tuple[float, float] | None  # the height range of the capture's points (None without points)
     blocks: list[Block]
 
@@ -346,12 +346,12 @@ def _height_range(heights: Tensor) -> tuple[float, float]:
 
 
 def _bounds(cameras: Tensor, points: Tensor) -> tuple[list[float], list[float]]:
-    """(lo, hi) (u, v) of the capture: its cameras and the 1st to 99th percentile of its points."""
-    parts = [cameras]
-    if len(points):
-        parts.append(torch.quantile(points, torch.tensor([0.01, 0.99], dtype=points.dtype), dim=0))
-    together = torch.cat(parts)
-    return together.min(0).values.tolist(), together.max(0).values.tolist()
+    """(lo, hi) (u, v) of what the capture shows: the 1st to 99th percentile of its points, or without points its
+    cameras (the size a cell's overlap is measured by, and the grid's shape)."""
+    if not len(points):
+        return cameras.min(0).values.tolist(), cameras.max(0).values.tolist()
+    lo, hi = torch.quantile(points, torch.tensor([0.01, 0.99], dtype=points.dtype), dim=0)
+    return lo.tolist(), hi.tolist()
 
 
 def _grid_shape(num_blocks: int, size: tuple[float, float]) -> tuple[int, int]:
