@@ -23,7 +23,7 @@ from torch import Tensor
 
 from gsrecon.data.scene import Frame, Scene
 from gsrecon.errors import InputError
-from gsrecon.geometry import camera_centers
+from gsrecon.geometry import camera_centers, pinhole_project
 
 BALANCES = ("auto", "points", "cameras")
 _COVERAGE_BINS = (32, 24)  # image bins the visibility test counts (x, y)
@@ -297,7 +297,8 @@ def image_coverage(frame: Frame, ground: GroundFrame, box: tuple[Tensor, Tensor]
     camera = camera[camera[:, 2] > 1e-6]
     if len(camera) < 3:
         return 0.0
-    pixels = (camera[:, :2] / camera[:, 2:]) * K[[0, 1], [0, 1]] + K[:2, 2]  # [S', 2]
+    projection = pinhole_project(camera[:, 0], camera[:, 1], camera[:, 2], K)
+    pixels = torch.stack([projection.pixel_x, projection.pixel_y], dim=-1)  # [S', 2]
     outline = _convex_hull(pixels.numpy())
     if len(outline) < 3:
         return 0.0
