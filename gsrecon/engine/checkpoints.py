@@ -36,22 +36,39 @@ CHECKPOINT_VERSION = 1
 def capture(trainer: DefaultTrainer) -> dict[str, Any]:
     """The checkpoint dict of a trainer's state. It references the live tensors (a copy of the parameters would
     cost their size again at millions of Gaussians): write it before training goes on."""
+    params = {k: v.detach() for k, v in trainer.model.params.items()}
     return {
-        "version": CHECKPOINT_VERSION,
-        "step": trainer.step,
-        "params": {k: v.detach() for k, v in trainer.model.params.items()},
+        **scene_checkpoint(params, trainer.step, trainer.resolved_config, trainer.scene_extent),
         "optimizers": {k: o.state_dict() for k, o in trainer.optimizers.items()},
         "schedulers": {k: s.state_dict() for k, s in trainer.schedulers.items()},
         "strategy": {k: v for k, v in trainer.strategy_state.items() if v is not None},
         "views": trainer.views.state_dict(),
         "hooks": {key: hook.state_dict() for key, hook in trainer.hooks.items()},
+    }
+
+
+def scene_checkpoint(
+    params: dict[str, torch.Tensor], step: int, config: dict[str, Any], extent: float
+) -> dict[str, Any]:
+    """A checkpoint of Gaussians ``params`` trained ``step`` steps under the resolved ``config``, with no state of a
+    run to resume (empty optimisers, schedulers, strategy, per-view modules and hooks): what ``gsrecon eval``,
+    ``export``, ``render`` and ``view`` read, e.g. of blocks merged into one scene. :func:`capture` adds the rest."""
+    return {
+        "version": CHECKPOINT_VERSION,
+        "step": step,
+        "params": params,
+        "optimizers": {},
+        "schedulers": {},
+        "strategy": {},
+        "views": {},
+        "hooks": {},
         "rng": {
             "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
             "python": random.getstate(),
         },
-        "config": trainer.resolved_config,
-        "scene_extent": trainer.scene_extent,
+        "config": config,
+        "scene_extent": extent,
     }
 
 

@@ -5,7 +5,6 @@ run's outputs (``checkpoints/last.pt``, ``point_cloud.ply``, ``metrics.json``), 
 from __future__ import annotations
 
 import dataclasses
-import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,7 +14,7 @@ from torch import Tensor
 
 from gsrecon.atomic import write_json
 from gsrecon.distributed import DistributedContext
-from gsrecon.engine.checkpoints import CHECKPOINT_VERSION, load_checkpoint_file, save_checkpoint
+from gsrecon.engine.checkpoints import load_checkpoint_file, save_checkpoint, scene_checkpoint
 from gsrecon.engine.evaluator import build_metrics, evaluate_views
 from gsrecon.engine.inference import TrainedScene, scene_renderer
 from gsrecon.engine.run_dir import RunDir
@@ -108,7 +107,7 @@ def merge_blocks(
         merged = _fine_tune(cfg, exp_dir / BLOCKS_DIR / MERGED_PLY, local_rank)
         step += cfg.partition.merge_steps
     save_checkpoint(
-        _merged_checkpoint(merged, step, resolved, pipeline.scene.extent), RunDir(exp_dir).checkpoints / "last.pt"
+        scene_checkpoint(merged, step, resolved, pipeline.scene.extent), RunDir(exp_dir).checkpoints / "last.pt"
     )
     export_gaussians(merged, exp_dir / "point_cloud.ply", "ply", antialiased=antialiased)
     num_gaussians = len(merged["means"])
@@ -120,23 +119,6 @@ def merge_blocks(
         {"step": step, "num_gaussians": num_gaussians, "mean": mean, "views": views, "kept_per_block": kept},
     )
     return MergeResult(num_gaussians, mean, kept)
-
-
-def _merged_checkpoint(params: dict[str, Tensor], step: int, resolved: dict[str, Any], extent: float) -> dict[str, Any]:
-    """A checkpoint of the merged scene: what ``gsrecon eval/export/render/view`` read."""
-    return {
-        "version": CHECKPOINT_VERSION,
-        "step": step,
-        "params": params,
-        "optimizers": {},
-        "schedulers": {},
-        "strategy": {},
-        "views": {},
-        "hooks": {},
-        "rng": {"torch": torch.get_rng_state(), "cuda": [], "python": random.getstate()},
-        "config": resolved,
-        "scene_extent": extent,
-    }
 
 
 def _score(
