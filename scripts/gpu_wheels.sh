@@ -14,7 +14,7 @@ done
 # A package published only as source (antlr4-python3-runtime) is built into a wheel here: gpu_check.sh installs *.whl.
 for sdist in .whl/*.tar.gz; do
   [ -e "$sdist" ] || continue
-  python3 -m pip wheel -q --no-deps --no-build-isolation -w .whl "$sdist" && rm "$sdist"
+  python3 -m pip wheel -q --no-deps -w .whl "$sdist" && rm "$sdist"
 done
 ls -la .whl
 # What the GPU tests and benchmarks read from this machine, staged in .gpu_data/ (git-ignored; carry it too):

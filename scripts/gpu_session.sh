@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# On the GPU machine, one device call: scripts/gpu_check.sh (GPU tests + a synthetic training benchmark), then the
+# side by side with gsplat's simple_trainer.py (scripts/gpu_vs_gsplat.sh, seed 0, default then MCMC) in the time
+# that is left of DEADLINE_S seconds (default 560, inside a 600 s device call). Carry .whl, .gpu_data,
+# .gsplat_examples and .torch_extensions (scripts/gpu_wheels.sh, scripts/fetch_gsplat_examples.sh). Logs and the
+# comparison's tables land in $OUT (else outputs/gpu_session).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+start=$(date +%s)
+deadline="${DEADLINE_S:-560}"
+out="${OUT:-outputs/gpu_session}"
+mkdir -p "$out"
+export MAX_JOBS=16
+timeout 300 bash scripts/gpu_check.sh --at 1000,3000 2>&1 | tee "$out/gpu_check.log"
+left=$((deadline - ($(date +%s) - start) - 15))
+echo "gpu_check took $(($(date +%s) - start)) s; $left s left for the side by side" | tee -a "$out/gpu_check.log"
+VS_GSPLAT_SECONDS="$left" bash scripts/gpu_vs_gsplat.sh --seeds 0 "$@" 2>&1 | tee "$out/vs_gsplat.log"
