@@ -12,6 +12,6 @@ out="${OUT:-outputs/gpu_session}"
 mkdir -p "$out"
 export MAX_JOBS=16
 timeout 300 bash scripts/gpu_check.sh --at 1000,3000 2>&1 | tee "$out/gpu_check.log"
-left=$((deadline - ($(date +%s) - start) - 15))
+left=$((deadline - ($(date +%s) - start)))
 echo "gpu_check took $(($(date +%s) - start)) s; $left s left for the side by side" | tee -a "$out/gpu_check.log"
 VS_GSPLAT_SECONDS="$left" bash scripts/gpu_vs_gsplat.sh --seeds 0 "$@" 2>&1 | tee "$out/vs_gsplat.log"

@@ -164,6 +164,10 @@ def test_fit_left_evaluation_scores_the_right_half(make_trainer) -> None:
         ),
         ("appearance.mode=bilateral_grid appearance.shape=[16,0,8]", "each 1 to 256, got [16, 0, 8]"),
         ("appearance.mode=bilateral_grid appearance.shape=[16,16,8.5]", "key 'appearance.shape[2]': Value '8.5'"),
+        (  # 3.2 GiB of grid, gradient and Adam moments for each training image: refused before allocating
+            "appearance.mode=bilateral_grid appearance.shape=[256,256,256]",
+            "key 'appearance': shape [256, 256, 256] needs at least",
+        ),
     ],
 )
 def test_bad_appearance_config_is_one_line_and_exit_2(

@@ -13,6 +13,7 @@ test views are scored as rendered (``eval: identity``) or with one transform fit
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from gsrecon.data.prefetch import available_host_bytes
 from gsrecon.model.views.affine import AppearanceConfig, AppearanceModule
 from gsrecon.registry import VIEW_REGISTRY
 
@@ -52,6 +54,7 @@ class BilateralGridAppearance(AppearanceModule):
     def __init__(self, cfg: Config, train_names: list[str]) -> None:
         super().__init__(cfg, train_names)
         cells_x, cells_y, cells_luma = cfg.shape
+        check_grid_memory(cfg.shape, len(train_names))
         # Each cell's offset from the identity transform [N, 12 (3x4, row-major), luminance, y, x].
         self.offsets = torch.nn.Parameter(torch.zeros(len(train_names), 12, cells_luma, cells_y, cells_x))
 
@@ -67,6 +70,20 @@ class BilateralGridAppearance(AppearanceModule):
     def regularization(self) -> Tensor:
         """``reg`` × the grids' total variation."""
         return self.cfg.reg * total_variation(self.centred(self.offsets))
+
+
+def check_grid_memory(shape: list[int], images: int) -> None:
+    """A ValueError naming ``shape`` when the grids of ``images`` training images, their gradients and Adam's two
+    moments need more memory than the machine has free (before anything is allocated)."""
+    needed = images * 12 * math.prod(shape) * 4 * 4  # float32 offsets, gradient, Adam's two moments
+    free = available_host_bytes()
+    if needed > free:
+        cells = math.prod(shape) * free / needed
+        raise ValueError(
+            f"shape {shape} needs at least {needed / 2**30:.1f} GiB for {images} training images (grids, "
+            f"gradients and Adam's moments); {free / 2**30:.1f} GiB are free: give fewer cells (at most about "
+            f"{int(cells):,} per image, e.g. [16, 16, 8])"
+        )
 
 
 def slice_grids(offsets: Tensor, images: Tensor) -> Tensor:
