@@ -25,7 +25,7 @@ import torch
 
 from gsrecon.heap import unmap_large_blocks
 from gsrecon.model.ply import save_ply
-from gsrecon.render.sh import num_sh_bases
+from gsrecon.sh import num_sh_bases
 
 ROOT = Path(__file__).resolve().parents[1]
 FORMATS = {"ply": "ply", "splat": "splat", "compressed_ply": "compressed.ply", "spz": "spz", "sog": "sog"}

@@ -22,8 +22,8 @@ from gsrecon.data.pipeline import DataPipeline
 from gsrecon.engine.builder import resolve_renderer_entry
 from gsrecon.engine.inference import load_trained_scene
 from gsrecon.registry import RENDERER_REGISTRY
-from gsrecon.render.sh import rgb_to_sh
 from gsrecon.render.torch_renderer import TorchRenderer
+from gsrecon.sh import rgb_to_sh
 
 SIZES = [(64, 48, 2_000), (128, 96, 10_000), (256, 192, 50_000)]
 STEP_SIZE = (159, 89, 5_000)

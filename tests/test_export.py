@@ -18,7 +18,7 @@ from gsrecon.export.splat import save_splat
 from gsrecon.export.spz import load_spz, save_spz
 from gsrecon.model.ply import load_ply, ply_antialiased
 from gsrecon.registry import EXPORT_REGISTRY, RegistryError
-from gsrecon.render.sh import SH_C0
+from gsrecon.sh import SH_C0
 
 
 def _params(n: int = 300, sh_degree: int = 3, seed: int = 0) -> dict[str, torch.Tensor]:

@@ -17,7 +17,7 @@ from gsrecon.cli import main
 from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.export import ExportContext, ExportFormat, export_gaussians
 from gsrecon.registry import EXPORT_REGISTRY, Registry
-from gsrecon.render.sh import sh_to_rgb
+from gsrecon.sh import sh_to_rgb
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "configs" / "examples" / "xyz_export.py"

@@ -22,11 +22,11 @@ from test_fisheye import (
     write_synthetic_capture,
 )
 
+from gsrecon.cameras.lens import fisheye_project, max_lens_angle
 from gsrecon.cli import main
 from gsrecon.data.formats.lens import distort, undistorted_intrinsics
 from gsrecon.data.readers.transforms import load_transforms
 from gsrecon.data.scene import CameraModel
-from gsrecon.render.lens import fisheye_project, max_lens_angle
 from gsrecon.render.torch_renderer import TorchRenderer
 from gsrecon.strategy.default import DefaultStrategy
 

@@ -18,8 +18,8 @@ from gsrecon.errors import InputError
 from gsrecon.export import ExportContext, export_gaussians
 from gsrecon.geometry import look_at
 from gsrecon.model.ply import save_ply
-from gsrecon.render.sh import rgb_to_sh
 from gsrecon.render.torch_renderer import TorchRenderer
+from gsrecon.sh import rgb_to_sh
 
 pytest.importorskip("skimage", reason="the mesh export needs scikit-image: pip install 'gsrecon[mesh]'")
 trimesh = pytest.importorskip("trimesh", reason="the mesh export needs trimesh: pip install 'gsrecon[mesh]'")

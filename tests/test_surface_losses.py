@@ -10,8 +10,8 @@ from conftest import read_scalars
 
 from gsrecon.losses.depth_normal import DepthNormalTerm, depth_normals, gaussian_normals
 from gsrecon.losses.flatten import flatten_loss
-from gsrecon.render.sh import rgb_to_sh
 from gsrecon.render.torch_renderer import TorchRenderer
+from gsrecon.sh import rgb_to_sh
 
 torch.set_num_threads(1)
 

@@ -12,19 +12,19 @@ from torch import Tensor
 from gsrecon.geometry import quat_scale_to_factor
 from gsrecon.render import torch_renderer
 from gsrecon.render.base import RenderOutput
-from gsrecon.render.sh import (
+from gsrecon.render.torch_renderer import (
+    ALPHA_MIN,
+    TRANSMITTANCE_MIN,
+    TorchRenderer,
+    project_gaussians,
+)
+from gsrecon.sh import (
     num_sh_bases,
     rgb_to_sh,
     sh_basis,
     sh_to_color,
     sh_to_rgb,
     spherical_harmonics,
-)
-from gsrecon.render.torch_renderer import (
-    ALPHA_MIN,
-    TRANSMITTANCE_MIN,
-    TorchRenderer,
-    project_gaussians,
 )
 
 torch.set_num_threads(1)

@@ -31,6 +31,7 @@ import zstandard  # noqa: E402
 from viser._messages import GuiUpdateMessage, SceneNodeClickMessage, ViewerCameraMessage  # noqa: E402
 from websockets.sync.client import connect  # noqa: E402
 
+from gsrecon.cameras.paths import focus_point  # noqa: E402
 from gsrecon.cli import build_parser  # noqa: E402
 from gsrecon.config import parse_structured  # noqa: E402
 from gsrecon.data.formats.images import to_uint8  # noqa: E402
@@ -39,7 +40,6 @@ from gsrecon.engine.trainer import DefaultTrainer  # noqa: E402
 from gsrecon.geometry import camera_centers  # noqa: E402
 from gsrecon.hooks import Hook  # noqa: E402
 from gsrecon.hooks.viewer import ViewerHook  # noqa: E402
-from gsrecon.render.camera_path import focus_point  # noqa: E402
 from gsrecon.viewer import DISPLAYS, ViewerUnavailableError  # noqa: E402
 from gsrecon.viewer.convert import Pose, pose_of, vertical_fov, view_of  # noqa: E402
 from gsrecon.viewer.server import SceneViewer  # noqa: E402

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from gsrecon.cameras.lens import fisheye_project
 from gsrecon.config import build_from_config, named_section
 from gsrecon.data.formats.images import FACTORS
 from gsrecon.data.prefetch import (
@@ -34,7 +35,6 @@ from gsrecon.data.splits import EVAL_SPLITS
 from gsrecon.errors import InputError
 from gsrecon.geometry import pinhole_project
 from gsrecon.registry import DATASET_REGISTRY
-from gsrecon.render.lens import fisheye_project
 
 BACKGROUNDS = ("black", "white", "random")
 FISHEYE_MODES = ("undistort", "lens")

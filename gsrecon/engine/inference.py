@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from gsrecon.atomic import write_json
+from gsrecon.cameras.paths import ellipse_path, focus_point, interp_path, spiral_path
 from gsrecon.config import ConfigError, apply_overrides, load_config, parse_structured
 from gsrecon.data.formats.images import to_uint8, write_png
 from gsrecon.data.pipeline import Batch, DataPipeline
@@ -42,7 +43,6 @@ from gsrecon.model.views.base import ViewModules, build_views
 from gsrecon.plugins import import_plugins
 from gsrecon.registry import DATASET_REGISTRY, EXPORT_REGISTRY, MODEL_REGISTRY, RENDERER_REGISTRY
 from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
-from gsrecon.render.camera_path import ellipse_path, focus_point, interp_path, spiral_path
 from gsrecon.render.colormap import depth_image
 from gsrecon.render.gsplat_renderer import GSPLAT_ALPHA_MAX
 from gsrecon.render.video import VideoWriter

@@ -52,7 +52,7 @@ from gsrecon.export.quantise import round_clamp, smallest_three
 from gsrecon.model.params import check_params
 from gsrecon.model.ply import cpu_params
 from gsrecon.registry import EXPORT_REGISTRY
-from gsrecon.render.sh import sh_degree_of
+from gsrecon.sh import sh_degree_of
 
 SOG_VERSION = 2
 MAX_SOG_SH_DEGREE = 3

@@ -18,7 +18,7 @@ from torch import Tensor
 from gsrecon.geometry import camera_centers, quat_to_rotmat
 from gsrecon.losses.base import LossInputs, LossTerm
 from gsrecon.registry import LOSS_REGISTRY
-from gsrecon.render.sh import rgb_to_sh
+from gsrecon.sh import rgb_to_sh
 
 
 def gaussian_normals(params: Mapping[str, Tensor], viewmat: Tensor) -> Tensor:

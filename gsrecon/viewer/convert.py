@@ -17,7 +17,7 @@ from PIL import Image
 from torch import Tensor
 
 from gsrecon.geometry import quat_scale_to_factor, quat_to_rotmat, rotmat_to_quat
-from gsrecon.render.sh import sh_to_rgb
+from gsrecon.sh import sh_to_rgb
 
 
 @dataclass

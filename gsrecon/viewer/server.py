@@ -24,11 +24,11 @@ import torch
 import viser
 from torch import Tensor
 
+from gsrecon.cameras.paths import focus_point, mean_up
 from gsrecon.data.formats.images import to_uint8
 from gsrecon.data.scene import Scene
 from gsrecon.geometry import camera_centers
 from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
-from gsrecon.render.camera_path import focus_point, mean_up
 from gsrecon.render.colormap import depth_image
 from gsrecon.viewer import DISPLAYS, RESOLUTIONS, check_view_settings
 from gsrecon.viewer.convert import Pose, pose_of, splat_arrays, thumbnail, vertical_fov, view_of
