@@ -106,10 +106,7 @@ def export_meshes(trainer, out: Path) -> dict[str, tuple[Path, float]]:
 
     @torch.no_grad()
     def render(batch):
-        return renderer.render(
-            params, batch.viewmats, batch.Ks, batch.width, batch.height, sh_degree, batch.backgrounds,
-            camera_model=batch.camera_model,
-        )  # fmt: skip
+        return renderer.render(params, batch.cameras, sh_degree, batch.backgrounds)  # fmt: skip
 
     context = ExportContext(train_views=trainer.datapipeline.train_views, render=render)
     meshes = {}

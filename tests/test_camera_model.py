@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from gsrecon.data.formats.lens import fisheye_polynomial
-from gsrecon.data.scene import PINHOLE, CameraModel
-from gsrecon.geometry import pinhole_project
+from gsrecon.cameras import PINHOLE, CameraModel, Cameras
+from gsrecon.cameras.lens import fisheye_polynomial, pinhole_project
 from gsrecon.render.torch_renderer import TorchRenderer
 
 COEFFS = (0.03, -0.01, 0.002, -0.0005)  # k1..k4
@@ -54,17 +53,17 @@ def _one_gaussian() -> dict[str, torch.Tensor]:
     }
 
 
-def test_a_renderer_checks_the_camera_model_against_its_cameras() -> None:
+def test_cameras_check_their_model_and_a_renderer_draws_through_it() -> None:
     Ks = torch.tensor([[[20.0, 0.0, 32.0], [0.0, 20.0, 12.0], [0.0, 0.0, 1.0]]])
-    args = (_one_gaussian(), torch.eye(4)[None], Ks, 64, 24, 0, torch.zeros(1, 3))
-    renderer = TorchRenderer()
     with pytest.raises(ValueError, match=r"coeffs have shape \(2, 4\), expected \(1, 4\)"):
-        renderer.render(*args, camera_model=CameraModel.fisheye(torch.zeros(2, 4)))
-    with pytest.raises(ValueError, match="camera_model must be a CameraModel, got Tensor"):
-        renderer.render(*args, camera_model=torch.zeros(1, 4))
-    pinhole = renderer.render(*args).image
+        Cameras(torch.eye(4)[None], Ks, 64, 24, CameraModel.fisheye(torch.zeros(2, 4)))
+    with pytest.raises(ValueError, match="model must be a CameraModel, got Tensor"):
+        Cameras(torch.eye(4)[None], Ks, 64, 24, torch.zeros(1, 4))
+    renderer = TorchRenderer()
+    pinhole = renderer.render(_one_gaussian(), Cameras(torch.eye(4)[None], Ks, 64, 24), 0).image
     # A lens with no distortion is an equidistant fisheye, not a pinhole: it draws the Gaussian nearer the centre.
-    lens = renderer.render(*args, camera_model=CameraModel.fisheye(torch.zeros(1, 4))).image
+    lens_cameras = Cameras(torch.eye(4)[None], Ks, 64, 24, CameraModel.fisheye(torch.zeros(1, 4)))
+    lens = renderer.render(_one_gaussian(), lens_cameras, 0).image
     columns = torch.arange(64) + 0.5
     centroids = [float((img[0, ..., 0].sum(0) * columns).sum() / img[0, ..., 0].sum()) for img in (pinhole, lens)]
     assert centroids == pytest.approx([20.0 * 0.8 + 32.0, 20.0 * math.atan(0.8) + 32.0], abs=0.05)

@@ -94,19 +94,21 @@ def test_the_prior_sees_the_points_from_the_camera_pose_refinement_moved(tmp_pat
     with torch.no_grad():
         pose.twists[pose.index[name]] = torch.tensor([0.05, -0.03, 0.02, 0.01, 0.4, 0.015])
     moved = pose.adjust_cameras(batch)
-    assert moved.viewmats.requires_grad  # the pose learns from the render; the prior's target must not move it
+    assert moved.cameras.viewmats.requires_grad  # the pose learns from the render; the prior's target must not move it
 
-    viewmat = moved.viewmats[0].detach()
+    viewmat = moved.cameras.viewmats[0].detach()
     camera = pipeline.scene.points[pipeline.scene.observed[name]] @ viewmat[:3, :3].T + viewmat[:3, 3]  # [P, 3]
-    pixels = (camera @ batch.Ks[0].T)[:, :2] / camera[:, 2:]  # [P, 2]
+    pixels = (camera @ batch.cameras.Ks[0].T)[:, :2] / camera[:, 2:]  # [P, 2]
     inside = (camera[:, 2] > 0) & (pixels >= 0).all(-1) & (pixels[:, 0] < W) & (pixels[:, 1] < H)
     expected = torch.cat([pixels, camera[:, 2:]], dim=-1)[inside]  # [P', 3]
     assert 0 < len(expected) < len(camera)  # the moved camera loses some points off its image
-    (seen,) = pipeline.point_depths(moved.names, moved.viewmats)
+    (seen,) = pipeline.point_depths(moved.names, moved.cameras.viewmats)
     torch.testing.assert_close(seen, expected, rtol=1e-5, atol=1e-4)
     (given,) = pipeline.point_depths(batch.names)
     assert given.shape != seen.shape or not torch.allclose(given, seen)
-    assert pipeline.point_depths(batch.names, batch.viewmats)[0] is given  # at the given pose: computed once, kept
+    assert (
+        pipeline.point_depths(batch.names, batch.cameras.viewmats)[0] is given
+    )  # at the given pose: computed once, kept
 
     depth = torch.linspace(1.0, 3.0, H * W).reshape(1, H, W, 1)
     render = RenderOutput(image=moved.images, alpha=torch.ones(1, H, W, 1), depth=depth, info={})

@@ -11,6 +11,7 @@ import pytest
 import torch
 from conftest import write_yaml
 
+from gsrecon.cameras import Cameras
 from gsrecon.cli import main
 from gsrecon.config import parse_structured
 from gsrecon.engine.checkpoints import load_checkpoint_file
@@ -69,7 +70,7 @@ def test_eval_writes_the_cameras_it_rendered_so_others_can_render_them_again(tra
         assert viewmat.shape == (4, 4) and K.shape == (3, 3) and viewmat[3].tolist() == [0, 0, 0, 1]
         with torch.no_grad():
             out = renderer.render(
-                params, viewmat[None], K[None], camera["width"], camera["height"], 1, torch.zeros(1, 3)
+                params, Cameras(viewmat[None], K[None], camera["width"], camera["height"]), 1, torch.zeros(1, 3)
             )
         png = torch.from_numpy(iio.imread(tmp_path / "eval" / "renders" / "test" / f"{camera['name']}.png")) / 255.0
         assert psnr(out.image[0].clamp(0, 1), png) > 40  # the same view, up to 8-bit rounding

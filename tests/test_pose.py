@@ -16,6 +16,7 @@ import pytest
 import torch
 from conftest import write_yaml
 
+from gsrecon.cameras import Cameras
 from gsrecon.cli import main
 from gsrecon.data.pipeline import Batch
 from gsrecon.engine.checkpoints import load_checkpoint_file
@@ -86,7 +87,7 @@ def _cloud(seed: int = 0) -> dict[str, torch.Tensor]:
 
 def _batch(viewmat: torch.Tensor, image: torch.Tensor, name: str = "a") -> Batch:
     K = torch.tensor([[40.0, 0.0, 24.0], [0.0, 40.0, 16.0], [0.0, 0.0, 1.0]])
-    return Batch(image[None], viewmat[None], K[None], torch.zeros(1, 3), [name], 48, 32)
+    return Batch(image[None], Cameras(viewmat[None], K[None], 48, 32), torch.zeros(1, 3), [name])
 
 
 def _true_view() -> torch.Tensor:
@@ -97,7 +98,7 @@ def _true_view() -> torch.Tensor:
 
 def test_a_perturbed_training_camera_is_pulled_back_toward_its_true_pose() -> None:
     params, renderer = _cloud(), TorchRenderer()
-    render = lambda batch: renderer.render(params, batch.viewmats, batch.Ks, 48, 32, 0, batch.backgrounds)  # noqa: E731
+    render = lambda batch: renderer.render(params, batch.cameras, 0, batch.backgrounds)  # noqa: E731
     truth = _true_view()
     with torch.no_grad():
         photo = render(_batch(truth, torch.zeros(32, 48, 3))).image[0]
@@ -122,7 +123,10 @@ def test_torch_renderer_gives_the_camera_its_gradient_in_chunks_too(chunked: boo
     for one in (whole, renderer):
         viewmats = perturbed_viewmats(_true_view()[None], 1.0, 0.05, seed=5).requires_grad_(True)
         out = one.render(
-            params, viewmats, _batch(_true_view(), torch.zeros(32, 48, 3)).Ks, 48, 32, 0, torch.zeros(1, 3)
+            params,
+            Cameras(viewmats, _batch(_true_view(), torch.zeros(32, 48, 3)).cameras.Ks, 48, 32),
+            0,
+            torch.zeros(1, 3),
         )
         out.image.square().sum().backward()
         grads.append(viewmats.grad)
@@ -132,14 +136,14 @@ def test_torch_renderer_gives_the_camera_its_gradient_in_chunks_too(chunked: boo
 
 def test_fitting_a_test_view_moves_it_toward_its_photo() -> None:
     params, renderer = _cloud(1), TorchRenderer()
-    render = lambda batch: renderer.render(params, batch.viewmats, batch.Ks, 48, 32, 0, batch.backgrounds)  # noqa: E731
+    render = lambda batch: renderer.render(params, batch.cameras, 0, batch.backgrounds)  # noqa: E731
     truth = _true_view()
     with torch.no_grad():
         photo = render(_batch(truth, torch.zeros(32, 48, 3))).image[0]
     given = perturbed_viewmats(truth[None], 2.0, 0.08, seed=4)[0]
     with torch.no_grad():  # as the evaluator calls it
         fitted = fit_pose(_batch(given, photo), render, steps=150, lr=3e-3)
-    before, after = pose_error(given, truth), pose_error(fitted.viewmats[0], truth)
+    before, after = pose_error(given, truth), pose_error(fitted.cameras.viewmats[0], truth)
     assert after[0] < 0.3 * before[0] and after[1] < 0.3 * before[1], (before, after)
     assert all(p.grad is None for p in params.values())  # only the twist learned
 

@@ -17,7 +17,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gsrecon.cameras.lens import fisheye_project
+from gsrecon.cameras import CameraModel, Cameras
+from gsrecon.cameras.lens import fisheye_project, pinhole_project
 from gsrecon.config import build_from_config, named_section
 from gsrecon.data.formats.images import FACTORS
 from gsrecon.data.prefetch import (
@@ -30,10 +31,9 @@ from gsrecon.data.prefetch import (
     decode_threads,
     decoded_bytes,
 )
-from gsrecon.data.scene import PINHOLE, CameraModel, Frame, Scene, decoded
+from gsrecon.data.scene import Frame, Scene, decoded
 from gsrecon.data.splits import EVAL_SPLITS
 from gsrecon.errors import InputError
-from gsrecon.geometry import pinhole_project
 from gsrecon.registry import DATASET_REGISTRY
 
 BACKGROUNDS = ("black", "white", "random")
@@ -45,14 +45,10 @@ class Batch:
     """Views rendered together in one step."""
 
     images: Tensor  # [B, H, W, 3] float in [0, 1], composited over ``backgrounds`` where RGBA
-    viewmats: Tensor  # [B, 4, 4]
-    Ks: Tensor  # [B, 3, 3]
+    cameras: Cameras  # the B cameras the images were seen through (their frames' poses, intrinsics and model)
     backgrounds: Tensor  # [B, 3]
     names: list[str]
-    width: int
-    height: int
     masks: Tensor | None = None  # [B, H, W, 1] float, 1 where a pixel counts in the loss and metrics, 0 where ignored
-    camera_model: CameraModel = PINHOLE  # what the images were seen through (`Frame.camera_model`; fisheye: [B, 4])
     depths: Tensor | None = None  # [B, H, W, 1] float metres (`Frame.depth`), 0 where unknown; None: no view has one
 
 
@@ -247,14 +243,16 @@ class DataPipeline:
             images = images[..., :3] * alpha + backgrounds[:, None, None, :] * (1.0 - alpha)
         return Batch(
             images=images,
-            viewmats=torch.stack([f.viewmat for f in frames]).to(self.device),
-            Ks=torch.stack([f.K for f in frames]).to(self.device),
+            cameras=Cameras(
+                viewmats=torch.stack([f.viewmat for f in frames]).to(self.device),
+                Ks=torch.stack([f.K for f in frames]).to(self.device),
+                width=frames[0].width,
+                height=frames[0].height,
+                model=CameraModel.stack([f.camera_model for f in frames]).to(self.device),
+            ),
             backgrounds=backgrounds,
             names=[f.name for f in frames],
-            width=frames[0].width,
-            height=frames[0].height,
             masks=self._masks(frames),
-            camera_model=CameraModel.stack([f.camera_model for f in frames]).to(self.device),
             depths=self._depths(frames),
         )
 

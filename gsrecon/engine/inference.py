@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from gsrecon.atomic import write_json
+from gsrecon.cameras import Cameras
 from gsrecon.cameras.paths import ellipse_path, focus_point, interp_path, spiral_path
 from gsrecon.config import ConfigError, apply_overrides, load_config, parse_structured
 from gsrecon.data.formats.images import to_uint8, write_png
@@ -181,10 +182,7 @@ def scene_renderer(
     params = {k: v.to(device) for k, v in scene.params.items()}
 
     def render(batch: Batch) -> RenderOutput:
-        return renderer.render(
-            params, batch.viewmats, batch.Ks, batch.width, batch.height, scene.sh_degree, batch.backgrounds,
-            camera_model=batch.camera_model,
-        )  # fmt: skip
+        return renderer.render_batch(params, batch, scene.sh_degree)
 
     return render
 
@@ -246,7 +244,7 @@ def evaluate(
         "source": scene.source,
         "step": scene.step,
         "num_gaussians": int(scene.params["means"].shape[0]),
-        "resolution": sorted({f"{b.width}x{b.height}" for b in batches}),
+        "resolution": sorted({f"{b.cameras.width}x{b.cameras.height}" for b in batches}),
         "mean": mean,
         "views": views,
         "lpips": metrics.lpips_info,
@@ -306,7 +304,7 @@ def render_path_video(
         focus = focus_point(train_viewmats, pipeline.scene.points)
         viewmats = CAMERA_PATHS[path](train_viewmats, frames, focus=focus)
     viewmats = viewmats.to(torch_device)
-    K, width, height = train[0].K.float().to(torch_device), train[0].width, train[0].height
+    K, width, height = train[0].K.float().to(torch_device), train[0].width, train[0].height  # [3, 3]
     renderer = build_renderer(scene, torch_device, logger, median_depth=depth == "median")
     params = {k: v.to(torch_device) for k, v in scene.params.items()}
     background = pipeline.fixed_background().to(torch_device)[None]
@@ -324,7 +322,7 @@ def render_path_video(
         videos.callback(progress.stop)
         rgb_video, *depth_video = [videos.enter_context(VideoWriter(path, fps)) for path in written]
         for index, viewmat in enumerate(viewmats):
-            frame = renderer.render(params, viewmat[None], K[None], width, height, scene.sh_degree, background)
+            frame = renderer.render(params, Cameras(viewmat[None], K[None], width, height), scene.sh_degree, background)
             rgb_video.write(to_uint8(frame.image[0]))
             for video in depth_video:
                 video.write(depth_image(frame, depth))

@@ -197,10 +197,7 @@ class DefaultTrainer:
         """Render the model from ``batch``'s cameras at the current SH degree (or ``sh_degree``)."""
         if sh_degree is None:
             sh_degree = self.model.active_sh_degree(self.step)
-        return self.renderer.render(
-            self.model.params, batch.viewmats, batch.Ks, batch.width, batch.height, sh_degree, batch.backgrounds,
-            camera_model=batch.camera_model,
-        )  # fmt: skip
+        return self.renderer.render_batch(self.model.params, batch, sh_degree)
 
     def run_step(self) -> None:
         """One optimisation step; afterwards ``self.step`` counts it and ``self.outputs`` describes it:

@@ -22,10 +22,10 @@ import torch
 from torch import Tensor
 
 from gsrecon.atomic import atomic_path
+from gsrecon.cameras.lens import pinhole_project
 from gsrecon.data.prefetch import available_host_bytes
 from gsrecon.errors import InputError
 from gsrecon.export.base import ExportContext, ExportFormat
-from gsrecon.geometry import pinhole_project
 from gsrecon.registry import EXPORT_REGISTRY
 
 if TYPE_CHECKING:
@@ -124,7 +124,7 @@ def _libraries() -> tuple[MarchingCubes, ModuleType]:
 @torch.no_grad()
 def surface_view(render: Callable[[Batch], RenderOutput], batch: Batch, cfg: MeshFormat.Config) -> SurfaceView:
     """The first view of ``batch`` rendered by ``render``: its depth (``cfg.depth``) where opaque, and colour."""
-    if batch.camera_model.kind != "pinhole":
+    if batch.cameras.model.kind != "pinhole":
         raise InputError(
             "the mesh export fuses pinhole views; these are seen through a fisheye lens: train with "
             "data.fisheye=undistort"
@@ -140,7 +140,8 @@ def surface_view(render: Callable[[Batch], RenderOutput], batch: Batch, cfg: Mes
     depth = torch.where(alpha[..., 0] >= cfg.min_alpha, depth[0, ..., 0].float(), 0.0)  # [H, W]
     background = batch.backgrounds[0].float()  # [3]
     color = ((out.image[0].float() - (1.0 - alpha) * background) / alpha.clamp_min(1e-6)).clamp(0.0, 1.0)
-    return SurfaceView(depth.cpu(), color.cpu(), batch.viewmats[0].float().cpu(), batch.Ks[0].float().cpu())
+    camera = batch.cameras[0]
+    return SurfaceView(depth.cpu(), color.cpu(), camera.viewmats[0].float().cpu(), camera.Ks[0].float().cpu())
 
 
 def camera_extent(views: list[SurfaceView]) -> float:

@@ -63,9 +63,6 @@ def _surface_render(trainer: DefaultTrainer) -> Callable[[Batch], RenderOutput]:
 
     @torch.no_grad()
     def render(batch: Batch) -> RenderOutput:
-        return renderer.render(
-            trainer.model.params, batch.viewmats, batch.Ks, batch.width, batch.height,
-            trainer.model.active_sh_degree(trainer.step), batch.backgrounds, camera_model=batch.camera_model,
-        )  # fmt: skip
+        return renderer.render_batch(trainer.model.params, batch, trainer.model.active_sh_degree(trainer.step))
 
     return render

@@ -85,7 +85,7 @@ def find_floaters(
         for view in range(len(batch.names)):
             ids, pixels, depths = _visible(out, view)  # [V], [V, 2], [V]
             x, y = pixels[:, 0].floor().long(), pixels[:, 1].floor().long()
-            inside = (x >= 0) & (y >= 0) & (x < batch.width) & (y < batch.height)
+            inside = (x >= 0) & (y >= 0) & (x < batch.cameras.width) & (y < batch.cameras.height)
             ids, x, y, depths = ids[inside], x[inside], y[inside], depths[inside]
             surface = out.depth[view, y, x, 0]  # [V']
             front = (out.alpha[view, y, x, 0] >= min_alpha) & (depths < (1.0 - margin) * surface)

@@ -55,7 +55,7 @@ class DepthPriorTerm(LossTerm):
     def __call__(self, inputs: LossInputs) -> Tensor | None:
         # From the cameras the image was rendered from: those a per-view module moved carry its gradients; the
         # others are the given poses, whose targets are kept (no per-step comparison, which would wait for a GPU).
-        viewmats = inputs.batch.viewmats
+        viewmats = inputs.batch.cameras.viewmats
         observed = inputs.data.point_depths(inputs.batch.names, viewmats if viewmats.requires_grad else None)
         error = point_depth_loss(inputs.render.depth, observed)
         return None if error is None else inputs.data.scene.extent * error

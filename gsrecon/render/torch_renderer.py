@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gsrecon.cameras.lens import fisheye_project
-from gsrecon.data.scene import PINHOLE, CameraModel
-from gsrecon.geometry import camera_centers, pinhole_project, quat_scale_to_factor
+from gsrecon.cameras import PINHOLE, CameraModel, Cameras
+from gsrecon.cameras.lens import fisheye_project, pinhole_project
+from gsrecon.geometry import camera_centers, quat_scale_to_factor
 from gsrecon.model.params import PARAM_NAMES
 from gsrecon.registry import RENDERER_REGISTRY
 from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
@@ -720,18 +720,12 @@ class TorchRenderer(Renderer):
         self.cfg = cfg if cfg is not None else TorchRenderer.Config()
 
     def _render(
-        self,
-        params: Mapping[str, Tensor],
-        viewmats: Tensor,
-        Ks: Tensor,
-        width: int,
-        height: int,
-        sh_degree: int,
-        backgrounds: Tensor,
-        *,
-        camera_model: CameraModel,
+        self, params: Mapping[str, Tensor], cameras: Cameras, sh_degree: int, backgrounds: Tensor
     ) -> RenderOutput:
         cfg = self.cfg
+        viewmats, Ks, width, height, camera_model = (
+            cameras.viewmats, cameras.Ks, cameras.width, cameras.height, cameras.model
+        )  # fmt: skip
         n_cams, n = viewmats.shape[0], params["means"].shape[0]
         rows = [params[key] for key in PARAM_NAMES]
         ids = None  # [M] ids of the Gaussians rendered, None for all of them

@@ -192,15 +192,7 @@ class SceneViewer:
         view = view_of(Pose(camera.wxyz, camera.position), camera.fov, camera.aspect, self.resolution_slider.value)
         device = self._params["means"].device
         with torch.no_grad():
-            out = self.renderer.render(
-                self._params,
-                view.viewmat[None].to(device),
-                view.K[None].to(device),
-                view.width,
-                view.height,
-                self._sh_degree,
-                self.background.to(device)[None],
-            )
+            out = self.renderer.render(self._params, view.to(device), self._sh_degree, self.background.to(device)[None])
         image = output_image(out, self.output_dropdown.value)
         with warnings.catch_warnings():  # the page may have closed during the render: nothing to send to
             warnings.filterwarnings("ignore", message="Queued a .* on a closed connection")

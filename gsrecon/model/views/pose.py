@@ -106,7 +106,10 @@ class PoseCorrection(ViewModule):
         return corrected_viewmats(viewmats, self.twists[self.rows(names, self.twists.device)])
 
     def adjust_cameras(self, batch: Batch) -> Batch:
-        return dataclasses.replace(batch, viewmats=self.camera_poses(batch.viewmats, batch.names))
+        cameras = batch.cameras
+        return dataclasses.replace(
+            batch, cameras=cameras.with_viewmats(self.camera_poses(cameras.viewmats, batch.names))
+        )
 
     def regularization(self) -> Tensor:
         """``reg`` × the mean over training images of the squared length of their twists."""
@@ -122,14 +125,15 @@ def fit_pose(batch: Batch, render: Callable[[Batch], RenderOutput], steps: int, 
     """``batch`` (one view) with its camera moved to where its render matches its photo best: ``steps`` Adam steps
     on a twist from zero, minimising the L1 difference over the pixels its mask keeps. Only the twist learns: the
     scene's parameters get no gradient."""
-    twist = torch.zeros(1, 6, device=batch.viewmats.device, requires_grad=True)  # [1, 6]
+    cameras = batch.cameras
+    twist = torch.zeros(1, 6, device=cameras.viewmats.device, requires_grad=True)  # [1, 6]
     optimizer = torch.optim.Adam([twist], lr=lr)
-    viewmats = batch.viewmats.detach()
+    viewmats = cameras.viewmats.detach()
     with torch.enable_grad():
         for _ in range(steps):
-            out = render(dataclasses.replace(batch, viewmats=corrected_viewmats(viewmats, twist)))
+            out = render(dataclasses.replace(batch, cameras=cameras.with_viewmats(corrected_viewmats(viewmats, twist))))
             error = (out.image - batch.images).abs().mean(-1, keepdim=True)  # [1, H, W, 1]
             loss = error.mean() if batch.masks is None else (error * batch.masks).sum() / batch.masks.sum().clamp_min(1)
             (twist.grad,) = torch.autograd.grad(loss, [twist])
             optimizer.step()
-    return dataclasses.replace(batch, viewmats=corrected_viewmats(viewmats, twist.detach()))
+    return dataclasses.replace(batch, cameras=cameras.with_viewmats(corrected_viewmats(viewmats, twist.detach())))
