@@ -16,11 +16,11 @@ import torch
 from conftest import write_yaml
 
 from gsrecon.cli import main
+from gsrecon.data.blocks import PartitionConfig, block_scene, ground_frame, plan_partition
 from gsrecon.data.scene import Frame, Scene
 from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.errors import InputError
 from gsrecon.geometry import look_at
-from gsrecon.partition.blocks import PartitionConfig, block_scene, ground_frame, plan_partition
 
 WIDTH, HEIGHT = 16, 12
 K = torch.tensor([[12.0, 0.0, WIDTH / 2], [0.0, 12.0, HEIGHT / 2], [0.0, 0.0, 1.0]])
@@ -184,7 +184,7 @@ def test_blocks_train_as_runs_of_their_own_and_merge_into_one_scene_that_eval_re
     plan = json.loads((exp_dir / "partition.json").read_text())
     assert len(plan["blocks"]) == 2
     merged = _merged_params(exp_dir)
-    from gsrecon.partition.blocks import GroundFrame
+    from gsrecon.data.blocks import GroundFrame
 
     ground = GroundFrame(*(torch.tensor(plan["ground"][k], dtype=torch.float64) for k in ("origin", "up", "axes")))
     pieces = []

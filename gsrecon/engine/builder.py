@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gsrecon.config import ConfigError, entry_map, load_config, parse_structured, resolved_entry, to_container
+from gsrecon.data.blocks import PartitionConfig, block_scene, plan_partition
 from gsrecon.data.errors import DatasetError
 from gsrecon.data.pipeline import DataPipeline
 from gsrecon.data.scene import Scene
@@ -26,7 +27,6 @@ from gsrecon.lpips_weights import LPIPS_NETS
 from gsrecon.metrics import MetricsConfig
 from gsrecon.model.optim import OptimizerConfig, SchedulerConfig
 from gsrecon.model.views.base import VIEW_SECTIONS, check_views
-from gsrecon.partition.blocks import PartitionConfig, block_scene, plan_partition
 from gsrecon.registry import (
     DATASET_REGISTRY,
     HOOK_REGISTRY,

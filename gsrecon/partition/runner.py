@@ -25,6 +25,7 @@ from rich.console import Console
 
 from gsrecon.atomic import write_json
 from gsrecon.config import ConfigError, load_config, save_yaml, to_container
+from gsrecon.data.blocks import Partition, plan_partition
 from gsrecon.data.pipeline import DataPipeline, read_scene
 from gsrecon.distributed import DistributedContext
 from gsrecon.engine import builder
@@ -33,7 +34,6 @@ from gsrecon.engine.run_dir import RUN_MARKER, RunDir
 from gsrecon.engine.trainer import DefaultTrainer
 from gsrecon.errors import InputError
 from gsrecon.logging.console import Logger
-from gsrecon.partition.blocks import Partition, plan_partition
 from gsrecon.partition.merge import (
     BLOCK_RESULT,
     BLOCKS_DIR,
