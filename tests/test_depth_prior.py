@@ -19,7 +19,7 @@ from gsrecon.config import ConfigError, parse_structured
 from gsrecon.data.pipeline import DataPipeline
 from gsrecon.engine.trainer import DefaultTrainer
 from gsrecon.losses.base import DEFAULT_LOSS, LossInputs
-from gsrecon.losses.depth_prior import DepthPriorTerm, point_depth_loss
+from gsrecon.losses.depth_prior import DepthPriorTerm, ObservedPoints, point_depth_loss
 from gsrecon.model.views.pose import PoseCorrection
 from gsrecon.render.base import RenderOutput
 
@@ -76,7 +76,7 @@ def test_colmap_tracks_become_each_photo_s_points_where_its_keypoints_are(tmp_pa
     kept = kept[(first.xys[kept] >= 0).all(1) & (first.xys[kept, 0] < W) & (first.xys[kept, 1] < H)]
     kept = kept[first.xys[kept, 0] >= W // 2]  # in the image and on kept pixels
     assert 0 < len(kept) < 40
-    (depths,) = pipeline.point_depths([name])
+    (depths,) = ObservedPoints(pipeline)([name])
     np.testing.assert_allclose(depths[:, :2].numpy(), first.xys[kept], atol=1e-3)  # where the keypoints are
     viewmat = first.viewmat()
     z = model.points.xyz[kept] @ viewmat[2, :3] + viewmat[2, 3]
@@ -102,17 +102,17 @@ def test_the_prior_sees_the_points_from_the_camera_pose_refinement_moved(tmp_pat
     inside = (camera[:, 2] > 0) & (pixels >= 0).all(-1) & (pixels[:, 0] < W) & (pixels[:, 1] < H)
     expected = torch.cat([pixels, camera[:, 2:]], dim=-1)[inside]  # [P', 3]
     assert 0 < len(expected) < len(camera)  # the moved camera loses some points off its image
-    (seen,) = pipeline.point_depths(moved.names, moved.cameras.viewmats)
+    points = ObservedPoints(pipeline)
+    (seen,) = points(moved.names, moved.cameras.viewmats)
     torch.testing.assert_close(seen, expected, rtol=1e-5, atol=1e-4)
-    (given,) = pipeline.point_depths(batch.names)
+    (given,) = points(batch.names)
     assert given.shape != seen.shape or not torch.allclose(given, seen)
-    assert (
-        pipeline.point_depths(batch.names, batch.cameras.viewmats)[0] is given
-    )  # at the given pose: computed once, kept
+    assert points(batch.names, batch.cameras.viewmats)[0] is given  # at the given pose: computed once, kept
 
     depth = torch.linspace(1.0, 3.0, H * W).reshape(1, H, W, 1)
     render = RenderOutput(image=moved.images, alpha=torch.ones(1, H, W, 1), depth=depth, info={})
     term = DepthPriorTerm(DepthPriorTerm.Config())
+    term.setup(pipeline, "test")
     value = term(LossInputs(moved.images, render, moved, pipeline))
     torch.testing.assert_close(value, pipeline.scene.extent * point_depth_loss(depth, [expected]))
     assert value != term(LossInputs(batch.images, render, batch, pipeline))
@@ -121,10 +121,10 @@ def test_the_prior_sees_the_points_from_the_camera_pose_refinement_moved(tmp_pat
 def _disparity_error(trainer: DefaultTrainer) -> float:
     """Mean |1 / rendered depth - 1 / z| at the points every training view observed."""
     with torch.no_grad():
-        errors = []
+        errors, points = [], ObservedPoints(trainer.datapipeline)
         for batch in trainer.datapipeline.train_views():
             out = trainer.render(batch)
-            errors.append(point_depth_loss(out.depth, trainer.datapipeline.point_depths(batch.names)))
+            errors.append(point_depth_loss(out.depth, points(batch.names)))
     return float(torch.stack(errors).mean())
 
 

@@ -13,8 +13,8 @@ from gsrecon.cameras import Cameras
 from gsrecon.cli import main
 from gsrecon.data.pipeline import Batch
 from gsrecon.engine.checkpoints import load_checkpoint_file
-from gsrecon.hooks.floaters import find_floaters
 from gsrecon.registry import RENDERER_REGISTRY
+from gsrecon.strategy.floaters import find_floaters
 
 torch.set_num_threads(1)
 

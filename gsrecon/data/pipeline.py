@@ -18,7 +18,6 @@ import torch
 from torch import Tensor
 
 from gsrecon.cameras import CameraModel, Cameras
-from gsrecon.cameras.lens import fisheye_project, pinhole_project
 from gsrecon.config import build_from_config, named_section
 from gsrecon.data.formats.images import FACTORS
 from gsrecon.data.prefetch import (
@@ -128,7 +127,6 @@ class DataPipeline:
         cache_device = device if self.cache == "device" else torch.device("cpu")
         self._train = [_to_device(f if self.cache == "disk" else f.decoded(), cache_device) for f in self.scene.train]
         self._test = [_to_device(f if self.cache == "disk" else f.decoded(), cache_device) for f in self.scene.test]
-        self._train_by_name = {frame.name: frame for frame in self._train}
         self.decoder: FrameDecoder | None = None  # cache disk: decodes the frames of the batches to come
         if self.cache == "disk":
             self.decoder = FrameDecoder(decode_threads(cfg.prefetch, cfg.batch_size))
@@ -136,12 +134,16 @@ class DataPipeline:
             self._val_ahead = Prefetcher(self.decoder, self._test, self._val_indices, cfg.prefetch)
         # On the device once: a per-step copy from the host would wait for the GPU (PyTorch syncs blocking copies).
         self._background = self.fixed_background().to(device)  # [3]
-        self._point_depths: dict[str, Tensor] = {}  # filled on first use: the points may be triangulated later
 
     @property
     def notes(self) -> list[str]:
         """What the first log line says about the data: where the images are kept, the masks, the part selected."""
         return [note for note in (self.cache_note, self.mask_note, self.selection_note) if note]
+
+    @property
+    def train_frames(self) -> list[Frame]:
+        """The training frames as served: on the cache's device (poses float32), or their pixels left in files."""
+        return self._train
 
     @property
     def num_train(self) -> int:
@@ -186,32 +188,6 @@ class DataPipeline:
         """Every training view once, a batch each, over the fixed background (black for ``random``)."""
         for frame in self._train:
             yield self._batch([frame], self._background[None])
-
-    def point_depths(self, names: list[str], viewmats: Tensor | None = None) -> list[Tensor]:
-        """Per named training view, ``[P_i, 3]``: pixel x, y (pixel centres at +0.5) and camera-space z of the SfM
-        points its photo observed (``Scene.observed``) that land in front of the camera, inside the image and on
-        pixels its mask keeps; [0, 3] for a view without observations.
-
-        The camera is the view's given pose, or its row of ``viewmats`` [B, 4, 4] (world-to-camera, e.g. a
-        training batch's cameras moved by pose refinement; a target: no gradient reaches them) where given. A view
-        seen from its given pose is computed once and kept; a moved one at each call."""
-        depths = []
-        for row, name in enumerate(names):
-            frame = self._train_by_name[name]
-            viewmat = None if viewmats is None else viewmats[row].detach()
-            if viewmat is not None and not torch.equal(viewmat, frame.viewmat.to(viewmat)):
-                depths.append(self._observed_depths(frame, viewmat))
-                continue
-            if name not in self._point_depths:
-                self._point_depths[name] = self._observed_depths(frame, frame.viewmat)
-            depths.append(self._point_depths[name])
-        return depths
-
-    def _observed_depths(self, frame: Frame, viewmat: Tensor) -> Tensor:
-        """:meth:`point_depths` of ``frame`` seen from the world-to-camera ``viewmat`` [4, 4]."""
-        points = self.scene.points
-        rows = self.scene.observed.get(frame.name, torch.zeros(0, dtype=torch.int64)).to(points.device)
-        return _observed_depths(points[rows].to(self.device), frame, viewmat, self.device)
 
     def fixed_background(self) -> Tensor:
         """The background colour used where it is not random, [3]."""
@@ -269,29 +245,6 @@ class DataPipeline:
             return None
         depths = [torch.zeros(f.height, f.width) if f.depth is None else decoded(f.depth) for f in frames]
         return torch.stack([d.to(self.device) for d in depths]).float()[..., None]
-
-
-def _observed_depths(points: Tensor, frame: Frame, viewmat: Tensor, device: torch.device) -> Tensor:
-    """[P', 3] pixel x, y and camera z of ``points`` [P, 3] as ``frame``'s camera sees them from the world-to-camera
-    ``viewmat`` [4, 4], those outside its image or on pixels its mask leaves out (a moving person, the sky) left
-    out."""
-    viewmat = viewmat.to(device)
-    camera = points @ viewmat[:3, :3].T + viewmat[:3, 3]  # [P, 3]
-    K = frame.K.to(device)
-    if frame.camera_model.kind == "pinhole":
-        x, y, z = camera.unbind(-1)  # [P] each
-        projection = pinhole_project(x, y, z.clamp_min(1e-6), K)
-        pixels = torch.stack([projection.pixel_x, projection.pixel_y], dim=-1)  # [P, 2]
-        seen = z > 0
-    else:  # "fisheye"
-        lens = fisheye_project(camera[None], K[None], frame.camera_model.coeffs.to(device)[None], near_plane=0.0)
-        pixels, seen = lens.means2d[0], lens.in_lens[0]
-    inside = seen & (pixels >= 0).all(-1) & (pixels[:, 0] < frame.width) & (pixels[:, 1] < frame.height)
-    observed = torch.cat([pixels, camera[:, 2:]], dim=-1)[inside]  # [P', 3]
-    if frame.mask is None:
-        return observed
-    kept = decoded(frame.mask).to(device)[observed[:, 1].long(), observed[:, 0].long()]  # [P'] on kept pixels
-    return observed[kept]
 
 
 def _mask_note(scene: Scene) -> str:

@@ -36,7 +36,7 @@ class LossInputs:
     image: Tensor  # [B, H, W, 3] the render after the per-view modules (what the photos are compared with)
     render: RenderOutput  # the renderer's output: depth, alpha [B, H, W, 1] and its info
     batch: Batch  # the step's views: photos, masks, cameras, names
-    data: DataPipeline  # the scene and its per-view data (e.g. the SfM points each photo observed)
+    data: DataPipeline  # the scene (its points, extent) and its training frames
     params: Mapping[str, Tensor] | None = None  # the Gaussians rendered (pre-activation; see gsrecon.model.gaussians)
     renderer: Renderer | None = None  # what rendered them (a term may render other features of them with it)
 
