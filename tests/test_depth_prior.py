@@ -112,7 +112,7 @@ def test_the_prior_sees_the_points_from_the_camera_pose_refinement_moved(tmp_pat
     depth = torch.linspace(1.0, 3.0, H * W).reshape(1, H, W, 1)
     render = RenderOutput(image=moved.images, alpha=torch.ones(1, H, W, 1), depth=depth, info={})
     term = DepthPriorTerm(DepthPriorTerm.Config())
-    term.setup(pipeline, "test")
+    term.setup(pipeline)
     value = term(LossInputs(moved.images, render, moved, pipeline))
     torch.testing.assert_close(value, pipeline.scene.extent * point_depth_loss(depth, [expected]))
     assert value != term(LossInputs(batch.images, render, batch, pipeline))

@@ -74,6 +74,22 @@ class DataPipeline:
         # The reader's own options, written under its name (``synthetic: {width: 64}``), checked by its Config
         reader: dict[str, Any] = named_section("dataset", DATASET_REGISTRY.names)  # noqa: RUF009 (a dataclasses.field)
 
+        def __post_init__(self) -> None:
+            if self.background not in BACKGROUNDS:
+                raise ValueError(f"data.background must be one of {', '.join(BACKGROUNDS)}; got '{self.background}'")
+            if self.cache not in CACHE_MODES:
+                raise ValueError(f"data.cache must be one of {', '.join(CACHE_MODES)}; got '{self.cache}'")
+            if self.prefetch < 1:
+                raise ValueError(f"data.prefetch must be >= 1, got {self.prefetch}")
+            if self.batch_size < 1:
+                raise ValueError(f"data.batch_size must be >= 1, got {self.batch_size}")
+            if self.factor not in FACTORS:
+                raise ValueError(f"data.factor must be one of {', '.join(map(str, FACTORS))}; got {self.factor}")
+            if self.eval_split not in EVAL_SPLITS:
+                raise ValueError(f"data.eval_split must be one of {', '.join(EVAL_SPLITS)}; got '{self.eval_split}'")
+            if self.fisheye not in FISHEYE_MODES:
+                raise ValueError(f"data.fisheye must be one of {', '.join(FISHEYE_MODES)}; got '{self.fisheye}'")
+
     def __init__(
         self,
         cfg: Config,
@@ -82,27 +98,14 @@ class DataPipeline:
         rank: int = 0,
         world_size: int = 1,
         select: Callable[[Scene], tuple[Scene, str]] | None = None,
+        source: str = "config",
     ) -> None:
         """``select``: the part of the scene to train on and a line saying what it is (a block's, see
         :mod:`gsrecon.partition`); the scene is then read with its pixels left in their files and only the selected
-        frames are decoded."""
-        if cfg.background not in BACKGROUNDS:
-            raise InputError(f"data.background must be one of {', '.join(BACKGROUNDS)}; got '{cfg.background}'")
-        if cfg.cache not in CACHE_MODES:
-            raise InputError(f"data.cache must be one of {', '.join(CACHE_MODES)}; got '{cfg.cache}'")
-        if cfg.prefetch < 1:
-            raise InputError(f"data.prefetch must be >= 1, got {cfg.prefetch}")
-        if cfg.batch_size < 1:
-            raise InputError(f"data.batch_size must be >= 1, got {cfg.batch_size}")
-        if cfg.factor not in FACTORS:
-            raise InputError(f"data.factor must be one of {', '.join(map(str, FACTORS))}; got {cfg.factor}")
-        if cfg.eval_split not in EVAL_SPLITS:
-            raise InputError(f"data.eval_split must be one of {', '.join(EVAL_SPLITS)}; got '{cfg.eval_split}'")
-        if cfg.fisheye not in FISHEYE_MODES:
-            raise InputError(f"data.fisheye must be one of {', '.join(FISHEYE_MODES)}; got '{cfg.fisheye}'")
+        frames are decoded. ``source`` (the config file) names where a refused value was set."""
         if cfg.dataset not in DATASET_REGISTRY:
             known = ", ".join(DATASET_REGISTRY.names())
-            raise InputError(f"data.dataset: unknown dataset '{cfg.dataset}'; known datasets: {known}")
+            raise InputError(f"{source}: key 'data.dataset': unknown dataset '{cfg.dataset}'; known datasets: {known}")
         self.cfg = cfg
         self.device = device
         self.seed = seed
@@ -114,13 +117,17 @@ class DataPipeline:
         else:
             self.scene, self.selection_note = select(read_scene(dataclasses.replace(cfg, cache="disk")))
         if not self.scene.train:
-            raise InputError(f"dataset '{cfg.dataset}' ({cfg.path or 'built-in'}) has no training images")
+            raise InputError(
+                f"{source}: key 'data.path': dataset '{cfg.dataset}' ({cfg.path or 'built-in'}) has no training images"
+            )
         if cfg.batch_size > 1 and len({(f.width, f.height) for f in self.scene.train}) > 1:
-            raise InputError("data.batch_size > 1 needs training images of one size; this scene mixes sizes")
+            raise InputError(
+                f"{source}: key 'data.batch_size': > 1 needs training images of one size; this scene mixes sizes"
+            )
         if cfg.batch_size > 1 and len({f.camera_model.kind for f in self.scene.train}) > 1:
             raise InputError(
-                "data.batch_size > 1 needs one kind of camera; this scene mixes fisheye and pinhole images "
-                "(data.fisheye: lens): use batch_size 1 or data.fisheye=undistort"
+                f"{source}: key 'data.batch_size': > 1 needs one kind of camera; this scene mixes fisheye and pinhole "
+                "images (data.fisheye: lens): use batch_size 1 or data.fisheye=undistort"
             )
         self.cache, self.cache_note = self._choose_cache()
         self.mask_note = _mask_note(self.scene)  # "" without masks

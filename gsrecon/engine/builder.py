@@ -9,7 +9,7 @@ its built-ins when an entry is first looked up, so ``gsrecon eval/export/render`
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -22,11 +22,11 @@ from gsrecon.data.pipeline import DataPipeline
 from gsrecon.data.scene import Scene
 from gsrecon.distributed import DistributedContext
 from gsrecon.logging.console import Logger
-from gsrecon.losses.base import DEFAULT_LOSS
+from gsrecon.losses.base import DEFAULT_LOSS, Loss
 from gsrecon.lpips_weights import LPIPS_NETS
 from gsrecon.metrics import MetricsConfig
 from gsrecon.model.optim import OptimizerConfig, SchedulerConfig
-from gsrecon.model.views.base import VIEW_SECTIONS, check_views
+from gsrecon.model.views.base import VIEW_SECTIONS, ViewModules, view_entries
 from gsrecon.registry import (
     DATASET_REGISTRY,
     HOOK_REGISTRY,
@@ -38,6 +38,8 @@ from gsrecon.registry import (
     WRITER_REGISTRY,
     Registry,
     RegistryError,
+    RunChecked,
+    RunFacts,
 )
 
 if TYPE_CHECKING:
@@ -81,6 +83,19 @@ class RunConfig:
     hooks: Any = None  # {entry key: arguments} (see gsrecon.config); None: DEFAULT_HOOKS
     partition: PartitionConfig = field(default_factory=PartitionConfig)  # block training (gsrecon.partition)
 
+    def __post_init__(self) -> None:
+        if self.max_steps < 1:
+            raise ValueError(f"key 'max_steps': must be >= 1, got {self.max_steps}")
+        if self.val_interval < 1:
+            raise ValueError(f"key 'val_interval': must be >= 1, got {self.val_interval}")
+        if not (self.resume is None or isinstance(self.resume, (bool, str))):
+            raise ValueError(f"key 'resume': must be true, false or a checkpoint path, got {self.resume!r}")
+        if self.metrics.lpips_net not in (*LPIPS_NETS, "none"):
+            raise ValueError(
+                f"key 'metrics.lpips_net': must be one of {', '.join(LPIPS_NETS)} or none, "
+                f"got '{self.metrics.lpips_net}'"
+            )
+
 
 def load_run_config(path: str, overrides: Sequence[str] = ()) -> tuple[RunConfig, str]:
     """A run's YAML (on top of :data:`DEFAULT_HOOKS`) plus ``key=value`` overrides, validated.
@@ -92,19 +107,44 @@ def load_run_config(path: str, overrides: Sequence[str] = ()) -> tuple[RunConfig
     return parse_structured(RunConfig, raw, source=source), source
 
 
-def check_run_config(cfg: RunConfig, source: str) -> None:
-    """Refuse top-level values that no component checks."""
-    if cfg.max_steps < 1:
-        raise ConfigError(f"{source}: key 'max_steps': must be >= 1, got {cfg.max_steps}")
-    if cfg.val_interval < 1:
-        raise ConfigError(f"{source}: key 'val_interval': must be >= 1, got {cfg.val_interval}")
-    if not (cfg.resume is None or isinstance(cfg.resume, (bool, str))):
-        raise ConfigError(f"{source}: key 'resume': must be true, false or a checkpoint path, got {cfg.resume!r}")
-    if cfg.metrics.lpips_net not in (*LPIPS_NETS, "none"):
-        raise ConfigError(
-            f"{source}: key 'metrics.lpips_net': must be one of {', '.join(LPIPS_NETS)} or none, "
-            f"got '{cfg.metrics.lpips_net}'"
-        )
+def run_components(
+    renderer: RunChecked, strategy: RunChecked, loss: Loss, views: ViewModules, hooks: Mapping[str, RunChecked]
+) -> dict[str, RunChecked]:
+    """A built run's components by the config key that configures each (what :func:`check_run` names)."""
+    view_keys = {key: f"{key}.mode" if key in VIEW_SECTIONS else f"views.{key}" for key in views.modules}
+    return {
+        "renderer": renderer,
+        "strategy": strategy,
+        **{f"loss.{key}": term for key, term in loss.terms.items()},
+        **{view_keys[key]: module for key, module in views.modules.items()},
+        **{f"hooks.{key}": hook for key, hook in hooks.items()},
+    }
+
+
+def check_run(components: Mapping[str, RunChecked], run: RunFacts, source: str) -> None:
+    """Let every component of a built run refuse it (:meth:`~gsrecon.registry.RunChecked.check`, ``components`` by
+    the config keys that configure them); a refusal is a ConfigError naming the key and the file."""
+    for key, component in components.items():
+        try:
+            component.check(run)
+        except ValueError as exc:
+            raise ConfigError(f"{source}: key '{key}': {exc}") from exc
+
+
+def check_rules(resolved: dict[str, Any], source: str) -> None:
+    """Refuse a resolved run config that breaks a rule between two of its components, before anything is built."""
+    if resolved["renderer"]["name"] == "gsplat" and resolved["data"]["fisheye"] == "lens":
+        for key, entry in view_entries(resolved).items():
+            if VIEW_REGISTRY.get(entry["name"]).moves_cameras:
+                where, off = (
+                    (f"{key}.mode", f"{key}.mode=none")
+                    if key in VIEW_SECTIONS
+                    else (f"views.{key}", f"views.{key}=null")
+                )
+                raise ConfigError(
+                    f"{source}: key '{where}': needs gradients of the camera poses, which gsplat does not give through "
+                    f"a fisheye lens (data.fisheye: lens): use data.fisheye=undistort, renderer.name=torch or {off}"
+                )
 
 
 def resolve_device(name: str, dist: DistributedContext) -> torch.device:
@@ -239,7 +279,7 @@ def resolve_run_config(cfg: RunConfig, device: torch.device, source: str) -> dic
     resolved["hooks"] = resolve_hooks(cfg.hooks, source, cfg.max_steps)
     resolved["loss"] = resolve_entry_map(LOSS_REGISTRY, cfg.loss, DEFAULT_LOSS, source, "loss", cfg.max_steps)
     resolved.update(resolve_views_config(cfg, source))
-    check_views(resolved, source)
+    check_rules(resolved, source)
     return resolved
 
 
@@ -337,24 +377,22 @@ def resolve_strategy_entry(cfg: RunConfig, source: str, start: str | None = None
 
 def build_strategy(cfg: RunConfig, resolved: dict[str, Any], model: torch.nn.Module, source: str) -> Any:
     """The run's strategy, its entry resolved again (into ``resolved``) now that the model's start is known, since
-    some defaults differ for random points (``per_start``); refuses a model or renderer it cannot work with."""
+    some defaults differ for random points (``per_start``)."""
     resolved["strategy"] = resolve_strategy_entry(cfg, source, getattr(model, "start", None))
-    strategy = STRATEGY_REGISTRY.build(resolved["strategy"])
-    strategy.check_sanity(model.params, resolved["renderer"])
-    return strategy
+    return STRATEGY_REGISTRY.build(resolved["strategy"])
 
 
-def build_datapipeline(cfg: RunConfig, device: torch.device, dist: DistributedContext) -> DataPipeline:
+def build_datapipeline(cfg: RunConfig, device: torch.device, dist: DistributedContext, source: str) -> DataPipeline:
     """The run's datapipeline: the whole scene, or for a block of a partition (``partition.block``) its part."""
     if cfg.partition.block is None:
-        return DataPipeline(cfg.data, device, cfg.seed, dist.rank, dist.world_size)
+        return DataPipeline(cfg.data, device, cfg.seed, dist.rank, dist.world_size, source=source)
     index, count = cfg.partition.block, cfg.partition.num_blocks
 
     def select(scene: Scene) -> tuple[Scene, str]:
         block = plan_partition(scene, cfg.partition).blocks[index]
         return block_scene(scene, block), f"one of {count} blocks of the capture: {block.describe()}"
 
-    return DataPipeline(cfg.data, device, cfg.seed, dist.rank, dist.world_size, select)
+    return DataPipeline(cfg.data, device, cfg.seed, dist.rank, dist.world_size, select, source)
 
 
 def build_model(

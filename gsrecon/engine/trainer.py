@@ -30,7 +30,7 @@ from gsrecon.model.optim import build_optimizers, build_schedulers
 from gsrecon.model.params import PARAM_NAMES
 from gsrecon.model.views.base import build_views
 from gsrecon.plugins import import_plugins
-from gsrecon.registry import RENDERER_REGISTRY
+from gsrecon.registry import RENDERER_REGISTRY, RunFacts
 from gsrecon.render.base import RenderOutput
 
 
@@ -57,7 +57,6 @@ class DefaultTrainer:
         dist: DistributedContext | None = None,
     ) -> None:  # fmt: skip
         import_plugins(cfg.imports, source)
-        builder.check_run_config(cfg, source)
         self.cfg = cfg
         self.source = source
         self.dist = dist or DistributedContext.from_env()
@@ -89,20 +88,27 @@ class DefaultTrainer:
 
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
-        self.datapipeline = builder.build_datapipeline(cfg, self.device, self.dist)
+        self.datapipeline = builder.build_datapipeline(cfg, self.device, self.dist, source)
         self.model = builder.build_model(
             self.resolved_config["model"], self.datapipeline.scene, cfg.seed, source, self.logger
         )
         self.model.to(self.device)
         self.dist.broadcast_params(self.model.params)
         self.loss = build_loss(self.resolved_config["loss"], source)
-        self.loss.setup(self.datapipeline, source)
         self.renderer = RENDERER_REGISTRY.build(self.resolved_config["renderer"])
-        self.renderer.setup(self.logger)
         train_names = [frame.name for frame in self.datapipeline.scene.train]
         self.views = build_views(self.resolved_config, train_names, self.device, source)
         self._build_optimizers()
         self.strategy = builder.build_strategy(cfg, self.resolved_config, self.model, source)
+        scene = self.datapipeline.scene
+        facts = RunFacts(
+            self.resolved_config, self.model.num_gaussians, sfm_tracks=bool(scene.observed),
+            depth_maps=any(frame.depth is not None for frame in scene.train),
+        )  # fmt: skip
+        components = builder.run_components(self.renderer, self.strategy, self.loss, self.views, self.hooks)
+        builder.check_run(components, facts, source)
+        self.loss.setup(self.datapipeline)
+        self.renderer.setup(self.logger)
         self.strategy_state = self.strategy.initialize_state(self.scene_extent)
         # Everything is built: only now may a previous run be replaced and outputs be written.
         self.writers = Writers([])

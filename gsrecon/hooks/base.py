@@ -11,6 +11,8 @@ from __future__ import annotations
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
+from gsrecon.registry import RunChecked
+
 if TYPE_CHECKING:
     from gsrecon.engine.trainer import DefaultTrainer
 
@@ -58,7 +60,7 @@ def get_priority(priority: int | str | Priority) -> int:
     return int(priority)
 
 
-class Hook:
+class Hook(RunChecked):
     """Base class of trainer hooks. Override the points you need; the defaults do nothing.
 
     Order of calls in a run::

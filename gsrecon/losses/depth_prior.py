@@ -10,10 +10,9 @@ import torch
 from torch import Tensor
 
 from gsrecon.cameras.lens import fisheye_project, pinhole_project
-from gsrecon.config import ConfigError
 from gsrecon.data.scene import decoded
 from gsrecon.losses.base import LossInputs, LossTerm
-from gsrecon.registry import LOSS_REGISTRY
+from gsrecon.registry import LOSS_REGISTRY, RunFacts
 
 if TYPE_CHECKING:
     from gsrecon.data.pipeline import DataPipeline
@@ -103,13 +102,16 @@ class DepthPriorTerm(LossTerm):
         super().__init__(cfg)
         self.points: ObservedPoints | None = None  # built by setup
 
-    def setup(self, data: DataPipeline, where: str) -> None:
-        if not data.scene.observed:
-            raise ConfigError(
-                f"{where}: the depth prior needs SfM points and the photos that observed them (a COLMAP model, or a "
+    def check(self, run: RunFacts) -> None:
+        if not run.sfm_tracks:
+            data = run.config["data"]
+            raise ValueError(
+                "the depth prior needs SfM points and the photos that observed them (a COLMAP model, or a "
                 f"transforms.json capture triangulated by model.init: auto); data.path "
-                f"'{data.cfg.path or data.cfg.dataset}' gives none: remove the term (loss.depth_prior=null)"
+                f"'{data['path'] or data['dataset']}' gives none: remove the term (loss.depth_prior=null)"
             )
+
+    def setup(self, data: DataPipeline) -> None:
         self.points = ObservedPoints(data)
 
     def __call__(self, inputs: LossInputs) -> Tensor | None:

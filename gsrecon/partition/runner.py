@@ -69,7 +69,6 @@ def train_blocks(cfg: builder.RunConfig, source: str, overwrite: bool = False) -
     differ, a plan that differs from the one the folder's blocks were trained on) raises InputError before any
     training; nothing a finished block wrote is lost."""
     import_plugins(cfg.imports, source)
-    builder.check_run_config(cfg, source)
     dist = DistributedContext.from_env()
     only = cfg.partition.only
     logger = Logger(console=None if dist.rank == 0 else Console(quiet=True))

@@ -11,6 +11,7 @@ from torch import Tensor
 
 from gsrecon.cameras import Cameras
 from gsrecon.model.params import check_params
+from gsrecon.registry import RunChecked
 
 if TYPE_CHECKING:
     from gsrecon.data.pipeline import Batch
@@ -60,7 +61,7 @@ class RenderOutput:
     median_depth: Tensor | None = None
 
 
-class Renderer(abc.ABC):
+class Renderer(abc.ABC, RunChecked):
     """Renders Gaussians given in pre-activation form (see `gsrecon.model.gaussians`).
 
     ``params`` maps ``means`` [N, 3], ``scales`` [N, 3] (log), ``quats`` [N, 4] (w, x, y, z, not

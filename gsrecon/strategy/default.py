@@ -10,7 +10,6 @@ statistics that are summed over ranks under torchrun, and an opacity reset that 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +21,7 @@ from gsrecon.distributed import DistributedContext
 from gsrecon.errors import InputError
 from gsrecon.geometry import quat_to_rotmat
 from gsrecon.model.ops import append_rows, remove_rows, reset_opacities
-from gsrecon.registry import STRATEGY_REGISTRY
+from gsrecon.registry import STRATEGY_REGISTRY, RunFacts
 from gsrecon.strategy.base import SINGLE_PROCESS, Optimizers, Params, Strategy, opacity_scale_penalty
 
 
@@ -73,10 +72,10 @@ class DefaultStrategy(Strategy):
             if getattr(cfg, name) < 1:
                 raise InputError(f"strategy.{name} must be >= 1, got {getattr(cfg, name)}")
 
-    def check_sanity(self, params: Params, renderer_cfg: Mapping[str, Any]) -> None:
-        n = len(params["means"])
+    def check(self, run: RunFacts) -> None:
+        n = run.num_gaussians
         if self.cfg.cap_max and n > self.cfg.cap_max:
-            raise InputError(f"the model starts with {n} Gaussians, more than strategy.cap_max={self.cfg.cap_max}")
+            raise ValueError(f"the model starts with {n} Gaussians, more than strategy.cap_max={self.cfg.cap_max}")
 
     def regularization(self, params: Params, state: dict[str, Any], info: dict[str, Any]) -> Tensor | None:
         return opacity_scale_penalty(params, self.cfg.opacity_reg, self.cfg.scale_reg)

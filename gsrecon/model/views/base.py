@@ -25,7 +25,7 @@ from torch import Tensor
 from gsrecon.config import ConfigError
 from gsrecon.distributed import DistributedContext
 from gsrecon.errors import InputError
-from gsrecon.registry import VIEW_REGISTRY
+from gsrecon.registry import VIEW_REGISTRY, RunChecked
 
 if TYPE_CHECKING:
     from gsrecon.data.pipeline import Batch
@@ -37,8 +37,10 @@ EvalAdjust = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]  # (render, gt) [
 RenderFn = Callable[["Batch"], "RenderOutput"]  # the scene rendered from a batch's cameras
 
 
-class ViewModule(torch.nn.Module):
+class ViewModule(torch.nn.Module, RunChecked):
     """Base class: learns nothing and changes nothing; subclasses override what they need."""
+
+    moves_cameras = False  # whether adjust_cameras moves the cameras (then the renderer must give their gradients)
 
     @dataclass
     class Config:
@@ -52,10 +54,6 @@ class ViewModule(torch.nn.Module):
         super().__init__()
         self.cfg = cfg
         self.index = {name: i for i, name in enumerate(train_names)}  # training view name -> row of its parameters
-
-    @classmethod
-    def check_run(cls, resolved: dict[str, Any]) -> None:
-        """Refuse (ValueError) a resolved run config this module cannot work with; the base accepts every run."""
 
     def rows(self, names: list[str], device: torch.device) -> Tensor:
         """The parameter rows [B] of the training views ``names``."""
@@ -202,17 +200,6 @@ def view_entries(resolved: dict[str, Any]) -> dict[str, dict[str, Any]]:
         if resolved[section]["mode"] != "none"
     }
     return {**entries, **{key: entry for key, entry in resolved["views"].items() if entry is not None}}
-
-
-def check_views(resolved: dict[str, Any], source: str = "config") -> None:
-    """Refuse a resolved run config that one of its per-view modules cannot work with (see
-    :meth:`ViewModule.check_run`), naming the module's key."""
-    for key, entry in view_entries(resolved).items():
-        try:
-            VIEW_REGISTRY.get(entry["name"]).check_run(resolved)
-        except ValueError as exc:
-            where = f"{key}.mode" if key in VIEW_SECTIONS else f"views.{key}"
-            raise ConfigError(f"{source}: key '{where}': {exc}") from exc
 
 
 def build_views(

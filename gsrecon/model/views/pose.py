@@ -17,7 +17,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -56,6 +56,8 @@ def corrected_viewmats(viewmats: Tensor, twists: Tensor) -> Tensor:
 class PoseCorrection(ViewModule):
     """One rigid correction per training image, looked up by image name; the camera moves, the photo stays."""
 
+    moves_cameras = True
+
     @dataclass
     class Config(ViewModule.Config):
         lr: float = 3e-4  # Adam learning rate of the twists (world units and radians per step, roughly)
@@ -84,15 +86,6 @@ class PoseCorrection(ViewModule):
     def __init__(self, cfg: Config, train_names: list[str]) -> None:
         super().__init__(cfg, train_names)
         self.twists = torch.nn.Parameter(torch.zeros(len(train_names), 6))  # [N, 6]: v (world units), omega (rad)
-
-    @classmethod
-    def check_run(cls, resolved: dict[str, Any]) -> None:
-        """Refuse a run whose renderer cannot give the view matrices a gradient."""
-        if resolved["renderer"]["name"] == "gsplat" and resolved["data"]["fisheye"] == "lens":
-            raise ValueError(
-                "needs gradients of the camera poses, which gsplat does not give through a fisheye lens "
-                "(data.fisheye: lens): use data.fisheye=undistort, renderer.name=torch or pose_opt.mode=none"
-            )
 
     def build_scheduler(self, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
         """Exponential decay from ``lr`` to ``lr × lr_final_factor`` over ``decay_steps``, constant afterwards."""
