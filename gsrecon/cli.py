@@ -211,7 +211,7 @@ def _eval(args: argparse.Namespace) -> int:
     out = args.out or _default_eval_dir(args)
     result = evaluate(scene, out, device=args.device)
     mean = ", ".join(f"{k} {v:.4f}" for k, v in result["mean"].items() if v is not None)
-    print(f"{len(result['views'])} test views: {mean}; {result['render_fps']:.3g} FPS on {result['device']}")
+    print(f"{len(result['images'])} test views: {mean}; {result['render_fps']:.3g} FPS on {result['device']}")
     print(f"wrote {out}/metrics.json, {out}/cameras.json, {out}/renders/test/, {out}/gt/")
     return 0
 

@@ -108,7 +108,7 @@ def export_meshes(trainer, out: Path) -> dict[str, tuple[Path, float]]:
     def render(batch):
         return renderer.render(params, batch.cameras, sh_degree, batch.backgrounds)  # fmt: skip
 
-    context = ExportContext(train_views=trainer.datapipeline.train_views, render=render)
+    context = ExportContext(train_batches=trainer.datapipeline.train_batches, render=render)
     meshes = {}
     for depth in ("median", "expected"):
         start = time.perf_counter()

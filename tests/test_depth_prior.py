@@ -88,7 +88,7 @@ def test_the_prior_sees_the_points_from_the_camera_pose_refinement_moved(tmp_pat
     root = _make_scene(tmp_path / "scene")[0]
     config = DataPipeline.Config(dataset="colmap", path=str(root), eval_split="none")
     pipeline = DataPipeline(config, torch.device("cpu"))
-    batch = next(pipeline.train_views())
+    batch = next(pipeline.train_batches())
     (name,) = batch.names
     pose = PoseCorrection(PoseCorrection.Config(), [frame.name for frame in pipeline.scene.train])
     with torch.no_grad():
@@ -122,7 +122,7 @@ def _disparity_error(trainer: DefaultTrainer) -> float:
     """Mean |1 / rendered depth - 1 / z| at the points every training view observed."""
     with torch.no_grad():
         errors, points = [], ObservedPoints(trainer.datapipeline)
-        for batch in trainer.datapipeline.train_views():
+        for batch in trainer.datapipeline.train_batches():
             out = trainer.render(batch)
             errors.append(point_depth_loss(out.depth, points(batch.names)))
     return float(torch.stack(errors).mean())

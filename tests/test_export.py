@@ -209,7 +209,7 @@ def test_the_mesh_without_its_libraries_names_the_install_command(tmp_path, monk
     from gsrecon.export import ExportContext
 
     monkeypatch.setitem(sys.modules, "skimage.measure", None)  # as where scikit-image is not installed
-    context = ExportContext(train_views=lambda: iter(()), render=lambda batch: None)
+    context = ExportContext(train_batches=lambda: iter(()), render=lambda batch: None)
     with pytest.raises(InputError, match=r"needs skimage.*pip install 'gsrecon\[mesh\]'"):
         export_gaussians(_params(), tmp_path / "mesh.ply", "mesh", context=context)
     assert list(tmp_path.iterdir()) == []

@@ -112,10 +112,10 @@ class _ViewAlphas(ExportFormat):
     """Test format: each training view's name and mean rendered alpha, as JSON."""
 
     suffixes = (".json",)
-    needs = ("train_views", "render")
+    needs = ("train_batches", "render")
 
     def write(self, path, params, *, antialiased, context: ExportContext) -> None:
-        alphas = {b.names[0]: context.render(b).alpha.mean().item() for b in context.train_views()}
+        alphas = {b.names[0]: context.render(b).alpha.mean().item() for b in context.train_batches()}
         path.write_text(json.dumps(alphas))
 
 
@@ -137,6 +137,6 @@ def test_a_format_that_needs_the_views_and_the_renderer_gets_them_from_the_cli_a
         assert alpha == pytest.approx(from_hook[name], abs=1e-6), name
 
     params = load_checkpoint_file(tmp_path / "run" / "checkpoints" / "last.pt")["params"]
-    with pytest.raises(ValueError, match="^export format 'view_alphas' needs train_views and render, which the"):
+    with pytest.raises(ValueError, match="^export format 'view_alphas' needs train_batches and render, which the"):
         export_gaussians(params, tmp_path / "lib.json", "view_alphas")
     assert not (tmp_path / "lib.json").exists()

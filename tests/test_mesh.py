@@ -82,7 +82,7 @@ def _context(params: dict[str, torch.Tensor], views: list[Batch]) -> ExportConte
     def render(batch: Batch):
         return renderer.render(params, batch.cameras, 0, batch.backgrounds)
 
-    return ExportContext(train_views=lambda: iter(views), render=torch.no_grad()(render))
+    return ExportContext(train_batches=lambda: iter(views), render=torch.no_grad()(render))
 
 
 def _sphere_distance(vertices: np.ndarray) -> np.ndarray:

@@ -204,8 +204,8 @@ def test_blocks_train_as_runs_of_their_own_and_merge_into_one_scene_that_eval_re
     for name, value in merged.items():
         torch.testing.assert_close(value, torch.cat([piece[name] for piece in pieces]), rtol=0, atol=0)
     metrics = json.loads((exp_dir / "metrics.json").read_text())
-    assert metrics["num_gaussians"] == len(merged["means"]) and len(metrics["views"]) == 2
-    assert all(view["blocks"] for view in metrics["views"])
+    assert metrics["num_gaussians"] == len(merged["means"]) and len(metrics["images"]) == 2
+    assert all(view["blocks"] for view in metrics["images"])
     # gsrecon eval, export and the merged checkpoint's config take the merged scene as any run.
     assert main(["eval", "--exp-dir", str(exp_dir)]) == 0
     evaluated = json.loads((exp_dir / "eval" / "metrics.json").read_text())
@@ -354,7 +354,7 @@ def test_a_real_capture_trains_in_two_blocks_each_on_its_part(make_config, tmp_p
     for block in plan["blocks"]:  # each block takes its part: fewer than the 20 photos and 1443 points
         assert 0 < len(block["train"]) < 20 and 0 < block["points"] < 1443
     merged = json.loads((tmp_path / "two" / "metrics.json").read_text())
-    assert len(merged["views"]) == 3 and all(kept > 0 for kept in merged["kept_per_block"])
+    assert len(merged["images"]) == 3 and all(kept > 0 for kept in merged["kept_per_block"])
     before = json.loads((tmp_path / "two" / "blocks" / "0" / "metrics.json").read_text())
     assert merged["mean"]["psnr"] > 12.0 and before["step"] == 300
 

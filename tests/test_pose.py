@@ -156,7 +156,7 @@ def _single_process():
 
 def test_pose_opt_is_off_by_default_and_a_frozen_correction_changes_nothing(make_trainer) -> None:
     default = make_trainer("default")
-    assert not default.views and default.resolved_config["pose_opt"] == {"mode": "none"}
+    assert not default.views and default.resolved_config["pose_opt"] == {"name": "none"}
     default.train()
     frozen = make_trainer("frozen", pose_opt={"mode": "se3", "lr": 0.0, "reg": 0.0})
     assert set(frozen.views.modules) == {"pose_opt"}
@@ -243,7 +243,7 @@ def test_eval_writes_the_corrected_training_cameras(make_config, tmp_path: Path)
         ("pose_opt.lr_final_factor=0", r"key 'pose_opt'.*lr_final_factor must be in \(0, 1\]"),
         (
             "renderer.name=gsplat data.fisheye=lens",
-            r"key 'pose_opt.mode': needs gradients of the camera poses.*data.fisheye=undistort",
+            r"key 'pose_opt': needs gradients of the camera poses.*data.fisheye=undistort",
         ),
     ],
 )
@@ -255,6 +255,44 @@ def test_bad_pose_opt_is_one_line_and_exit_2(
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and re.search(message, err), err
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "pose_opt.mode=affine",
+            r"key 'pose_opt.mode': 'affine' is an appearance module; pose_opt takes a pose module \(se3\)",
+        ),
+        (
+            "appearance.mode=se3",
+            r"key 'appearance.mode': 'se3' is a pose module; appearance takes an appearance module "
+            r"\(affine, bilateral_grid\)",
+        ),
+        ("pose_opt.name=bilateral_grid", r"key 'pose_opt.name': 'bilateral_grid' is an appearance module"),
+        ("appearance.name=affine appearance.mode=affine", r"key 'appearance.mode': an alias of appearance.name"),
+    ],
+)
+def test_a_per_view_section_takes_only_its_kind_of_module_in_one_line_and_exit_2(
+    make_config, tmp_path: Path, capsys: pytest.CaptureFixture, override: str, message: str
+) -> None:
+    config = write_yaml(tmp_path / "run.yaml", make_config("run"))
+    assert main(["train", "--config", str(config), *override.split()]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and re.search(message, err), err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_section_and_a_views_entry_are_one_shape(make_trainer) -> None:
+    by_section = make_trainer("section", pose_opt={"name": "se3", "lr": 1e-3})
+    by_alias = make_trainer("alias", pose_opt={"mode": "se3", "lr": 1e-3})
+    by_entry = make_trainer("entry", views={"refine": {"name": "se3", "lr": 1e-3}})
+    assert by_section.resolved_config["pose_opt"] == by_alias.resolved_config["pose_opt"]
+    assert {k: v for k, v in by_section.resolved_config["pose_opt"].items()} == {
+        "name": "se3",
+        **by_entry.resolved_config["views"]["refine"],
+    }
+    assert list(by_section.views.modules) == ["pose_opt"] and list(by_entry.views.modules) == ["refine"]
 
 
 def test_benchmark_perturbation_moves_each_training_camera_by_the_asked_amount(make_trainer) -> None:

@@ -191,7 +191,7 @@ class DataPipeline:
                 self._val_ahead.get(index) if self.decoder is not None else [frame], self._background[None]
             )
 
-    def train_views(self) -> Iterator[Batch]:
+    def train_batches(self) -> Iterator[Batch]:
         """Every training view once, a batch each, over the fixed background (black for ``random``)."""
         for frame in self._train:
             yield self._batch([frame], self._background[None])

@@ -75,8 +75,10 @@ class RunConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     strategy: dict[str, Any] = field(default_factory=lambda: {"name": "none"})
     loss: Any = None  # {term key: {weight, ...options}} (see gsrecon.losses.base); None: DEFAULT_LOSS
-    appearance: dict[str, Any] = field(default_factory=lambda: {"mode": "none"})  # none | affine | bilateral_grid
-    pose_opt: dict[str, Any] = field(default_factory=lambda: {"mode": "none"})  # camera pose refinement: none | se3
+    # One per-view module each, {name, ...options} (see gsrecon.model.views.base; `mode` is an alias of `name`); no
+    # name: none
+    appearance: dict[str, Any] = field(default_factory=dict)  # none | affine | bilateral_grid
+    pose_opt: dict[str, Any] = field(default_factory=dict)  # camera pose refinement: none | se3
     views: Any = None  # further per-view modules, {key: {name, ...options}} (see gsrecon.model.views.base)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     writers: list[dict[str, Any]] = field(default_factory=lambda: [{"name": "TensorboardWriter"}])
@@ -111,7 +113,7 @@ def run_components(
     renderer: RunChecked, strategy: RunChecked, loss: Loss, views: ViewModules, hooks: Mapping[str, RunChecked]
 ) -> dict[str, RunChecked]:
     """A built run's components by the config key that configures each (what :func:`check_run` names)."""
-    view_keys = {key: f"{key}.mode" if key in VIEW_SECTIONS else f"views.{key}" for key in views.modules}
+    view_keys = {key: key if key in VIEW_SECTIONS else f"views.{key}" for key in views.modules}
     return {
         "renderer": renderer,
         "strategy": strategy,
@@ -137,9 +139,7 @@ def check_rules(resolved: dict[str, Any], source: str) -> None:
         for key, entry in view_entries(resolved).items():
             if VIEW_REGISTRY.get(entry["name"]).moves_cameras:
                 where, off = (
-                    (f"{key}.mode", f"{key}.mode=none")
-                    if key in VIEW_SECTIONS
-                    else (f"views.{key}", f"views.{key}=null")
+                    (key, f"{key}.name=none") if key in VIEW_SECTIONS else (f"views.{key}", f"views.{key}=null")
                 )
                 raise ConfigError(
                     f"{source}: key '{where}': needs gradients of the camera poses, which gsplat does not give through "
@@ -317,18 +317,33 @@ def resolve_entry_map(
 
 
 def resolve_view_section(section: dict[str, Any], source: str, key: str, max_steps: int) -> dict[str, Any]:
-    """A per-view section (``appearance:``): ``mode`` names a VIEW_REGISTRY entry whose options fill in the rest;
-    ``none`` turns it off (its other keys are kept as written, for a config that turns it on again)."""
-    mode = section.get("mode", "none")
-    if mode == "none":
-        return {"mode": "none", **section}
+    """A per-view section (``appearance:``), an entry ``{name, ...options}`` (``mode``: the alias of ``name``) naming
+    a VIEW_REGISTRY module of the section's kind (:data:`VIEW_SECTIONS`) whose options fill in the rest; ``none``
+    turns it off (its other keys are kept as written, for a config that turns it on again)."""
+    options = dict(section)
+    written = "mode" if "mode" in options else "name"
+    if "mode" in options and "name" in options:
+        raise ConfigError(f"{source}: key '{key}.mode': an alias of {key}.name; give one of them")
+    name = options.pop(written, "none")
+    if name == "none":
+        return {"name": "none", **options}
     try:
-        VIEW_REGISTRY.get(mode)
+        cls = VIEW_REGISTRY.get(name)
     except RegistryError as exc:
-        raise ConfigError(f"{source}: key '{key}.mode': {exc} (or none)") from None
-    options = {k: v for k, v in section.items() if k != "mode"}
-    entry = resolve_entry(VIEW_REGISTRY, {"name": mode, **options}, source, key, max_steps=max_steps)
-    return {"mode": entry.pop("name"), **entry}
+        raise ConfigError(f"{source}: key '{key}.{written}': {exc} (or none)") from None
+    kind = VIEW_SECTIONS[key]
+    if cls.kind != kind:
+        fitting = [n for n in VIEW_REGISTRY.names() if VIEW_REGISTRY.get(n).kind == kind]
+        what = f"{_article(cls.kind)} {cls.kind} module" if cls.kind else "a module for views: entries"
+        raise ConfigError(
+            f"{source}: key '{key}.{written}': '{name}' is {what}; {key} takes {_article(kind)} {kind} module "
+            f"({', '.join(fitting)}) or none"
+        )
+    return resolve_entry(VIEW_REGISTRY, {"name": name, **options}, source, key, max_steps=max_steps)
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1] in "aeiou" else "a"
 
 
 def with_strategy_absgrad(

@@ -225,7 +225,7 @@ def evaluate(
         write_png(out_dir / "gt" / f"{outputs['name']}.png", outputs["gt"])
 
     view_modules = scene_views(scene, pipeline)
-    views = evaluate_views(
+    images = evaluate_views(
         render,
         batches,
         metrics,
@@ -239,14 +239,14 @@ def evaluate(
     write_json(out_dir / "cameras.json", test_cameras + train_cameras)
     with torch.no_grad():
         fps = _measure_fps(render, batches, torch_device, fps_repeats)
-    mean = mean_metrics(views)
+    mean = mean_metrics(images)
     result = {
         "source": scene.source,
         "step": scene.step,
         "num_gaussians": int(scene.params["means"].shape[0]),
         "resolution": sorted({f"{b.cameras.width}x{b.cameras.height}" for b in batches}),
         "mean": mean,
-        "views": views,
+        "images": images,
         "lpips": metrics.lpips_info,
         "render_fps": fps,
         "device": str(torch_device),
@@ -351,7 +351,7 @@ def export(
         torch_device = scene_device(scene, device, logger)
         pipeline = DataPipeline(scene.cfg.data, torch_device, scene.cfg.seed)
         render = scene_renderer(scene, torch_device, logger, median_depth=True)
-        context = ExportContext(train_views=pipeline.train_views, render=torch.no_grad()(render))
+        context = ExportContext(train_batches=pipeline.train_batches, render=torch.no_grad()(render))
     path = export_gaussians(scene.params, out, fmt, antialiased=scene.antialiased, context=context, options=options)
     if scene.antialiased:
         logger.warning(

@@ -64,7 +64,7 @@ class MeshFormat(ExportFormat):
     """Triangle mesh with vertex colours (TSDF fusion of the training views' median depth, marching cubes)."""
 
     suffixes = (".ply", ".obj", ".glb")
-    needs = ("train_views", "render")
+    needs = ("train_batches", "render")
 
     @dataclass
     class Config:
@@ -97,7 +97,7 @@ class MeshFormat(ExportFormat):
         if suffix not in self.suffixes:
             raise InputError(f"{path}: a mesh is written as {', '.join(self.suffixes)}, not '{path.suffix}'")
         marching_cubes, trimesh = _libraries()
-        views = [surface_view(context.render, batch, self.cfg) for batch in context.train_views()]
+        views = [surface_view(context.render, batch, self.cfg) for batch in context.train_batches()]
         if not views:
             raise InputError("nothing to mesh from: the scene has no training views (its capture's cameras)")
         max_depth = self.cfg.max_depth or 2.0 * camera_extent(views)

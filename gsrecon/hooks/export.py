@@ -50,7 +50,7 @@ class ExportHook(Hook):
         path = trainer.exp_dir / self.cfg.path
         antialiased = bool(trainer.resolved_config["renderer"].get("antialiased", False))
         render = _surface_render(trainer) if "render" in EXPORT_REGISTRY.get(self.cfg.format).needs else None
-        context = ExportContext(train_views=trainer.datapipeline.train_views, render=render)
+        context = ExportContext(train_batches=trainer.datapipeline.train_batches, render=render)
         export_gaussians(trainer.model.params, path, self.cfg.format, antialiased=antialiased, context=context)
         trainer.logger.info(f"wrote {path} ({trainer.model.num_gaussians} Gaussians)")
 

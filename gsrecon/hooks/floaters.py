@@ -36,7 +36,7 @@ class PruneFloatersHook(Hook):
         n = trainer.model.num_gaussians
         count = self.pruner.prune(
             trainer.model.params, trainer.optimizers, trainer.strategy_state, trainer.strategy.per_gaussian_state,
-            trainer.render, trainer.datapipeline.train_views(),
+            trainer.render, trainer.datapipeline.train_batches(),
         )  # fmt: skip
         if count == 0:
             return

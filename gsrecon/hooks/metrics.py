@@ -40,7 +40,7 @@ class MetricsHook(Hook):
                 "step": trainer.step,
                 "num_gaussians": trainer.model.num_gaussians,
                 "mean": trainer.val_metrics,
-                "views": trainer.val_results,
+                "images": trainer.val_results,
                 "lpips": trainer.metrics.lpips_info,
             },
         )

@@ -116,7 +116,7 @@ def merge_blocks(
     mean = mean_metrics([{k: v for k, v in view.items() if k != "blocks"} for view in views]) if views else {}
     write_json(
         exp_dir / "metrics.json",
-        {"step": step, "num_gaussians": num_gaussians, "mean": mean, "views": views, "kept_per_block": kept},
+        {"step": step, "num_gaussians": num_gaussians, "mean": mean, "images": views, "kept_per_block": kept},
     )
     return MergeResult(num_gaussians, mean, kept)
 

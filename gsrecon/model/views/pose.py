@@ -56,6 +56,7 @@ def corrected_viewmats(viewmats: Tensor, twists: Tensor) -> Tensor:
 class PoseCorrection(ViewModule):
     """One rigid correction per training image, looked up by image name; the camera moves, the photo stays."""
 
+    kind = "pose"
     moves_cameras = True
 
     @dataclass
