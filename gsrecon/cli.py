@@ -130,7 +130,7 @@ def _hooks(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from gsrecon.engine.builder import load_run_config, resolve_hooks
-    from gsrecon.hooks.base import Priority, hook_points
+    from gsrecon.engine.hook import Priority, hook_points
     from gsrecon.plugins import import_plugins
     from gsrecon.registry import HOOK_REGISTRY
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from gsrecon.hooks.base import Hook
+from gsrecon.engine.hook import Hook
 from gsrecon.registry import HOOK_REGISTRY
 
 if TYPE_CHECKING:

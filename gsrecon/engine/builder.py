@@ -43,7 +43,7 @@ from gsrecon.registry import (
 )
 
 if TYPE_CHECKING:
-    from gsrecon.hooks.base import Hook
+    from gsrecon.engine.hook import Hook
 
 # The hooks of a run whose YAML lists none; a YAML's `hooks:` adds to, reconfigures or removes (null) these.
 DEFAULT_HOOKS: dict[str, dict[str, Any]] = {
@@ -222,7 +222,7 @@ def resolve_hooks(hooks: Any, source: str, max_steps: int | None = None) -> dict
     ``{name (when it differs from the key), priority, **arguments}``; a default hook the config
     removed follows as ``key: None``, so that the resolved config, read again, removes it again.
     """
-    from gsrecon.hooks.base import get_priority
+    from gsrecon.engine.hook import get_priority
 
     entries = DEFAULT_HOOKS if hooks is None else entry_map(hooks)
     resolved: list[tuple[int, int, str, dict[str, Any]]] = []

@@ -27,8 +27,8 @@ from gsrecon.engine.run_dir import RunDir
 from gsrecon.errors import InputError
 
 if TYPE_CHECKING:
+    from gsrecon.engine.hook import Hook
     from gsrecon.engine.trainer import DefaultTrainer
-    from gsrecon.hooks.base import Hook
 
 CHECKPOINT_VERSION = 1
 

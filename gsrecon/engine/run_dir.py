@@ -25,7 +25,7 @@ from gsrecon.logging.writers import Writers
 from gsrecon.registry import WRITER_REGISTRY
 
 if TYPE_CHECKING:
-    from gsrecon.hooks.base import Hook
+    from gsrecon.engine.hook import Hook
 
 RUN_MARKER = ".gsrecon-run"  # JSON: the top-level entries the run writes; `--overwrite` removes only those
 LOCK_FILE = ".gsrecon-lock"  # flock'ed by the training process; says who holds it

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from gsrecon.atomic import atomic_path
 from gsrecon.engine.checkpoints import load_checkpoint_file, non_finite, save_checkpoint
+from gsrecon.engine.hook import Hook, Priority
 from gsrecon.errors import InputError
-from gsrecon.hooks.base import Hook, Priority
 from gsrecon.metrics import LOWER_IS_BETTER, METRIC_NAMES
 from gsrecon.registry import HOOK_REGISTRY
 

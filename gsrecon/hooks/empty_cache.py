@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from gsrecon.hooks.base import Hook, Priority
+from gsrecon.engine.hook import Hook, Priority
 from gsrecon.registry import HOOK_REGISTRY
 
 if TYPE_CHECKING:

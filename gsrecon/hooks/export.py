@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from gsrecon.engine.hook import Hook, Priority
 from gsrecon.export import ExportContext, export_gaussians
-from gsrecon.hooks.base import Hook, Priority
 from gsrecon.registry import EXPORT_REGISTRY, HOOK_REGISTRY, RENDERER_REGISTRY, RegistryError
 
 if TYPE_CHECKING:

@@ -9,8 +9,8 @@ import torch
 from torch import Tensor
 
 from gsrecon.engine.checkpoints import non_finite
+from gsrecon.engine.hook import Hook, Priority
 from gsrecon.errors import InputError
-from gsrecon.hooks.base import Hook, Priority
 from gsrecon.registry import HOOK_REGISTRY
 
 if TYPE_CHECKING:

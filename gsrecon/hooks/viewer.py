@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from gsrecon.hooks.base import Hook, Priority
+from gsrecon.engine.hook import Hook, Priority
 from gsrecon.registry import HOOK_REGISTRY
 from gsrecon.viewer import check_view_settings, require_viser
 
