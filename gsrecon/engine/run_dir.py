@@ -15,17 +15,14 @@ import os
 import re
 import shutil
 import socket
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gsrecon.config import ConfigError, save_yaml
 from gsrecon.logging.console import Logger
 from gsrecon.logging.writers import Writers
 from gsrecon.registry import WRITER_REGISTRY
-
-if TYPE_CHECKING:
-    from gsrecon.engine.hook import Hook
 
 RUN_MARKER = ".gsrecon-run"  # JSON: the top-level entries the run writes; `--overwrite` removes only those
 LOCK_FILE = ".gsrecon-lock"  # flock'ed by the training process; says who holds it
@@ -118,11 +115,10 @@ class RunDir:
         if kept:
             logger.info(f"--overwrite replaced the previous run and kept what it did not write: {kept}")
 
-    def open_writers(self, resolved_config: dict[str, Any], hooks: Mapping[str, Hook]) -> Writers:
-        """Write the run's ``config.yaml``, record what the run writes (``train.log``, the writers' and the hooks'
-        outputs) and return its writers, which have the config too."""
+    def open_writers(self, resolved_config: dict[str, Any], hook_outputs: Iterable[str]) -> Writers:
+        """Write the run's ``config.yaml``, record what the run writes (``train.log``, the writers' outputs and
+        ``hook_outputs``, what the hooks write) and return its writers, which have the config too."""
         writers = Writers([WRITER_REGISTRY.build(w, exp_dir=self.path) for w in resolved_config["writers"]])
-        hook_outputs = [path for hook in hooks.values() for path in getattr(hook, "outputs", list)()]
         self.record_outputs(["config.yaml", "train.log", *writers.outputs(), *hook_outputs])
         save_yaml(resolved_config, self.path / "config.yaml")
         writers.write_config(resolved_config)

@@ -41,13 +41,7 @@ class HookError(RuntimeError):
 class DefaultTrainer:
     """Trains a Gaussian model on one dataset as described by its run config (``DefaultTrainer.Config``).
 
-    Attributes hooks may read: ``cfg``, ``resolved_config``, ``run_dir`` / ``exp_dir``, ``device``,
-    ``step`` (completed steps), ``max_steps``, ``datapipeline``, ``model``, ``renderer``,
-    ``optimizers``, ``schedulers``, ``loss`` (the named terms), ``views`` (the per-view modules),
-    ``strategy`` and ``strategy_state``, ``hooks`` (key -> hook, in run order), ``writers``, ``logger``,
-    ``outputs`` (the last step's loss and its terms, see :meth:`run_step`), ``val_metrics`` /
-    ``val_results`` (the last validation), ``stop_reason`` (None, or why training ended early),
-    ``failed`` (it ended with an exception) and ``dist`` (the processes training together).
+    Hooks see it as a :class:`~gsrecon.engine.hook.TrainerView`: what they may read and ask of it.
     """
 
     Config = builder.RunConfig
@@ -115,7 +109,8 @@ class DefaultTrainer:
         if self.is_main:
             self.run_dir.open_log(overwrite, resume, self.logger)
             self.logger.info("; ".join([f"{source}: {threads}; device {self.device}", *self.datapipeline.notes]))
-            self.writers = self.run_dir.open_writers(self.resolved_config, self.hooks)
+            hook_outputs = [path for hook in self.hooks.values() for path in hook.outputs()]
+            self.writers = self.run_dir.open_writers(self.resolved_config, hook_outputs)
         self.dist.barrier()
 
     @property

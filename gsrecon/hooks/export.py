@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from gsrecon.data.pipeline import Batch
-    from gsrecon.engine.trainer import DefaultTrainer
+    from gsrecon.engine.hook import TrainerView
     from gsrecon.render.base import RenderOutput
 
 
@@ -44,7 +44,7 @@ class ExportHook(Hook):
     def outputs(self) -> list[str]:
         return [self.cfg.path]
 
-    def after_train(self, trainer: DefaultTrainer) -> None:
+    def after_train(self, trainer: TrainerView) -> None:
         if trainer.failed or not trainer.is_main:
             return
         path = trainer.exp_dir / self.cfg.path
@@ -55,7 +55,7 @@ class ExportHook(Hook):
         trainer.logger.info(f"wrote {path} ({trainer.model.num_gaussians} Gaussians)")
 
 
-def _surface_render(trainer: DefaultTrainer) -> Callable[[Batch], RenderOutput]:
+def _surface_render(trainer: TrainerView) -> Callable[[Batch], RenderOutput]:
     """The trainer's model rendered from a batch's cameras by its renderer, with the median depth, without
     gradients (what `ExportContext.render` gives)."""
     renderer = RENDERER_REGISTRY.build({**trainer.resolved_config["renderer"], "median_depth": True})

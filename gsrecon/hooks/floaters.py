@@ -9,7 +9,7 @@ from gsrecon.registry import HOOK_REGISTRY
 from gsrecon.strategy.floaters import FloaterPruner
 
 if TYPE_CHECKING:
-    from gsrecon.engine.trainer import DefaultTrainer
+    from gsrecon.engine.hook import TrainerView
 
 
 @HOOK_REGISTRY.register()
@@ -29,7 +29,7 @@ class PruneFloatersHook(Hook):
         self.pruner = FloaterPruner(cfg)
         self.pruned = 0  # Gaussians removed in this run so far (not saved: a count for the log)
 
-    def after_train_iter(self, trainer: DefaultTrainer) -> None:
+    def after_train_iter(self, trainer: TrainerView) -> None:
         step = trainer.step
         if not self.pruner.due(step):
             return

@@ -10,7 +10,7 @@ from gsrecon.engine.hook import Hook, Priority
 from gsrecon.registry import HOOK_REGISTRY
 
 if TYPE_CHECKING:
-    from gsrecon.engine.trainer import DefaultTrainer
+    from gsrecon.engine.hook import TrainerView
 
 
 @HOOK_REGISTRY.register()
@@ -31,7 +31,7 @@ class MetricsHook(Hook):
     def outputs(self) -> list[str]:
         return [self.cfg.filename]
 
-    def after_val(self, trainer: DefaultTrainer) -> None:
+    def after_val(self, trainer: TrainerView) -> None:
         if not trainer.is_main:
             return
         write_json(
