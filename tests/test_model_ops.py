@@ -9,7 +9,7 @@ import torch
 from gsrecon.model.gaussians import init_params
 from gsrecon.model.ops import append_rows, remove_rows, replace_rows, reset_opacities
 from gsrecon.model.optim import OptimizerConfig, build_optimizers
-from gsrecon.model.params import PARAM_NAMES
+from gsrecon.params import PARAM_NAMES
 
 N = 6
 PER_GAUSSIAN = ("grad2d", "radii")

@@ -38,9 +38,9 @@ from gsrecon.errors import InputError
 from gsrecon.export import ExportContext, export_gaussians
 from gsrecon.logging.console import Logger, ProgressLogger
 from gsrecon.metrics import mean_metrics
-from gsrecon.model.params import check_params
 from gsrecon.model.ply import load_ply
 from gsrecon.model.views.base import ViewModules, build_views
+from gsrecon.params import check_params
 from gsrecon.plugins import import_plugins
 from gsrecon.registry import DATASET_REGISTRY, EXPORT_REGISTRY, MODEL_REGISTRY, RENDERER_REGISTRY
 from gsrecon.render.base import Renderer, RendererConfig, RenderOutput

@@ -27,8 +27,8 @@ from gsrecon.logging.writers import Writers
 from gsrecon.losses.base import LossInputs, build_loss
 from gsrecon.metrics import ImageMetrics, mean_metrics
 from gsrecon.model.optim import build_optimizers, build_schedulers
-from gsrecon.model.params import PARAM_NAMES
 from gsrecon.model.views.base import build_views
+from gsrecon.params import PARAM_NAMES
 from gsrecon.plugins import import_plugins
 from gsrecon.registry import RENDERER_REGISTRY, RunFacts
 from gsrecon.render.base import RenderOutput

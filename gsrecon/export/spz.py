@@ -48,8 +48,8 @@ from gsrecon.export.quantise import (
     unpack_2_10_10_10,
 )
 from gsrecon.io.ply import WRITE_CHUNK_ROWS
-from gsrecon.model.params import check_params
 from gsrecon.model.ply import cpu_params
+from gsrecon.params import check_params
 from gsrecon.registry import EXPORT_REGISTRY
 from gsrecon.sh import MAX_SH_DEGREE, num_sh_bases, sh_basis
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from torch import Tensor
 
 from gsrecon.cameras import Cameras
-from gsrecon.model.params import check_params
+from gsrecon.params import check_params
 from gsrecon.registry import RunChecked
 
 if TYPE_CHECKING:

@@ -28,7 +28,7 @@ from torch import Tensor
 from gsrecon.cameras import PINHOLE, CameraModel, Cameras
 from gsrecon.cameras.lens import fisheye_project, pinhole_project
 from gsrecon.geometry import camera_centers, quat_scale_to_factor
-from gsrecon.model.params import PARAM_NAMES
+from gsrecon.params import PARAM_NAMES
 from gsrecon.registry import RENDERER_REGISTRY
 from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
 from gsrecon.sh import num_sh_bases, sh_to_color
