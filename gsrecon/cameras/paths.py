@@ -155,3 +155,6 @@ def _plane_basis(normal: Tensor) -> tuple[Tensor, Tensor]:
 
 def _normalize(x: Tensor) -> Tensor:
     return F.normalize(x, dim=-1)
+
+
+CAMERA_PATHS = {"ellipse": ellipse_path, "spiral": spiral_path, "interp": interp_path}  # gsrecon render --path

@@ -11,7 +11,7 @@ from __future__ import annotations
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gsrecon.registry import RunChecked
+from gsrecon.registry import HOOK_REGISTRY, RunChecked
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -203,3 +203,19 @@ class Hook(RunChecked):
 def hook_points(cls: type) -> list[str]:
     """The standard hook points ``cls`` implements (overrides of :class:`Hook`'s empty methods), in call order."""
     return [point for point in HOOK_POINTS if getattr(cls, point, None) not in (None, getattr(Hook, point))]
+
+
+def describe_hooks(resolved: dict[str, dict[str, Any] | None]) -> list[tuple[str, str, str, str, str]]:
+    """Per entry of resolved ``hooks:`` (in run order): its key, class, priority, arguments and the hook points its
+    class implements (what ``gsrecon hooks`` shows); a hook the config removed says so."""
+    rows = []
+    for key, entry in resolved.items():
+        if entry is None:
+            rows.append((key, "-", "-", "removed by this config", "-"))
+            continue
+        name, priority = entry.get("name", key), entry["priority"]
+        named = next((p.name for p in Priority if p == priority), None)
+        arguments = ", ".join(f"{k}={v}" for k, v in entry.items() if k not in ("name", "priority"))
+        points = ", ".join(hook_points(HOOK_REGISTRY.get(name)))
+        rows.append((key, name, f"{named} ({priority})" if named else str(priority), arguments or "-", points))
+    return rows

@@ -1,5 +1,5 @@
-"""Using a trained scene: load it (checkpoint, run folder or PLY), evaluate the test split,
-render camera-path videos and export PLY / .splat files."""
+"""Using a trained scene: load it (checkpoint, run folder or PLY), evaluate the test split, render camera-path
+videos and export it in any registered format (with that format's options)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from torch import Tensor
 
 from gsrecon.atomic import write_json
 from gsrecon.cameras import Cameras
-from gsrecon.cameras.paths import ellipse_path, focus_point, interp_path, spiral_path
+from gsrecon.cameras.paths import CAMERA_PATHS, focus_point, interp_path
 from gsrecon.config import ConfigError, apply_overrides, load_config, parse_structured
 from gsrecon.data.formats.images import to_uint8, write_png
 from gsrecon.data.pipeline import Batch, DataPipeline
@@ -37,19 +37,16 @@ from gsrecon.engine.run_dir import RunDir
 from gsrecon.errors import InputError
 from gsrecon.export import ExportContext, export_gaussians
 from gsrecon.logging.console import Logger, ProgressLogger
-from gsrecon.metrics import mean_metrics
+from gsrecon.metrics import describe_metrics, mean_metrics
 from gsrecon.model.ply import load_ply
 from gsrecon.model.views.base import ViewModules, build_views
 from gsrecon.params import check_params
 from gsrecon.plugins import import_plugins
 from gsrecon.registry import DATASET_REGISTRY, EXPORT_REGISTRY, MODEL_REGISTRY, RENDERER_REGISTRY
 from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
-from gsrecon.render.colormap import depth_image
+from gsrecon.render.colormap import DEPTH_KINDS, depth_image
 from gsrecon.render.gsplat_renderer import GSPLAT_ALPHA_MAX
 from gsrecon.render.video import VideoWriter
-
-CAMERA_PATHS = {"ellipse": ellipse_path, "spiral": spiral_path, "interp": interp_path}
-DEPTH_KINDS = ("expected", "median")  # what a depth video shows: the blended depth, or the surface's
 
 
 @dataclass
@@ -253,6 +250,25 @@ def evaluate(
     }
     write_json(out_dir / "metrics.json", result)
     return result
+
+
+def default_eval_dir(exp_dir: str | None, checkpoint: str | None) -> str:
+    """Where ``gsrecon eval`` writes unless told: ``<exp_dir>/eval`` for a run (also when given one of its
+    checkpoints), else ``./eval``."""
+    if exp_dir:
+        return str(Path(exp_dir) / "eval")
+    if checkpoint:
+        return str(Path(checkpoint).resolve().parent.parent / "eval")
+    return "eval"
+
+
+def evaluation_report(result: dict[str, Any], out: str | Path) -> list[str]:
+    """What ``gsrecon eval`` says of an :func:`evaluate` ``result`` written to ``out``."""
+    scores = f"{describe_metrics(result['mean'])}; {result['render_fps']:.3g} FPS on {result['device']}"
+    return [
+        f"{len(result['images'])} test views: {scores}",
+        f"wrote {out}/metrics.json, {out}/cameras.json, {out}/renders/test/, {out}/gt/",
+    ]
 
 
 def _camera_entry(split: str, frame: Frame, viewmat: Tensor | None = None) -> dict[str, Any]:

@@ -55,6 +55,13 @@ class RunDir:
         files = self.checkpoint_files()
         return files[0] if files else None
 
+    def resume_advice(self, extra: str = "") -> str:
+        """How to continue the run in this folder (``extra``: more command-line words, e.g. `` partition.only=2``),
+        or why it cannot be."""
+        if self.latest_checkpoint() is None:
+            return "no checkpoint was written (the config has no CheckPointHook), so the run cannot be resumed"
+        return resume_command(self.path, extra)
+
     def check(self, overwrite: bool, resume: bool) -> None:
         """Refuse folders that hold other files, and runs that would be replaced without ``overwrite``."""
         folder = self.path
@@ -153,6 +160,11 @@ class RunDir:
             if isinstance(outputs, list) and all(isinstance(o, str) for o in outputs):
                 return [o for o in outputs if _top_level(o) == o and o not in (".", "..")]
         return list(_LEGACY_OUTPUTS)
+
+
+def resume_command(exp_dir: str | Path, extra: str = "") -> str:
+    """The advice that continues the run in ``exp_dir`` (``extra``: more command-line words)."""
+    return f"continue with: gsrecon train --config {Path(exp_dir) / 'config.yaml'}{extra} --resume"
 
 
 def _top_level(path: str) -> str:

@@ -25,7 +25,7 @@ from gsrecon.engine.signals import stop_at_step_boundary
 from gsrecon.logging.console import Logger
 from gsrecon.logging.writers import Writers
 from gsrecon.losses.base import LossInputs, build_loss
-from gsrecon.metrics import ImageMetrics, mean_metrics
+from gsrecon.metrics import ImageMetrics, describe_metrics, mean_metrics
 from gsrecon.model.optim import build_optimizers, build_schedulers
 from gsrecon.model.views.base import build_views
 from gsrecon.params import PARAM_NAMES
@@ -285,6 +285,14 @@ class DefaultTrainer:
         checkpoints.restore_rng(checkpoint)
         self.step = step
         self.call_hook("after_load_checkpoint", checkpoint=checkpoint)
+
+    def report(self) -> list[str]:
+        """What the command line says when training ended: the steps and final metrics and where the outputs are,
+        or why it stopped early and how to continue."""
+        if self.stop_reason:
+            return [f"{self.stop_reason}; {self.run_dir.resume_advice()}"]
+        metrics = describe_metrics(self.val_metrics)
+        return [f"finished {self.step} steps{': ' + metrics if metrics else ''}", f"outputs: {self.exp_dir}"]
 
     def resume_or_load(self) -> None:
         """Load the checkpoint ``cfg.resume`` asked for (found and checked when the trainer was built)."""

@@ -27,6 +27,7 @@ from gsrecon.data.prefetch import available_host_bytes
 from gsrecon.errors import InputError
 from gsrecon.export.base import ExportContext, ExportFormat
 from gsrecon.registry import EXPORT_REGISTRY
+from gsrecon.render.colormap import DEPTH_KINDS
 
 if TYPE_CHECKING:
     from gsrecon.data.pipeline import Batch
@@ -39,7 +40,6 @@ BLOCK = 8  # voxels per side of the blocks the fusion touches
 DENSE_BYTES = 10  # per voxel of the grid: marching cubes' signed distance (float32), masks and working copies
 ACTIVE_BYTES = 64  # per voxel near the surface: its id, fused sums and weight, and building its list
 CHUNK_VOXELS = 1 << 21  # voxels projected into a view at once (bounds the temporaries)
-DEPTH_MODES = ("median", "expected")
 
 
 class SurfaceView(NamedTuple):
@@ -84,8 +84,8 @@ class MeshFormat(ExportFormat):
                 raise ValueError(f"truncation={self.truncation!r} must be >= 1 voxel")
             if not 0.0 < self.min_alpha <= 1.0:
                 raise ValueError(f"min_alpha={self.min_alpha!r} must be in (0, 1]")
-            if self.depth not in DEPTH_MODES:
-                raise ValueError(f"depth={self.depth!r} must be one of {', '.join(DEPTH_MODES)}")
+            if self.depth not in DEPTH_KINDS:
+                raise ValueError(f"depth={self.depth!r} must be one of {', '.join(DEPTH_KINDS)}")
             if self.keep_parts < 0:
                 raise ValueError(f"keep_parts={self.keep_parts!r} must be >= 0 (0 keeps every part)")
 

@@ -30,10 +30,11 @@ from gsrecon.data.pipeline import DataPipeline, read_scene
 from gsrecon.distributed import DistributedContext
 from gsrecon.engine import builder
 from gsrecon.engine.checkpoints import changed_settings
-from gsrecon.engine.run_dir import RUN_MARKER, RunDir
+from gsrecon.engine.run_dir import RUN_MARKER, RunDir, resume_command
 from gsrecon.engine.trainer import DefaultTrainer
 from gsrecon.errors import InputError
 from gsrecon.logging.console import Logger
+from gsrecon.metrics import describe_metrics
 from gsrecon.partition.merge import (
     BLOCK_RESULT,
     BLOCKS_DIR,
@@ -60,6 +61,25 @@ class BlocksOutcome:
     stop_reason: str | None = None
     stop_signal: int | None = None
     merged: MergeResult | None = None
+
+    def report(self, cfg: builder.RunConfig) -> list[str]:
+        """What the command line says when ``cfg``'s blocks stopped: why it stopped early and how to continue, or
+        the blocks trained, the merge and where the outputs are."""
+        if self.stop_reason:
+            only = "" if cfg.partition.only is None else f" partition.only={cfg.partition.only}"
+            return [f"{self.stop_reason}; {resume_command(cfg.exp_dir, only)}"]
+        done = f"blocks trained: {', '.join(map(str, self.trained)) or 'none'}"
+        if self.finished_before:
+            done += f" (finished before: {', '.join(map(str, self.finished_before))})"
+        if self.merged is None:
+            return [done]
+        return [done, describe_merge(self.merged), f"outputs: {cfg.exp_dir}"]
+
+
+def describe_merge(merged: MergeResult) -> str:
+    """``merged: 12345 Gaussians: psnr ...`` of a merge."""
+    metrics = describe_metrics(merged.metrics)
+    return f"merged: {merged.num_gaussians} Gaussians{': ' + metrics if metrics else ''}"
 
 
 def train_blocks(cfg: builder.RunConfig, source: str, overwrite: bool = False) -> BlocksOutcome:
