@@ -2,8 +2,10 @@
 
 :class:`RunConfig` is the schema of a run's YAML. The functions here resolve its registry entries
 (defaults filled in, unknown names and bad arguments refused before any work) and build the pieces
-a run is made of. Nothing here imports the trainer, the hooks or the strategies: a registry imports
-its built-ins when an entry is first looked up, so ``gsrecon eval/export/render`` stay light.
+a run is made of, and checks a built run (:func:`check_run`, the one protocol of every component) and the rules
+between two components (:func:`check_rules`). Nothing here imports the trainer, the built-in hooks or the
+strategies (only the hook contract, :mod:`gsrecon.engine.hook`): a registry imports its built-ins when an entry is
+first looked up, so ``gsrecon eval/export/render`` stay light.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -21,6 +23,7 @@ from gsrecon.data.errors import DatasetError
 from gsrecon.data.pipeline import DataPipeline
 from gsrecon.data.scene import Scene
 from gsrecon.distributed import DistributedContext
+from gsrecon.engine.hook import Hook, get_priority
 from gsrecon.logging.console import Logger
 from gsrecon.losses.base import DEFAULT_LOSS, Loss
 from gsrecon.lpips_weights import LPIPS_NETS
@@ -41,9 +44,6 @@ from gsrecon.registry import (
     RunChecked,
     RunFacts,
 )
-
-if TYPE_CHECKING:
-    from gsrecon.engine.hook import Hook
 
 # The hooks of a run whose YAML lists none; a YAML's `hooks:` adds to, reconfigures or removes (null) these.
 DEFAULT_HOOKS: dict[str, dict[str, Any]] = {
@@ -222,8 +222,6 @@ def resolve_hooks(hooks: Any, source: str, max_steps: int | None = None) -> dict
     ``{name (when it differs from the key), priority, **arguments}``; a default hook the config
     removed follows as ``key: None``, so that the resolved config, read again, removes it again.
     """
-    from gsrecon.engine.hook import get_priority
-
     entries = DEFAULT_HOOKS if hooks is None else entry_map(hooks)
     resolved: list[tuple[int, int, str, dict[str, Any]]] = []
     for index, (key, args) in enumerate(entries.items()):

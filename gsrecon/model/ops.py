@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-Params = torch.nn.ParameterDict  # pre-activation Gaussian parameters keyed by gsrecon.model.gaussians.PARAM_NAMES
+Params = torch.nn.ParameterDict  # pre-activation Gaussian parameters keyed by gsrecon.params.PARAM_NAMES
 Optimizers = Mapping[str, torch.optim.Optimizer]  # one optimiser per parameter name
 
 

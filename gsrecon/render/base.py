@@ -62,7 +62,7 @@ class RenderOutput:
 
 
 class Renderer(abc.ABC, RunChecked):
-    """Renders Gaussians given in pre-activation form (see `gsrecon.model.gaussians`).
+    """Renders Gaussians given in pre-activation form (see :mod:`gsrecon.params`).
 
     ``params`` maps ``means`` [N, 3], ``scales`` [N, 3] (log), ``quats`` [N, 4] (w, x, y, z, not
     necessarily unit), ``opacities`` [N] (logit), ``sh0`` [N, 1, 3] and ``shN`` [N, K-1, 3]; the
