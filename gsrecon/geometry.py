@@ -1,7 +1,6 @@
 """Rigid-body geometry shared across gsrecon: rotations, camera centres, look-at poses.
 
-Quaternions are (w, x, y, z); viewmats are world-to-camera 4x4 in the OpenCV convention
-(x right, y down, z forward).
+Quaternions are (w, x, y, z); viewmats are world-to-camera 4x4 in the convention of :mod:`gsrecon.cameras.cameras`.
 """
 
 from __future__ import annotations

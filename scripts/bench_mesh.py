@@ -106,7 +106,7 @@ def export_meshes(trainer, out: Path) -> dict[str, tuple[Path, float]]:
 
     @torch.no_grad()
     def render(batch):
-        return renderer.render(params, batch.cameras, sh_degree, batch.backgrounds)  # fmt: skip
+        return renderer.render_batch(params, batch, sh_degree)
 
     context = ExportContext(train_batches=trainer.datapipeline.train_batches, render=render)
     meshes = {}

@@ -118,7 +118,7 @@ def bench_trained(
         renderer = RENDERER_REGISTRY.build(resolve_renderer_entry(renderer_cfg, device, exp_dir))
 
         def render(batch, renderer=renderer) -> torch.Tensor:
-            return renderer.render(params, batch.cameras, scene.sh_degree, batch.backgrounds).image
+            return renderer.render_batch(params, batch, scene.sh_degree).image
 
         def forward() -> None:
             with torch.no_grad():

@@ -60,7 +60,7 @@ def test_only_translucent_gaussians_in_front_of_every_view_are_floaters() -> Non
     renderer = RENDERER_REGISTRY.build({"name": "torch"})
 
     def render(batch: Batch):
-        return renderer.render(params, batch.cameras, 0, batch.backgrounds)
+        return renderer.render_batch(params, batch, 0)
 
     views = [_view(x) for x in (-0.3, 0.0, 0.3)]
     floaters = find_floaters(render, views, len(params["means"]), margin=0.2, min_alpha=0.5)

@@ -276,7 +276,7 @@ def test_gsplat_pulls_a_perturbed_camera_back_toward_its_true_pose() -> None:
     gsplat = GsplatRenderer(GsplatRenderer.Config())
     gsplat.setup(Logger())
     params = {k: v.cuda() for k, v in _cloud().items()}
-    render = lambda batch: gsplat.render(params, batch.cameras, 0, batch.backgrounds)  # noqa: E731
+    render = lambda batch: gsplat.render_batch(params, batch, 0)  # noqa: E731
     truth = _true_view()
     with torch.no_grad():
         photo = render(_pose_batch(truth, torch.zeros(32, 48, 3))).image[0]
@@ -307,7 +307,7 @@ def test_gsplat_and_torch_give_a_pose_correction_the_same_gradient_direction(ren
     for renderer in renderers:
         batch = _pose_batch(_true_view(), torch.zeros(32, 48, 3))
         with torch.no_grad():
-            photo = renderer.render(params, batch.cameras, 0, batch.backgrounds).image
+            photo = renderer.render_batch(params, batch, 0).image
         twist = torch.zeros(1, 6, device=given.device, requires_grad=True)
         out = renderer.render(
             params, batch.cameras.with_viewmats(corrected_viewmats(given, twist)), 0, batch.backgrounds

@@ -80,7 +80,7 @@ def _context(params: dict[str, torch.Tensor], views: list[Batch]) -> ExportConte
     renderer = TorchRenderer(TorchRenderer.Config(median_depth=True))
 
     def render(batch: Batch):
-        return renderer.render(params, batch.cameras, 0, batch.backgrounds)
+        return renderer.render_batch(params, batch, 0)
 
     return ExportContext(train_batches=lambda: iter(views), render=torch.no_grad()(render))
 

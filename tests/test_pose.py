@@ -98,7 +98,7 @@ def _true_view() -> torch.Tensor:
 
 def test_a_perturbed_training_camera_is_pulled_back_toward_its_true_pose() -> None:
     params, renderer = _cloud(), TorchRenderer()
-    render = lambda batch: renderer.render(params, batch.cameras, 0, batch.backgrounds)  # noqa: E731
+    render = lambda batch: renderer.render_batch(params, batch, 0)  # noqa: E731
     truth = _true_view()
     with torch.no_grad():
         photo = render(_batch(truth, torch.zeros(32, 48, 3))).image[0]
@@ -136,7 +136,7 @@ def test_torch_renderer_gives_the_camera_its_gradient_in_chunks_too(chunked: boo
 
 def test_fitting_a_test_view_moves_it_toward_its_photo() -> None:
     params, renderer = _cloud(1), TorchRenderer()
-    render = lambda batch: renderer.render(params, batch.cameras, 0, batch.backgrounds)  # noqa: E731
+    render = lambda batch: renderer.render_batch(params, batch, 0)  # noqa: E731
     truth = _true_view()
     with torch.no_grad():
         photo = render(_batch(truth, torch.zeros(32, 48, 3))).image[0]

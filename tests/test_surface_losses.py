@@ -59,7 +59,7 @@ def test_depth_normal_term_is_zero_for_a_disc_facing_the_camera_and_turns_a_tilt
     values = {}
     for angle in (0.0, 0.6):
         params = {k: v.clone().requires_grad_() for k, v in _disc(angle).items()}
-        out = renderer.render(params, batch.cameras, 0, batch.backgrounds)
+        out = renderer.render_batch(params, batch, 0)
         value = term(LossInputs(out.image, out, batch, None, params, renderer))
         values[angle] = value.item()
         if angle:
