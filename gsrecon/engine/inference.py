@@ -207,7 +207,7 @@ def evaluate(
     logger = logger or Logger()
     out_dir = Path(out_dir)
     torch_device = scene_device(scene, device, logger)
-    pipeline = DataPipeline(scene.cfg.data, torch_device, scene.cfg.seed)
+    pipeline = DataPipeline(scene.cfg.data, torch_device, scene.cfg.seed, source=scene.source)
     if pipeline.num_val == 0:
         raise InputError(
             f"{scene.source}: the dataset has no test views (data.eval_split is "
@@ -311,7 +311,7 @@ def render_path_video(
         raise InputError(f"--out must be an .mp4 file, got {out}")
     logger = logger or Logger()
     torch_device = scene_device(scene, device, logger)
-    pipeline = DataPipeline(scene.cfg.data, torch_device, scene.cfg.seed)
+    pipeline = DataPipeline(scene.cfg.data, torch_device, scene.cfg.seed, source=scene.source)
     train = pipeline.scene.train
     train_viewmats = torch.stack([f.viewmat for f in train]).float()  # [N, 4, 4]
     if path == "interp":
@@ -365,7 +365,7 @@ def export(
     context = ExportContext()
     if EXPORT_REGISTRY.get(fmt).needs:
         torch_device = scene_device(scene, device, logger)
-        pipeline = DataPipeline(scene.cfg.data, torch_device, scene.cfg.seed)
+        pipeline = DataPipeline(scene.cfg.data, torch_device, scene.cfg.seed, source=scene.source)
         render = scene_renderer(scene, torch_device, logger, median_depth=True)
         context = ExportContext(train_batches=pipeline.train_batches, render=torch.no_grad()(render))
     path = export_gaussians(scene.params, out, fmt, antialiased=scene.antialiased, context=context, options=options)

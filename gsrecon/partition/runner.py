@@ -116,7 +116,7 @@ def train_blocks(cfg: builder.RunConfig, source: str, overwrite: bool = False) -
         if group is not None:
             torch_dist.barrier(group)
         if dist.rank == 0:
-            pipeline = DataPipeline(dataclasses.replace(cfg.data, cache="disk"), device, cfg.seed)
+            pipeline = DataPipeline(dataclasses.replace(cfg.data, cache="disk"), device, cfg.seed, source=source)
             outcome.merged = merge_blocks(cfg, resolved, partition, pipeline, logger, dist.local_rank)
         return outcome
     finally:
@@ -173,7 +173,7 @@ def merge_run(exp_dir: str | Path, device: str = "auto", overrides: Sequence[str
     import_plugins(cfg.imports, source)
     torch_device = builder.resolve_device(cfg.device, DistributedContext())
     resolved = builder.resolve_run_config(cfg, torch_device, source)
-    pipeline = DataPipeline(dataclasses.replace(cfg.data, cache="disk"), torch_device, cfg.seed)
+    pipeline = DataPipeline(dataclasses.replace(cfg.data, cache="disk"), torch_device, cfg.seed, source=source)
     partition = plan_partition(pipeline.scene, cfg.partition)
     _check_plan(exp_dir / PLAN_FILE, partition)
     run_dir = RunDir(exp_dir, source)
