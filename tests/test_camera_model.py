@@ -94,3 +94,27 @@ def test_the_pinhole_projection_is_k_times_the_point_over_its_depth_on_numpy_and
     on_torch = pinhole_project(*torch.from_numpy(points).T.unsqueeze(1).expand(3, 2, -1), cameras)
     np.testing.assert_array_equal(on_torch.pixel_x[0].numpy(), pixel_x)
     np.testing.assert_array_equal(on_torch.pixel_y[1].numpy(), 2 * pixel_y)  # scaling by 2 is exact
+
+
+def test_cameras_are_one_value_indexed_moved_and_checked() -> None:
+    viewmats = torch.eye(4).repeat(3, 1, 1)  # [3, 4, 4]
+    viewmats[:, 0, 3] = torch.arange(3.0)
+    Ks = torch.tensor([[20.0, 0.0, 8.0], [0.0, 20.0, 6.0], [0.0, 0.0, 1.0]]).repeat(3, 1, 1)
+    coeffs = torch.arange(12.0).reshape(3, 4) / 100
+    cameras = Cameras(viewmats, Ks, 16, 12, CameraModel.fisheye(coeffs))
+    assert len(cameras) == 3 and (cameras.width, cameras.height) == (16, 12)
+    second = cameras[1]  # one camera stays a batch of one, its lens coefficients with it
+    assert len(second) == 1 and torch.equal(second.viewmats[0], viewmats[1])
+    assert torch.equal(second.model.coeffs, coeffs[1:2]) and second.model.kind == "fisheye"
+    assert torch.equal(cameras[-1].viewmats, viewmats[2:]) and len(cameras[:2]) == 2
+    with pytest.raises(IndexError, match="camera 3 of 3"):
+        cameras[3]
+    moved = cameras.with_viewmats(viewmats * 2)
+    assert torch.equal(moved.viewmats, viewmats * 2) and moved.Ks is cameras.Ks and moved.model is cameras.model
+    assert cameras.to("cpu").viewmats.device.type == "cpu"
+    with pytest.raises(ValueError, match=r"Ks has shape \(2, 3, 3\), expected \(3, 3, 3\)"):
+        Cameras(viewmats, Ks[:2], 16, 12)
+    with pytest.raises(ValueError, match=r"viewmats has shape \(4, 4\), expected \(B, 4, 4\)"):
+        Cameras(viewmats[0], Ks, 16, 12)
+    with pytest.raises(ValueError, match="image size must be positive"):
+        Cameras(viewmats, Ks, 0, 12)

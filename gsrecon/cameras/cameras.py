@@ -45,9 +45,11 @@ class Cameras:
 
     def __getitem__(self, index: int | slice) -> Cameras:
         """The cameras at ``index`` (one camera stays a batch of one)."""
+        if isinstance(index, int):
+            if not -len(self) <= index < len(self):
+                raise IndexError(f"camera {index} of {len(self)}")
+            index %= len(self)
         rows = slice(index, index + 1) if isinstance(index, int) else index
-        if isinstance(index, int) and not -len(self) <= index < len(self):
-            raise IndexError(f"camera {index} of {len(self)}")
         coeffs = self.model.coeffs
         model = self.model if coeffs is None else CameraModel(self.model.kind, coeffs[rows])
         return Cameras(self.viewmats[rows], self.Ks[rows], self.width, self.height, model)
