@@ -109,6 +109,14 @@ def load_run_config(path: str, overrides: Sequence[str] = ()) -> tuple[RunConfig
     return parse_structured(RunConfig, raw, source=source), source
 
 
+def run_facts(resolved: dict[str, Any], model: torch.nn.Module, scene: Scene) -> RunFacts:
+    """What the components of a run built from ``resolved`` check it against (:func:`check_run`)."""
+    return RunFacts(
+        resolved, model.num_gaussians, sfm_tracks=bool(scene.observed),
+        depth_maps=any(frame.depth is not None for frame in scene.train),
+    )  # fmt: skip
+
+
 def run_components(
     renderer: RunChecked, strategy: RunChecked, loss: Loss, views: ViewModules, hooks: Mapping[str, RunChecked]
 ) -> dict[str, RunChecked]:

@@ -30,7 +30,7 @@ from gsrecon.model.optim import build_optimizers, build_schedulers
 from gsrecon.model.views.base import build_views
 from gsrecon.params import PARAM_NAMES
 from gsrecon.plugins import import_plugins
-from gsrecon.registry import RENDERER_REGISTRY, RunFacts
+from gsrecon.registry import RENDERER_REGISTRY
 from gsrecon.render.base import RenderOutput
 
 
@@ -94,11 +94,7 @@ class DefaultTrainer:
         self.views = build_views(self.resolved_config, train_names, self.device, source)
         self._build_optimizers()
         self.strategy = builder.build_strategy(cfg, self.resolved_config, self.model, source)
-        scene = self.datapipeline.scene
-        facts = RunFacts(
-            self.resolved_config, self.model.num_gaussians, sfm_tracks=bool(scene.observed),
-            depth_maps=any(frame.depth is not None for frame in scene.train),
-        )  # fmt: skip
+        facts = builder.run_facts(self.resolved_config, self.model, self.datapipeline.scene)
         components = builder.run_components(self.renderer, self.strategy, self.loss, self.views, self.hooks)
         builder.check_run(components, facts, source)
         self.loss.setup(self.datapipeline)
