@@ -75,8 +75,8 @@ class RunConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     strategy: dict[str, Any] = field(default_factory=lambda: {"name": "none"})
     loss: Any = None  # {term key: {weight, ...options}} (see gsrecon.losses.base); None: DEFAULT_LOSS
-    # One per-view module each, {name, ...options} (see gsrecon.model.views.base; `mode` is an alias of `name`); no
-    # name: none
+    # One per-view module each: {name, ...options} (see gsrecon.model.views.base; `mode` is an alias of `name`, and
+    # no name is none)
     appearance: dict[str, Any] = field(default_factory=dict)  # none | affine | bilateral_grid
     pose_opt: dict[str, Any] = field(default_factory=dict)  # camera pose refinement: none | se3
     views: Any = None  # further per-view modules, {key: {name, ...options}} (see gsrecon.model.views.base)
@@ -142,7 +142,8 @@ def check_run(components: Mapping[str, RunChecked], run: RunFacts, source: str) 
 
 
 def check_rules(resolved: dict[str, Any], source: str) -> None:
-    """Refuse a resolved run config that breaks a rule between two of its components, before anything is built."""
+    """Refuse a resolved run config that breaks a rule between two of its components, before anything is built (the
+    strategy's ``absgrad`` and the renderer: :func:`with_strategy_absgrad`)."""
     if resolved["renderer"]["name"] == "gsplat" and resolved["data"]["fisheye"] == "lens":
         for key, entry in view_entries(resolved).items():
             if VIEW_REGISTRY.get(entry["name"]).moves_cameras:
