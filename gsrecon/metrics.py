@@ -11,6 +11,7 @@ import importlib.metadata
 import math
 import pickle
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -145,6 +146,11 @@ def mean_metrics(results: list[dict[str, Any]]) -> dict[str, float | None]:
         values = [r[key] for r in results if key in r]
         means[key] = None if any(v is None for v in values) else float(sum(values) / len(values))
     return means
+
+
+def describe_metrics(metrics: Mapping[str, float | None]) -> str:
+    """``psnr 25.1234, ssim 0.8123`` of the metrics that have a value ("" for none)."""
+    return ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if v is not None)
 
 
 def _build_lpips(net: str) -> tuple[torch.nn.Module | None, str | None]:

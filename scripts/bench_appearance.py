@@ -3,7 +3,7 @@ black level change from one training image to the next (test views keep the true
 
     python scripts/bench_appearance.py --seeds 0,1,2 --steps 1500 --lr 0.005
 
-Each seed trains ``appearance.mode: none`` and ``affine`` on the same perturbed images (the run of
+Each seed trains ``appearance.name: none`` and ``affine`` on the same perturbed images (the run of
 ``tests/test_appearance.py::test_affine_appearance_beats_none_on_perturbed_photos``: 64x48 px, 24 views of
 which 3 are held out, one thread) and scores the test views as rendered (``eval: identity``) and, for affine,
 with a transform fitted on the left half of each view (``eval: fit_left``, right half scored). Prints a

@@ -86,9 +86,9 @@ def run_seed(args: argparse.Namespace, seed: int, out: Path) -> dict:
     merge = measure(["merge", "--exp-dir", str(blocks_dir)], args.threads, out / f"merge_{seed}.log")
     single_metrics = json.loads((single_dir / "metrics.json").read_text())
     merged_metrics = json.loads((blocks_dir / "metrics.json").read_text())
-    border = {v["name"] for v in merged_metrics["views"] if len(v["blocks"]) >= 2}
-    merged_across, merged_others = split_psnr(merged_metrics["views"], border)
-    single_across, single_others = split_psnr(single_metrics["views"], border)
+    border = {v["name"] for v in merged_metrics["images"] if len(v["blocks"]) >= 2}
+    merged_across, merged_others = split_psnr(merged_metrics["images"], border)
+    single_across, single_others = split_psnr(single_metrics["images"], border)
     return {
         "seed": seed,
         "single_psnr": single_metrics["mean"]["psnr"],
@@ -96,7 +96,7 @@ def run_seed(args: argparse.Namespace, seed: int, out: Path) -> dict:
         "single_gaussians": single_metrics["num_gaussians"],
         "merged_gaussians": merged_metrics["num_gaussians"],
         "border_views": sorted(border),
-        "test_views": len(merged_metrics["views"]),
+        "test_views": len(merged_metrics["images"]),
         "merged_border_minus_others": merged_across - merged_others,
         "single_border_minus_others": single_across - single_others,
         "single_rss_mib": single["peak_rss_mib"],

@@ -87,11 +87,13 @@ def split_psnr(trainer: DefaultTrainer, pipeline: DataPipeline, angle: float) ->
     errors: dict[bool, list[Tensor]] = {True: [], False: []}
     for batch in pipeline.val_batches():
         error = ((trainer.render(batch).image.clamp(0, 1) - batch.images) ** 2).mean(-1)[0]  # [H, W]
-        K = batch.Ks[0]
-        rows, columns = (torch.arange(n, device=error.device) + 0.5 for n in (batch.height, batch.width))
+        K = batch.cameras.Ks[0]
+        rows, columns = (
+            torch.arange(n, device=error.device) + 0.5 for n in (batch.cameras.height, batch.cameras.width)
+        )
         v, u = torch.meshgrid(rows, columns, indexing="ij")
         r = torch.hypot((u - K[0, 2]) / K[0, 0], (v - K[1, 2]) / K[1, 1])  # [H, W]
-        within = (r if batch.camera_model.kind == "fisheye" else torch.atan(r)) < angle
+        within = (r if batch.cameras.model.kind == "fisheye" else torch.atan(r)) < angle
         errors[True].append(error[within])
         errors[False].append(error[~within])
     centre, rim = (-10 * math.log10(float(torch.cat(errors[side]).mean())) for side in (True, False))

@@ -23,9 +23,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gsrecon.cameras import Cameras
 from gsrecon.heap import unmap_large_blocks
 from gsrecon.model.ply import save_ply
-from gsrecon.render.sh import num_sh_bases
+from gsrecon.sh import num_sh_bases
 
 ROOT = Path(__file__).resolve().parents[1]
 FORMATS = {"ply": "ply", "splat": "splat", "compressed_ply": "compressed.ply", "spz": "spz", "sog": "sog"}
@@ -88,7 +89,7 @@ def render_child(checkpoint: str, views: int) -> None:
         for i in range(views):
             viewmat = torch.eye(4)[None]
             viewmat[0, 0, 3], viewmat[0, 2, 3] = 0.1 * i, 4.0  # the cloud ~4 units ahead
-            renderer.render(params, viewmat, Ks, width, height, 3, torch.zeros(1, 3))
+            renderer.render(params, Cameras(viewmat, Ks, width, height), 3, torch.zeros(1, 3))
     print(f"{views / (time.perf_counter() - start):.3f}")
 
 

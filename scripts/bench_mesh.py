@@ -106,12 +106,9 @@ def export_meshes(trainer, out: Path) -> dict[str, tuple[Path, float]]:
 
     @torch.no_grad()
     def render(batch):
-        return renderer.render(
-            params, batch.viewmats, batch.Ks, batch.width, batch.height, sh_degree, batch.backgrounds,
-            camera_model=batch.camera_model,
-        )  # fmt: skip
+        return renderer.render_batch(params, batch, sh_degree)
 
-    context = ExportContext(train_views=trainer.datapipeline.train_views, render=render)
+    context = ExportContext(train_batches=trainer.datapipeline.train_batches, render=render)
     meshes = {}
     for depth in ("median", "expected"):
         start = time.perf_counter()

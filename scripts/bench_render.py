@@ -18,12 +18,13 @@ from collections.abc import Callable
 
 import torch
 
+from gsrecon.cameras import Cameras
 from gsrecon.data.pipeline import DataPipeline
 from gsrecon.engine.builder import resolve_renderer_entry
 from gsrecon.engine.inference import load_trained_scene
 from gsrecon.registry import RENDERER_REGISTRY
-from gsrecon.render.sh import rgb_to_sh
 from gsrecon.render.torch_renderer import TorchRenderer
+from gsrecon.sh import rgb_to_sh
 
 SIZES = [(64, 48, 2_000), (128, 96, 10_000), (256, 192, 50_000)]
 STEP_SIZE = (159, 89, 5_000)
@@ -74,10 +75,10 @@ def bench_render(renderer: TorchRenderer, size, device: torch.device, repeats: i
 
     def forward() -> None:
         with torch.no_grad():
-            renderer.render(params, viewmats, Ks, width, height, SH_DEGREE, bg)
+            renderer.render(params, Cameras(viewmats, Ks, width, height), SH_DEGREE, bg)
 
     def forward_backward() -> None:
-        out = renderer.render(params, viewmats, Ks, width, height, SH_DEGREE, bg)
+        out = renderer.render(params, Cameras(viewmats, Ks, width, height), SH_DEGREE, bg)
         out.image.sum().backward()
 
     return median_ms(forward, repeats, device), median_ms(forward_backward, repeats, device)
@@ -93,7 +94,7 @@ def bench_step(renderer: TorchRenderer, device: torch.device, repeats: int) -> f
     optimizer = torch.optim.Adam([{"params": [params[k]], "lr": lr} for k, lr in lrs.items()], eps=1e-15)
 
     def step() -> None:
-        out = renderer.render(params, viewmats, Ks, width, height, SH_DEGREE, bg)
+        out = renderer.render(params, Cameras(viewmats, Ks, width, height), SH_DEGREE, bg)
         loss = (out.image - target).abs().mean()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -117,9 +118,7 @@ def bench_trained(
         renderer = RENDERER_REGISTRY.build(resolve_renderer_entry(renderer_cfg, device, exp_dir))
 
         def render(batch, renderer=renderer) -> torch.Tensor:
-            return renderer.render(
-                params, batch.viewmats, batch.Ks, batch.width, batch.height, scene.sh_degree, batch.backgrounds
-            ).image
+            return renderer.render_batch(params, batch, scene.sh_degree).image
 
         def forward() -> None:
             with torch.no_grad():

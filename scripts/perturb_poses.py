@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from gsrecon.hooks.base import Hook
+from gsrecon.engine.hook import Hook
 from gsrecon.registry import HOOK_REGISTRY
 
 if TYPE_CHECKING:
-    from gsrecon.engine.trainer import DefaultTrainer
+    from gsrecon.engine.hook import TrainerView
 
 
 def rotation_about(axes: Tensor, angle: float) -> Tensor:
@@ -76,7 +76,7 @@ class PerturbTrainingPoses(Hook):
         self.cfg = cfg
         self.truth: Tensor | None = None  # [N, 4, 4] the training cameras' true poses
 
-    def before_run(self, trainer: DefaultTrainer) -> None:
+    def before_run(self, trainer: TrainerView) -> None:
         frames = trainer.datapipeline._train  # the training frames batches are made of
         self.truth = torch.stack([frame.viewmat.cpu() for frame in frames])  # [N, 4, 4]
         shift = self.cfg.translation * trainer.scene_extent
@@ -84,7 +84,7 @@ class PerturbTrainingPoses(Hook):
         for frame, viewmat in zip(frames, moved):
             frame.viewmat.copy_(viewmat)
 
-    def after_train(self, trainer: DefaultTrainer) -> None:
+    def after_train(self, trainer: TrainerView) -> None:
         frames = trainer.datapipeline._train
         given = torch.stack([frame.viewmat for frame in frames])  # [N, 4, 4]
         with torch.no_grad():

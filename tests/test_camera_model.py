@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from gsrecon.data.formats.lens import fisheye_polynomial
-from gsrecon.data.scene import PINHOLE, CameraModel
-from gsrecon.geometry import pinhole_project
+from gsrecon.cameras import PINHOLE, CameraModel, Cameras
+from gsrecon.cameras.lens import fisheye_polynomial, pinhole_project
 from gsrecon.render.torch_renderer import TorchRenderer
 
 COEFFS = (0.03, -0.01, 0.002, -0.0005)  # k1..k4
@@ -54,17 +53,17 @@ def _one_gaussian() -> dict[str, torch.Tensor]:
     }
 
 
-def test_a_renderer_checks_the_camera_model_against_its_cameras() -> None:
+def test_cameras_check_their_model_and_a_renderer_draws_through_it() -> None:
     Ks = torch.tensor([[[20.0, 0.0, 32.0], [0.0, 20.0, 12.0], [0.0, 0.0, 1.0]]])
-    args = (_one_gaussian(), torch.eye(4)[None], Ks, 64, 24, 0, torch.zeros(1, 3))
-    renderer = TorchRenderer()
     with pytest.raises(ValueError, match=r"coeffs have shape \(2, 4\), expected \(1, 4\)"):
-        renderer.render(*args, camera_model=CameraModel.fisheye(torch.zeros(2, 4)))
-    with pytest.raises(ValueError, match="camera_model must be a CameraModel, got Tensor"):
-        renderer.render(*args, camera_model=torch.zeros(1, 4))
-    pinhole = renderer.render(*args).image
+        Cameras(torch.eye(4)[None], Ks, 64, 24, CameraModel.fisheye(torch.zeros(2, 4)))
+    with pytest.raises(ValueError, match="model must be a CameraModel, got Tensor"):
+        Cameras(torch.eye(4)[None], Ks, 64, 24, torch.zeros(1, 4))
+    renderer = TorchRenderer()
+    pinhole = renderer.render(_one_gaussian(), Cameras(torch.eye(4)[None], Ks, 64, 24), 0).image
     # A lens with no distortion is an equidistant fisheye, not a pinhole: it draws the Gaussian nearer the centre.
-    lens = renderer.render(*args, camera_model=CameraModel.fisheye(torch.zeros(1, 4))).image
+    lens_cameras = Cameras(torch.eye(4)[None], Ks, 64, 24, CameraModel.fisheye(torch.zeros(1, 4)))
+    lens = renderer.render(_one_gaussian(), lens_cameras, 0).image
     columns = torch.arange(64) + 0.5
     centroids = [float((img[0, ..., 0].sum(0) * columns).sum() / img[0, ..., 0].sum()) for img in (pinhole, lens)]
     assert centroids == pytest.approx([20.0 * 0.8 + 32.0, 20.0 * math.atan(0.8) + 32.0], abs=0.05)
@@ -95,3 +94,27 @@ def test_the_pinhole_projection_is_k_times_the_point_over_its_depth_on_numpy_and
     on_torch = pinhole_project(*torch.from_numpy(points).T.unsqueeze(1).expand(3, 2, -1), cameras)
     np.testing.assert_array_equal(on_torch.pixel_x[0].numpy(), pixel_x)
     np.testing.assert_array_equal(on_torch.pixel_y[1].numpy(), 2 * pixel_y)  # scaling by 2 is exact
+
+
+def test_cameras_are_one_value_indexed_moved_and_checked() -> None:
+    viewmats = torch.eye(4).repeat(3, 1, 1)  # [3, 4, 4]
+    viewmats[:, 0, 3] = torch.arange(3.0)
+    Ks = torch.tensor([[20.0, 0.0, 8.0], [0.0, 20.0, 6.0], [0.0, 0.0, 1.0]]).repeat(3, 1, 1)
+    coeffs = torch.arange(12.0).reshape(3, 4) / 100
+    cameras = Cameras(viewmats, Ks, 16, 12, CameraModel.fisheye(coeffs))
+    assert len(cameras) == 3 and (cameras.width, cameras.height) == (16, 12)
+    second = cameras[1]  # one camera stays a batch of one, its lens coefficients with it
+    assert len(second) == 1 and torch.equal(second.viewmats[0], viewmats[1])
+    assert torch.equal(second.model.coeffs, coeffs[1:2]) and second.model.kind == "fisheye"
+    assert torch.equal(cameras[-1].viewmats, viewmats[2:]) and len(cameras[:2]) == 2
+    with pytest.raises(IndexError, match="camera 3 of 3"):
+        cameras[3]
+    moved = cameras.with_viewmats(viewmats * 2)
+    assert torch.equal(moved.viewmats, viewmats * 2) and moved.Ks is cameras.Ks and moved.model is cameras.model
+    assert cameras.to("cpu").viewmats.device.type == "cpu"
+    with pytest.raises(ValueError, match=r"Ks has shape \(2, 3, 3\), expected \(3, 3, 3\)"):
+        Cameras(viewmats, Ks[:2], 16, 12)
+    with pytest.raises(ValueError, match=r"viewmats has shape \(4, 4\), expected \(B, 4, 4\)"):
+        Cameras(viewmats[0], Ks, 16, 12)
+    with pytest.raises(ValueError, match="image size must be positive"):
+        Cameras(viewmats, Ks, 0, 12)

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
+from gsrecon.cameras.paths import ellipse_path, focus_point, interp_path, spiral_path
 from gsrecon.geometry import camera_centers, look_at, quat_to_rotmat, rotmat_to_quat
-from gsrecon.render.camera_path import ellipse_path, focus_point, interp_path, spiral_path
 
 UP = torch.tensor([0.2, -0.3, 1.0]) / math.sqrt(1.13)  # a world up that is not a coordinate axis
 TARGET = torch.tensor([0.5, -0.2, 1.0])

@@ -288,5 +288,5 @@ def test_training_with_depth_maps_logs_the_term_and_eval_reports_depth_errors(
     assert main(["eval", "--exp-dir", str(tmp_path / "run"), "--out", str(tmp_path / "eval")]) == 0
     metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert metrics["mean"]["depth_abs_rel"] == pytest.approx(trainer.val_metrics["depth_abs_rel"])
-    assert all("depth_rmse" in view for view in metrics["views"])
+    assert all("depth_rmse" in view for view in metrics["images"])
     assert "depth_abs_rel" in capsys.readouterr().out

@@ -19,7 +19,7 @@ from gsrecon.config import ConfigError, parse_structured
 from gsrecon.data.pipeline import DataPipeline
 from gsrecon.engine.trainer import DefaultTrainer
 from gsrecon.losses.base import DEFAULT_LOSS, LossInputs
-from gsrecon.losses.depth_prior import DepthPriorTerm, point_depth_loss
+from gsrecon.losses.depth_prior import DepthPriorTerm, ObservedPoints, point_depth_loss
 from gsrecon.model.views.pose import PoseCorrection
 from gsrecon.render.base import RenderOutput
 
@@ -76,7 +76,7 @@ def test_colmap_tracks_become_each_photo_s_points_where_its_keypoints_are(tmp_pa
     kept = kept[(first.xys[kept] >= 0).all(1) & (first.xys[kept, 0] < W) & (first.xys[kept, 1] < H)]
     kept = kept[first.xys[kept, 0] >= W // 2]  # in the image and on kept pixels
     assert 0 < len(kept) < 40
-    (depths,) = pipeline.point_depths([name])
+    (depths,) = ObservedPoints(pipeline)([name])
     np.testing.assert_allclose(depths[:, :2].numpy(), first.xys[kept], atol=1e-3)  # where the keypoints are
     viewmat = first.viewmat()
     z = model.points.xyz[kept] @ viewmat[2, :3] + viewmat[2, 3]
@@ -88,29 +88,31 @@ def test_the_prior_sees_the_points_from_the_camera_pose_refinement_moved(tmp_pat
     root = _make_scene(tmp_path / "scene")[0]
     config = DataPipeline.Config(dataset="colmap", path=str(root), eval_split="none")
     pipeline = DataPipeline(config, torch.device("cpu"))
-    batch = next(pipeline.train_views())
+    batch = next(pipeline.train_batches())
     (name,) = batch.names
     pose = PoseCorrection(PoseCorrection.Config(), [frame.name for frame in pipeline.scene.train])
     with torch.no_grad():
         pose.twists[pose.index[name]] = torch.tensor([0.05, -0.03, 0.02, 0.01, 0.4, 0.015])
     moved = pose.adjust_cameras(batch)
-    assert moved.viewmats.requires_grad  # the pose learns from the render; the prior's target must not move it
+    assert moved.cameras.viewmats.requires_grad  # the pose learns from the render; the prior's target must not move it
 
-    viewmat = moved.viewmats[0].detach()
+    viewmat = moved.cameras.viewmats[0].detach()
     camera = pipeline.scene.points[pipeline.scene.observed[name]] @ viewmat[:3, :3].T + viewmat[:3, 3]  # [P, 3]
-    pixels = (camera @ batch.Ks[0].T)[:, :2] / camera[:, 2:]  # [P, 2]
+    pixels = (camera @ batch.cameras.Ks[0].T)[:, :2] / camera[:, 2:]  # [P, 2]
     inside = (camera[:, 2] > 0) & (pixels >= 0).all(-1) & (pixels[:, 0] < W) & (pixels[:, 1] < H)
     expected = torch.cat([pixels, camera[:, 2:]], dim=-1)[inside]  # [P', 3]
     assert 0 < len(expected) < len(camera)  # the moved camera loses some points off its image
-    (seen,) = pipeline.point_depths(moved.names, moved.viewmats)
+    points = ObservedPoints(pipeline)
+    (seen,) = points(moved.names, moved.cameras.viewmats)
     torch.testing.assert_close(seen, expected, rtol=1e-5, atol=1e-4)
-    (given,) = pipeline.point_depths(batch.names)
+    (given,) = points(batch.names)
     assert given.shape != seen.shape or not torch.allclose(given, seen)
-    assert pipeline.point_depths(batch.names, batch.viewmats)[0] is given  # at the given pose: computed once, kept
+    assert points(batch.names, batch.cameras.viewmats)[0] is given  # at the given pose: computed once, kept
 
     depth = torch.linspace(1.0, 3.0, H * W).reshape(1, H, W, 1)
     render = RenderOutput(image=moved.images, alpha=torch.ones(1, H, W, 1), depth=depth, info={})
     term = DepthPriorTerm(DepthPriorTerm.Config())
+    term.setup(pipeline)
     value = term(LossInputs(moved.images, render, moved, pipeline))
     torch.testing.assert_close(value, pipeline.scene.extent * point_depth_loss(depth, [expected]))
     assert value != term(LossInputs(batch.images, render, batch, pipeline))
@@ -119,10 +121,10 @@ def test_the_prior_sees_the_points_from_the_camera_pose_refinement_moved(tmp_pat
 def _disparity_error(trainer: DefaultTrainer) -> float:
     """Mean |1 / rendered depth - 1 / z| at the points every training view observed."""
     with torch.no_grad():
-        errors = []
-        for batch in trainer.datapipeline.train_views():
+        errors, points = [], ObservedPoints(trainer.datapipeline)
+        for batch in trainer.datapipeline.train_batches():
             out = trainer.render(batch)
-            errors.append(point_depth_loss(out.depth, trainer.datapipeline.point_depths(batch.names)))
+            errors.append(point_depth_loss(out.depth, points(batch.names)))
     return float(torch.stack(errors).mean())
 
 

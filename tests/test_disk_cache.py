@@ -80,7 +80,7 @@ def test_disk_trains_bit_identically_to_cpu_with_few_decoded_frames_alive(tmp_pa
     cpu_eval, disk_eval = (
         json.loads((tmp_path / run / "eval" / "metrics.json").read_text()) for run in ("cpu", "disk")
     )
-    assert disk_eval["views"] == cpu_eval["views"] and len(disk_eval["views"]) == pipeline.num_val
+    assert disk_eval["images"] == cpu_eval["images"] and len(disk_eval["images"]) == pipeline.num_val
 
 
 def test_disk_resumes_where_it_stopped(tmp_path: Path, capture: Path) -> None:

@@ -90,10 +90,7 @@ def test_two_gloo_processes_match_each_other_and_one_process_with_batch_2(make_c
     # rotation of near-isotropic Gaussians, which also orients split samples) into steps of ±lr,
     # so compare what the two models render.
     for batch in single.datapipeline.val_batches():
-        images = [
-            single.renderer.render(p, batch.viewmats, batch.Ks, batch.width, batch.height, 1, batch.backgrounds).image
-            for p in (rank0, reference)
-        ]
+        images = [single.renderer.render_batch(p, batch, 1).image for p in (rank0, reference)]
         assert psnr(images[0][0], images[1][0]) > 50.0  # about 60 dB seen
 
 

@@ -18,7 +18,7 @@ from gsrecon.export.splat import save_splat
 from gsrecon.export.spz import load_spz, save_spz
 from gsrecon.model.ply import load_ply, ply_antialiased
 from gsrecon.registry import EXPORT_REGISTRY, RegistryError
-from gsrecon.render.sh import SH_C0
+from gsrecon.sh import SH_C0
 
 
 def _params(n: int = 300, sh_degree: int = 3, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -209,7 +209,7 @@ def test_the_mesh_without_its_libraries_names_the_install_command(tmp_path, monk
     from gsrecon.export import ExportContext
 
     monkeypatch.setitem(sys.modules, "skimage.measure", None)  # as where scikit-image is not installed
-    context = ExportContext(train_views=lambda: iter(()), render=lambda batch: None)
+    context = ExportContext(train_batches=lambda: iter(()), render=lambda batch: None)
     with pytest.raises(InputError, match=r"needs skimage.*pip install 'gsrecon\[mesh\]'"):
         export_gaussians(_params(), tmp_path / "mesh.ply", "mesh", context=context)
     assert list(tmp_path.iterdir()) == []

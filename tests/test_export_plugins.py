@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,7 @@ from gsrecon.cli import main
 from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.export import ExportContext, ExportFormat, export_gaussians
 from gsrecon.registry import EXPORT_REGISTRY, Registry
-from gsrecon.render.sh import sh_to_rgb
+from gsrecon.sh import sh_to_rgb
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "configs" / "examples" / "xyz_export.py"
@@ -112,10 +113,10 @@ class _ViewAlphas(ExportFormat):
     """Test format: each training view's name and mean rendered alpha, as JSON."""
 
     suffixes = (".json",)
-    needs = ("train_views", "render")
+    needs = ("train_batches", "render")
 
     def write(self, path, params, *, antialiased, context: ExportContext) -> None:
-        alphas = {b.names[0]: context.render(b).alpha.mean().item() for b in context.train_views()}
+        alphas = {b.names[0]: context.render(b).alpha.mean().item() for b in context.train_batches()}
         path.write_text(json.dumps(alphas))
 
 
@@ -137,6 +138,39 @@ def test_a_format_that_needs_the_views_and_the_renderer_gets_them_from_the_cli_a
         assert alpha == pytest.approx(from_hook[name], abs=1e-6), name
 
     params = load_checkpoint_file(tmp_path / "run" / "checkpoints" / "last.pt")["params"]
-    with pytest.raises(ValueError, match="^export format 'view_alphas' needs train_views and render, which the"):
+    with pytest.raises(ValueError, match="^export format 'view_alphas' needs train_batches and render, which the"):
         export_gaussians(params, tmp_path / "lib.json", "view_alphas")
     assert not (tmp_path / "lib.json").exists()
+
+
+class _Scaled(ExportFormat):
+    """Test format with options: the centres times ``scale``, rounded to ``digits``, as JSON."""
+
+    suffixes = (".json",)
+
+    @dataclass
+    class Config:
+        scale: float = 1.0
+        digits: int = 3
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+
+    def write(self, path, params, *, antialiased, context: ExportContext) -> None:
+        centres = (params["means"][:2] * self.cfg.scale).tolist()
+        path.write_text(json.dumps([[round(v, self.cfg.digits) for v in row] for row in centres]))
+
+
+def test_a_plugin_format_takes_its_options_on_the_command_line_as_key_value(run: Path, tmp_path: Path, capsys) -> None:
+    EXPORT_REGISTRY.register("scaled")(_Scaled)
+    args = ["export", "--exp-dir", str(run), "--format", "scaled"]
+    assert main([*args, "--out", str(tmp_path / "one.json")]) == 0, capsys.readouterr().err
+    assert main([*args, "--out", str(tmp_path / "two.json"), "scaled.scale=2", "scaled.digits=1"]) == 0
+    one, two = (np.array(json.loads((tmp_path / f"{n}.json").read_text())) for n in ("one", "two"))
+    np.testing.assert_allclose(two, np.round(one * 2, 1), atol=0.051)
+    capsys.readouterr()
+    assert main([*args, "--out", str(tmp_path / "bad.json"), "scaled.sharpness=3"]) == 2
+    assert "sharpness" in capsys.readouterr().err
+    assert main([*args, "--out", str(tmp_path / "bad.json"), "--voxel", "0.1"]) == 2
+    assert "options of --format mesh, not scaled" in capsys.readouterr().err
+    assert not (tmp_path / "bad.json").exists()

@@ -9,11 +9,12 @@ import pytest
 import torch
 from conftest import write_yaml
 
+from gsrecon.cameras import Cameras
 from gsrecon.cli import main
 from gsrecon.data.pipeline import Batch
 from gsrecon.engine.checkpoints import load_checkpoint_file
-from gsrecon.hooks.floaters import find_floaters
 from gsrecon.registry import RENDERER_REGISTRY
+from gsrecon.strategy.floaters import find_floaters
 
 torch.set_num_threads(1)
 
@@ -25,7 +26,7 @@ def _view(x: float) -> Batch:
     viewmat = torch.eye(4)
     viewmat[:3, 3] = torch.tensor([-x, 0.0, 3.0])
     K = torch.tensor([[40.0, 0.0, W / 2], [0.0, 40.0, H / 2], [0.0, 0.0, 1.0]])
-    return Batch(torch.zeros(1, H, W, 3), viewmat[None], K[None], torch.zeros(1, 3), [f"x{x}"], W, H)
+    return Batch(torch.zeros(1, H, W, 3), Cameras(viewmat[None], K[None], W, H), torch.zeros(1, 3), [f"x{x}"])
 
 
 def _gaussians(centres: list[tuple[float, float, float]], opacities: list[float], sizes: list[float]) -> dict:
@@ -59,7 +60,7 @@ def test_only_translucent_gaussians_in_front_of_every_view_are_floaters() -> Non
     renderer = RENDERER_REGISTRY.build({"name": "torch"})
 
     def render(batch: Batch):
-        return renderer.render(params, batch.viewmats, batch.Ks, batch.width, batch.height, 0, batch.backgrounds)
+        return renderer.render_batch(params, batch, 0)
 
     views = [_view(x) for x in (-0.3, 0.0, 0.3)]
     floaters = find_floaters(render, views, len(params["means"]), margin=0.2, min_alpha=0.5)

@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 import torch
 
+from gsrecon.cameras import Cameras
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
@@ -42,7 +44,7 @@ def _compare(renderers, params, viewmats, Ks, width, height, sh_degree, min_psnr
     for renderer in renderers:
         leaf = _leaf_params(params)
         backgrounds = torch.zeros(len(viewmats), 3, device="cuda")
-        out = renderer.render(leaf, viewmats, Ks, width, height, sh_degree, backgrounds)
+        out = renderer.render(leaf, Cameras(viewmats, Ks, width, height), sh_degree, backgrounds)
         (out.image * weights).sum().backward()
         outputs.append(out)
         grads.append({k: v.grad for k, v in leaf.items()})
@@ -100,15 +102,15 @@ def test_gsplat_median_depth_of_hand_made_gaussians_and_of_a_random_scene_matche
     }
     params = {k: v.cuda() for k, v in params.items()}
     viewmats, Ks = torch.eye(4)[None].cuda(), torch.tensor([[[focal, 0, 8.0], [0, focal, 6.0], [0, 0, 1]]]).cuda()
-    out = gsplat.render(params, viewmats, Ks, 16, 12, 0, torch.zeros(1, 3, device="cuda"))
+    out = gsplat.render(params, Cameras(viewmats, Ks, 16, 12), 0, torch.zeros(1, 3, device="cuda"))
     torch.testing.assert_close(out.median_depth[0, 5:7, 7:9].cpu(), torch.full((2, 2, 1), float(depths[6])))
     assert out.depth[0, 5:7, 7:9].max() < depths[6] - 0.1  # the expected depth lies in front of it
     # A random scene: the two renderers agree wherever the crossing is not a near tie between two Gaussians.
     params = _random_scene(seed=1, sh_degree=0)
     params = {k: v.cuda() for k, v in params.items()}
     Ks = torch.tensor([[[150.0, 0, 64], [0, 150.0, 48], [0, 0, 1]]]).cuda()
-    got = gsplat.render(params, viewmats, Ks, 128, 96, 0, torch.zeros(1, 3, device="cuda")).median_depth
-    want = reference.render(params, viewmats, Ks, 128, 96, 0, torch.zeros(1, 3, device="cuda")).median_depth
+    got = gsplat.render(params, Cameras(viewmats, Ks, 128, 96), 0, torch.zeros(1, 3, device="cuda")).median_depth
+    want = reference.render(params, Cameras(viewmats, Ks, 128, 96), 0, torch.zeros(1, 3, device="cuda")).median_depth
     assert (want > 0).float().mean() > 0.3
     assert ((got - want).abs() < 1e-3).float().mean() > 0.99
 
@@ -193,7 +195,7 @@ def test_gsplat_unscented_transform_through_a_fisheye_lens_matches_the_torch_lin
     evaluated along the rays, no screen-space dilation) and the torch renderer's EWA linearisation of the same
     lens draw nearly the same image. (Written without a GPU: the bound is a first guess that a wrong lens model or
     coefficient order falls far below; tighten it once measured.)"""
-    from gsrecon.data.scene import CameraModel
+    from gsrecon.cameras import CameraModel
     from gsrecon.metrics import psnr
 
     generator = torch.Generator().manual_seed(0)
@@ -213,7 +215,7 @@ def test_gsplat_unscented_transform_through_a_fisheye_lens_matches_the_torch_lin
     lens = CameraModel.fisheye(torch.tensor([[0.03, -0.01, 0.002, -0.0005]]).cuda())
     images = [
         renderer.render(
-            params, torch.eye(4)[None].cuda(), Ks, 128, 96, 0, torch.zeros(1, 3).cuda(), camera_model=lens
+            params, Cameras(torch.eye(4)[None].cuda(), Ks, 128, 96, lens), 0, torch.zeros(1, 3).cuda()
         ).image
         for renderer in renderers
     ]
@@ -255,8 +257,7 @@ def _pose_batch(viewmat: torch.Tensor, image: torch.Tensor):
     return dataclasses.replace(
         batch,
         images=batch.images.cuda(),
-        viewmats=batch.viewmats.cuda(),
-        Ks=batch.Ks.cuda(),
+        cameras=batch.cameras.to("cuda"),
         backgrounds=batch.backgrounds.cuda(),
     )
 
@@ -275,7 +276,7 @@ def test_gsplat_pulls_a_perturbed_camera_back_toward_its_true_pose() -> None:
     gsplat = GsplatRenderer(GsplatRenderer.Config())
     gsplat.setup(Logger())
     params = {k: v.cuda() for k, v in _cloud().items()}
-    render = lambda batch: gsplat.render(params, batch.viewmats, batch.Ks, 48, 32, 0, batch.backgrounds)  # noqa: E731
+    render = lambda batch: gsplat.render_batch(params, batch, 0)  # noqa: E731
     truth = _true_view()
     with torch.no_grad():
         photo = render(_pose_batch(truth, torch.zeros(32, 48, 3))).image[0]
@@ -306,9 +307,11 @@ def test_gsplat_and_torch_give_a_pose_correction_the_same_gradient_direction(ren
     for renderer in renderers:
         batch = _pose_batch(_true_view(), torch.zeros(32, 48, 3))
         with torch.no_grad():
-            photo = renderer.render(params, batch.viewmats, batch.Ks, 48, 32, 0, batch.backgrounds).image
+            photo = renderer.render_batch(params, batch, 0).image
         twist = torch.zeros(1, 6, device=given.device, requires_grad=True)
-        out = renderer.render(params, corrected_viewmats(given, twist), batch.Ks, 48, 32, 0, batch.backgrounds)
+        out = renderer.render(
+            params, batch.cameras.with_viewmats(corrected_viewmats(given, twist)), 0, batch.backgrounds
+        )
         (out.image - photo).abs().mean().backward()
         grads.append(twist.grad[0])
     assert grads[0].abs().amax() > 0 and grads[1].abs().amax() > 0

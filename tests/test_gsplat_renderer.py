@@ -11,6 +11,7 @@ import gsplat
 import pytest
 import torch
 
+from gsrecon.cameras import Cameras
 from gsrecon.model.gaussians import init_params
 from gsrecon.render.gsplat_renderer import GsplatRenderer, GsplatUnavailableError
 
@@ -31,7 +32,7 @@ def test_the_call_binds_to_gsplat_rasterization_and_outputs_are_unpacked() -> No
     renderer = GsplatRenderer(cfg)
     renderer._rasterization = rasterization
     viewmats, Ks = torch.eye(4).expand(c, 4, 4), torch.eye(3).expand(c, 3, 3)
-    out = renderer.render(params, viewmats, Ks, w, h, 1, torch.zeros(c, 3))
+    out = renderer.render(params, Cameras(viewmats, Ks, w, h), 1, torch.zeros(c, 3))
 
     (kwargs,) = calls
     assert kwargs["colors"].shape == (n, 9, 3) and kwargs["sh_degree"] == 1

@@ -162,3 +162,16 @@ def test_removing_a_hook_removes_only_its_outputs(make_trainer) -> None:
     without_export.train()
     assert (without_export.exp_dir / "checkpoints" / "last.pt").exists()
     assert not (without_export.exp_dir / "point_cloud.ply").exists()
+
+
+def test_the_trainer_gives_hooks_everything_their_view_names(make_trainer) -> None:
+    import inspect
+
+    from gsrecon.engine.hook import TrainerView
+
+    trainer = make_trainer()
+    members = set(TrainerView.__annotations__) | {
+        name for name, _ in inspect.getmembers(TrainerView) if not name.startswith("_")
+    }
+    assert members >= {"step", "model", "render", "request_stop", "is_main", "resolved_config"}
+    assert [name for name in sorted(members) if not hasattr(trainer, name)] == []

@@ -1,5 +1,5 @@
-"""The package's import graph: no cycles (imports inside functions count, ``if TYPE_CHECKING:`` ones do not), and
-the registry and the eval path stay light."""
+"""The package's import graph: no cycles (imports inside functions and ``if TYPE_CHECKING:`` ones count), no import
+from a lower layer to a higher one, and the registry and the eval path stay light."""
 
 from __future__ import annotations
 
@@ -23,25 +23,9 @@ def _modules(package_dir: Path) -> dict[str, tuple[Path, bool]]:
     return modules
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
 def _imports(node: ast.AST) -> list[ast.Import | ast.ImportFrom]:
-    """Every import statement under ``node``, at any depth, except those under ``if TYPE_CHECKING:``."""
-    found: list[ast.Import | ast.ImportFrom] = []
-    for child in ast.iter_child_nodes(node):
-        if isinstance(child, ast.If) and _is_type_checking(child):
-            for branch in child.orelse:
-                found += [branch] if isinstance(branch, (ast.Import, ast.ImportFrom)) else _imports(branch)
-        elif isinstance(child, (ast.Import, ast.ImportFrom)):
-            found.append(child)
-        else:
-            found += _imports(child)
-    return found
+    """Every import statement under ``node``, at any depth (inside functions and ``if TYPE_CHECKING:`` too)."""
+    return [child for child in ast.walk(node) if isinstance(child, (ast.Import, ast.ImportFrom))]
 
 
 def import_graph(package_dir: Path) -> dict[str, set[str]]:
@@ -91,9 +75,45 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+# The house's floors, lowest first: a module imports only modules of its own floor or below. The ground floor is the
+# shared maths and plumbing; each floor above names its packages (or top-level modules) of gsrecon.
+LAYERS = (
+    {"__init__", "config", "registry", "plugins", "errors", "atomic", "cache", "heap", "distributed", "geometry"}
+    | {"cameras", "sh", "params", "io", "logging", "lpips_weights"},
+    {"data"},
+    {"render"},
+    {"model"},
+    {"losses"},
+    {"strategy"},
+    {"export", "metrics"},
+    {"engine"},
+    {"hooks", "viewer"},
+    {"partition"},
+    {"cli", "__main__"},
+)
+
+
+def floor(module: str) -> int:
+    """The floor of ``module`` (a dotted name under gsrecon) in :data:`LAYERS`."""
+    part = module.split(".")[1] if "." in module else "__init__"
+    return next(index for index, names in enumerate(LAYERS) if part in names)
+
+
 def test_the_package_has_no_import_cycle() -> None:
     cycle = find_cycle(import_graph(PACKAGE_DIR))
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_no_module_imports_from_a_higher_floor() -> None:
+    graph = import_graph(PACKAGE_DIR)
+    upward = sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets if floor(b) > floor(a))
+    assert upward == [], "imports from a lower floor to a higher one:\n" + "\n".join(upward)
+
+
+def test_only_the_floors_above_the_engine_import_the_trainer() -> None:
+    graph = import_graph(PACKAGE_DIR)
+    importers = {module for module, targets in graph.items() if "gsrecon.engine.trainer" in targets}
+    assert {module.split(".")[1] for module in importers} <= {"partition", "cli"}, importers
 
 
 def test_the_cycle_check_sees_lazy_relative_and_submodule_imports(tmp_path: Path) -> None:
@@ -103,10 +123,10 @@ def test_the_cycle_check_sees_lazy_relative_and_submodule_imports(tmp_path: Path
     (package / "sub" / "__init__.py").write_text("")
     (package / "a.py").write_text("def f():\n    from pkg.sub import b\n")  # lazy, and b is a submodule
     (package / "sub" / "b.py").write_text("from ..c import value\n")  # relative
+    (package / "c.py").write_text("value = 1\n")
+    assert find_cycle(import_graph(package)) is None
     (package / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.a\nvalue = 1\n")
-    assert find_cycle(import_graph(package)) is None  # TYPE_CHECKING imports do not count
-    (package / "c.py").write_text("import pkg.a\nvalue = 1\n")
-    assert find_cycle(import_graph(package)) == ["pkg.a", "pkg.sub.b", "pkg.c", "pkg.a"]
+    assert find_cycle(import_graph(package)) == ["pkg.a", "pkg.sub.b", "pkg.c", "pkg.a"]  # type-only imports count
 
 
 def _imported_after(statement: str) -> set[str]:

@@ -11,6 +11,7 @@ import pytest
 import torch
 from conftest import write_yaml
 
+from gsrecon.cameras import Cameras
 from gsrecon.cli import main
 from gsrecon.config import parse_structured
 from gsrecon.engine.checkpoints import load_checkpoint_file
@@ -45,10 +46,10 @@ def test_eval_writes_renders_ground_truth_and_metrics(trained: Path, capsys) -> 
     assert (trained / "metrics.json").read_text() == training_metrics  # the training record stays
     assert metrics["step"] == 6 and metrics["num_gaussians"] == 300
     assert metrics["resolution"] == ["32x24"] and metrics["render_fps"] > 0
-    assert {v["name"] for v in metrics["views"]} == {"view_000", "view_008"}
+    assert {v["name"] for v in metrics["images"]} == {"view_000", "view_008"}
     assert set(metrics["mean"]) == {"psnr", "ssim", "lpips"}
     assert metrics["lpips"]["net"] == "none"  # as the run's config says
-    for view in metrics["views"]:
+    for view in metrics["images"]:
         render = iio.imread(trained / "eval" / "renders" / "test" / f"{view['name']}.png")
         gt = iio.imread(trained / "eval" / "gt" / f"{view['name']}.png")
         assert render.shape == gt.shape == (24, 32, 3)
@@ -69,7 +70,7 @@ def test_eval_writes_the_cameras_it_rendered_so_others_can_render_them_again(tra
         assert viewmat.shape == (4, 4) and K.shape == (3, 3) and viewmat[3].tolist() == [0, 0, 0, 1]
         with torch.no_grad():
             out = renderer.render(
-                params, viewmat[None], K[None], camera["width"], camera["height"], 1, torch.zeros(1, 3)
+                params, Cameras(viewmat[None], K[None], camera["width"], camera["height"]), 1, torch.zeros(1, 3)
             )
         png = torch.from_numpy(iio.imread(tmp_path / "eval" / "renders" / "test" / f"{camera['name']}.png")) / 255.0
         assert psnr(out.image[0].clamp(0, 1), png) > 40  # the same view, up to 8-bit rounding
@@ -212,8 +213,8 @@ def test_eval_scores_test_views_as_the_last_validation_did(make_config, tmp_path
     assert main(["eval", "--exp-dir", str(tmp_path / "run"), "--device", "cpu"]) == 0
     evaluated = json.loads((tmp_path / "run" / "eval" / "metrics.json").read_text())
     assert evaluated["step"] == validation["step"] == 6
-    assert [v["name"] for v in evaluated["views"]] == [v["name"] for v in validation["views"]]
-    for ours, theirs in zip(evaluated["views"], validation["views"]):
+    assert [v["name"] for v in evaluated["images"]] == [v["name"] for v in validation["images"]]
+    for ours, theirs in zip(evaluated["images"], validation["images"]):
         assert ours["psnr"] == pytest.approx(theirs["psnr"], abs=1e-4), ours["name"]
         assert ours["ssim"] == pytest.approx(theirs["ssim"], abs=1e-4), ours["name"]
     if policy == "fit_left":  # the right half is scored, and the render written is what was scored

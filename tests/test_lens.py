@@ -22,11 +22,11 @@ from test_fisheye import (
     write_synthetic_capture,
 )
 
+from gsrecon.cameras import CameraModel, Cameras
+from gsrecon.cameras.lens import fisheye_project, max_lens_angle
 from gsrecon.cli import main
 from gsrecon.data.formats.lens import distort, undistorted_intrinsics
 from gsrecon.data.readers.transforms import load_transforms
-from gsrecon.data.scene import CameraModel
-from gsrecon.render.lens import fisheye_project, max_lens_angle
 from gsrecon.render.torch_renderer import TorchRenderer
 from gsrecon.strategy.default import DefaultStrategy
 
@@ -95,12 +95,12 @@ def test_a_gaussian_is_drawn_where_the_lens_sees_its_centre() -> None:
     params = _one_gaussian(position)
     renderer = TorchRenderer()
     Ks, viewmats, background = torch.from_numpy(K).float()[None], torch.eye(4)[None], torch.zeros(1, 3)
-    image = renderer.render(params, viewmats, Ks, W, H, 0, background, camera_model=LENS).image[0, ..., 0]  # [H, W]
+    image = renderer.render(params, Cameras(viewmats, Ks, W, H, LENS), 0, background).image[0, ..., 0]  # [H, W]
     v, u = torch.meshgrid(torch.arange(H) + 0.5, torch.arange(W) + 0.5, indexing="ij")
     centroid = [float((u * image).sum() / image.sum()), float((v * image).sum() / image.sum())]
     xd, yd = distort(np.array(position[0]), np.array(position[1]), FISHEYE)
     assert centroid == pytest.approx([K[0, 0] * xd + K[0, 2], K[1, 1] * yd + K[1, 2]], abs=0.05)
-    pinhole = renderer.render(params, viewmats, Ks, W, H, 0, background).image[0, ..., 0]
+    pinhole = renderer.render(params, Cameras(viewmats, Ks, W, H), 0, background).image[0, ..., 0]
     assert float((u * pinhole).sum() / pinhole.sum()) > centroid[0] + 5  # the pinhole sees it farther out
 
 
@@ -118,7 +118,7 @@ def test_gradients_through_the_lens_are_finite_with_a_gaussian_on_the_axis() -> 
     params["means"][0] = torch.tensor([0.0, 0.0, 1.5])  # exactly on the optical axis
     params = {k: v.requires_grad_(True) for k, v in params.items()}
     out = TorchRenderer().render(
-        params, torch.eye(4)[None], torch.from_numpy(K).float()[None], W, H, 1, torch.zeros(1, 3), camera_model=LENS
+        params, Cameras(torch.eye(4)[None], torch.from_numpy(K).float()[None], W, H, LENS), 1, torch.zeros(1, 3)
     )
     out.image.sum().backward()
     assert out.info["radii"][0, 0].max() > 0

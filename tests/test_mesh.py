@@ -12,14 +12,15 @@ import pytest
 import torch
 from conftest import write_yaml
 
+from gsrecon.cameras import Cameras
 from gsrecon.cli import main
 from gsrecon.data.pipeline import Batch
 from gsrecon.errors import InputError
 from gsrecon.export import ExportContext, export_gaussians
 from gsrecon.geometry import look_at
 from gsrecon.model.ply import save_ply
-from gsrecon.render.sh import rgb_to_sh
 from gsrecon.render.torch_renderer import TorchRenderer
+from gsrecon.sh import rgb_to_sh
 
 pytest.importorskip("skimage", reason="the mesh export needs scikit-image: pip install 'gsrecon[mesh]'")
 trimesh = pytest.importorskip("trimesh", reason="the mesh export needs trimesh: pip install 'gsrecon[mesh]'")
@@ -65,19 +66,23 @@ def _views(n: int = 16) -> list[Batch]:
     viewmats = look_at(CENTRE.double() + 2.5 * directions, CENTRE.double(), torch.tensor([0.0, 0.0, 1.0]).double())
     K = torch.tensor([[FOCAL, 0.0, WIDTH / 2], [0.0, FOCAL, HEIGHT / 2], [0.0, 0.0, 1.0]])
     return [
-        Batch(torch.zeros(1, HEIGHT, WIDTH, 3), viewmat[None].float(), K[None], torch.zeros(1, 3), [f"v{i}"], WIDTH,
-              HEIGHT)
+        Batch(
+            torch.zeros(1, HEIGHT, WIDTH, 3),
+            Cameras(viewmat[None].float(), K[None], WIDTH, HEIGHT),
+            torch.zeros(1, 3),
+            [f"v{i}"],
+        )
         for i, viewmat in enumerate(viewmats)
-    ]  # fmt: skip
+    ]
 
 
 def _context(params: dict[str, torch.Tensor], views: list[Batch]) -> ExportContext:
     renderer = TorchRenderer(TorchRenderer.Config(median_depth=True))
 
     def render(batch: Batch):
-        return renderer.render(params, batch.viewmats, batch.Ks, batch.width, batch.height, 0, batch.backgrounds)
+        return renderer.render_batch(params, batch, 0)
 
-    return ExportContext(train_views=lambda: iter(views), render=torch.no_grad()(render))
+    return ExportContext(train_batches=lambda: iter(views), render=torch.no_grad()(render))
 
 
 def _sphere_distance(vertices: np.ndarray) -> np.ndarray:

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from gsrecon.model.gaussians import init_params
-from gsrecon.model.ops import append_rows, remove_rows, replace_rows
+from gsrecon.model.ops import append_rows, remove_rows, replace_rows, reset_opacities
 from gsrecon.model.optim import OptimizerConfig, build_optimizers
-from gsrecon.model.params import PARAM_NAMES
+from gsrecon.params import PARAM_NAMES
 
 N = 6
 PER_GAUSSIAN = ("grad2d", "radii")
@@ -100,3 +100,26 @@ def test_bad_rows_and_misaligned_state_are_errors() -> None:
     with pytest.raises(ValueError, match="strategy state 'grad2d' has 7 rows for 6 Gaussians"):
         remove_rows(params, optimizers, state, PER_GAUSSIAN, torch.zeros(N, dtype=torch.bool))
     assert len(params["means"]) == N  # refused before anything changed
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["adam", "row_sparse_adam"])
+def test_reset_opacities_lowers_them_restarts_their_moments_and_matches_gsplat(sparse: bool) -> None:
+    params, optimizers, _ = _trained(sparse)
+    params["opacities"].data[:3] = -5.0  # already below the reset value: kept as they are
+    before = {k: v.detach().clone() for k, v in params.items()}
+    step = _copy(_moments(params, optimizers, "opacities")).get("step")
+    reset_opacities(params, optimizers, 0.01)
+    opacities = params["opacities"]
+    assert torch.equal(opacities[:3], before["opacities"][:3])
+    assert torch.allclose(torch.sigmoid(opacities[3:]), torch.full((N - 3,), 0.01))
+    assert optimizers["opacities"].param_groups[0]["params"] == [opacities]
+    moments = _moments(params, optimizers, "opacities")
+    assert all(not v.any() for k, v in moments.items() if k != "step") and moments.get("step") == step
+    for name in PARAM_NAMES[:3]:  # the other parameters are untouched
+        assert torch.equal(params[name], before[name])
+
+    ops = pytest.importorskip("gsplat.strategy.ops")
+    theirs, their_optimizers, _ = _trained(sparse)
+    theirs["opacities"].data[:3] = -5.0
+    ops.reset_opa(params=theirs, optimizers=their_optimizers, state={}, value=0.01)
+    assert torch.equal(theirs["opacities"], opacities)

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.model.optim import OptimizerConfig, RowSparseAdam, SchedulerConfig, build_optimizers
-from gsrecon.model.params import PARAM_NAMES
+from gsrecon.params import PARAM_NAMES
 from gsrecon.registry import RENDERER_REGISTRY
 from gsrecon.render.torch_renderer import TorchRenderer
 

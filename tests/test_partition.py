@@ -16,11 +16,11 @@ import torch
 from conftest import write_yaml
 
 from gsrecon.cli import main
+from gsrecon.data.blocks import PartitionConfig, block_scene, ground_frame, plan_partition
 from gsrecon.data.scene import Frame, Scene
 from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.errors import InputError
 from gsrecon.geometry import look_at
-from gsrecon.partition.blocks import PartitionConfig, block_scene, ground_frame, plan_partition
 
 WIDTH, HEIGHT = 16, 12
 K = torch.tensor([[12.0, 0.0, WIDTH / 2], [0.0, 12.0, HEIGHT / 2], [0.0, 0.0, 1.0]])
@@ -184,7 +184,7 @@ def test_blocks_train_as_runs_of_their_own_and_merge_into_one_scene_that_eval_re
     plan = json.loads((exp_dir / "partition.json").read_text())
     assert len(plan["blocks"]) == 2
     merged = _merged_params(exp_dir)
-    from gsrecon.partition.blocks import GroundFrame
+    from gsrecon.data.blocks import GroundFrame
 
     ground = GroundFrame(*(torch.tensor(plan["ground"][k], dtype=torch.float64) for k in ("origin", "up", "axes")))
     pieces = []
@@ -204,8 +204,8 @@ def test_blocks_train_as_runs_of_their_own_and_merge_into_one_scene_that_eval_re
     for name, value in merged.items():
         torch.testing.assert_close(value, torch.cat([piece[name] for piece in pieces]), rtol=0, atol=0)
     metrics = json.loads((exp_dir / "metrics.json").read_text())
-    assert metrics["num_gaussians"] == len(merged["means"]) and len(metrics["views"]) == 2
-    assert all(view["blocks"] for view in metrics["views"])
+    assert metrics["num_gaussians"] == len(merged["means"]) and len(metrics["images"]) == 2
+    assert all(view["blocks"] for view in metrics["images"])
     # gsrecon eval, export and the merged checkpoint's config take the merged scene as any run.
     assert main(["eval", "--exp-dir", str(exp_dir)]) == 0
     evaluated = json.loads((exp_dir / "eval" / "metrics.json").read_text())
@@ -354,7 +354,7 @@ def test_a_real_capture_trains_in_two_blocks_each_on_its_part(make_config, tmp_p
     for block in plan["blocks"]:  # each block takes its part: fewer than the 20 photos and 1443 points
         assert 0 < len(block["train"]) < 20 and 0 < block["points"] < 1443
     merged = json.loads((tmp_path / "two" / "metrics.json").read_text())
-    assert len(merged["views"]) == 3 and all(kept > 0 for kept in merged["kept_per_block"])
+    assert len(merged["images"]) == 3 and all(kept > 0 for kept in merged["kept_per_block"])
     before = json.loads((tmp_path / "two" / "blocks" / "0" / "metrics.json").read_text())
     assert merged["mean"]["psnr"] > 12.0 and before["step"] == 300
 

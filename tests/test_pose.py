@@ -16,6 +16,7 @@ import pytest
 import torch
 from conftest import write_yaml
 
+from gsrecon.cameras import Cameras
 from gsrecon.cli import main
 from gsrecon.data.pipeline import Batch
 from gsrecon.engine.checkpoints import load_checkpoint_file
@@ -86,7 +87,7 @@ def _cloud(seed: int = 0) -> dict[str, torch.Tensor]:
 
 def _batch(viewmat: torch.Tensor, image: torch.Tensor, name: str = "a") -> Batch:
     K = torch.tensor([[40.0, 0.0, 24.0], [0.0, 40.0, 16.0], [0.0, 0.0, 1.0]])
-    return Batch(image[None], viewmat[None], K[None], torch.zeros(1, 3), [name], 48, 32)
+    return Batch(image[None], Cameras(viewmat[None], K[None], 48, 32), torch.zeros(1, 3), [name])
 
 
 def _true_view() -> torch.Tensor:
@@ -97,7 +98,7 @@ def _true_view() -> torch.Tensor:
 
 def test_a_perturbed_training_camera_is_pulled_back_toward_its_true_pose() -> None:
     params, renderer = _cloud(), TorchRenderer()
-    render = lambda batch: renderer.render(params, batch.viewmats, batch.Ks, 48, 32, 0, batch.backgrounds)  # noqa: E731
+    render = lambda batch: renderer.render_batch(params, batch, 0)  # noqa: E731
     truth = _true_view()
     with torch.no_grad():
         photo = render(_batch(truth, torch.zeros(32, 48, 3))).image[0]
@@ -122,7 +123,10 @@ def test_torch_renderer_gives_the_camera_its_gradient_in_chunks_too(chunked: boo
     for one in (whole, renderer):
         viewmats = perturbed_viewmats(_true_view()[None], 1.0, 0.05, seed=5).requires_grad_(True)
         out = one.render(
-            params, viewmats, _batch(_true_view(), torch.zeros(32, 48, 3)).Ks, 48, 32, 0, torch.zeros(1, 3)
+            params,
+            Cameras(viewmats, _batch(_true_view(), torch.zeros(32, 48, 3)).cameras.Ks, 48, 32),
+            0,
+            torch.zeros(1, 3),
         )
         out.image.square().sum().backward()
         grads.append(viewmats.grad)
@@ -132,14 +136,14 @@ def test_torch_renderer_gives_the_camera_its_gradient_in_chunks_too(chunked: boo
 
 def test_fitting_a_test_view_moves_it_toward_its_photo() -> None:
     params, renderer = _cloud(1), TorchRenderer()
-    render = lambda batch: renderer.render(params, batch.viewmats, batch.Ks, 48, 32, 0, batch.backgrounds)  # noqa: E731
+    render = lambda batch: renderer.render_batch(params, batch, 0)  # noqa: E731
     truth = _true_view()
     with torch.no_grad():
         photo = render(_batch(truth, torch.zeros(32, 48, 3))).image[0]
     given = perturbed_viewmats(truth[None], 2.0, 0.08, seed=4)[0]
     with torch.no_grad():  # as the evaluator calls it
         fitted = fit_pose(_batch(given, photo), render, steps=150, lr=3e-3)
-    before, after = pose_error(given, truth), pose_error(fitted.viewmats[0], truth)
+    before, after = pose_error(given, truth), pose_error(fitted.cameras.viewmats[0], truth)
     assert after[0] < 0.3 * before[0] and after[1] < 0.3 * before[1], (before, after)
     assert all(p.grad is None for p in params.values())  # only the twist learned
 
@@ -152,7 +156,7 @@ def _single_process():
 
 def test_pose_opt_is_off_by_default_and_a_frozen_correction_changes_nothing(make_trainer) -> None:
     default = make_trainer("default")
-    assert not default.views and default.resolved_config["pose_opt"] == {"mode": "none"}
+    assert not default.views and default.resolved_config["pose_opt"] == {"name": "none"}
     default.train()
     frozen = make_trainer("frozen", pose_opt={"mode": "se3", "lr": 0.0, "reg": 0.0})
     assert set(frozen.views.modules) == {"pose_opt"}
@@ -239,7 +243,7 @@ def test_eval_writes_the_corrected_training_cameras(make_config, tmp_path: Path)
         ("pose_opt.lr_final_factor=0", r"key 'pose_opt'.*lr_final_factor must be in \(0, 1\]"),
         (
             "renderer.name=gsplat data.fisheye=lens",
-            r"key 'pose_opt.mode': needs gradients of the camera poses.*data.fisheye=undistort",
+            r"key 'pose_opt': needs gradients of the camera poses.*data.fisheye=undistort",
         ),
     ],
 )
@@ -251,6 +255,44 @@ def test_bad_pose_opt_is_one_line_and_exit_2(
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and re.search(message, err), err
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "pose_opt.mode=affine",
+            r"key 'pose_opt.mode': 'affine' is an appearance module; pose_opt takes a pose module \(se3\)",
+        ),
+        (
+            "appearance.mode=se3",
+            r"key 'appearance.mode': 'se3' is a pose module; appearance takes an appearance module "
+            r"\(affine, bilateral_grid\)",
+        ),
+        ("pose_opt.name=bilateral_grid", r"key 'pose_opt.name': 'bilateral_grid' is an appearance module"),
+        ("appearance.name=affine appearance.mode=affine", r"key 'appearance.mode': an alias of appearance.name"),
+    ],
+)
+def test_a_per_view_section_takes_only_its_kind_of_module_in_one_line_and_exit_2(
+    make_config, tmp_path: Path, capsys: pytest.CaptureFixture, override: str, message: str
+) -> None:
+    config = write_yaml(tmp_path / "run.yaml", make_config("run"))
+    assert main(["train", "--config", str(config), *override.split()]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and re.search(message, err), err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_section_and_a_views_entry_are_one_shape(make_trainer) -> None:
+    by_section = make_trainer("section", pose_opt={"name": "se3", "lr": 1e-3})
+    by_alias = make_trainer("alias", pose_opt={"mode": "se3", "lr": 1e-3})
+    by_entry = make_trainer("entry", views={"refine": {"name": "se3", "lr": 1e-3}})
+    assert by_section.resolved_config["pose_opt"] == by_alias.resolved_config["pose_opt"]
+    assert {k: v for k, v in by_section.resolved_config["pose_opt"].items()} == {
+        "name": "se3",
+        **by_entry.resolved_config["views"]["refine"],
+    }
+    assert list(by_section.views.modules) == ["pose_opt"] and list(by_entry.views.modules) == ["refine"]
 
 
 def test_benchmark_perturbation_moves_each_training_camera_by_the_asked_amount(make_trainer) -> None:

@@ -15,7 +15,7 @@ from gsrecon.engine.builder import RunConfig, resolve_run_config
 from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.hooks import Hook
 from gsrecon.model.optim import OptimizerConfig, build_optimizers
-from gsrecon.model.params import PARAM_NAMES
+from gsrecon.params import PARAM_NAMES
 from gsrecon.strategy.default import DefaultStrategy
 from gsrecon.strategy.mcmc import MCMCStrategy, binomial_table, relocation_update
 

@@ -8,10 +8,11 @@ import pytest
 import torch
 from conftest import read_scalars
 
+from gsrecon.cameras import Cameras
 from gsrecon.losses.depth_normal import DepthNormalTerm, depth_normals, gaussian_normals
 from gsrecon.losses.flatten import flatten_loss
-from gsrecon.render.sh import rgb_to_sh
 from gsrecon.render.torch_renderer import TorchRenderer
+from gsrecon.sh import rgb_to_sh
 
 torch.set_num_threads(1)
 
@@ -53,12 +54,12 @@ def test_depth_normal_term_is_zero_for_a_disc_facing_the_camera_and_turns_a_tilt
 
     renderer = TorchRenderer()
     K = torch.tensor([[[40.0, 0.0, 16.0], [0.0, 40.0, 12.0], [0.0, 0.0, 1.0]]])
-    batch = Batch(torch.zeros(1, 24, 32, 3), torch.eye(4)[None], K, torch.zeros(1, 3), ["v"], 32, 24)
+    batch = Batch(torch.zeros(1, 24, 32, 3), Cameras(torch.eye(4)[None], K, 32, 24), torch.zeros(1, 3), ["v"])
     term = DepthNormalTerm(DepthNormalTerm.Config())
     values = {}
     for angle in (0.0, 0.6):
         params = {k: v.clone().requires_grad_() for k, v in _disc(angle).items()}
-        out = renderer.render(params, batch.viewmats, batch.Ks, 32, 24, 0, batch.backgrounds)
+        out = renderer.render_batch(params, batch, 0)
         value = term(LossInputs(out.image, out, batch, None, params, renderer))
         values[angle] = value.item()
         if angle:

@@ -9,22 +9,23 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from gsrecon.cameras import Cameras
 from gsrecon.geometry import quat_scale_to_factor
 from gsrecon.render import torch_renderer
 from gsrecon.render.base import RenderOutput
-from gsrecon.render.sh import (
+from gsrecon.render.torch_renderer import (
+    ALPHA_MIN,
+    TRANSMITTANCE_MIN,
+    TorchRenderer,
+    project_gaussians,
+)
+from gsrecon.sh import (
     num_sh_bases,
     rgb_to_sh,
     sh_basis,
     sh_to_color,
     sh_to_rgb,
     spherical_harmonics,
-)
-from gsrecon.render.torch_renderer import (
-    ALPHA_MIN,
-    TRANSMITTANCE_MIN,
-    TorchRenderer,
-    project_gaussians,
 )
 
 torch.set_num_threads(1)
@@ -171,7 +172,7 @@ def test_tiles_match_dense_reference(opacity_logits, tile_size, max_chunk_elemen
         max_kept_elements=max_kept_elements,
         antialiased=antialiased,
     )
-    out = TorchRenderer(cfg).render(params, viewmats, Ks, width, height, 2, backgrounds)
+    out = TorchRenderer(cfg).render(params, Cameras(viewmats, Ks, width, height), 2, backgrounds)
     ref = _dense_render(params, viewmats, Ks, width, height, 2, backgrounds, cfg)
     for got, want in zip((out.image, out.alpha, out.depth), ref):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
@@ -198,7 +199,7 @@ def test_a_pile_longer_than_a_chunk_is_composited_in_segments_up_to_where_it_is_
     viewmats, Ks = _cameras(width, height, focal)
     background = torch.tensor([[0.2, 0.4, 0.6]], dtype=torch.float64)
     cfg = TorchRenderer.Config(tile_size=4, max_chunk_elements=64, max_kept_elements=max_kept_elements)
-    out = TorchRenderer(cfg).render(params, viewmats, Ks, width, height, 0, background)
+    out = TorchRenderer(cfg).render(params, Cameras(viewmats, Ks, width, height), 0, background)
     ref = _dense_render(params, viewmats, Ks, width, height, 0, background, cfg)
     for got, want in zip((out.image, out.alpha, out.depth), ref):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
@@ -224,7 +225,7 @@ def test_gradients_match_finite_differences(antialiased: bool):
     probes = [torch.randn(3, 2, height, width, ch, generator=g, dtype=torch.float64) for ch in (3, 1, 1)]
 
     def probe(*tensors: Tensor) -> Tensor:  # three random linear functionals of image, alpha, depth
-        out = renderer.render(dict(zip(PARAMS, tensors)), viewmats, Ks, width, height, 2, backgrounds)
+        out = renderer.render(dict(zip(PARAMS, tensors)), Cameras(viewmats, Ks, width, height), 2, backgrounds)
         return torch.stack([_functional(out, [p[i] for p in probes]) for i in range(3)])
 
     inputs = tuple(params[k].clone().requires_grad_(True) for k in PARAMS)
@@ -237,7 +238,7 @@ def test_isotropic_gaussian_renders_its_analytic_footprint():
     params = _gaussians([[0.0, 0.0, z]], [sigma_world], [opacity], [[0.2, 0.4, 1.0]])
     background = torch.tensor([[1.0, 0.0, 0.5]], dtype=torch.float64)
     cfg = TorchRenderer.Config()
-    out = TorchRenderer(cfg).render(params, viewmats, Ks, width, height, 0, background)
+    out = TorchRenderer(cfg).render(params, Cameras(viewmats, Ks, width, height), 0, background)
 
     torch.testing.assert_close(out.info["means2d"][0, 0], torch.tensor([16.5, 12.5], dtype=torch.float64))
     var = (sigma_world * focal / z) ** 2 + cfg.eps2d  # sigma * f / z, dilated by eps2d
@@ -314,25 +315,25 @@ def test_depth_order_alpha_clamp_and_transmittance_cutoff():
     renderer = TorchRenderer()
     # Red in front: alpha clamps to 0.99, blue takes half of the remaining 0.01, and green would
     # take T to 0.005 * 0.01 <= 1e-4, so it is not composited at all.
-    out = renderer.render(_stack_of_three([0, 1, 2]), viewmats, Ks, width, height, 0, bg)
+    out = renderer.render(_stack_of_three([0, 1, 2]), Cameras(viewmats, Ks, width, height), 0, bg)
     centre = out.image[0, 6, 8]
     expected = 0.99 * torch.tensor([1.0, 0.0, 0.0]) + 0.005 * torch.tensor([0.0, 0.0, 1.0]) + 0.005 * bg[0]
     torch.testing.assert_close(centre, expected, rtol=0, atol=1e-6)
     assert out.alpha[0, 6, 8, 0].item() == pytest.approx(0.995, abs=1e-6)
     # Reversed depths: green in front, and now red is the one cut off.
-    out = renderer.render(_stack_of_three([2, 1, 0]), viewmats, Ks, width, height, 0, bg)
+    out = renderer.render(_stack_of_three([2, 1, 0]), Cameras(viewmats, Ks, width, height), 0, bg)
     expected = 0.99 * torch.tensor([0.0, 1.0, 0.0]) + 0.005 * torch.tensor([0.0, 0.0, 1.0]) + 0.005 * bg[0]
     torch.testing.assert_close(out.image[0, 6, 8], expected, rtol=0, atol=1e-6)
     # The order of the Gaussians in memory does not matter.
     permuted = {k: v[torch.tensor([2, 0, 1])] for k, v in _stack_of_three([2, 1, 0]).items()}
-    torch.testing.assert_close(renderer.render(permuted, viewmats, Ks, width, height, 0, bg).image, out.image)
+    torch.testing.assert_close(renderer.render(permuted, Cameras(viewmats, Ks, width, height), 0, bg).image, out.image)
 
 
 def test_clamped_and_cut_off_gaussians_get_no_gradient_at_that_pixel():
     width, height = 17, 13
     viewmats, Ks = _cameras(width, height, 50.0, dtype=torch.float32, cx=8.5, cy=6.5)
     params = _requiring_grad(_stack_of_three([0, 1, 2]))
-    out = TorchRenderer().render(params, viewmats, Ks, width, height, 0, torch.tensor([[0.25, 0.5, 0.75]]))
+    out = TorchRenderer().render(params, Cameras(viewmats, Ks, width, height), 0, torch.tensor([[0.25, 0.5, 0.75]]))
     grads = dict(
         zip(PARAMS, torch.autograd.grad(out.image[0, 6, 8].sum() + out.alpha[0, 6, 8, 0], [params[k] for k in PARAMS]))
     )
@@ -350,7 +351,7 @@ def test_background_alpha_and_depth_where_nothing_is():
     viewmats, Ks = _cameras(width, height, focal, n_cams=2, dtype=torch.float32)
     params = _gaussians([[-0.8, -0.6, 2.0]], [0.02], [0.9], [[1.0, 1.0, 1.0]], dtype=torch.float32)
     backgrounds = torch.tensor([[0.1, 0.2, 0.3], [0.7, 0.6, 0.5]])
-    out = TorchRenderer().render(params, viewmats, Ks, width, height, 0, backgrounds)
+    out = TorchRenderer().render(params, Cameras(viewmats, Ks, width, height), 0, backgrounds)
     assert (out.alpha[:, 15:, 20:] == 0).all() and (out.depth[:, 15:, 20:] == 0).all()
     for c in range(2):
         assert (out.image[c, 15:, 20:] == backgrounds[c]).all()
@@ -372,7 +373,7 @@ def test_culled_gaussians_get_zero_radii_and_no_gradient():
             means, [0.1] * 5, [0.7, 0.7, 0.7, 0.7, 1e-3], [[0.5, 0.5, 0.5]] * 5, sh_degree=1, dtype=torch.float32
         )
     )
-    out = TorchRenderer().render(params, viewmats, Ks, width, height, 1, torch.zeros(1, 3))
+    out = TorchRenderer().render(params, Cameras(viewmats, Ks, width, height), 1, torch.zeros(1, 3))
     visible = (out.info["radii"][0] > 0).all(-1)
     assert visible.tolist() == [True, False, False, False, False]
     assert (out.info["radii"][0, 1:] == 0).all()
@@ -387,7 +388,7 @@ def test_culled_gaussians_get_zero_radii_and_no_gradient():
     assert means2d_grad[0, 0].abs().sum() > 0
 
     with torch.no_grad():
-        out = TorchRenderer().render(params, viewmats, Ks, width, height, 1, torch.zeros(1, 3))
+        out = TorchRenderer().render(params, Cameras(viewmats, Ks, width, height), 1, torch.zeros(1, 3))
     assert out.info["means2d"].grad_fn is None
 
 
@@ -397,7 +398,7 @@ def test_nothing_visible_renders_background_and_backpropagates_zeros():
         _gaussians([[0.0, 0.0, -1.0]] * 3, [0.1] * 3, [0.5] * 3, [[1.0, 0.0, 0.0]] * 3, dtype=torch.float32)
     )
     bg = torch.tensor([[0.3, 0.2, 0.1]])
-    out = TorchRenderer().render(params, viewmats, Ks, 8, 6, 0, bg)
+    out = TorchRenderer().render(params, Cameras(viewmats, Ks, 8, 6), 0, bg)
     assert (out.image == bg).all() and (out.alpha == 0).all() and (out.info["radii"] == 0).all()
     out.image.sum().backward()
     assert all((params[k].grad == 0).all() for k in PARAMS)
@@ -409,10 +410,12 @@ def test_batched_cameras_equal_single_renders():
     viewmats, Ks = _cameras(width, height, focal, n_cams=3, dtype=torch.float32)
     backgrounds = torch.rand(3, 3, generator=torch.Generator().manual_seed(0))
     renderer = TorchRenderer()
-    batch = renderer.render(params, viewmats, Ks, width, height, 2, backgrounds)
+    batch = renderer.render(params, Cameras(viewmats, Ks, width, height), 2, backgrounds)
     assert batch.image.shape == (3, height, width, 3) and batch.info["n_cameras"] == 3
     for c in range(3):
-        single = renderer.render(params, viewmats[c : c + 1], Ks[c : c + 1], width, height, 2, backgrounds[c : c + 1])
+        single = renderer.render(
+            params, Cameras(viewmats[c : c + 1], Ks[c : c + 1], width, height), 2, backgrounds[c : c + 1]
+        )
         torch.testing.assert_close(batch.image[c : c + 1], single.image)
         torch.testing.assert_close(batch.depth[c : c + 1], single.depth)
         assert torch.equal(batch.info["radii"][c : c + 1], single.info["radii"])
@@ -424,10 +427,12 @@ def test_lower_active_sh_degree_ignores_higher_coefficients():
     viewmats, Ks = _cameras(width, height, focal)
     bg = torch.zeros(1, 3, dtype=torch.float64)
     renderer = TorchRenderer()
-    full = renderer.render(params, viewmats, Ks, width, height, 1, bg)
+    full = renderer.render(params, Cameras(viewmats, Ks, width, height), 1, bg)
     truncated = dict(params, shN=params["shN"][:, :3].clone())
-    torch.testing.assert_close(full.image, renderer.render(truncated, viewmats, Ks, width, height, 1, bg).image)
-    assert not torch.allclose(full.image, renderer.render(params, viewmats, Ks, width, height, 3, bg).image)
+    torch.testing.assert_close(
+        full.image, renderer.render(truncated, Cameras(viewmats, Ks, width, height), 1, bg).image
+    )
+    assert not torch.allclose(full.image, renderer.render(params, Cameras(viewmats, Ks, width, height), 3, bg).image)
 
 
 def test_render_rejects_inconsistent_inputs():
@@ -436,13 +441,13 @@ def test_render_rejects_inconsistent_inputs():
     renderer = TorchRenderer()
     bg = torch.zeros(1, 3, dtype=torch.float64)
     with pytest.raises(ValueError, match="scales"):
-        renderer.render(dict(params, scales=params["scales"][:, :2]), viewmats, Ks, 8, 6, 0, bg)
+        renderer.render(dict(params, scales=params["scales"][:, :2]), Cameras(viewmats, Ks, 8, 6), 0, bg)
     with pytest.raises(ValueError, match="sh_degree=2"):
-        renderer.render(params, viewmats, Ks, 8, 6, 2, bg)
+        renderer.render(params, Cameras(viewmats, Ks, 8, 6), 2, bg)
     with pytest.raises(ValueError, match="missing"):
-        renderer.render({k: v for k, v in params.items() if k != "sh0"}, viewmats, Ks, 8, 6, 0, bg)
+        renderer.render({k: v for k, v in params.items() if k != "sh0"}, Cameras(viewmats, Ks, 8, 6), 0, bg)
     with pytest.raises(ValueError, match="backgrounds"):
-        renderer.render(params, viewmats, Ks, 8, 6, 0, torch.zeros(2, 3, dtype=torch.float64))
+        renderer.render(params, Cameras(viewmats, Ks, 8, 6), 0, torch.zeros(2, 3, dtype=torch.float64))
     with pytest.raises(ValueError, match="tile_size"):
         TorchRenderer.Config(tile_size=0)
     with pytest.raises(ValueError, match="alpha_max"):
@@ -504,7 +509,7 @@ def _render_and_backward(
     viewmats, Ks = _cameras(width, height, focal, n_cams=2)
     backgrounds = torch.rand(2, 3, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     p = _requiring_grad(params)
-    out = renderer.render(p, viewmats, Ks, width, height, 3, backgrounds)
+    out = renderer.render(p, Cameras(viewmats, Ks, width, height), 3, backgrounds)
     maps = (out.image, out.alpha, out.depth)
     weights = [torch.rand(t.shape, generator=torch.Generator().manual_seed(2), dtype=t.dtype) for t in maps]
     _functional(out, weights).backward()
@@ -556,7 +561,9 @@ def test_median_depth_is_the_depth_where_the_accumulated_opacity_crosses_one_hal
     params = _gaussians(means, depths * 8.0 / focal, [0.1] * n, [[0.5, 0.5, 0.5]] * n)
     viewmats, Ks = _cameras(width, height, focal, cx=8.0, cy=6.0)  # pixel (8, 6)'s centre lies off the axis
     cfg = TorchRenderer.Config(tile_size=4, max_chunk_elements=max_chunk_elements, median_depth=True)
-    out = TorchRenderer(cfg).render(params, viewmats, Ks, width, height, 0, torch.zeros(1, 3, dtype=torch.float64))
+    out = TorchRenderer(cfg).render(
+        params, Cameras(viewmats, Ks, width, height), 0, torch.zeros(1, 3, dtype=torch.float64)
+    )
     centre = (slice(None), slice(5, 7), slice(7, 9))  # the four pixels around the axis see each Gaussian alike
     variance = 8.0**2 + TorchRenderer.Config().eps2d  # px^2: 8 px wide on screen, dilated by eps2d
     alpha = 0.1 * math.exp(-0.5 * (0.5**2 + 0.5**2) / variance)  # half a pixel off the axis each way
@@ -577,15 +584,15 @@ def test_median_depth_is_zero_where_the_opacity_stays_below_one_half_and_takes_n
     thin = _requiring_grad(_gaussians([[0.0, 0.0, 2.0], [0.0, 0.0, 3.0]], [0.2, 0.3], [0.3, 0.2], [[1.0] * 3] * 2,
                                       dtype=torch.float32))  # fmt: skip
     renderer = TorchRenderer(TorchRenderer.Config(median_depth=True))
-    out = renderer.render(thin, viewmats, Ks, width, height, 0, bg)
+    out = renderer.render(thin, Cameras(viewmats, Ks, width, height), 0, bg)
     assert out.alpha[0, 6, 8, 0].item() == pytest.approx(1 - 0.7 * 0.8, abs=1e-6)  # 0.44: no surface
     assert (out.median_depth == 0).all() and out.depth[0, 6, 8, 0] > 2.0
     assert not out.median_depth.requires_grad
     # The red, blue, green stack: red (alpha 0.99) is the surface whatever lies behind it.
-    out = renderer.render(_stack_of_three([0, 1, 2]), viewmats, Ks, width, height, 0, bg)
+    out = renderer.render(_stack_of_three([0, 1, 2]), Cameras(viewmats, Ks, width, height), 0, bg)
     assert out.median_depth[0, 6, 8, 0].item() == pytest.approx(2.0)
-    out = renderer.render(_stack_of_three([2, 1, 0]), viewmats, Ks, width, height, 0, bg)
+    out = renderer.render(_stack_of_three([2, 1, 0]), Cameras(viewmats, Ks, width, height), 0, bg)
     assert out.median_depth[0, 6, 8, 0].item() == pytest.approx(2.0)  # green, now in front, at depth 2
     # Asked for nothing, the renderer renders no median depth (it costs time) and the same image.
-    plain = TorchRenderer().render(_stack_of_three([2, 1, 0]), viewmats, Ks, width, height, 0, bg)
+    plain = TorchRenderer().render(_stack_of_three([2, 1, 0]), Cameras(viewmats, Ks, width, height), 0, bg)
     assert plain.median_depth is None and torch.equal(plain.image, out.image) and torch.equal(plain.depth, out.depth)

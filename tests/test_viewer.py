@@ -31,6 +31,7 @@ import zstandard  # noqa: E402
 from viser._messages import GuiUpdateMessage, SceneNodeClickMessage, ViewerCameraMessage  # noqa: E402
 from websockets.sync.client import connect  # noqa: E402
 
+from gsrecon.cameras.paths import focus_point  # noqa: E402
 from gsrecon.cli import build_parser  # noqa: E402
 from gsrecon.config import parse_structured  # noqa: E402
 from gsrecon.data.formats.images import to_uint8  # noqa: E402
@@ -39,7 +40,6 @@ from gsrecon.engine.trainer import DefaultTrainer  # noqa: E402
 from gsrecon.geometry import camera_centers  # noqa: E402
 from gsrecon.hooks import Hook  # noqa: E402
 from gsrecon.hooks.viewer import ViewerHook  # noqa: E402
-from gsrecon.render.camera_path import focus_point  # noqa: E402
 from gsrecon.viewer import DISPLAYS, ViewerUnavailableError  # noqa: E402
 from gsrecon.viewer.convert import Pose, pose_of, vertical_fov, view_of  # noqa: E402
 from gsrecon.viewer.server import SceneViewer  # noqa: E402
@@ -294,7 +294,10 @@ def test_server_display_sends_gsrecon_render_for_the_page_camera(scene_viewer) -
     view = view_of(pose_of(frame.viewmat), fov, frame.width / frame.height, viewer.resolution_slider.value)
     with torch.no_grad():
         out = trainer.renderer.render(
-            trainer.model.params, view.viewmat[None], view.K[None], view.width, view.height, 1, torch.zeros(1, 3)
+            trainer.model.params,
+            view,
+            1,
+            torch.zeros(1, 3),
         )
     expected = to_uint8(out.image[0]).astype(np.float32)
     assert sent.shape == expected.shape == (96, 128, 3)
@@ -348,10 +351,10 @@ def test_clicking_a_camera_frustum_moves_the_page_camera_there(scene_viewer) -> 
 def test_pose_and_view_round_trip_a_training_camera(make_trainer) -> None:
     frame = make_trainer().datapipeline.scene.train[2]
     view = view_of(pose_of(frame.viewmat), vertical_fov(frame.K, frame.height), frame.width / frame.height, 32)
-    torch.testing.assert_close(view.viewmat, frame.viewmat, atol=1e-5, rtol=0)
-    assert (view.width, view.height) == (frame.width, frame.height)
-    torch.testing.assert_close(view.K[1, 1], frame.K[1, 1], atol=1e-3, rtol=0)
-    assert math.isclose(float(view.K[0, 2]), frame.width / 2)
+    torch.testing.assert_close(view.viewmats[0], frame.viewmat, atol=1e-5, rtol=0)
+    assert (len(view), view.width, view.height) == (1, frame.width, frame.height)
+    torch.testing.assert_close(view.Ks[0, 1, 1], frame.K[1, 1], atol=1e-3, rtol=0)
+    assert math.isclose(float(view.Ks[0, 0, 2]), frame.width / 2)
 
 
 def test_without_viser_hook_and_view_fail_in_one_line(monkeypatch, make_trainer, tmp_path) -> None:

@@ -51,8 +51,8 @@ def test_jsonl_writer_appends_records(make_trainer) -> None:
     assert {"train/loss", "val/psnr", "time/step_s"} <= names
     assert all(set(r) == {"name", "value", "step"} for r in records)
     metrics = json.loads((trainer.exp_dir / "metrics.json").read_text())
-    assert metrics["step"] == 3 and len(metrics["views"]) == 2
-    assert metrics["mean"]["psnr"] == sum(v["psnr"] for v in metrics["views"]) / 2
+    assert metrics["step"] == 3 and len(metrics["images"]) == 2
+    assert metrics["mean"]["psnr"] == sum(v["psnr"] for v in metrics["images"]) / 2
 
 
 def test_missing_lpips_weights_give_null_and_one_logged_warning(make_trainer, tmp_path, monkeypatch) -> None:

@@ -2,7 +2,8 @@
 
 Used by custom_renderer.yaml (``imports: [tile_count_renderer.py]``); copy it as a starting point. A renderer
 subclasses :class:`gsrecon.render.base.Renderer` (here the torch one) and implements ``_render``, which gets the
-inputs :meth:`Renderer.render` has checked, the camera model among them.
+inputs :meth:`Renderer.render` has checked: the parameters, the :class:`~gsrecon.cameras.Cameras` (poses,
+intrinsics, size and camera model), the SH degree and the backgrounds.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from gsrecon.data.scene import CameraModel
+from gsrecon.cameras import Cameras
 from gsrecon.registry import RENDERER_REGISTRY
 from gsrecon.render.base import RenderOutput
 from gsrecon.render.torch_renderer import TorchRenderer
@@ -32,20 +33,9 @@ class CountingTorchRenderer(TorchRenderer):
         self.drawn_total = 0
 
     def _render(
-        self,
-        params: Mapping[str, Tensor],
-        viewmats: Tensor,
-        Ks: Tensor,
-        width: int,
-        height: int,
-        sh_degree: int,
-        backgrounds: Tensor,
-        *,
-        camera_model: CameraModel,
+        self, params: Mapping[str, Tensor], cameras: Cameras, sh_degree: int, backgrounds: Tensor
     ) -> RenderOutput:
-        out = super()._render(
-            params, viewmats, Ks, width, height, sh_degree, backgrounds, camera_model=camera_model
-        )  # fmt: skip
+        out = super()._render(params, cameras, sh_degree, backgrounds)
         drawn = (out.info["radii"] > 0).all(-1).sum(-1)  # [C]
         out.info["num_drawn"] = drawn
         self.drawn_total += int(drawn.sum())

@@ -19,7 +19,7 @@ from torch import Tensor
 from gsrecon.atomic import atomic_path
 from gsrecon.export import ExportContext, ExportFormat
 from gsrecon.registry import EXPORT_REGISTRY
-from gsrecon.render.sh import sh_to_rgb
+from gsrecon.sh import sh_to_rgb
 
 
 @EXPORT_REGISTRY.register("xyz")

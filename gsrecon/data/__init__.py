@@ -1,2 +1,2 @@
-"""Datasets by role: the training contract (scene, splits, errors, pipeline, prefetch), readers/, formats/ and
-prepare/ (offline preparation run by `gsrecon data ...`)."""
+"""Datasets by role: the training contract (scene, splits, errors, pipeline, prefetch), the spatial plan of block
+training (blocks), readers/, formats/ and prepare/ (offline preparation run by `gsrecon data ...`)."""

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from gsrecon.cameras import CameraModel, Cameras
 from gsrecon.config import build_from_config, named_section
 from gsrecon.data.formats.images import FACTORS
 from gsrecon.data.prefetch import (
@@ -29,12 +30,10 @@ from gsrecon.data.prefetch import (
     decode_threads,
     decoded_bytes,
 )
-from gsrecon.data.scene import PINHOLE, CameraModel, Frame, Scene, decoded
+from gsrecon.data.scene import Frame, Scene, decoded
 from gsrecon.data.splits import EVAL_SPLITS
 from gsrecon.errors import InputError
-from gsrecon.geometry import pinhole_project
 from gsrecon.registry import DATASET_REGISTRY
-from gsrecon.render.lens import fisheye_project
 
 BACKGROUNDS = ("black", "white", "random")
 FISHEYE_MODES = ("undistort", "lens")
@@ -45,14 +44,10 @@ class Batch:
     """Views rendered together in one step."""
 
     images: Tensor  # [B, H, W, 3] float in [0, 1], composited over ``backgrounds`` where RGBA
-    viewmats: Tensor  # [B, 4, 4]
-    Ks: Tensor  # [B, 3, 3]
+    cameras: Cameras  # the B cameras the images were seen through (their frames' poses, intrinsics and model)
     backgrounds: Tensor  # [B, 3]
     names: list[str]
-    width: int
-    height: int
     masks: Tensor | None = None  # [B, H, W, 1] float, 1 where a pixel counts in the loss and metrics, 0 where ignored
-    camera_model: CameraModel = PINHOLE  # what the images were seen through (`Frame.camera_model`; fisheye: [B, 4])
     depths: Tensor | None = None  # [B, H, W, 1] float metres (`Frame.depth`), 0 where unknown; None: no view has one
 
 
@@ -79,6 +74,22 @@ class DataPipeline:
         # The reader's own options, written under its name (``synthetic: {width: 64}``), checked by its Config
         reader: dict[str, Any] = named_section("dataset", DATASET_REGISTRY.names)  # noqa: RUF009 (a dataclasses.field)
 
+        def __post_init__(self) -> None:
+            if self.background not in BACKGROUNDS:
+                raise ValueError(f"data.background must be one of {', '.join(BACKGROUNDS)}; got '{self.background}'")
+            if self.cache not in CACHE_MODES:
+                raise ValueError(f"data.cache must be one of {', '.join(CACHE_MODES)}; got '{self.cache}'")
+            if self.prefetch < 1:
+                raise ValueError(f"data.prefetch must be >= 1, got {self.prefetch}")
+            if self.batch_size < 1:
+                raise ValueError(f"data.batch_size must be >= 1, got {self.batch_size}")
+            if self.factor not in FACTORS:
+                raise ValueError(f"data.factor must be one of {', '.join(map(str, FACTORS))}; got {self.factor}")
+            if self.eval_split not in EVAL_SPLITS:
+                raise ValueError(f"data.eval_split must be one of {', '.join(EVAL_SPLITS)}; got '{self.eval_split}'")
+            if self.fisheye not in FISHEYE_MODES:
+                raise ValueError(f"data.fisheye must be one of {', '.join(FISHEYE_MODES)}; got '{self.fisheye}'")
+
     def __init__(
         self,
         cfg: Config,
@@ -87,27 +98,14 @@ class DataPipeline:
         rank: int = 0,
         world_size: int = 1,
         select: Callable[[Scene], tuple[Scene, str]] | None = None,
+        source: str = "config",
     ) -> None:
         """``select``: the part of the scene to train on and a line saying what it is (a block's, see
         :mod:`gsrecon.partition`); the scene is then read with its pixels left in their files and only the selected
-        frames are decoded."""
-        if cfg.background not in BACKGROUNDS:
-            raise InputError(f"data.background must be one of {', '.join(BACKGROUNDS)}; got '{cfg.background}'")
-        if cfg.cache not in CACHE_MODES:
-            raise InputError(f"data.cache must be one of {', '.join(CACHE_MODES)}; got '{cfg.cache}'")
-        if cfg.prefetch < 1:
-            raise InputError(f"data.prefetch must be >= 1, got {cfg.prefetch}")
-        if cfg.batch_size < 1:
-            raise InputError(f"data.batch_size must be >= 1, got {cfg.batch_size}")
-        if cfg.factor not in FACTORS:
-            raise InputError(f"data.factor must be one of {', '.join(map(str, FACTORS))}; got {cfg.factor}")
-        if cfg.eval_split not in EVAL_SPLITS:
-            raise InputError(f"data.eval_split must be one of {', '.join(EVAL_SPLITS)}; got '{cfg.eval_split}'")
-        if cfg.fisheye not in FISHEYE_MODES:
-            raise InputError(f"data.fisheye must be one of {', '.join(FISHEYE_MODES)}; got '{cfg.fisheye}'")
+        frames are decoded. ``source`` (the config file) names where a refused value was set."""
         if cfg.dataset not in DATASET_REGISTRY:
             known = ", ".join(DATASET_REGISTRY.names())
-            raise InputError(f"data.dataset: unknown dataset '{cfg.dataset}'; known datasets: {known}")
+            raise InputError(f"{source}: key 'data.dataset': unknown dataset '{cfg.dataset}'; known datasets: {known}")
         self.cfg = cfg
         self.device = device
         self.seed = seed
@@ -119,20 +117,23 @@ class DataPipeline:
         else:
             self.scene, self.selection_note = select(read_scene(dataclasses.replace(cfg, cache="disk")))
         if not self.scene.train:
-            raise InputError(f"dataset '{cfg.dataset}' ({cfg.path or 'built-in'}) has no training images")
+            raise InputError(
+                f"{source}: key 'data.path': dataset '{cfg.dataset}' ({cfg.path or 'built-in'}) has no training images"
+            )
         if cfg.batch_size > 1 and len({(f.width, f.height) for f in self.scene.train}) > 1:
-            raise InputError("data.batch_size > 1 needs training images of one size; this scene mixes sizes")
+            raise InputError(
+                f"{source}: key 'data.batch_size': > 1 needs training images of one size; this scene mixes sizes"
+            )
         if cfg.batch_size > 1 and len({f.camera_model.kind for f in self.scene.train}) > 1:
             raise InputError(
-                "data.batch_size > 1 needs one kind of camera; this scene mixes fisheye and pinhole images "
-                "(data.fisheye: lens): use batch_size 1 or data.fisheye=undistort"
+                f"{source}: key 'data.batch_size': > 1 needs one kind of camera; this scene mixes fisheye and pinhole "
+                "images (data.fisheye: lens): use batch_size 1 or data.fisheye=undistort"
             )
         self.cache, self.cache_note = self._choose_cache()
         self.mask_note = _mask_note(self.scene)  # "" without masks
         cache_device = device if self.cache == "device" else torch.device("cpu")
         self._train = [_to_device(f if self.cache == "disk" else f.decoded(), cache_device) for f in self.scene.train]
         self._test = [_to_device(f if self.cache == "disk" else f.decoded(), cache_device) for f in self.scene.test]
-        self._train_by_name = {frame.name: frame for frame in self._train}
         self.decoder: FrameDecoder | None = None  # cache disk: decodes the frames of the batches to come
         if self.cache == "disk":
             self.decoder = FrameDecoder(decode_threads(cfg.prefetch, cfg.batch_size))
@@ -140,12 +141,16 @@ class DataPipeline:
             self._val_ahead = Prefetcher(self.decoder, self._test, self._val_indices, cfg.prefetch)
         # On the device once: a per-step copy from the host would wait for the GPU (PyTorch syncs blocking copies).
         self._background = self.fixed_background().to(device)  # [3]
-        self._point_depths: dict[str, Tensor] = {}  # filled on first use: the points may be triangulated later
 
     @property
     def notes(self) -> list[str]:
         """What the first log line says about the data: where the images are kept, the masks, the part selected."""
         return [note for note in (self.cache_note, self.mask_note, self.selection_note) if note]
+
+    @property
+    def train_frames(self) -> list[Frame]:
+        """The training frames as served: on the cache's device (poses float32), or their pixels left in files."""
+        return self._train
 
     @property
     def num_train(self) -> int:
@@ -186,36 +191,10 @@ class DataPipeline:
                 self._val_ahead.get(index) if self.decoder is not None else [frame], self._background[None]
             )
 
-    def train_views(self) -> Iterator[Batch]:
+    def train_batches(self) -> Iterator[Batch]:
         """Every training view once, a batch each, over the fixed background (black for ``random``)."""
         for frame in self._train:
             yield self._batch([frame], self._background[None])
-
-    def point_depths(self, names: list[str], viewmats: Tensor | None = None) -> list[Tensor]:
-        """Per named training view, ``[P_i, 3]``: pixel x, y (pixel centres at +0.5) and camera-space z of the SfM
-        points its photo observed (``Scene.observed``) that land in front of the camera, inside the image and on
-        pixels its mask keeps; [0, 3] for a view without observations.
-
-        The camera is the view's given pose, or its row of ``viewmats`` [B, 4, 4] (world-to-camera, e.g. a
-        training batch's cameras moved by pose refinement; a target: no gradient reaches them) where given. A view
-        seen from its given pose is computed once and kept; a moved one at each call."""
-        depths = []
-        for row, name in enumerate(names):
-            frame = self._train_by_name[name]
-            viewmat = None if viewmats is None else viewmats[row].detach()
-            if viewmat is not None and not torch.equal(viewmat, frame.viewmat.to(viewmat)):
-                depths.append(self._observed_depths(frame, viewmat))
-                continue
-            if name not in self._point_depths:
-                self._point_depths[name] = self._observed_depths(frame, frame.viewmat)
-            depths.append(self._point_depths[name])
-        return depths
-
-    def _observed_depths(self, frame: Frame, viewmat: Tensor) -> Tensor:
-        """:meth:`point_depths` of ``frame`` seen from the world-to-camera ``viewmat`` [4, 4]."""
-        points = self.scene.points
-        rows = self.scene.observed.get(frame.name, torch.zeros(0, dtype=torch.int64)).to(points.device)
-        return _observed_depths(points[rows].to(self.device), frame, viewmat, self.device)
 
     def fixed_background(self) -> Tensor:
         """The background colour used where it is not random, [3]."""
@@ -247,14 +226,16 @@ class DataPipeline:
             images = images[..., :3] * alpha + backgrounds[:, None, None, :] * (1.0 - alpha)
         return Batch(
             images=images,
-            viewmats=torch.stack([f.viewmat for f in frames]).to(self.device),
-            Ks=torch.stack([f.K for f in frames]).to(self.device),
+            cameras=Cameras(
+                viewmats=torch.stack([f.viewmat for f in frames]).to(self.device),
+                Ks=torch.stack([f.K for f in frames]).to(self.device),
+                width=frames[0].width,
+                height=frames[0].height,
+                model=CameraModel.stack([f.camera_model for f in frames]).to(self.device),
+            ),
             backgrounds=backgrounds,
             names=[f.name for f in frames],
-            width=frames[0].width,
-            height=frames[0].height,
             masks=self._masks(frames),
-            camera_model=CameraModel.stack([f.camera_model for f in frames]).to(self.device),
             depths=self._depths(frames),
         )
 
@@ -271,29 +252,6 @@ class DataPipeline:
             return None
         depths = [torch.zeros(f.height, f.width) if f.depth is None else decoded(f.depth) for f in frames]
         return torch.stack([d.to(self.device) for d in depths]).float()[..., None]
-
-
-def _observed_depths(points: Tensor, frame: Frame, viewmat: Tensor, device: torch.device) -> Tensor:
-    """[P', 3] pixel x, y and camera z of ``points`` [P, 3] as ``frame``'s camera sees them from the world-to-camera
-    ``viewmat`` [4, 4], those outside its image or on pixels its mask leaves out (a moving person, the sky) left
-    out."""
-    viewmat = viewmat.to(device)
-    camera = points @ viewmat[:3, :3].T + viewmat[:3, 3]  # [P, 3]
-    K = frame.K.to(device)
-    if frame.camera_model.kind == "pinhole":
-        x, y, z = camera.unbind(-1)  # [P] each
-        projection = pinhole_project(x, y, z.clamp_min(1e-6), K)
-        pixels = torch.stack([projection.pixel_x, projection.pixel_y], dim=-1)  # [P, 2]
-        seen = z > 0
-    else:  # "fisheye"
-        lens = fisheye_project(camera[None], K[None], frame.camera_model.coeffs.to(device)[None], near_plane=0.0)
-        pixels, seen = lens.means2d[0], lens.in_lens[0]
-    inside = seen & (pixels >= 0).all(-1) & (pixels[:, 0] < frame.width) & (pixels[:, 1] < frame.height)
-    observed = torch.cat([pixels, camera[:, 2:]], dim=-1)[inside]  # [P', 3]
-    if frame.mask is None:
-        return observed
-    kept = decoded(frame.mask).to(device)[observed[:, 1].long(), observed[:, 0].long()]  # [P'] on kept pixels
-    return observed[kept]
 
 
 def _mask_note(scene: Scene) -> str:

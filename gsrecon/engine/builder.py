@@ -2,31 +2,34 @@
 
 :class:`RunConfig` is the schema of a run's YAML. The functions here resolve its registry entries
 (defaults filled in, unknown names and bad arguments refused before any work) and build the pieces
-a run is made of. Nothing here imports the trainer, the hooks or the strategies: a registry imports
-its built-ins when an entry is first looked up, so ``gsrecon eval/export/render`` stay light.
+a run is made of, and checks a built run (:func:`check_run`, the one protocol of every component) and the rules
+between two components (:func:`check_rules`). Nothing here imports the trainer, the built-in hooks or the
+strategies (only the hook contract, :mod:`gsrecon.engine.hook`): a registry imports its built-ins when an entry is
+first looked up, so ``gsrecon eval/export/render`` stay light.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from gsrecon.config import ConfigError, entry_map, load_config, parse_structured, resolved_entry, to_container
+from gsrecon.data.blocks import PartitionConfig, block_scene, plan_partition
 from gsrecon.data.errors import DatasetError
 from gsrecon.data.pipeline import DataPipeline
 from gsrecon.data.scene import Scene
 from gsrecon.distributed import DistributedContext
+from gsrecon.engine.hook import Hook, get_priority
 from gsrecon.logging.console import Logger
-from gsrecon.losses.base import DEFAULT_LOSS
+from gsrecon.losses.base import DEFAULT_LOSS, Loss
 from gsrecon.lpips_weights import LPIPS_NETS
 from gsrecon.metrics import MetricsConfig
 from gsrecon.model.optim import OptimizerConfig, SchedulerConfig
-from gsrecon.model.views.base import VIEW_SECTIONS, check_views
-from gsrecon.partition.blocks import PartitionConfig, block_scene, plan_partition
+from gsrecon.model.views.base import VIEW_SECTIONS, ViewModules, view_entries
 from gsrecon.registry import (
     DATASET_REGISTRY,
     HOOK_REGISTRY,
@@ -38,10 +41,9 @@ from gsrecon.registry import (
     WRITER_REGISTRY,
     Registry,
     RegistryError,
+    RunChecked,
+    RunFacts,
 )
-
-if TYPE_CHECKING:
-    from gsrecon.hooks.base import Hook
 
 # The hooks of a run whose YAML lists none; a YAML's `hooks:` adds to, reconfigures or removes (null) these.
 DEFAULT_HOOKS: dict[str, dict[str, Any]] = {
@@ -73,13 +75,28 @@ class RunConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     strategy: dict[str, Any] = field(default_factory=lambda: {"name": "none"})
     loss: Any = None  # {term key: {weight, ...options}} (see gsrecon.losses.base); None: DEFAULT_LOSS
-    appearance: dict[str, Any] = field(default_factory=lambda: {"mode": "none"})  # none | affine | bilateral_grid
-    pose_opt: dict[str, Any] = field(default_factory=lambda: {"mode": "none"})  # camera pose refinement: none | se3
+    # One per-view module each: {name, ...options} (see gsrecon.model.views.base; `mode` is an alias of `name`, and
+    # no name is none)
+    appearance: dict[str, Any] = field(default_factory=dict)  # none | affine | bilateral_grid
+    pose_opt: dict[str, Any] = field(default_factory=dict)  # camera pose refinement: none | se3
     views: Any = None  # further per-view modules, {key: {name, ...options}} (see gsrecon.model.views.base)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     writers: list[dict[str, Any]] = field(default_factory=lambda: [{"name": "TensorboardWriter"}])
     hooks: Any = None  # {entry key: arguments} (see gsrecon.config); None: DEFAULT_HOOKS
     partition: PartitionConfig = field(default_factory=PartitionConfig)  # block training (gsrecon.partition)
+
+    def __post_init__(self) -> None:
+        if self.max_steps < 1:
+            raise ValueError(f"key 'max_steps': must be >= 1, got {self.max_steps}")
+        if self.val_interval < 1:
+            raise ValueError(f"key 'val_interval': must be >= 1, got {self.val_interval}")
+        if not (self.resume is None or isinstance(self.resume, (bool, str))):
+            raise ValueError(f"key 'resume': must be true, false or a checkpoint path, got {self.resume!r}")
+        if self.metrics.lpips_net not in (*LPIPS_NETS, "none"):
+            raise ValueError(
+                f"key 'metrics.lpips_net': must be one of {', '.join(LPIPS_NETS)} or none, "
+                f"got '{self.metrics.lpips_net}'"
+            )
 
 
 def load_run_config(path: str, overrides: Sequence[str] = ()) -> tuple[RunConfig, str]:
@@ -92,19 +109,51 @@ def load_run_config(path: str, overrides: Sequence[str] = ()) -> tuple[RunConfig
     return parse_structured(RunConfig, raw, source=source), source
 
 
-def check_run_config(cfg: RunConfig, source: str) -> None:
-    """Refuse top-level values that no component checks."""
-    if cfg.max_steps < 1:
-        raise ConfigError(f"{source}: key 'max_steps': must be >= 1, got {cfg.max_steps}")
-    if cfg.val_interval < 1:
-        raise ConfigError(f"{source}: key 'val_interval': must be >= 1, got {cfg.val_interval}")
-    if not (cfg.resume is None or isinstance(cfg.resume, (bool, str))):
-        raise ConfigError(f"{source}: key 'resume': must be true, false or a checkpoint path, got {cfg.resume!r}")
-    if cfg.metrics.lpips_net not in (*LPIPS_NETS, "none"):
-        raise ConfigError(
-            f"{source}: key 'metrics.lpips_net': must be one of {', '.join(LPIPS_NETS)} or none, "
-            f"got '{cfg.metrics.lpips_net}'"
-        )
+def run_facts(resolved: dict[str, Any], model: torch.nn.Module, scene: Scene) -> RunFacts:
+    """What the components of a run built from ``resolved`` check it against (:func:`check_run`)."""
+    return RunFacts(
+        resolved, model.num_gaussians, sfm_tracks=bool(scene.observed),
+        depth_maps=any(frame.depth is not None for frame in scene.train),
+    )  # fmt: skip
+
+
+def run_components(
+    renderer: RunChecked, strategy: RunChecked, loss: Loss, views: ViewModules, hooks: Mapping[str, RunChecked]
+) -> dict[str, RunChecked]:
+    """A built run's components by the config key that configures each (what :func:`check_run` names)."""
+    view_keys = {key: key if key in VIEW_SECTIONS else f"views.{key}" for key in views.modules}
+    return {
+        "renderer": renderer,
+        "strategy": strategy,
+        **{f"loss.{key}": term for key, term in loss.terms.items()},
+        **{view_keys[key]: module for key, module in views.modules.items()},
+        **{f"hooks.{key}": hook for key, hook in hooks.items()},
+    }
+
+
+def check_run(components: Mapping[str, RunChecked], run: RunFacts, source: str) -> None:
+    """Let every component of a built run refuse it (:meth:`~gsrecon.registry.RunChecked.check`, ``components`` by
+    the config keys that configure them); a refusal is a ConfigError naming the key and the file."""
+    for key, component in components.items():
+        try:
+            component.check(run)
+        except ValueError as exc:
+            raise ConfigError(f"{source}: key '{key}': {exc}") from exc
+
+
+def check_rules(resolved: dict[str, Any], source: str) -> None:
+    """Refuse a resolved run config that breaks a rule between two of its components, before anything is built (the
+    strategy's ``absgrad`` and the renderer: :func:`with_strategy_absgrad`)."""
+    if resolved["renderer"]["name"] == "gsplat" and resolved["data"]["fisheye"] == "lens":
+        for key, entry in view_entries(resolved).items():
+            if VIEW_REGISTRY.get(entry["name"]).moves_cameras:
+                where, off = (
+                    (key, f"{key}.name=none") if key in VIEW_SECTIONS else (f"views.{key}", f"views.{key}=null")
+                )
+                raise ConfigError(
+                    f"{source}: key '{where}': needs gradients of the camera poses, which gsplat does not give through "
+                    f"a fisheye lens (data.fisheye: lens): use data.fisheye=undistort, renderer.name=torch or {off}"
+                )
 
 
 def resolve_device(name: str, dist: DistributedContext) -> torch.device:
@@ -182,8 +231,6 @@ def resolve_hooks(hooks: Any, source: str, max_steps: int | None = None) -> dict
     ``{name (when it differs from the key), priority, **arguments}``; a default hook the config
     removed follows as ``key: None``, so that the resolved config, read again, removes it again.
     """
-    from gsrecon.hooks.base import get_priority
-
     entries = DEFAULT_HOOKS if hooks is None else entry_map(hooks)
     resolved: list[tuple[int, int, str, dict[str, Any]]] = []
     for index, (key, args) in enumerate(entries.items()):
@@ -239,7 +286,7 @@ def resolve_run_config(cfg: RunConfig, device: torch.device, source: str) -> dic
     resolved["hooks"] = resolve_hooks(cfg.hooks, source, cfg.max_steps)
     resolved["loss"] = resolve_entry_map(LOSS_REGISTRY, cfg.loss, DEFAULT_LOSS, source, "loss", cfg.max_steps)
     resolved.update(resolve_views_config(cfg, source))
-    check_views(resolved, source)
+    check_rules(resolved, source)
     return resolved
 
 
@@ -277,18 +324,33 @@ def resolve_entry_map(
 
 
 def resolve_view_section(section: dict[str, Any], source: str, key: str, max_steps: int) -> dict[str, Any]:
-    """A per-view section (``appearance:``): ``mode`` names a VIEW_REGISTRY entry whose options fill in the rest;
-    ``none`` turns it off (its other keys are kept as written, for a config that turns it on again)."""
-    mode = section.get("mode", "none")
-    if mode == "none":
-        return {"mode": "none", **section}
+    """A per-view section (``appearance:``), an entry ``{name, ...options}`` (``mode``: the alias of ``name``) naming
+    a VIEW_REGISTRY module of the section's kind (:data:`VIEW_SECTIONS`) whose options fill in the rest; ``none``
+    turns it off (its other keys are kept as written, for a config that turns it on again)."""
+    options = dict(section)
+    written = "mode" if "mode" in options else "name"
+    if "mode" in options and "name" in options:
+        raise ConfigError(f"{source}: key '{key}.mode': an alias of {key}.name; give one of them")
+    name = options.pop(written, "none")
+    if name == "none":
+        return {"name": "none", **options}
     try:
-        VIEW_REGISTRY.get(mode)
+        cls = VIEW_REGISTRY.get(name)
     except RegistryError as exc:
-        raise ConfigError(f"{source}: key '{key}.mode': {exc} (or none)") from None
-    options = {k: v for k, v in section.items() if k != "mode"}
-    entry = resolve_entry(VIEW_REGISTRY, {"name": mode, **options}, source, key, max_steps=max_steps)
-    return {"mode": entry.pop("name"), **entry}
+        raise ConfigError(f"{source}: key '{key}.{written}': {exc} (or none)") from None
+    kind = VIEW_SECTIONS[key]
+    if cls.kind != kind:
+        fitting = [n for n in VIEW_REGISTRY.names() if VIEW_REGISTRY.get(n).kind == kind]
+        what = f"{_article(cls.kind)} {cls.kind} module" if cls.kind else "a module for views: entries"
+        raise ConfigError(
+            f"{source}: key '{key}.{written}': '{name}' is {what}; {key} takes {_article(kind)} {kind} module "
+            f"({', '.join(fitting)}) or none"
+        )
+    return resolve_entry(VIEW_REGISTRY, {"name": name, **options}, source, key, max_steps=max_steps)
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1] in "aeiou" else "a"
 
 
 def with_strategy_absgrad(
@@ -337,24 +399,22 @@ def resolve_strategy_entry(cfg: RunConfig, source: str, start: str | None = None
 
 def build_strategy(cfg: RunConfig, resolved: dict[str, Any], model: torch.nn.Module, source: str) -> Any:
     """The run's strategy, its entry resolved again (into ``resolved``) now that the model's start is known, since
-    some defaults differ for random points (``per_start``); refuses a model or renderer it cannot work with."""
+    some defaults differ for random points (``per_start``)."""
     resolved["strategy"] = resolve_strategy_entry(cfg, source, getattr(model, "start", None))
-    strategy = STRATEGY_REGISTRY.build(resolved["strategy"])
-    strategy.check_sanity(model.params, resolved["renderer"])
-    return strategy
+    return STRATEGY_REGISTRY.build(resolved["strategy"])
 
 
-def build_datapipeline(cfg: RunConfig, device: torch.device, dist: DistributedContext) -> DataPipeline:
+def build_datapipeline(cfg: RunConfig, device: torch.device, dist: DistributedContext, source: str) -> DataPipeline:
     """The run's datapipeline: the whole scene, or for a block of a partition (``partition.block``) its part."""
     if cfg.partition.block is None:
-        return DataPipeline(cfg.data, device, cfg.seed, dist.rank, dist.world_size)
+        return DataPipeline(cfg.data, device, cfg.seed, dist.rank, dist.world_size, source=source)
     index, count = cfg.partition.block, cfg.partition.num_blocks
 
     def select(scene: Scene) -> tuple[Scene, str]:
         block = plan_partition(scene, cfg.partition).blocks[index]
         return block_scene(scene, block), f"one of {count} blocks of the capture: {block.describe()}"
 
-    return DataPipeline(cfg.data, device, cfg.seed, dist.rank, dist.world_size, select)
+    return DataPipeline(cfg.data, device, cfg.seed, dist.rank, dist.world_size, select, source)
 
 
 def build_model(

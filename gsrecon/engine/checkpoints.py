@@ -27,13 +27,12 @@ from gsrecon.engine.run_dir import RunDir
 from gsrecon.errors import InputError
 
 if TYPE_CHECKING:
-    from gsrecon.engine.trainer import DefaultTrainer
-    from gsrecon.hooks.base import Hook
+    from gsrecon.engine.hook import Hook, TrainerView
 
 CHECKPOINT_VERSION = 1
 
 
-def capture(trainer: DefaultTrainer) -> dict[str, Any]:
+def capture(trainer: TrainerView) -> dict[str, Any]:
     """The checkpoint dict of a trainer's state. It references the live tensors (a copy of the parameters would
     cost their size again at millions of Gaussians): write it before training goes on."""
     params = {k: v.detach() for k, v in trainer.model.params.items()}

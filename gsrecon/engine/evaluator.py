@@ -56,7 +56,7 @@ def evaluate_views(
         image, gt = out.image[0].clamp(0.0, 1.0), batch.images[0]  # [H, W, 3]
         if adjust is not None:
             image, gt = adjust(image, gt)
-        mask = None if batch.masks is None else batch.masks[0, :, batch.width - image.shape[1] :]  # [H, W', 1]
+        mask = None if batch.masks is None else batch.masks[0, :, batch.cameras.width - image.shape[1] :]  # [H, W', 1]
         scores = metrics(image, gt, mask)
         if batch.depths is not None:
             full_mask = None if batch.masks is None else batch.masks[0]

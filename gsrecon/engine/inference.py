@@ -1,5 +1,5 @@
-"""Using a trained scene: load it (checkpoint, run folder or PLY), evaluate the test split,
-render camera-path videos and export PLY / .splat files."""
+"""Using a trained scene: load it (checkpoint, run folder or PLY), evaluate the test split, render camera-path
+videos and export it in any registered format (with that format's options)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ import torch
 from torch import Tensor
 
 from gsrecon.atomic import write_json
+from gsrecon.cameras import Cameras
+from gsrecon.cameras.paths import CAMERA_PATHS, focus_point, interp_path
 from gsrecon.config import ConfigError, apply_overrides, load_config, parse_structured
 from gsrecon.data.formats.images import to_uint8, write_png
 from gsrecon.data.pipeline import Batch, DataPipeline
@@ -35,20 +37,16 @@ from gsrecon.engine.run_dir import RunDir
 from gsrecon.errors import InputError
 from gsrecon.export import ExportContext, export_gaussians
 from gsrecon.logging.console import Logger, ProgressLogger
-from gsrecon.metrics import mean_metrics
-from gsrecon.model.params import check_params
+from gsrecon.metrics import describe_metrics, mean_metrics
 from gsrecon.model.ply import load_ply
 from gsrecon.model.views.base import ViewModules, build_views
+from gsrecon.params import check_params
 from gsrecon.plugins import import_plugins
 from gsrecon.registry import DATASET_REGISTRY, EXPORT_REGISTRY, MODEL_REGISTRY, RENDERER_REGISTRY
 from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
-from gsrecon.render.camera_path import ellipse_path, focus_point, interp_path, spiral_path
-from gsrecon.render.colormap import depth_image
+from gsrecon.render.colormap import DEPTH_KINDS, depth_image
 from gsrecon.render.gsplat_renderer import GSPLAT_ALPHA_MAX
 from gsrecon.render.video import VideoWriter
-
-CAMERA_PATHS = {"ellipse": ellipse_path, "spiral": spiral_path, "interp": interp_path}
-DEPTH_KINDS = ("expected", "median")  # what a depth video shows: the blended depth, or the surface's
 
 
 @dataclass
@@ -181,10 +179,7 @@ def scene_renderer(
     params = {k: v.to(device) for k, v in scene.params.items()}
 
     def render(batch: Batch) -> RenderOutput:
-        return renderer.render(
-            params, batch.viewmats, batch.Ks, batch.width, batch.height, scene.sh_degree, batch.backgrounds,
-            camera_model=batch.camera_model,
-        )  # fmt: skip
+        return renderer.render_batch(params, batch, scene.sh_degree)
 
     return render
 
@@ -212,7 +207,7 @@ def evaluate(
     logger = logger or Logger()
     out_dir = Path(out_dir)
     torch_device = scene_device(scene, device, logger)
-    pipeline = DataPipeline(scene.cfg.data, torch_device, scene.cfg.seed)
+    pipeline = DataPipeline(scene.cfg.data, torch_device, scene.cfg.seed, source=scene.source)
     if pipeline.num_val == 0:
         raise InputError(
             f"{scene.source}: the dataset has no test views (data.eval_split is "
@@ -227,7 +222,7 @@ def evaluate(
         write_png(out_dir / "gt" / f"{outputs['name']}.png", outputs["gt"])
 
     view_modules = scene_views(scene, pipeline)
-    views = evaluate_views(
+    images = evaluate_views(
         render,
         batches,
         metrics,
@@ -241,20 +236,39 @@ def evaluate(
     write_json(out_dir / "cameras.json", test_cameras + train_cameras)
     with torch.no_grad():
         fps = _measure_fps(render, batches, torch_device, fps_repeats)
-    mean = mean_metrics(views)
+    mean = mean_metrics(images)
     result = {
         "source": scene.source,
         "step": scene.step,
         "num_gaussians": int(scene.params["means"].shape[0]),
-        "resolution": sorted({f"{b.width}x{b.height}" for b in batches}),
+        "resolution": sorted({f"{b.cameras.width}x{b.cameras.height}" for b in batches}),
         "mean": mean,
-        "views": views,
+        "images": images,
         "lpips": metrics.lpips_info,
         "render_fps": fps,
         "device": str(torch_device),
     }
     write_json(out_dir / "metrics.json", result)
     return result
+
+
+def default_eval_dir(exp_dir: str | None, checkpoint: str | None) -> str:
+    """Where ``gsrecon eval`` writes unless told: ``<exp_dir>/eval`` for a run (also when given one of its
+    checkpoints), else ``./eval``."""
+    if exp_dir:
+        return str(Path(exp_dir) / "eval")
+    if checkpoint:
+        return str(Path(checkpoint).resolve().parent.parent / "eval")
+    return "eval"
+
+
+def evaluation_report(result: dict[str, Any], out: str | Path) -> list[str]:
+    """What ``gsrecon eval`` says of an :func:`evaluate` ``result`` written to ``out``."""
+    scores = f"{describe_metrics(result['mean'])}; {result['render_fps']:.3g} FPS on {result['device']}"
+    return [
+        f"{len(result['images'])} test views: {scores}",
+        f"wrote {out}/metrics.json, {out}/cameras.json, {out}/renders/test/, {out}/gt/",
+    ]
 
 
 def _camera_entry(split: str, frame: Frame, viewmat: Tensor | None = None) -> dict[str, Any]:
@@ -297,7 +311,7 @@ def render_path_video(
         raise InputError(f"--out must be an .mp4 file, got {out}")
     logger = logger or Logger()
     torch_device = scene_device(scene, device, logger)
-    pipeline = DataPipeline(scene.cfg.data, torch_device, scene.cfg.seed)
+    pipeline = DataPipeline(scene.cfg.data, torch_device, scene.cfg.seed, source=scene.source)
     train = pipeline.scene.train
     train_viewmats = torch.stack([f.viewmat for f in train]).float()  # [N, 4, 4]
     if path == "interp":
@@ -306,7 +320,7 @@ def render_path_video(
         focus = focus_point(train_viewmats, pipeline.scene.points)
         viewmats = CAMERA_PATHS[path](train_viewmats, frames, focus=focus)
     viewmats = viewmats.to(torch_device)
-    K, width, height = train[0].K.float().to(torch_device), train[0].width, train[0].height
+    K, width, height = train[0].K.float().to(torch_device), train[0].width, train[0].height  # [3, 3]
     renderer = build_renderer(scene, torch_device, logger, median_depth=depth == "median")
     params = {k: v.to(torch_device) for k, v in scene.params.items()}
     background = pipeline.fixed_background().to(torch_device)[None]
@@ -324,7 +338,7 @@ def render_path_video(
         videos.callback(progress.stop)
         rgb_video, *depth_video = [videos.enter_context(VideoWriter(path, fps)) for path in written]
         for index, viewmat in enumerate(viewmats):
-            frame = renderer.render(params, viewmat[None], K[None], width, height, scene.sh_degree, background)
+            frame = renderer.render(params, Cameras(viewmat[None], K[None], width, height), scene.sh_degree, background)
             rgb_video.write(to_uint8(frame.image[0]))
             for video in depth_video:
                 video.write(depth_image(frame, depth))
@@ -351,9 +365,9 @@ def export(
     context = ExportContext()
     if EXPORT_REGISTRY.get(fmt).needs:
         torch_device = scene_device(scene, device, logger)
-        pipeline = DataPipeline(scene.cfg.data, torch_device, scene.cfg.seed)
+        pipeline = DataPipeline(scene.cfg.data, torch_device, scene.cfg.seed, source=scene.source)
         render = scene_renderer(scene, torch_device, logger, median_depth=True)
-        context = ExportContext(train_views=pipeline.train_views, render=torch.no_grad()(render))
+        context = ExportContext(train_batches=pipeline.train_batches, render=torch.no_grad()(render))
     path = export_gaussians(scene.params, out, fmt, antialiased=scene.antialiased, context=context, options=options)
     if scene.antialiased:
         logger.warning(

@@ -15,17 +15,14 @@ import os
 import re
 import shutil
 import socket
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gsrecon.config import ConfigError, save_yaml
 from gsrecon.logging.console import Logger
 from gsrecon.logging.writers import Writers
 from gsrecon.registry import WRITER_REGISTRY
-
-if TYPE_CHECKING:
-    from gsrecon.hooks.base import Hook
 
 RUN_MARKER = ".gsrecon-run"  # JSON: the top-level entries the run writes; `--overwrite` removes only those
 LOCK_FILE = ".gsrecon-lock"  # flock'ed by the training process; says who holds it
@@ -57,6 +54,13 @@ class RunDir:
         """``last.pt`` if present, else the ``step_*.pt`` with the highest step, else None."""
         files = self.checkpoint_files()
         return files[0] if files else None
+
+    def resume_advice(self, extra: str = "") -> str:
+        """How to continue the run in this folder (``extra``: more command-line words, e.g. `` partition.only=2``),
+        or why it cannot be."""
+        if self.latest_checkpoint() is None:
+            return "no checkpoint was written (the config has no CheckPointHook), so the run cannot be resumed"
+        return resume_command(self.path, extra)
 
     def check(self, overwrite: bool, resume: bool) -> None:
         """Refuse folders that hold other files, and runs that would be replaced without ``overwrite``."""
@@ -118,11 +122,10 @@ class RunDir:
         if kept:
             logger.info(f"--overwrite replaced the previous run and kept what it did not write: {kept}")
 
-    def open_writers(self, resolved_config: dict[str, Any], hooks: Mapping[str, Hook]) -> Writers:
-        """Write the run's ``config.yaml``, record what the run writes (``train.log``, the writers' and the hooks'
-        outputs) and return its writers, which have the config too."""
+    def open_writers(self, resolved_config: dict[str, Any], hook_outputs: Iterable[str]) -> Writers:
+        """Write the run's ``config.yaml``, record what the run writes (``train.log``, the writers' outputs and
+        ``hook_outputs``, what the hooks write) and return its writers, which have the config too."""
         writers = Writers([WRITER_REGISTRY.build(w, exp_dir=self.path) for w in resolved_config["writers"]])
-        hook_outputs = [path for hook in hooks.values() for path in getattr(hook, "outputs", list)()]
         self.record_outputs(["config.yaml", "train.log", *writers.outputs(), *hook_outputs])
         save_yaml(resolved_config, self.path / "config.yaml")
         writers.write_config(resolved_config)
@@ -157,6 +160,11 @@ class RunDir:
             if isinstance(outputs, list) and all(isinstance(o, str) for o in outputs):
                 return [o for o in outputs if _top_level(o) == o and o not in (".", "..")]
         return list(_LEGACY_OUTPUTS)
+
+
+def resume_command(exp_dir: str | Path, extra: str = "") -> str:
+    """The advice that continues the run in ``exp_dir`` (``extra``: more command-line words)."""
+    return f"continue with: gsrecon train --config {Path(exp_dir) / 'config.yaml'}{extra} --resume"
 
 
 def _top_level(path: str) -> str:

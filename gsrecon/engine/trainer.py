@@ -25,10 +25,10 @@ from gsrecon.engine.signals import stop_at_step_boundary
 from gsrecon.logging.console import Logger
 from gsrecon.logging.writers import Writers
 from gsrecon.losses.base import LossInputs, build_loss
-from gsrecon.metrics import ImageMetrics, mean_metrics
+from gsrecon.metrics import ImageMetrics, describe_metrics, mean_metrics
 from gsrecon.model.optim import build_optimizers, build_schedulers
-from gsrecon.model.params import PARAM_NAMES
 from gsrecon.model.views.base import build_views
+from gsrecon.params import PARAM_NAMES
 from gsrecon.plugins import import_plugins
 from gsrecon.registry import RENDERER_REGISTRY
 from gsrecon.render.base import RenderOutput
@@ -41,13 +41,7 @@ class HookError(RuntimeError):
 class DefaultTrainer:
     """Trains a Gaussian model on one dataset as described by its run config (``DefaultTrainer.Config``).
 
-    Attributes hooks may read: ``cfg``, ``resolved_config``, ``run_dir`` / ``exp_dir``, ``device``,
-    ``step`` (completed steps), ``max_steps``, ``datapipeline``, ``model``, ``renderer``,
-    ``optimizers``, ``schedulers``, ``loss`` (the named terms), ``views`` (the per-view modules),
-    ``strategy`` and ``strategy_state``, ``hooks`` (key -> hook, in run order), ``writers``, ``logger``,
-    ``outputs`` (the last step's loss and its terms, see :meth:`run_step`), ``val_metrics`` /
-    ``val_results`` (the last validation), ``stop_reason`` (None, or why training ended early),
-    ``failed`` (it ended with an exception) and ``dist`` (the processes training together).
+    Hooks see it as a :class:`~gsrecon.engine.hook.TrainerView`: what they may read and ask of it.
     """
 
     Config = builder.RunConfig
@@ -57,7 +51,6 @@ class DefaultTrainer:
         dist: DistributedContext | None = None,
     ) -> None:  # fmt: skip
         import_plugins(cfg.imports, source)
-        builder.check_run_config(cfg, source)
         self.cfg = cfg
         self.source = source
         self.dist = dist or DistributedContext.from_env()
@@ -89,27 +82,31 @@ class DefaultTrainer:
 
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
-        self.datapipeline = builder.build_datapipeline(cfg, self.device, self.dist)
+        self.datapipeline = builder.build_datapipeline(cfg, self.device, self.dist, source)
         self.model = builder.build_model(
             self.resolved_config["model"], self.datapipeline.scene, cfg.seed, source, self.logger
         )
         self.model.to(self.device)
         self.dist.broadcast_params(self.model.params)
         self.loss = build_loss(self.resolved_config["loss"], source)
-        self.loss.setup(self.datapipeline, source)
         self.renderer = RENDERER_REGISTRY.build(self.resolved_config["renderer"])
-        self.renderer.setup(self.logger)
         train_names = [frame.name for frame in self.datapipeline.scene.train]
         self.views = build_views(self.resolved_config, train_names, self.device, source)
         self._build_optimizers()
         self.strategy = builder.build_strategy(cfg, self.resolved_config, self.model, source)
+        facts = builder.run_facts(self.resolved_config, self.model, self.datapipeline.scene)
+        components = builder.run_components(self.renderer, self.strategy, self.loss, self.views, self.hooks)
+        builder.check_run(components, facts, source)
+        self.loss.setup(self.datapipeline)
+        self.renderer.setup(self.logger)
         self.strategy_state = self.strategy.initialize_state(self.scene_extent)
         # Everything is built: only now may a previous run be replaced and outputs be written.
         self.writers = Writers([])
         if self.is_main:
             self.run_dir.open_log(overwrite, resume, self.logger)
             self.logger.info("; ".join([f"{source}: {threads}; device {self.device}", *self.datapipeline.notes]))
-            self.writers = self.run_dir.open_writers(self.resolved_config, self.hooks)
+            hook_outputs = [path for hook in self.hooks.values() for path in hook.outputs()]
+            self.writers = self.run_dir.open_writers(self.resolved_config, hook_outputs)
         self.dist.barrier()
 
     @property
@@ -197,10 +194,7 @@ class DefaultTrainer:
         """Render the model from ``batch``'s cameras at the current SH degree (or ``sh_degree``)."""
         if sh_degree is None:
             sh_degree = self.model.active_sh_degree(self.step)
-        return self.renderer.render(
-            self.model.params, batch.viewmats, batch.Ks, batch.width, batch.height, sh_degree, batch.backgrounds,
-            camera_model=batch.camera_model,
-        )  # fmt: skip
+        return self.renderer.render_batch(self.model.params, batch, sh_degree)
 
     def run_step(self) -> None:
         """One optimisation step; afterwards ``self.step`` counts it and ``self.outputs`` describes it:
@@ -287,6 +281,14 @@ class DefaultTrainer:
         checkpoints.restore_rng(checkpoint)
         self.step = step
         self.call_hook("after_load_checkpoint", checkpoint=checkpoint)
+
+    def report(self) -> list[str]:
+        """What the command line says when training ended: the steps and final metrics and where the outputs are,
+        or why it stopped early and how to continue."""
+        if self.stop_reason:
+            return [f"{self.stop_reason}; {self.run_dir.resume_advice()}"]
+        metrics = describe_metrics(self.val_metrics)
+        return [f"finished {self.step} steps{': ' + metrics if metrics else ''}", f"outputs: {self.exp_dir}"]
 
     def resume_or_load(self) -> None:
         """Load the checkpoint ``cfg.resume`` asked for (found and checked when the trainer was built)."""

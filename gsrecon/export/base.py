@@ -29,12 +29,12 @@ if TYPE_CHECKING:
 class ExportContext:
     """What a format may need beyond the Gaussians; callers fill the fields a format names in ``needs``.
 
-    ``train_views``: every training view once, a batch each (cameras, images, backgrounds).
+    ``train_batches``: every training view once, a batch each (cameras, images, backgrounds).
     ``render``: the trained scene rendered from a batch's cameras with the renderer and settings it
     was trained with, without gradients, and with the median depth (``RenderOutput.median_depth``).
     """
 
-    train_views: Callable[[], Iterable[Batch]] | None = None
+    train_batches: Callable[[], Iterable[Batch]] | None = None
     render: Callable[[Batch], RenderOutput] | None = None
 
     def missing(self, needs: Iterable[str]) -> list[str]:

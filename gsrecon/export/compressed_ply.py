@@ -41,10 +41,10 @@ from gsrecon.export.quantise import (
     unpack_2_10_10_10,
 )
 from gsrecon.io.ply import finite_column, read_ply, write_binary_ply
-from gsrecon.model.params import PARAM_NAMES
 from gsrecon.model.ply import cpu_params, num_rest_coeffs, render_mode_comments
+from gsrecon.params import PARAM_NAMES
 from gsrecon.registry import EXPORT_REGISTRY
-from gsrecon.render.sh import rgb_to_sh, sh_to_rgb
+from gsrecon.sh import rgb_to_sh, sh_to_rgb
 
 CHUNK_SIZE = 256
 _BOUNDS = {"position": ("x", "y", "z"), "scale": ("scale_x", "scale_y", "scale_z"), "color": ("r", "g", "b")}

@@ -22,11 +22,12 @@ import torch
 from torch import Tensor
 
 from gsrecon.atomic import atomic_path
+from gsrecon.cameras.lens import pinhole_project
 from gsrecon.data.prefetch import available_host_bytes
 from gsrecon.errors import InputError
 from gsrecon.export.base import ExportContext, ExportFormat
-from gsrecon.geometry import pinhole_project
 from gsrecon.registry import EXPORT_REGISTRY
+from gsrecon.render.colormap import DEPTH_KINDS
 
 if TYPE_CHECKING:
     from gsrecon.data.pipeline import Batch
@@ -39,7 +40,6 @@ BLOCK = 8  # voxels per side of the blocks the fusion touches
 DENSE_BYTES = 10  # per voxel of the grid: marching cubes' signed distance (float32), masks and working copies
 ACTIVE_BYTES = 64  # per voxel near the surface: its id, fused sums and weight, and building its list
 CHUNK_VOXELS = 1 << 21  # voxels projected into a view at once (bounds the temporaries)
-DEPTH_MODES = ("median", "expected")
 
 
 class SurfaceView(NamedTuple):
@@ -64,7 +64,7 @@ class MeshFormat(ExportFormat):
     """Triangle mesh with vertex colours (TSDF fusion of the training views' median depth, marching cubes)."""
 
     suffixes = (".ply", ".obj", ".glb")
-    needs = ("train_views", "render")
+    needs = ("train_batches", "render")
 
     @dataclass
     class Config:
@@ -84,8 +84,8 @@ class MeshFormat(ExportFormat):
                 raise ValueError(f"truncation={self.truncation!r} must be >= 1 voxel")
             if not 0.0 < self.min_alpha <= 1.0:
                 raise ValueError(f"min_alpha={self.min_alpha!r} must be in (0, 1]")
-            if self.depth not in DEPTH_MODES:
-                raise ValueError(f"depth={self.depth!r} must be one of {', '.join(DEPTH_MODES)}")
+            if self.depth not in DEPTH_KINDS:
+                raise ValueError(f"depth={self.depth!r} must be one of {', '.join(DEPTH_KINDS)}")
             if self.keep_parts < 0:
                 raise ValueError(f"keep_parts={self.keep_parts!r} must be >= 0 (0 keeps every part)")
 
@@ -97,7 +97,7 @@ class MeshFormat(ExportFormat):
         if suffix not in self.suffixes:
             raise InputError(f"{path}: a mesh is written as {', '.join(self.suffixes)}, not '{path.suffix}'")
         marching_cubes, trimesh = _libraries()
-        views = [surface_view(context.render, batch, self.cfg) for batch in context.train_views()]
+        views = [surface_view(context.render, batch, self.cfg) for batch in context.train_batches()]
         if not views:
             raise InputError("nothing to mesh from: the scene has no training views (its capture's cameras)")
         max_depth = self.cfg.max_depth or 2.0 * camera_extent(views)
@@ -124,7 +124,7 @@ def _libraries() -> tuple[MarchingCubes, ModuleType]:
 @torch.no_grad()
 def surface_view(render: Callable[[Batch], RenderOutput], batch: Batch, cfg: MeshFormat.Config) -> SurfaceView:
     """The first view of ``batch`` rendered by ``render``: its depth (``cfg.depth``) where opaque, and colour."""
-    if batch.camera_model.kind != "pinhole":
+    if batch.cameras.model.kind != "pinhole":
         raise InputError(
             "the mesh export fuses pinhole views; these are seen through a fisheye lens: train with "
             "data.fisheye=undistort"
@@ -140,7 +140,8 @@ def surface_view(render: Callable[[Batch], RenderOutput], batch: Batch, cfg: Mes
     depth = torch.where(alpha[..., 0] >= cfg.min_alpha, depth[0, ..., 0].float(), 0.0)  # [H, W]
     background = batch.backgrounds[0].float()  # [3]
     color = ((out.image[0].float() - (1.0 - alpha) * background) / alpha.clamp_min(1e-6)).clamp(0.0, 1.0)
-    return SurfaceView(depth.cpu(), color.cpu(), batch.viewmats[0].float().cpu(), batch.Ks[0].float().cpu())
+    camera = batch.cameras[0]
+    return SurfaceView(depth.cpu(), color.cpu(), camera.viewmats[0].float().cpu(), camera.Ks[0].float().cpu())
 
 
 def camera_extent(views: list[SurfaceView]) -> float:

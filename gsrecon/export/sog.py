@@ -49,10 +49,10 @@ from gsrecon.errors import InputError
 from gsrecon.export.base import ExportContext, ExportFormat
 from gsrecon.export.compressed_ply import morton_order
 from gsrecon.export.quantise import round_clamp, smallest_three
-from gsrecon.model.params import check_params
 from gsrecon.model.ply import cpu_params
+from gsrecon.params import check_params
 from gsrecon.registry import EXPORT_REGISTRY
-from gsrecon.render.sh import sh_degree_of
+from gsrecon.sh import sh_degree_of
 
 SOG_VERSION = 2
 MAX_SOG_SH_DEGREE = 3

@@ -14,7 +14,7 @@ from gsrecon.export.base import ExportContext, ExportFormat
 from gsrecon.io.ply import WRITE_CHUNK_ROWS
 from gsrecon.model.ply import cpu_params
 from gsrecon.registry import EXPORT_REGISTRY
-from gsrecon.render.sh import SH_C0
+from gsrecon.sh import SH_C0
 
 
 def save_splat(path: str | os.PathLike, params: Mapping[str, Tensor], *, antialiased: bool = False) -> None:

@@ -48,10 +48,10 @@ from gsrecon.export.quantise import (
     unpack_2_10_10_10,
 )
 from gsrecon.io.ply import WRITE_CHUNK_ROWS
-from gsrecon.model.params import check_params
 from gsrecon.model.ply import cpu_params
+from gsrecon.params import check_params
 from gsrecon.registry import EXPORT_REGISTRY
-from gsrecon.render.sh import MAX_SH_DEGREE, num_sh_bases, sh_basis
+from gsrecon.sh import MAX_SH_DEGREE, num_sh_bases, sh_basis
 
 SPZ_MAGIC = 0x5053474E
 SPZ_VERSIONS = (2, 3)

@@ -1,5 +1,6 @@
 """Hooks: everything around the optimisation step. Importing this package registers the built-ins."""
 
+from gsrecon.engine.hook import Hook, Priority, get_priority
 from gsrecon.hooks import (  # noqa: F401
     checkpoint,
     empty_cache,
@@ -11,6 +12,5 @@ from gsrecon.hooks import (  # noqa: F401
     timer,
     viewer,
 )
-from gsrecon.hooks.base import Hook, Priority, get_priority
 
 __all__ = ["Hook", "Priority", "get_priority"]

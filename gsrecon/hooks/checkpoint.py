@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 from gsrecon.atomic import atomic_path
 from gsrecon.engine.checkpoints import load_checkpoint_file, non_finite, save_checkpoint
+from gsrecon.engine.hook import Hook, Priority
 from gsrecon.errors import InputError
-from gsrecon.hooks.base import Hook, Priority
 from gsrecon.metrics import LOWER_IS_BETTER, METRIC_NAMES
 from gsrecon.registry import HOOK_REGISTRY
 
 if TYPE_CHECKING:
-    from gsrecon.engine.trainer import DefaultTrainer
+    from gsrecon.engine.hook import TrainerView
 
 
 @HOOK_REGISTRY.register()
@@ -50,11 +50,11 @@ class CheckPointHook(Hook):
         self.best_value: float | None = None
         self.best_step: int | None = None
 
-    def after_train_iter(self, trainer: DefaultTrainer) -> None:
+    def after_train_iter(self, trainer: TrainerView) -> None:
         if self.cfg.interval > 0 and trainer.step % self.cfg.interval == 0:
             self.save(trainer)
 
-    def after_val(self, trainer: DefaultTrainer) -> None:
+    def after_val(self, trainer: TrainerView) -> None:
         if not self.cfg.save_best or not trainer.val_metrics:
             return
         metric = next(iter(trainer.val_metrics)) if self.cfg.save_best == "auto" else self.cfg.save_best
@@ -73,7 +73,7 @@ class CheckPointHook(Hook):
             save_checkpoint(checkpoint, trainer.run_dir.checkpoints / "best.pt")
         trainer.logger.info(f"new best {metric} {value:.4f} at step {trainer.step}")
 
-    def after_load_checkpoint(self, trainer: DefaultTrainer, checkpoint: dict[str, Any]) -> None:
+    def after_load_checkpoint(self, trainer: TrainerView, checkpoint: dict[str, Any]) -> None:
         """A checkpoint saved before a validation in its step holds the best score from before it:
         take the one ``best.pt`` records when it is better, so a worse model never replaces it."""
         path = trainer.run_dir.checkpoints / "best.pt"
@@ -91,13 +91,13 @@ class CheckPointHook(Hook):
         rule = self.cfg.rule or ("less" if metric in LOWER_IS_BETTER else "greater")
         return value > self.best_value if rule == "greater" else value < self.best_value
 
-    def after_train(self, trainer: DefaultTrainer) -> None:
+    def after_train(self, trainer: TrainerView) -> None:
         if trainer.failed or not self.cfg.save_last:
             return
         if not (trainer.run_dir.checkpoints / f"step_{trainer.step:06d}.pt").exists():
             self.save(trainer)
 
-    def save(self, trainer: DefaultTrainer) -> Path:
+    def save(self, trainer: TrainerView) -> Path:
         """Write ``step_<NNNNNN>.pt`` and ``last.pt`` for the current step, then rotate old ones."""
         directory = trainer.run_dir.checkpoints
         path = directory / f"step_{trainer.step:06d}.pt"
@@ -115,7 +115,7 @@ class CheckPointHook(Hook):
         trainer.logger.info(f"saved checkpoint {path}")
         return path
 
-    def _refuse_non_finite(self, trainer: DefaultTrainer) -> None:
+    def _refuse_non_finite(self, trainer: TrainerView) -> None:
         broken = non_finite(dict(trainer.model.params.items()))
         if broken:
             raise InputError(f"not saving step {trainer.step}: Gaussian parameters {', '.join(broken)} are not finite")

@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from gsrecon.hooks.base import Hook, Priority
+from gsrecon.engine.hook import Hook, Priority
 from gsrecon.registry import HOOK_REGISTRY
 
 if TYPE_CHECKING:
-    from gsrecon.engine.trainer import DefaultTrainer
+    from gsrecon.engine.hook import TrainerView
 
 
 @HOOK_REGISTRY.register()
@@ -29,15 +29,15 @@ class EmptyCacheHook(Hook):
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
 
-    def after_train_iter(self, trainer: DefaultTrainer) -> None:
+    def after_train_iter(self, trainer: TrainerView) -> None:
         if self.cfg.interval > 0 and trainer.step % self.cfg.interval == 0:
             _empty_cache(trainer)
 
-    def after_val(self, trainer: DefaultTrainer) -> None:
+    def after_val(self, trainer: TrainerView) -> None:
         if self.cfg.after_val:
             _empty_cache(trainer)
 
 
-def _empty_cache(trainer: DefaultTrainer) -> None:
+def _empty_cache(trainer: TrainerView) -> None:
     if trainer.device.type == "cuda":
         torch.cuda.empty_cache()

@@ -7,15 +7,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from gsrecon.engine.hook import Hook, Priority
 from gsrecon.export import ExportContext, export_gaussians
-from gsrecon.hooks.base import Hook, Priority
 from gsrecon.registry import EXPORT_REGISTRY, HOOK_REGISTRY, RENDERER_REGISTRY, RegistryError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from gsrecon.data.pipeline import Batch
-    from gsrecon.engine.trainer import DefaultTrainer
+    from gsrecon.engine.hook import TrainerView
     from gsrecon.render.base import RenderOutput
 
 
@@ -44,18 +44,18 @@ class ExportHook(Hook):
     def outputs(self) -> list[str]:
         return [self.cfg.path]
 
-    def after_train(self, trainer: DefaultTrainer) -> None:
+    def after_train(self, trainer: TrainerView) -> None:
         if trainer.failed or not trainer.is_main:
             return
         path = trainer.exp_dir / self.cfg.path
         antialiased = bool(trainer.resolved_config["renderer"].get("antialiased", False))
         render = _surface_render(trainer) if "render" in EXPORT_REGISTRY.get(self.cfg.format).needs else None
-        context = ExportContext(train_views=trainer.datapipeline.train_views, render=render)
+        context = ExportContext(train_batches=trainer.datapipeline.train_batches, render=render)
         export_gaussians(trainer.model.params, path, self.cfg.format, antialiased=antialiased, context=context)
         trainer.logger.info(f"wrote {path} ({trainer.model.num_gaussians} Gaussians)")
 
 
-def _surface_render(trainer: DefaultTrainer) -> Callable[[Batch], RenderOutput]:
+def _surface_render(trainer: TrainerView) -> Callable[[Batch], RenderOutput]:
     """The trainer's model rendered from a batch's cameras by its renderer, with the median depth, without
     gradients (what `ExportContext.render` gives)."""
     renderer = RENDERER_REGISTRY.build({**trainer.resolved_config["renderer"], "median_depth": True})
@@ -63,9 +63,6 @@ def _surface_render(trainer: DefaultTrainer) -> Callable[[Batch], RenderOutput]:
 
     @torch.no_grad()
     def render(batch: Batch) -> RenderOutput:
-        return renderer.render(
-            trainer.model.params, batch.viewmats, batch.Ks, batch.width, batch.height,
-            trainer.model.active_sh_degree(trainer.step), batch.backgrounds, camera_model=batch.camera_model,
-        )  # fmt: skip
+        return renderer.render_batch(trainer.model.params, batch, trainer.model.active_sh_degree(trainer.step))
 
     return render

@@ -9,12 +9,12 @@ import torch
 from torch import Tensor
 
 from gsrecon.engine.checkpoints import non_finite
+from gsrecon.engine.hook import Hook, Priority
 from gsrecon.errors import InputError
-from gsrecon.hooks.base import Hook, Priority
 from gsrecon.registry import HOOK_REGISTRY
 
 if TYPE_CHECKING:
-    from gsrecon.engine.trainer import DefaultTrainer
+    from gsrecon.engine.hook import TrainerView
 
 
 class InvalidLossError(InputError):
@@ -44,7 +44,7 @@ class CheckInvalidLossHook(Hook):
         self.cfg = cfg
         self._first_invalid: Tensor | None = None  # float64 [2]: step and loss of the first non-finite one (-1: none)
 
-    def after_train_iter(self, trainer: DefaultTrainer) -> None:
+    def after_train_iter(self, trainer: TrainerView) -> None:
         step, loss = trainer.step, trainer.outputs["loss"].detach().double()
         if self._first_invalid is None:
             self._first_invalid = torch.tensor([-1.0, 0.0], dtype=torch.float64, device=loss.device)
@@ -58,21 +58,21 @@ class CheckInvalidLossHook(Hook):
         if step % self.cfg.params_interval == 0:
             self._check_params(trainer)
 
-    def before_save_checkpoint(self, trainer: DefaultTrainer, checkpoint: dict[str, Any]) -> None:
+    def before_save_checkpoint(self, trainer: TrainerView, checkpoint: dict[str, Any]) -> None:
         self._check_loss(trainer)
         self._check_params(trainer)
 
-    def after_train(self, trainer: DefaultTrainer) -> None:
+    def after_train(self, trainer: TrainerView) -> None:
         self._check_loss(trainer)
 
-    def _check_loss(self, trainer: DefaultTrainer) -> None:
+    def _check_loss(self, trainer: TrainerView) -> None:
         if self._first_invalid is None:
             return
         step, loss = self._first_invalid.tolist()
         if step >= 0:
             raise InvalidLossError(f"the loss is {loss} at step {int(step)}; {_kept(trainer)}")
 
-    def _check_params(self, trainer: DefaultTrainer) -> None:
+    def _check_params(self, trainer: TrainerView) -> None:
         broken = non_finite(dict(trainer.model.params.items()))
         if broken:
             raise InvalidLossError(
@@ -80,7 +80,7 @@ class CheckInvalidLossHook(Hook):
             )
 
 
-def _kept(trainer: DefaultTrainer) -> str:
+def _kept(trainer: TrainerView) -> str:
     steps = sorted(trainer.run_dir.checkpoints.glob("step_*.pt"))
     last = steps[-1] if steps else trainer.run_dir.latest_checkpoint()
     kept = f"the last good checkpoint {last} is kept" if last else "no checkpoint was written before"

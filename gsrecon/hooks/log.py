@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gsrecon.hooks.base import Hook, Priority
+from gsrecon.engine.hook import Hook, Priority
 from gsrecon.logging.console import ProgressLogger
 from gsrecon.registry import HOOK_REGISTRY
 
 if TYPE_CHECKING:
-    from gsrecon.engine.trainer import DefaultTrainer
+    from gsrecon.engine.hook import TrainerView
 
 STARTS = {"sfm": "SfM points", "random": "random points", "ply": "a PLY"}  # GaussianModel.start, in words
 
@@ -56,16 +56,17 @@ class LogHook(Hook):
         self._progress: ProgressLogger | None = None
         self._mark = (0, 0.0)  # (step, time) of the last plain progress line
 
-    def before_train(self, trainer: DefaultTrainer) -> None:
+    def before_train(self, trainer: TrainerView) -> None:
         train = trainer.datapipeline.scene.train
         sizes = sorted({f"{f.width}x{f.height}" for f in train})
         sources = Counter(f.source for f in train if f.source)
         made = "; ".join(how if n == len(train) else f"{n} {how}" for how, n in sources.items())
         start = getattr(trainer.model, "start", "") if trainer.step == 0 else ""
         started = f" from {STARTS.get(start, start)}" if start else ""
+        factor = trainer.resolved_config["data"]["factor"]
         trainer.logger.info(
             f"training {trainer.model.num_gaussians} Gaussians{started} on {trainer.datapipeline.num_train} views at "
-            f"{', '.join(sizes)} (data.factor {trainer.cfg.data.factor}{'; images ' + made if made else ''}; "
+            f"{', '.join(sizes)} (data.factor {factor}{'; images ' + made if made else ''}; "
             f"{trainer.datapipeline.num_val} for validation) on {trainer.device}, "
             f"{torch.get_num_threads()} CPU threads; output in {trainer.exp_dir}"
         )
@@ -77,7 +78,7 @@ class LogHook(Hook):
             self._progress.start(trainer.step)
         self._mark = (trainer.step, time.perf_counter())
 
-    def after_train_iter(self, trainer: DefaultTrainer) -> None:
+    def after_train_iter(self, trainer: TrainerView) -> None:
         out, step = trainer.outputs, trainer.step
         self._update_ema(out["loss"])
         if step % self.cfg.log_interval == 0:
@@ -90,7 +91,7 @@ class LogHook(Hook):
             writers.write_histogram("gaussians/opacity", torch.sigmoid(params["opacities"].detach()), step)
             writers.write_histogram("gaussians/log_scale", params["scales"].detach().flatten(), step)
 
-    def _log_step(self, trainer: DefaultTrainer, step: int) -> None:
+    def _log_step(self, trainer: TrainerView, step: int) -> None:
         """The progress line and the training scalars: the only per-step values read back from the device."""
         out = trainer.outputs
         loss, ema = float(out["loss"]), self.ema_loss
@@ -117,7 +118,7 @@ class LogHook(Hook):
         for name, optimizer in trainer.optimizers.items():
             writers.write_scalar(f"train/lr/{name}", optimizer.param_groups[0]["lr"], step)
 
-    def after_val_iter(self, trainer: DefaultTrainer, index: int, outputs: dict[str, Any]) -> None:
+    def after_val_iter(self, trainer: TrainerView, index: int, outputs: dict[str, Any]) -> None:
         if index >= self.cfg.num_val_images:
             return
         from gsrecon.render.colormap import depth_to_rgb
@@ -126,7 +127,7 @@ class LogHook(Hook):
         panel = torch.cat([outputs["render"].cpu(), outputs["gt"].cpu(), depth], dim=1)  # [H, 3W, 3]
         trainer.writers.write_image(f"val/{outputs['name']}", panel, trainer.step)
 
-    def after_val(self, trainer: DefaultTrainer) -> None:
+    def after_val(self, trainer: TrainerView) -> None:
         metrics = trainer.val_metrics
         for name, value in metrics.items():
             if value is not None:
@@ -135,7 +136,7 @@ class LogHook(Hook):
         trainer.logger.info(f"step {trainer.step}: validation {text} ({len(trainer.val_results)} views)")
         trainer.writers.flush()
 
-    def after_train(self, trainer: DefaultTrainer) -> None:
+    def after_train(self, trainer: TrainerView) -> None:
         if self._progress is not None:
             self._progress.stop()
             self._progress = None

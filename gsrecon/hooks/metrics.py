@@ -6,11 +6,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gsrecon.atomic import write_json
-from gsrecon.hooks.base import Hook, Priority
+from gsrecon.engine.hook import Hook, Priority
 from gsrecon.registry import HOOK_REGISTRY
 
 if TYPE_CHECKING:
-    from gsrecon.engine.trainer import DefaultTrainer
+    from gsrecon.engine.hook import TrainerView
 
 
 @HOOK_REGISTRY.register()
@@ -31,7 +31,7 @@ class MetricsHook(Hook):
     def outputs(self) -> list[str]:
         return [self.cfg.filename]
 
-    def after_val(self, trainer: DefaultTrainer) -> None:
+    def after_val(self, trainer: TrainerView) -> None:
         if not trainer.is_main:
             return
         write_json(
@@ -40,7 +40,7 @@ class MetricsHook(Hook):
                 "step": trainer.step,
                 "num_gaussians": trainer.model.num_gaussians,
                 "mean": trainer.val_metrics,
-                "views": trainer.val_results,
+                "images": trainer.val_results,
                 "lpips": trainer.metrics.lpips_info,
             },
         )

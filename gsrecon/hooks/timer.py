@@ -6,11 +6,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gsrecon.hooks.base import Hook, Priority
+from gsrecon.engine.hook import Hook, Priority
 from gsrecon.registry import HOOK_REGISTRY
 
 if TYPE_CHECKING:
-    from gsrecon.engine.trainer import DefaultTrainer
+    from gsrecon.engine.hook import TrainerView
 
 
 @HOOK_REGISTRY.register()
@@ -33,10 +33,10 @@ class IterTimerHook(Hook):
         self._start = 0.0
         self._window: list[tuple[float, float]] = []
 
-    def before_train_iter(self, trainer: DefaultTrainer) -> None:
+    def before_train_iter(self, trainer: TrainerView) -> None:
         self._start = time.perf_counter()
 
-    def after_train_iter(self, trainer: DefaultTrainer) -> None:
+    def after_train_iter(self, trainer: TrainerView) -> None:
         step_time = time.perf_counter() - self._start
         self.total_time += step_time
         self._window.append((step_time, float(trainer.outputs.get("data_time", 0.0))))

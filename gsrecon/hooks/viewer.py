@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from gsrecon.hooks.base import Hook, Priority
+from gsrecon.engine.hook import Hook, Priority
 from gsrecon.registry import HOOK_REGISTRY
 from gsrecon.viewer import check_view_settings, require_viser
 
 if TYPE_CHECKING:
-    from gsrecon.engine.trainer import DefaultTrainer
+    from gsrecon.engine.hook import TrainerView
     from gsrecon.viewer.server import SceneViewer
 
 
@@ -68,7 +68,7 @@ class ViewerHook(Hook):
         self._shown_time = -math.inf
         self._idle_until = -math.inf
 
-    def before_train(self, trainer: DefaultTrainer) -> None:
+    def before_train(self, trainer: TrainerView) -> None:
         if not trainer.is_main:
             return
         from gsrecon.viewer.server import SceneViewer
@@ -86,7 +86,7 @@ class ViewerHook(Hook):
         )
         trainer.logger.info(f"viewer: {self.viewer.url}")
 
-    def after_train_iter(self, trainer: DefaultTrainer) -> None:
+    def after_train_iter(self, trainer: TrainerView) -> None:
         if self.viewer is None or self.viewer.num_clients == 0:
             return
         if self.viewer.paused:
@@ -105,11 +105,11 @@ class ViewerHook(Hook):
         self.busy_seconds += spent
         self._idle_until = start + spent / self.cfg.max_overhead
 
-    def after_train(self, trainer: DefaultTrainer) -> None:
+    def after_train(self, trainer: TrainerView) -> None:
         if self.viewer is not None and self.busy_seconds > 0.0:
             trainer.logger.info(f"viewer: {self.busy_seconds:.2f} s of work in the training loop")
 
-    def after_run(self, trainer: DefaultTrainer) -> None:
+    def after_run(self, trainer: TrainerView) -> None:
         if self.viewer is None:
             return
         try:
@@ -123,7 +123,7 @@ class ViewerHook(Hook):
             self.viewer.close()
             self.viewer = None
 
-    def _show(self, trainer: DefaultTrainer) -> None:
+    def _show(self, trainer: TrainerView) -> None:
         """Send a copy of the current Gaussians to the viewer (training goes on changing the originals)."""
         params = {k: v.detach().clone() for k, v in trainer.model.params.items()}
         self.viewer.set_scene(params, trainer.model.active_sh_degree(trainer.step), trainer.step)
@@ -134,7 +134,7 @@ class ViewerHook(Hook):
                 self.viewer.set_camera_poses(trainer.views.camera_poses(given, [frame.name for frame in frames]))
         self._shown_step, self._shown_time = trainer.step, time.perf_counter()
 
-    def _hold(self, trainer: DefaultTrainer) -> None:
+    def _hold(self, trainer: TrainerView) -> None:
         """Serve the page without training until Resume (or until no browser is left)."""
         self.paused_at = trainer.step
         self._show(trainer)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from torch import Tensor
 
 from gsrecon.config import ConfigError
-from gsrecon.registry import LOSS_REGISTRY
+from gsrecon.registry import LOSS_REGISTRY, RunChecked
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -36,13 +36,14 @@ class LossInputs:
     image: Tensor  # [B, H, W, 3] the render after the per-view modules (what the photos are compared with)
     render: RenderOutput  # the renderer's output: depth, alpha [B, H, W, 1] and its info
     batch: Batch  # the step's views: photos, masks, cameras, names
-    data: DataPipeline  # the scene and its per-view data (e.g. the SfM points each photo observed)
+    data: DataPipeline  # the scene (its points, extent) and its training frames
     params: Mapping[str, Tensor] | None = None  # the Gaussians rendered (pre-activation; see gsrecon.model.gaussians)
     renderer: Renderer | None = None  # what rendered them (a term may render other features of them with it)
 
 
-class LossTerm:
-    """One term of the loss; subclasses extend :class:`LossTerm.Config` and implement :meth:`__call__`."""
+class LossTerm(RunChecked):
+    """One term of the loss; subclasses extend :class:`LossTerm.Config` and implement :meth:`__call__`, may refuse a
+    run (:meth:`~gsrecon.registry.RunChecked.check`) and prepare what they need from the data (:meth:`setup`)."""
 
     @dataclass
     class Config:
@@ -55,9 +56,8 @@ class LossTerm:
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg
 
-    def setup(self, data: DataPipeline, where: str) -> None:
-        """Refuse, before training, data this term cannot use (a :class:`ConfigError` naming ``where``, the
-        term's key path and config source)."""
+    def setup(self, data: DataPipeline) -> None:
+        """Prepare, before training and after :meth:`check`, what the term needs from ``data``."""
 
     def __call__(self, inputs: LossInputs) -> Tensor | None:
         """The term's unweighted value (a differentiable scalar), or None where this step gives it nothing."""
@@ -70,10 +70,10 @@ class Loss:
     def __init__(self, terms: dict[str, LossTerm]) -> None:
         self.terms = {key: term for key, term in terms.items() if term.cfg.weight > 0}
 
-    def setup(self, data: DataPipeline, source: str) -> None:
-        """Let every term check the data before training (see :meth:`LossTerm.setup`)."""
-        for key, term in self.terms.items():
-            term.setup(data, f"{source}: key 'loss.{key}'")
+    def setup(self, data: DataPipeline) -> None:
+        """Let every term prepare what it needs from ``data`` (see :meth:`LossTerm.setup`)."""
+        for term in self.terms.values():
+            term.setup(data)
 
     def __call__(self, inputs: LossInputs) -> dict[str, Tensor]:
         """``{key: weight × value}`` of the terms that gave a value this step."""

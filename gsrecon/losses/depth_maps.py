@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from torch import Tensor
 
-from gsrecon.config import ConfigError
 from gsrecon.losses.base import LossInputs, LossTerm
-from gsrecon.registry import LOSS_REGISTRY
-
-if TYPE_CHECKING:
-    from gsrecon.data.pipeline import DataPipeline
+from gsrecon.registry import LOSS_REGISTRY, RunFacts
 
 
 def aligned_depths(rendered: Tensor, target: Tensor, valid: Tensor) -> Tensor:
@@ -61,12 +56,13 @@ class DepthMapsTerm(LossTerm):
         weight: float = 0.1
         scale_shift: bool = False  # fit a scale and shift per view (relative depth maps) before comparing
 
-    def setup(self, data: DataPipeline, where: str) -> None:
-        if all(frame.depth is None for frame in data.scene.train):
-            raise ConfigError(
-                f"{where}: the depth maps term needs depth maps (a transforms.json frame's 'depth_file_path', a "
-                f"depths/ folder beside images/); data.path '{data.cfg.path or data.cfg.dataset}' gives none to its "
-                f"training images: remove the term (loss.depth_maps=null)"
+    def check(self, run: RunFacts) -> None:
+        if not run.depth_maps:
+            data = run.config["data"]
+            raise ValueError(
+                "the depth maps term needs depth maps (a transforms.json frame's 'depth_file_path', a depths/ folder "
+                f"beside images/); data.path '{data['path'] or data['dataset']}' gives none to its training images: "
+                "remove the term (loss.depth_maps=null)"
             )
 
     def __call__(self, inputs: LossInputs) -> Tensor | None:

@@ -18,7 +18,7 @@ from torch import Tensor
 from gsrecon.geometry import camera_centers, quat_to_rotmat
 from gsrecon.losses.base import LossInputs, LossTerm
 from gsrecon.registry import LOSS_REGISTRY
-from gsrecon.render.sh import rgb_to_sh
+from gsrecon.sh import rgb_to_sh
 
 
 def gaussian_normals(params: Mapping[str, Tensor], viewmat: Tensor) -> Tensor:
@@ -57,16 +57,15 @@ class DepthNormalTerm(LossTerm):
         min_alpha: float = 0.5  # pixels less opaque than this are left out
 
     def __call__(self, inputs: LossInputs) -> Tensor | None:
-        if inputs.params is None or inputs.renderer is None or inputs.batch.camera_model.kind != "pinhole":
+        if inputs.params is None or inputs.renderer is None or inputs.batch.cameras.model.kind != "pinhole":
             return None
         batch, params, errors = inputs.batch, inputs.params, []
         for view in range(len(batch.names)):
-            viewmat, K = batch.viewmats[view], batch.Ks[view]
+            camera = batch.cameras[view]
+            viewmat, K = camera.viewmats[0], camera.Ks[0]
             normals = gaussian_normals(params, viewmat) @ viewmat[:3, :3].T  # [N, 3] camera space
             as_colors = dict(params, sh0=rgb_to_sh(0.5 * normals + 0.5)[:, None], shN=params["shN"][:, :0])
-            out = inputs.renderer.render(
-                as_colors, viewmat[None], K[None], batch.width, batch.height, 0, batch.backgrounds.new_zeros(1, 3)
-            )
+            out = inputs.renderer.render(as_colors, camera, 0)
             alpha = out.alpha[0, ..., 0]  # [H, W]
             rendered = F.normalize(2.0 * out.image[0] - alpha[..., None], dim=-1)  # sum of w n: [H, W, 3]
             from_depth = depth_normals(inputs.render.depth[view, ..., 0], K)

@@ -1,4 +1,5 @@
-"""The depth prior from the SfM points each photo observed (gsplat's ``depth_loss``)."""
+"""The depth prior from the SfM points each photo observed (gsplat's ``depth_loss``), and where those points land in
+each training view (:class:`ObservedPoints`, built when the term is set up)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,65 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from gsrecon.config import ConfigError
+from gsrecon.cameras.lens import fisheye_project, pinhole_project
+from gsrecon.data.scene import decoded
 from gsrecon.losses.base import LossInputs, LossTerm
-from gsrecon.registry import LOSS_REGISTRY
+from gsrecon.registry import LOSS_REGISTRY, RunFacts
 
 if TYPE_CHECKING:
     from gsrecon.data.pipeline import DataPipeline
+    from gsrecon.data.scene import Frame
+
+
+class ObservedPoints:
+    """Per training view, ``[P_i, 3]``: pixel x, y (pixel centres at +0.5) and camera-space z of the SfM points its
+    photo observed (``Scene.observed``) that land in front of the camera, inside the image and on pixels its mask
+    keeps; [0, 3] for a view without observations. Seen from the given poses they are computed here, once."""
+
+    def __init__(self, data: DataPipeline) -> None:
+        self.points = data.scene.points  # [P, 3]
+        self.observed = data.scene.observed
+        self.device = data.device
+        self.frames = {frame.name: frame for frame in data.train_frames}
+        self.given = {name: self._project(frame, frame.viewmat) for name, frame in self.frames.items()}
+
+    def __call__(self, names: list[str], viewmats: Tensor | None = None) -> list[Tensor]:
+        """The points of the training views ``names``, seen from their given poses, or from their rows of
+        ``viewmats`` [B, 4, 4] (world-to-camera, e.g. a training batch's cameras moved by pose refinement; a target:
+        no gradient reaches them) where given."""
+        depths = []
+        for row, name in enumerate(names):
+            frame = self.frames[name]
+            viewmat = None if viewmats is None else viewmats[row].detach()
+            moved = viewmat is not None and not torch.equal(viewmat, frame.viewmat.to(viewmat))
+            depths.append(self._project(frame, viewmat) if moved else self.given[name])
+        return depths
+
+    def _project(self, frame: Frame, viewmat: Tensor) -> Tensor:
+        """[P', 3] pixel x, y and camera z of ``frame``'s observed points as its camera sees them from the
+        world-to-camera ``viewmat`` [4, 4], those outside its image or on pixels its mask leaves out (a moving person,
+        the sky) left out."""
+        device = self.device
+        rows = self.observed.get(frame.name, torch.zeros(0, dtype=torch.int64)).to(self.points.device)
+        points = self.points[rows].to(device)  # [P, 3]
+        viewmat = viewmat.to(device)
+        camera = points @ viewmat[:3, :3].T + viewmat[:3, 3]  # [P, 3]
+        K = frame.K.to(device)
+        if frame.camera_model.kind == "pinhole":
+            x, y, z = camera.unbind(-1)  # [P] each
+            projection = pinhole_project(x, y, z.clamp_min(1e-6), K)
+            pixels = torch.stack([projection.pixel_x, projection.pixel_y], dim=-1)  # [P, 2]
+            seen = z > 0
+        else:  # "fisheye"
+            coeffs = frame.camera_model.coeffs.to(device)[None]  # [1, 4]
+            lens = fisheye_project(camera[None], K[None], coeffs, near_plane=0.0)
+            pixels, seen = lens.means2d[0], lens.in_lens[0]
+        inside = seen & (pixels >= 0).all(-1) & (pixels[:, 0] < frame.width) & (pixels[:, 1] < frame.height)
+        observed = torch.cat([pixels, camera[:, 2:]], dim=-1)[inside]  # [P', 3]
+        if frame.mask is None:
+            return observed
+        kept = decoded(frame.mask).to(device)[observed[:, 1].long(), observed[:, 0].long()]  # [P'] on kept pixels
+        return observed[kept]
 
 
 def point_depth_loss(depth: Tensor, observed: list[Tensor]) -> Tensor | None:
@@ -44,18 +98,26 @@ class DepthPriorTerm(LossTerm):
     class Config(LossTerm.Config):
         weight: float = 0.01
 
-    def setup(self, data: DataPipeline, where: str) -> None:
-        if not data.scene.observed:
-            raise ConfigError(
-                f"{where}: the depth prior needs SfM points and the photos that observed them (a COLMAP model, or a "
+    def __init__(self, cfg: Config) -> None:
+        super().__init__(cfg)
+        self.points: ObservedPoints | None = None  # built by setup
+
+    def check(self, run: RunFacts) -> None:
+        if not run.sfm_tracks:
+            data = run.config["data"]
+            raise ValueError(
+                "the depth prior needs SfM points and the photos that observed them (a COLMAP model, or a "
                 f"transforms.json capture triangulated by model.init: auto); data.path "
-                f"'{data.cfg.path or data.cfg.dataset}' gives none: remove the term (loss.depth_prior=null)"
+                f"'{data['path'] or data['dataset']}' gives none: remove the term (loss.depth_prior=null)"
             )
+
+    def setup(self, data: DataPipeline) -> None:
+        self.points = ObservedPoints(data)
 
     def __call__(self, inputs: LossInputs) -> Tensor | None:
         # From the cameras the image was rendered from: those a per-view module moved carry its gradients; the
         # others are the given poses, whose targets are kept (no per-step comparison, which would wait for a GPU).
-        viewmats = inputs.batch.viewmats
-        observed = inputs.data.point_depths(inputs.batch.names, viewmats if viewmats.requires_grad else None)
+        viewmats = inputs.batch.cameras.viewmats
+        observed = self.points(inputs.batch.names, viewmats if viewmats.requires_grad else None)
         error = point_depth_loss(inputs.render.depth, observed)
         return None if error is None else inputs.data.scene.extent * error

@@ -1,1 +1,2 @@
-"""Gaussian model, densification strategies and optimisation."""
+"""The Gaussian model: its parameters and initialisation, the one owner of its rows (``ops.py``), its PLY layout,
+its optimisers, and the per-view modules (``views/``)."""

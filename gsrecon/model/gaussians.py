@@ -14,13 +14,13 @@ import torch
 from scipy.spatial import cKDTree
 from torch import Tensor
 
+from gsrecon.cameras.paths import focus_point
 from gsrecon.config import per_device, run_steps
 from gsrecon.data.scene import Scene
 from gsrecon.errors import InputError
-from gsrecon.model.params import PARAM_NAMES, check_params
+from gsrecon.params import PARAM_NAMES, check_params
 from gsrecon.registry import MODEL_REGISTRY
-from gsrecon.render.camera_path import focus_point
-from gsrecon.render.sh import MAX_SH_DEGREE, num_sh_bases, rgb_to_sh
+from gsrecon.sh import MAX_SH_DEGREE, num_sh_bases, rgb_to_sh
 
 INITS = ("auto", "sfm", "random", "ply")
 

@@ -1,4 +1,4 @@
-"""The one place where the set of Gaussians gains, loses or replaces rows.
+"""The one place where the set of Gaussians gains, loses or replaces rows, or has its opacities reset.
 
 Each operation changes, together: every parameter (row ``i`` of every tensor is Gaussian ``i``), each
 parameter's optimiser state (Adam's moments: kept rows keep theirs, new and replaced rows start from zero;
@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-Params = torch.nn.ParameterDict  # pre-activation Gaussian parameters keyed by gsrecon.model.gaussians.PARAM_NAMES
+Params = torch.nn.ParameterDict  # pre-activation Gaussian parameters keyed by gsrecon.params.PARAM_NAMES
 Optimizers = Mapping[str, torch.optim.Optimizer]  # one optimiser per parameter name
 
 
@@ -80,6 +80,14 @@ def replace_rows(
         state[key][index] = 0
 
 
+@torch.no_grad()
+def reset_opacities(params: Params, optimizers: Optimizers, value: float) -> None:
+    """Lower every opacity above ``value`` (activated, in (0, 1)) to it; the opacities' moments restart at zero (as
+    gsplat's ``reset_opa``)."""
+    limit = torch.logit(torch.tensor(value)).item()
+    _replace_params(params, optimizers, lambda p, name: torch.clamp(p, max=limit), torch.zeros_like, ("opacities",))
+
+
 def _per_gaussian_keys(params: Params, state: Mapping[str, Any], per_gaussian: Iterable[str]) -> list[str]:
     """The declared per-Gaussian state entries that hold rows now, checked to hold one per Gaussian."""
     n = len(params["means"])
@@ -109,10 +117,11 @@ def _replace_params(
     optimizers: Optimizers,
     param_fn: Callable[[Tensor, str], Tensor],
     moment_fn: Callable[[Tensor], Tensor],
+    names: Iterable[str] | None = None,
 ) -> None:
-    """Give every parameter a new Parameter holding ``param_fn(data, name)`` and move its optimiser state to it,
-    each moment replaced by ``moment_fn(moment)``."""
-    for name in list(params.keys()):
+    """Give every parameter (or those ``names``) a new Parameter holding ``param_fn(data, name)`` and move its
+    optimiser state to it, each moment replaced by ``moment_fn(moment)``."""
+    for name in list(params.keys()) if names is None else names:
         old = params[name]
         new = torch.nn.Parameter(param_fn(old.data, name), requires_grad=old.requires_grad)
         optimizer = optimizers.get(name)

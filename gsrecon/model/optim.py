@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gsrecon.model.params import PARAM_NAMES
+from gsrecon.params import PARAM_NAMES
 
 FUSED_ADAM_DEVICES = ("cpu", "cuda")  # where torch (>= 2.4) has a fused Adam
 

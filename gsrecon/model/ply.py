@@ -30,8 +30,8 @@ from torch import Tensor
 from gsrecon.atomic import atomic_path
 from gsrecon.errors import InputError
 from gsrecon.io.ply import finite_column, read_ply, read_ply_header, write_binary_ply
-from gsrecon.model.params import PARAM_NAMES, check_params
-from gsrecon.render.sh import sh_degree_of
+from gsrecon.params import PARAM_NAMES, check_params
+from gsrecon.sh import sh_degree_of
 
 _F_REST = re.compile(r"f_rest_(\d+)")
 

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from gsrecon.atomic import write_json
+from gsrecon.data.blocks import Partition, PartitionConfig, cell_box, image_coverage
 from gsrecon.distributed import DistributedContext
 from gsrecon.engine.checkpoints import load_checkpoint_file, save_checkpoint, scene_checkpoint
 from gsrecon.engine.evaluator import build_metrics, evaluate_views
@@ -24,7 +25,6 @@ from gsrecon.logging.console import Logger
 from gsrecon.metrics import mean_metrics
 from gsrecon.model import ops
 from gsrecon.model.optim import SchedulerConfig
-from gsrecon.partition.blocks import Partition, PartitionConfig, cell_box, image_coverage
 
 if TYPE_CHECKING:
     from gsrecon.data.pipeline import DataPipeline
@@ -116,7 +116,7 @@ def merge_blocks(
     mean = mean_metrics([{k: v for k, v in view.items() if k != "blocks"} for view in views]) if views else {}
     write_json(
         exp_dir / "metrics.json",
-        {"step": step, "num_gaussians": num_gaussians, "mean": mean, "views": views, "kept_per_block": kept},
+        {"step": step, "num_gaussians": num_gaussians, "mean": mean, "images": views, "kept_per_block": kept},
     )
     return MergeResult(num_gaussians, mean, kept)
 

@@ -25,15 +25,16 @@ from rich.console import Console
 
 from gsrecon.atomic import write_json
 from gsrecon.config import ConfigError, load_config, save_yaml, to_container
+from gsrecon.data.blocks import Partition, plan_partition
 from gsrecon.data.pipeline import DataPipeline, read_scene
 from gsrecon.distributed import DistributedContext
 from gsrecon.engine import builder
 from gsrecon.engine.checkpoints import changed_settings
-from gsrecon.engine.run_dir import RUN_MARKER, RunDir
+from gsrecon.engine.run_dir import RUN_MARKER, RunDir, resume_command
 from gsrecon.engine.trainer import DefaultTrainer
 from gsrecon.errors import InputError
 from gsrecon.logging.console import Logger
-from gsrecon.partition.blocks import Partition, plan_partition
+from gsrecon.metrics import describe_metrics
 from gsrecon.partition.merge import (
     BLOCK_RESULT,
     BLOCKS_DIR,
@@ -61,6 +62,25 @@ class BlocksOutcome:
     stop_signal: int | None = None
     merged: MergeResult | None = None
 
+    def report(self, cfg: builder.RunConfig) -> list[str]:
+        """What the command line says when ``cfg``'s blocks stopped: why it stopped early and how to continue, or
+        the blocks trained, the merge and where the outputs are."""
+        if self.stop_reason:
+            only = "" if cfg.partition.only is None else f" partition.only={cfg.partition.only}"
+            return [f"{self.stop_reason}; {resume_command(cfg.exp_dir, only)}"]
+        done = f"blocks trained: {', '.join(map(str, self.trained)) or 'none'}"
+        if self.finished_before:
+            done += f" (finished before: {', '.join(map(str, self.finished_before))})"
+        if self.merged is None:
+            return [done]
+        return [done, describe_merge(self.merged), f"outputs: {cfg.exp_dir}"]
+
+
+def describe_merge(merged: MergeResult) -> str:
+    """``merged: 12345 Gaussians: psnr ...`` of a merge."""
+    metrics = describe_metrics(merged.metrics)
+    return f"merged: {merged.num_gaussians} Gaussians{': ' + metrics if metrics else ''}"
+
 
 def train_blocks(cfg: builder.RunConfig, source: str, overwrite: bool = False) -> BlocksOutcome:
     """Train the blocks of ``cfg.partition`` this process has (all, its torchrun rank's share, or
@@ -69,7 +89,6 @@ def train_blocks(cfg: builder.RunConfig, source: str, overwrite: bool = False) -
     differ, a plan that differs from the one the folder's blocks were trained on) raises InputError before any
     training; nothing a finished block wrote is lost."""
     import_plugins(cfg.imports, source)
-    builder.check_run_config(cfg, source)
     dist = DistributedContext.from_env()
     only = cfg.partition.only
     logger = Logger(console=None if dist.rank == 0 else Console(quiet=True))
@@ -97,7 +116,7 @@ def train_blocks(cfg: builder.RunConfig, source: str, overwrite: bool = False) -
         if group is not None:
             torch_dist.barrier(group)
         if dist.rank == 0:
-            pipeline = DataPipeline(dataclasses.replace(cfg.data, cache="disk"), device, cfg.seed)
+            pipeline = DataPipeline(dataclasses.replace(cfg.data, cache="disk"), device, cfg.seed, source=source)
             outcome.merged = merge_blocks(cfg, resolved, partition, pipeline, logger, dist.local_rank)
         return outcome
     finally:
@@ -154,7 +173,7 @@ def merge_run(exp_dir: str | Path, device: str = "auto", overrides: Sequence[str
     import_plugins(cfg.imports, source)
     torch_device = builder.resolve_device(cfg.device, DistributedContext())
     resolved = builder.resolve_run_config(cfg, torch_device, source)
-    pipeline = DataPipeline(dataclasses.replace(cfg.data, cache="disk"), torch_device, cfg.seed)
+    pipeline = DataPipeline(dataclasses.replace(cfg.data, cache="disk"), torch_device, cfg.seed, source=source)
     partition = plan_partition(pipeline.scene, cfg.partition)
     _check_plan(exp_dir / PLAN_FILE, partition)
     run_dir = RunDir(exp_dir, source)

@@ -1,4 +1,4 @@
-"""The renderer interface shared by the gsplat (CUDA) and pure-PyTorch renderers."""
+"""The renderer interface every renderer shares (gsplat's CUDA one, the pure-PyTorch reference, plugins)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
-from gsrecon.data.scene import PINHOLE, CameraModel
-from gsrecon.model.params import check_params
+from gsrecon.cameras import Cameras
+from gsrecon.params import check_params
+from gsrecon.registry import RunChecked
 
 if TYPE_CHECKING:
+    from gsrecon.data.pipeline import Batch
     from gsrecon.logging.console import Logger
 
 
@@ -59,8 +61,8 @@ class RenderOutput:
     median_depth: Tensor | None = None
 
 
-class Renderer(abc.ABC):
-    """Renders Gaussians given in pre-activation form (see `gsrecon.model.gaussians`).
+class Renderer(abc.ABC, RunChecked):
+    """Renders Gaussians given in pre-activation form (see :mod:`gsrecon.params`).
 
     ``params`` maps ``means`` [N, 3], ``scales`` [N, 3] (log), ``quats`` [N, 4] (w, x, y, z, not
     necessarily unit), ``opacities`` [N] (logit), ``sh0`` [N, 1, 3] and ``shN`` [N, K-1, 3]; the
@@ -84,51 +86,33 @@ class Renderer(abc.ABC):
     def render(
         self,
         params: Mapping[str, Tensor],
-        viewmats: Tensor,  # [C, 4, 4] world-to-camera, OpenCV convention
-        Ks: Tensor,  # [C, 3, 3] intrinsics in pixels (of ``camera_model``)
-        width: int,
-        height: int,
+        cameras: Cameras,
         sh_degree: int,
-        backgrounds: Tensor,  # [C, 3]
-        *,
-        camera_model: CameraModel = PINHOLE,  # the C cameras' model: pinholes, or fisheye lenses (coeffs [C, 4])
+        backgrounds: Tensor | None = None,  # [C, 3]; None: black
     ) -> RenderOutput:
-        """Render ``C`` cameras of size ``width`` x ``height`` using SH up to ``sh_degree``; through a fisheye
-        ``camera_model``, ``Ks`` are the lenses' intrinsics and the images are what the lenses see (not undistorted).
+        """Render the ``C`` ``cameras`` using SH up to ``sh_degree``; through fisheye cameras, the images are what
+        the lenses see (not undistorted).
 
         Raises ValueError naming the offending input when shapes or sizes are inconsistent.
         """
         model_degree = check_params(params)
         if not 0 <= sh_degree <= model_degree:
             raise ValueError(f"sh_degree={sh_degree} is not between 0 and the model's SH degree {model_degree}")
-        c = viewmats.shape[0]
-        if tuple(viewmats.shape) != (c, 4, 4):
-            raise ValueError(f"viewmats has shape {tuple(viewmats.shape)}, expected (C, 4, 4)")
-        if tuple(Ks.shape) != (c, 3, 3):
-            raise ValueError(f"Ks has shape {tuple(Ks.shape)}, expected ({c}, 3, 3)")
+        if not isinstance(cameras, Cameras):
+            raise ValueError(f"cameras must be a Cameras, got {type(cameras).__name__}")
+        c = len(cameras)
+        if backgrounds is None:
+            backgrounds = params["means"].new_zeros(c, 3)
         if tuple(backgrounds.shape) != (c, 3):
             raise ValueError(f"backgrounds has shape {tuple(backgrounds.shape)}, expected ({c}, 3)")
-        if width <= 0 or height <= 0:
-            raise ValueError(f"image size must be positive, got width={width}, height={height}")
-        if not isinstance(camera_model, CameraModel):
-            raise ValueError(f"camera_model must be a CameraModel, got {type(camera_model).__name__}")
-        if camera_model.kind == "fisheye" and tuple(camera_model.coeffs.shape) != (c, 4):
-            raise ValueError(
-                f"fisheye camera_model coeffs have shape {tuple(camera_model.coeffs.shape)}, expected ({c}, 4)"
-            )
-        return self._render(params, viewmats, Ks, width, height, sh_degree, backgrounds, camera_model=camera_model)
+        return self._render(params, cameras, sh_degree, backgrounds)
+
+    def render_batch(self, params: Mapping[str, Tensor], batch: Batch, sh_degree: int) -> RenderOutput:
+        """Render ``batch``'s cameras over its backgrounds (see :meth:`render`)."""
+        return self.render(params, batch.cameras, sh_degree, batch.backgrounds)
 
     @abc.abstractmethod
     def _render(
-        self,
-        params: Mapping[str, Tensor],
-        viewmats: Tensor,
-        Ks: Tensor,
-        width: int,
-        height: int,
-        sh_degree: int,
-        backgrounds: Tensor,
-        *,
-        camera_model: CameraModel,
+        self, params: Mapping[str, Tensor], cameras: Cameras, sh_degree: int, backgrounds: Tensor
     ) -> RenderOutput:
-        """:meth:`render` for inputs already checked."""
+        """:meth:`render` for inputs already checked (``backgrounds`` [C, 3] given)."""

@@ -40,6 +40,9 @@ def depth_to_rgb(depth: Tensor | np.ndarray, alpha: Tensor | np.ndarray | None =
     return np.round(rgb * np.clip(alpha, 0.0, 1.0)[..., None]).astype(np.uint8)
 
 
+DEPTH_KINDS = ("expected", "median")  # what a depth image shows: the blended depth, or the surface's
+
+
 def depth_image(out: RenderOutput, depth: str = "expected") -> np.ndarray:
     """The first camera's ``expected`` or ``median`` depth (``out.median_depth``), colour-mapped as uint8
     [H, W, 3], black where nothing is (the median depth: where the opacity stays below 1/2)."""

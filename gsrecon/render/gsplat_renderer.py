@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from gsrecon.data.scene import CameraModel
+from gsrecon.cameras import Cameras
 from gsrecon.errors import InputError
 from gsrecon.logging.console import Logger
 from gsrecon.registry import RENDERER_REGISTRY
@@ -87,20 +87,12 @@ class GsplatRenderer(Renderer):
         self._rasterization = rasterization
 
     def _render(
-        self,
-        params: Mapping[str, Tensor],
-        viewmats: Tensor,
-        Ks: Tensor,
-        width: int,
-        height: int,
-        sh_degree: int,
-        backgrounds: Tensor,
-        *,
-        camera_model: CameraModel,
+        self, params: Mapping[str, Tensor], cameras: Cameras, sh_degree: int, backgrounds: Tensor
     ) -> RenderOutput:
         if self._rasterization is None:
             raise GsplatUnavailableError("GsplatRenderer.setup() must run before render()")
         cfg = self.cfg
+        camera_model = cameras.model
         if camera_model.kind == "fisheye" and cfg.median_depth:
             raise InputError(
                 "renderer.median_depth with gsplat needs pinhole cameras (fisheye Gaussians are evaluated along rays, "
@@ -124,10 +116,10 @@ class GsplatRenderer(Renderer):
             scales=torch.exp(params["scales"]),
             opacities=torch.sigmoid(params["opacities"]),
             colors=colors,
-            viewmats=viewmats,
-            Ks=Ks,
-            width=width,
-            height=height,
+            viewmats=cameras.viewmats,
+            Ks=cameras.Ks,
+            width=cameras.width,
+            height=cameras.height,
             near_plane=cfg.near_plane,
             far_plane=cfg.far_plane,
             radius_clip=cfg.radius_clip,

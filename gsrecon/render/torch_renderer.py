@@ -25,13 +25,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gsrecon.data.scene import PINHOLE, CameraModel
-from gsrecon.geometry import camera_centers, pinhole_project, quat_scale_to_factor
-from gsrecon.model.params import PARAM_NAMES
+from gsrecon.cameras import PINHOLE, CameraModel, Cameras
+from gsrecon.cameras.lens import fisheye_project, pinhole_project
+from gsrecon.geometry import camera_centers, quat_scale_to_factor
+from gsrecon.params import PARAM_NAMES
 from gsrecon.registry import RENDERER_REGISTRY
 from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
-from gsrecon.render.lens import fisheye_project
-from gsrecon.render.sh import num_sh_bases, sh_to_color
+from gsrecon.sh import num_sh_bases, sh_to_color
 
 ALPHA_MIN = 1.0 / 255.0  # a Gaussian with alpha below this is skipped at a pixel
 TRANSMITTANCE_MIN = 1e-4  # a pixel stops before the Gaussian that would take T to or below this
@@ -82,7 +82,7 @@ def project_gaussians(
     "antialiased" mode), so that the dilation does not make small Gaussians brighter; the box and
     the 1/255 test use the compensated opacity, as in gsplat.
 
-    Through a fisheye ``camera_model`` the centre and the Jacobian are the lens model's (`gsrecon.render.lens`), with
+    Through a fisheye ``camera_model`` the centre and the Jacobian are the lens model's (`gsrecon.cameras.lens`), with
     no clamp, and Gaussians past the angle where the model folds back are culled.
     """
     rot, trans = viewmats[:, :3, :3], viewmats[:, :3, 3]  # [C, 3, 3], [C, 3]
@@ -720,18 +720,12 @@ class TorchRenderer(Renderer):
         self.cfg = cfg if cfg is not None else TorchRenderer.Config()
 
     def _render(
-        self,
-        params: Mapping[str, Tensor],
-        viewmats: Tensor,
-        Ks: Tensor,
-        width: int,
-        height: int,
-        sh_degree: int,
-        backgrounds: Tensor,
-        *,
-        camera_model: CameraModel,
+        self, params: Mapping[str, Tensor], cameras: Cameras, sh_degree: int, backgrounds: Tensor
     ) -> RenderOutput:
         cfg = self.cfg
+        viewmats, Ks, width, height, camera_model = (
+            cameras.viewmats, cameras.Ks, cameras.width, cameras.height, cameras.model
+        )  # fmt: skip
         n_cams, n = viewmats.shape[0], params["means"].shape[0]
         rows = [params[key] for key in PARAM_NAMES]
         ids = None  # [M] ids of the Gaussians rendered, None for all of them

@@ -1,4 +1,5 @@
-"""Densification strategies: how the set of Gaussians grows, shrinks and moves during training.
+"""Densification strategies: how the set of Gaussians grows, shrinks and moves during training, and the pruners
+composed with them (``floaters``); every change of rows goes through :mod:`gsrecon.model.ops`.
 
 Importing this package registers the built-ins (``none``, ``default``, ``mcmc``) in STRATEGY_REGISTRY.
 """

@@ -13,7 +13,6 @@ optimiser step, ``step_post_backward`` (densify, prune or relocate).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +21,7 @@ from torch import Tensor
 
 from gsrecon.distributed import DistributedContext
 from gsrecon.model.ops import Optimizers, Params
-from gsrecon.registry import STRATEGY_REGISTRY
+from gsrecon.registry import STRATEGY_REGISTRY, RunChecked
 
 SINGLE_PROCESS = DistributedContext()
 
@@ -35,7 +34,7 @@ def opacity_scale_penalty(params: Params, opacity_reg: float, scale_reg: float) 
     return opacity_reg * torch.sigmoid(params["opacities"]).mean() + scale_reg * torch.exp(params["scales"]).mean()
 
 
-class Strategy:
+class Strategy(RunChecked):
     """Base class: keeps the Gaussians as they are."""
 
     # The state entries (of initialize_state's dict) holding one row per Gaussian, [N, ...] or None until first
@@ -48,9 +47,6 @@ class Strategy:
 
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg
-
-    def check_sanity(self, params: Params, renderer_cfg: Mapping[str, Any]) -> None:
-        """Refuse, before training, a model or renderer this strategy cannot work with."""
 
     def initialize_state(self, scene_extent: float) -> dict[str, Any]:
         """The strategy's running state for a new run (a dict of tensors and numbers)."""

@@ -1,7 +1,8 @@
 """The adaptive density control of 3DGS (Kerbl et al. 2023): clone, split, prune, reset opacity.
 
-Gaussians are cloned, split and pruned through :mod:`gsrecon.model.ops` as gsplat's ``gsplat.strategy.ops`` does
-it (the same rows, values and optimiser moments; the opacity reset is gsplat's), so this runs with both renderers.
+Gaussians are cloned, split, pruned and their opacities reset through :mod:`gsrecon.model.ops` as gsplat's
+``gsplat.strategy.ops`` does it (the same rows, values and optimiser moments), so this runs with every renderer and
+without gsplat.
 It differs from gsplat 1.5's ``DefaultStrategy`` in three ways: a hard ``cap_max`` on the number of Gaussians,
 statistics that are summed over ranks under torchrun, and an opacity reset that actually runs (gsplat 1.5.3's
 ``step % reset_every == 0 & step > 0`` is always False).
@@ -9,20 +10,18 @@ statistics that are summed over ranks under torchrun, and an opacity reset that 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from gsplat.strategy.ops import reset_opa
 from torch import Tensor
 
 from gsrecon.config import per_start, run_steps
 from gsrecon.distributed import DistributedContext
 from gsrecon.errors import InputError
 from gsrecon.geometry import quat_to_rotmat
-from gsrecon.model.ops import append_rows, remove_rows
-from gsrecon.registry import STRATEGY_REGISTRY
+from gsrecon.model.ops import append_rows, remove_rows, reset_opacities
+from gsrecon.registry import STRATEGY_REGISTRY, RunFacts
 from gsrecon.strategy.base import SINGLE_PROCESS, Optimizers, Params, Strategy, opacity_scale_penalty
 
 
@@ -73,16 +72,16 @@ class DefaultStrategy(Strategy):
             if getattr(cfg, name) < 1:
                 raise InputError(f"strategy.{name} must be >= 1, got {getattr(cfg, name)}")
 
-    def check_sanity(self, params: Params, renderer_cfg: Mapping[str, Any]) -> None:
-        n = len(params["means"])
+    def check(self, run: RunFacts) -> None:
+        n = run.num_gaussians
         if self.cfg.cap_max and n > self.cfg.cap_max:
-            raise InputError(f"the model starts with {n} Gaussians, more than strategy.cap_max={self.cfg.cap_max}")
+            raise ValueError(f"the model starts with {n} Gaussians, more than strategy.cap_max={self.cfg.cap_max}")
 
     def regularization(self, params: Params, state: dict[str, Any], info: dict[str, Any]) -> Tensor | None:
         return opacity_scale_penalty(params, self.cfg.opacity_reg, self.cfg.scale_reg)
 
     def initialize_state(self, scene_extent: float) -> dict[str, Any]:
-        """Running statistics per Gaussian [N] (gsplat's ops grow and shrink the tensors among them)."""
+        """Running statistics per Gaussian [N] (:mod:`gsrecon.model.ops` grows and shrinks them with the Gaussians)."""
         return {"grad2d": None, "count": None, "radii": None, "scene_scale": scene_extent}
 
     def step_pre_backward(
@@ -122,7 +121,7 @@ class DefaultStrategy(Strategy):
                 if state[key] is not None:
                     state[key].zero_()
         if step > 0 and step % cfg.reset_every == 0:
-            reset_opa(params=params, optimizers=optimizers, state=state, value=cfg.prune_opa * 2.0)
+            reset_opacities(params, optimizers, cfg.prune_opa * 2.0)
 
     def _accumulate(
         self, params: Params, state: dict[str, Any], info: dict[str, Any], dist: DistributedContext

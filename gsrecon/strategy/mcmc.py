@@ -9,7 +9,6 @@ the paper) is computed here in PyTorch: gsplat's version is a CUDA-only kernel.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +20,7 @@ from gsrecon.distributed import DistributedContext
 from gsrecon.errors import InputError
 from gsrecon.geometry import quat_scale_to_factor
 from gsrecon.model.ops import append_rows, replace_rows
-from gsrecon.registry import STRATEGY_REGISTRY
+from gsrecon.registry import STRATEGY_REGISTRY, RunFacts
 from gsrecon.strategy.base import SINGLE_PROCESS, Optimizers, Params, Strategy, opacity_scale_penalty
 
 N_MAX = 51  # largest number of copies one relocation step accounts for (as gsplat)
@@ -61,10 +60,10 @@ class MCMCStrategy(Strategy):
             raise InputError(f"strategy.refine_every must be >= 1, got {cfg.refine_every}")
         self.binoms = binomial_table(N_MAX)
 
-    def check_sanity(self, params: Params, renderer_cfg: Mapping[str, Any]) -> None:
-        n = len(params["means"])
+    def check(self, run: RunFacts) -> None:
+        n = run.num_gaussians
         if n > self.cfg.cap_max:
-            raise InputError(
+            raise ValueError(
                 f"the model starts with {n} Gaussians, more than strategy.cap_max={self.cfg.cap_max}; "
                 f"raise cap_max or start from fewer points"
             )

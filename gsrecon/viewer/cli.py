@@ -25,7 +25,7 @@ def view(args: argparse.Namespace) -> int:
     )
     logger = Logger()
     device = scene_device(scene, args.device, logger)
-    pipeline = DataPipeline(scene.cfg.data, device, scene.cfg.seed)
+    pipeline = DataPipeline(scene.cfg.data, device, scene.cfg.seed, source=scene.source)
     renderer = build_renderer(scene, device, logger, median_depth=True)
     viewer = SceneViewer(
         renderer,

@@ -16,8 +16,9 @@ import torch
 from PIL import Image
 from torch import Tensor
 
+from gsrecon.cameras import Cameras
 from gsrecon.geometry import quat_scale_to_factor, quat_to_rotmat, rotmat_to_quat
-from gsrecon.render.sh import sh_to_rgb
+from gsrecon.sh import sh_to_rgb
 
 
 @dataclass
@@ -26,16 +27,6 @@ class Pose:
 
     wxyz: np.ndarray  # [4] camera-to-world rotation (w, x, y, z)
     position: np.ndarray  # [3] camera centre in world coordinates
-
-
-@dataclass
-class View:
-    """A camera as gsrecon's renderers take it."""
-
-    viewmat: Tensor  # [4, 4] world-to-camera, OpenCV
-    K: Tensor  # [3, 3] pinhole intrinsics in pixels
-    width: int
-    height: int
 
 
 @dataclass
@@ -61,7 +52,7 @@ def vertical_fov(K: Tensor, height: int) -> float:
     return 2.0 * math.atan(0.5 * height / float(K[1, 1]))
 
 
-def view_of(pose: Pose, fov: float, aspect: float, max_side: int) -> View:
+def view_of(pose: Pose, fov: float, aspect: float, max_side: int) -> Cameras:
     """The pinhole camera at ``pose`` with vertical field of view ``fov`` (radians) and width/height
     ``aspect``, its longer image side ``max_side`` pixels, principal point at the image centre."""
     if aspect >= 1.0:
@@ -74,7 +65,7 @@ def view_of(pose: Pose, fov: float, aspect: float, max_side: int) -> View:
     viewmat[:3, 3] = -R_wc.T @ torch.as_tensor(pose.position, dtype=torch.float64)
     focal = 0.5 * height / math.tan(0.5 * fov)
     K = torch.tensor([[focal, 0.0, 0.5 * width], [0.0, focal, 0.5 * height], [0.0, 0.0, 1.0]])
-    return View(viewmat.float(), K, width, height)
+    return Cameras(viewmat.float()[None], K[None], width, height)  # one camera
 
 
 @torch.no_grad()

@@ -24,11 +24,11 @@ import torch
 import viser
 from torch import Tensor
 
+from gsrecon.cameras.paths import focus_point, mean_up
 from gsrecon.data.formats.images import to_uint8
 from gsrecon.data.scene import Scene
 from gsrecon.geometry import camera_centers
 from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
-from gsrecon.render.camera_path import focus_point, mean_up
 from gsrecon.render.colormap import depth_image
 from gsrecon.viewer import DISPLAYS, RESOLUTIONS, check_view_settings
 from gsrecon.viewer.convert import Pose, pose_of, splat_arrays, thumbnail, vertical_fov, view_of
@@ -192,15 +192,7 @@ class SceneViewer:
         view = view_of(Pose(camera.wxyz, camera.position), camera.fov, camera.aspect, self.resolution_slider.value)
         device = self._params["means"].device
         with torch.no_grad():
-            out = self.renderer.render(
-                self._params,
-                view.viewmat[None].to(device),
-                view.K[None].to(device),
-                view.width,
-                view.height,
-                self._sh_degree,
-                self.background.to(device)[None],
-            )
+            out = self.renderer.render(self._params, view.to(device), self._sh_degree, self.background.to(device)[None])
         image = output_image(out, self.output_dropdown.value)
         with warnings.catch_warnings():  # the page may have closed during the render: nothing to send to
             warnings.filterwarnings("ignore", message="Queued a .* on a closed connection")

@@ -26,9 +26,10 @@ from torch import Tensor
 
 from gsrecon.atomic import atomic_path
 from gsrecon.cache import cache_file
+from gsrecon.cameras import PINHOLE, CameraModel
 from gsrecon.data.errors import DatasetError
 from gsrecon.data.formats.lens import Distortion, describe_crop, field_of_view, undistort_image, undistorted_intrinsics
-from gsrecon.data.scene import PINHOLE, CameraModel, Frame, PixelFile
+from gsrecon.data.scene import Frame, PixelFile
 from gsrecon.errors import InputError
 
 FACTORS = (1, 2, 4, 8)

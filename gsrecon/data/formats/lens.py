@@ -9,31 +9,26 @@ OpenCV's radial-tangential model on normalised coordinates ``(x, y) = ((u - cx) 
 
 Fisheye cameras (COLMAP ``*_FISHEYE``, OpenCV/nerfstudio ``OPENCV_FISHEYE``) are equidistant with a polynomial
 on the angle ``theta = atan(r)`` from the optical axis: ``theta_d = theta (1 + k1 t^2 + k2 t^4 + k3 t^6 + k4 t^8)``,
-``(xd, yd) = (x, y) theta_d / r`` (:func:`fisheye_polynomial`, which the renderer's lens projection uses too).
+``(xd, yd) = (x, y) theta_d / r`` (:func:`gsrecon.cameras.lens.fisheye_polynomial`, the lens maths the renderers
+use too).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
+from gsrecon.cameras.lens import fisheye_polynomial
 from gsrecon.data.errors import DatasetError
 from gsrecon.data.formats.colmap_model import ColmapCamera
-
-if TYPE_CHECKING:
-    import torch
 
 SUPPORTED_MODELS = (  # COLMAP model name: number of parameters
     {"SIMPLE_PINHOLE": 3, "PINHOLE": 4, "SIMPLE_RADIAL": 4, "RADIAL": 5, "OPENCV": 8}
     | {"SIMPLE_RADIAL_FISHEYE": 4, "RADIAL_FISHEYE": 5, "OPENCV_FISHEYE": 8}
 )
 FISHEYE_MAX_ANGLE = math.radians(80.0)  # widest half-angle an undistorted pinhole image keeps
-
-Angles = TypeVar("Angles", np.ndarray, "torch.Tensor")
 
 
 @dataclass(frozen=True)
@@ -56,16 +51,6 @@ class Distortion:
     def fisheye_coeffs(self) -> tuple[float, float, float, float]:
         """(k1, k2, k3, k4) of the fisheye polynomial."""
         return self.k1, self.k2, self.k3, self.k4
-
-
-def fisheye_polynomial(theta: Angles, coeffs: Sequence[float | Angles]) -> tuple[Angles, Angles]:
-    """(theta_d, d theta_d / d theta) of the fisheye polynomial at the angles ``theta`` (any shape; a numpy array
-    or a torch tensor), with ``coeffs`` k1..k4 (numbers, or values that broadcast against ``theta``)."""
-    k1, k2, k3, k4 = coeffs
-    t2 = theta * theta
-    theta_d = theta * (1.0 + t2 * (k1 + t2 * (k2 + t2 * (k3 + t2 * k4))))
-    slope = 1.0 + t2 * (3.0 * k1 + t2 * (5.0 * k2 + t2 * (7.0 * k3 + t2 * 9.0 * k4)))
-    return theta_d, slope
 
 
 def intrinsics_matrix(fx: float, fy: float, cx: float, cy: float) -> np.ndarray:

@@ -35,6 +35,7 @@ from gsrecon.errors import InputError
 MATCHERS = ("exhaustive", "sequential")
 AUTO_MATCHER = "auto"  # run_sfm picks one of MATCHERS from the image names (see :func:`auto_matcher`)
 CAMERA_MODES = ("auto", "per_image")
+CAMERA_MODEL = "SIMPLE_RADIAL"  # the COLMAP camera model run_sfm fits unless told otherwise
 MIN_REGISTERED = 3
 STAGES = ("features", "matching", "mapping", "undistortion")  # run_sfm's stages, in order
 MIN_FEATURES = 100  # SIFT features below which a photo is too small, blurred or plain to be matched
@@ -52,7 +53,27 @@ class SfmReport:
     num_points: int  # sparse points
     unregistered: list[str]  # names of the input images without a pose
     num_cameras: int  # cameras (intrinsics) in the model: 1 when all registered photos have one size
-    seconds: dict[str, float]  # wall-clock time of each stage that ran (:data:`STAGES`), in order
+    seconds: dict[str, float]  # wall-clock time of each stage that ran (:data:`STAGES`, video frames first), in order
+
+    def summary(self) -> str:
+        """One line: what was registered and how long each stage took."""
+        left_out = f" (not registered: {listing(self.unregistered)})" if self.unregistered else ""
+        stages = ", ".join(f"{name} {value:.1f} s" for name, value in self.seconds.items())
+        return (
+            f"structure from motion: registered {self.num_registered} of {self.num_images} images{left_out}, "
+            f"{self.num_points} points, in {sum(self.seconds.values()):.1f} s ({stages})"
+        )
+
+    def lines(self) -> list[str]:
+        """The report of ``gsrecon data colmap``: what was registered, each stage's time, and how to train on it."""
+        stages = ", ".join(f"{name} {value:.1f} s" for name, value in self.seconds.items())
+        return [
+            f"registered {self.num_registered} of {self.num_images} images with {self.num_cameras} camera(s), "
+            f"{self.num_points} points",
+            *([f"not registered: {', '.join(self.unregistered)}"] if self.unregistered else []),
+            f"time per stage: {stages} (total {sum(self.seconds.values()):.1f} s)",
+            f"scene folder: {self.scene_dir} (train with data.dataset=colmap data.path={self.scene_dir})",
+        ]
 
 
 class PycolmapUnavailableError(ImportError, InputError):
@@ -71,7 +92,7 @@ def import_pycolmap(command: str) -> ModuleType:
 def run_sfm(
     images_dir: str,
     out_dir: str,
-    camera_model: str = "SIMPLE_RADIAL",
+    camera_model: str = CAMERA_MODEL,
     camera_mode: str = "auto",
     matcher: str = AUTO_MATCHER,
     max_image_size: int = 3200,

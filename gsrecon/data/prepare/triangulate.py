@@ -41,6 +41,16 @@ class TriangulationReport:
     change: str  # what changed in the transforms file, e.g. 'added "ply_file_path": "sparse_pc.ply"'
     work_dir: Path  # database.db and sparse/ (the COLMAP model)
 
+    def lines(self, scene: str | Path) -> list[str]:
+        """The report of ``gsrecon data triangulate`` on the scene folder ``scene``."""
+        return [
+            self.triangulation.describe(),
+            f"points: {self.ply_path}",
+            f"{self.transforms_path}: {self.change}",
+            f"work files: {self.work_dir} (database.db, sparse/: the COLMAP model; safe to delete)",
+            f"train with data.dataset=transforms data.path={scene} (model.init: auto starts from these points)",
+        ]
+
 
 def triangulate_scene(
     path: str | Path,

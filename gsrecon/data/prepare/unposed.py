@@ -9,7 +9,7 @@ import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gsrecon.cache import cache_file
 from gsrecon.data.errors import DatasetError
@@ -23,9 +23,10 @@ from gsrecon.data.prepare.sfm import (
     listing,
     run_sfm,
 )
+from gsrecon.errors import InputError
 
 if TYPE_CHECKING:
-    from gsrecon.data.prepare.video import VideoInfo
+    from gsrecon.data.prepare.video import VideoFrames, VideoInfo
 
 # gsrecon.data.prepare.video is imported where a video is read: imageio-ffmpeg is for videos only (training needs
 # no ffmpeg).
@@ -128,28 +129,57 @@ def sfm_scene(unposed: Unposed, announcer: StageAnnouncer, log: Callable[[str], 
     partial.parent.mkdir(parents=True, exist_ok=True)
     try:
         if unposed.photos_dir is not None:
-            report = run_sfm(str(unposed.photos_dir), str(partial), on_stage=announcer(STAGES))
-            seconds = report.seconds
+            report = capture_sfm(partial, announcer, photos=unposed.photos_dir)
         else:
-            from gsrecon.data.prepare.video import VIDEO_STAGES, sfm_from_videos
-
-            report, seconds = sfm_from_videos(
-                [video.path for video in unposed.videos],
-                str(partial),
-                on_stage=announcer(VIDEO_STAGES),
-            )
+            report = capture_sfm(partial, announcer, videos=[video.path for video in unposed.videos])
         os.replace(partial, scene)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
-    log(_summary(report, seconds))
+    log(report.summary())
     return scene
 
 
-def _summary(report: SfmReport, seconds: dict[str, float]) -> str:
-    """One line: what structure from motion registered and how long each stage took."""
-    left_out = f" (not registered: {listing(report.unregistered)})" if report.unregistered else ""
-    stages = ", ".join(f"{name} {value:.1f} s" for name, value in seconds.items())
-    return (
-        f"structure from motion: registered {report.num_registered} of {report.num_images} images{left_out}, "
-        f"{report.num_points} points, in {sum(seconds.values()):.1f} s ({stages})"
-    )
+def capture_sfm(
+    out_dir: str | Path,
+    announcer: StageAnnouncer,
+    *,
+    photos: str | Path | None = None,
+    videos: Sequence[str | os.PathLike] = (),
+    frames: int | None = None,
+    fps: float | None = None,
+    oversample: int | None = None,
+    on_video: Callable[[VideoFrames], None] | None = None,
+    **sfm_options: Any,
+) -> SfmReport:
+    """Structure from motion into ``out_dir`` on a folder of ``photos``, or on the sharpest frames of ``videos``
+    (``frames`` or ``fps`` of them, the sharpest of each ``oversample``), each stage announced (``announcer``);
+    ``sfm_options`` go to :func:`~gsrecon.data.prepare.sfm.run_sfm`.
+
+    Raises:
+        InputError: ``frames``, ``fps`` or ``oversample`` with photos.
+        PycolmapUnavailableError, DatasetError: what structure from motion refuses.
+    """
+    if photos is not None:
+        if frames is not None or fps is not None or oversample is not None:
+            raise InputError(
+                "--frames, --fps and --oversample choose video frames: use them with --video, not --images"
+            )
+        return run_sfm(str(photos), str(out_dir), on_stage=announcer(STAGES), **sfm_options)
+    from gsrecon.data.prepare.video import OVERSAMPLE, VIDEO_STAGES, sfm_from_videos
+
+    return sfm_from_videos(
+        videos, str(out_dir), frames=frames, fps=fps, oversample=OVERSAMPLE if oversample is None else oversample,
+        on_stage=announcer(VIDEO_STAGES), on_video=on_video, **sfm_options,
+    )  # fmt: skip
+
+
+def announce_stages(log: Callable[[str], None]) -> StageAnnouncer:
+    """A :data:`StageAnnouncer` that logs each stage as it starts: ``[2/4] matching: exhaustive matching``."""
+
+    def announcer(stages: tuple[str, ...]) -> Callable[[str, str], None]:
+        def on_stage(name: str, what: str) -> None:
+            log(f"[{stages.index(name) + 1}/{len(stages)}] {name}: {what}")
+
+        return on_stage
+
+    return announcer

@@ -12,6 +12,7 @@ neighbouring frames. The folder appears complete or not at all.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
@@ -22,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import imageio_ffmpeg
 import numpy as np
 from PIL import Image
 
@@ -120,6 +120,8 @@ def probe_video(path: Path) -> VideoInfo:
     Raises:
         DatasetError: ffmpeg cannot read the file as a video (the message quotes ffmpeg's reason).
     """
+    import imageio_ffmpeg  # videos only: training, and the commands' arguments, need no ffmpeg
+
     try:
         reader = imageio_ffmpeg.read_frames(str(path))
         meta = next(reader)
@@ -306,6 +308,8 @@ def _extract(info: VideoInfo, windows: dict[int, int], folder: Path, prefix: str
         result.names.append(name)
         result.sharpness.append(score)
 
+    import imageio_ffmpeg  # videos only: training, and the commands' arguments, need no ffmpeg
+
     reader = imageio_ffmpeg.read_frames(str(info.path))
     try:
         width, height = next(reader)["size"]
@@ -341,13 +345,13 @@ def sfm_from_videos(
     on_stage: Callable[[str, str], None] | None = None,
     on_video: Callable[[VideoFrames], None] | None = None,
     **sfm_options: Any,
-) -> tuple[SfmReport, dict[str, float]]:
+) -> SfmReport:
     """Structure from motion on the sharpest frames of ``videos`` (``gsrecon data colmap --video``): the frames go
     to ``<out_dir>/input/`` (:func:`extract_frames`), then :func:`~gsrecon.data.prepare.sfm.run_sfm` runs on them
     with ``sfm_options``. ``on_stage`` hears each of :data:`VIDEO_STAGES` as it starts.
 
     Returns:
-        The SfM report and the seconds each stage took, ``frames`` first.
+        The SfM report; its ``seconds`` has the frames' stage first.
 
     Raises:
         PycolmapUnavailableError: pycolmap is not installed (said before any frame is extracted).
@@ -365,4 +369,4 @@ def sfm_from_videos(
         replaced=[Path(out_dir) / name for name in REPLACED],
     )
     report = run_sfm(str(extraction.images_dir), out_dir, on_stage=on_stage, **sfm_options)
-    return report, {"frames": extraction.seconds, **report.seconds}
+    return dataclasses.replace(report, seconds={"frames": extraction.seconds, **report.seconds})

@@ -61,7 +61,8 @@ def load_colmap(
             the extension optional).
         max_images: if > 0, keep this many evenly spaced images (in name order) before splitting.
         lazy: leave the pixels in their files (read headers only), to be decoded when needed (``data.cache: disk``).
-        keep_fisheye: keep fisheye photos as the lens saw them (``Frame.fisheye``), instead of undistorting them.
+        keep_fisheye: keep fisheye photos as the lens saw them (their ``Frame.camera_model`` a fisheye
+            :class:`~gsrecon.cameras.CameraModel`), instead of undistorting them.
 
     The point cloud may be empty (a model without SfM points); the Gaussians then need ``model.init=random``.
 

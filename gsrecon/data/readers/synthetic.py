@@ -39,12 +39,13 @@ from numpy.typing import NDArray
 from gsrecon import geometry
 from gsrecon.atomic import atomic_path
 from gsrecon.cache import cache_file
+from gsrecon.cameras.lens import pinhole_project
 from gsrecon.data.formats import lens as lens_maths
 from gsrecon.data.formats.lens import fov_to_focal, intrinsics_matrix
 from gsrecon.data.scene import Frame, Scene
 from gsrecon.data.splits import check_eval_split, evenly_spaced, split_frames
 from gsrecon.errors import InputError
-from gsrecon.geometry import camera_centers, look_at, pinhole_project
+from gsrecon.geometry import camera_centers, look_at
 from gsrecon.registry import DATASET_REGISTRY
 
 if TYPE_CHECKING:

@@ -107,7 +107,8 @@ def load_transforms(
         max_images: if > 0, keep this many evenly spaced frames (in name order) before splitting.
         point_cloud: False leaves ``ply_file_path`` unread (the scene's points empty), e.g. to replace it.
         lazy: leave the pixels in their files (read headers only), to be decoded when needed (``data.cache: disk``).
-        keep_fisheye: keep fisheye images as the lens saw them (``Frame.fisheye``), instead of undistorting them.
+        keep_fisheye: keep fisheye images as the lens saw them (their ``Frame.camera_model`` a fisheye
+            :class:`~gsrecon.cameras.CameraModel`), instead of undistorting them.
 
     Raises:
         DatasetError: missing or malformed files, missing intrinsics, unsupported cameras, images that

@@ -75,6 +75,8 @@ class AppearanceModule(ViewModule):
     that neighbouring photos share (BENCHMARKS.md, issue 29).
     """
 
+    kind = "appearance"
+
     def centred(self, offsets: Tensor) -> Tensor:
         """``offsets`` [N, ...] of the training views, each less their mean over its neighbourhood."""
         return offsets - neighbourhood_mean(offsets, self.cfg.neighbours)

@@ -7,9 +7,11 @@ in one or both places of a step: on the cameras before the render (:meth:`ViewMo
 rendered image before the loss (:meth:`ViewModule.adjust_image`); and on a test view's camera before it is scored
 (:meth:`ViewModule.eval_cameras`).
 
-A run's modules come from its ``appearance:`` and ``pose_opt:`` sections (``mode`` names the module, ``none`` is
-off) and from the ``views:`` entry map (``{key: {name, ...options}}``, e.g. a plugin's module), each a
-:data:`~gsrecon.registry.VIEW_REGISTRY` entry. The trainer sees them only through :class:`ViewModules`.
+A run's modules are :data:`~gsrecon.registry.VIEW_REGISTRY` entries of one shape, ``{name, ...options}``: the
+``appearance:`` and ``pose_opt:`` sections hold one each (``name: none`` is off; ``mode`` is the documented alias of
+``name`` there), each taking only modules of its kind (:data:`VIEW_SECTIONS`), and the ``views:`` entry map holds
+any more (``{key: {name, ...options}}``, e.g. a plugin's module). The trainer sees them only through
+:class:`ViewModules`.
 """
 
 from __future__ import annotations
@@ -25,20 +27,23 @@ from torch import Tensor
 from gsrecon.config import ConfigError
 from gsrecon.distributed import DistributedContext
 from gsrecon.errors import InputError
-from gsrecon.registry import VIEW_REGISTRY
+from gsrecon.registry import VIEW_REGISTRY, RunChecked
 
 if TYPE_CHECKING:
     from gsrecon.data.pipeline import Batch
     from gsrecon.render.base import RenderOutput
 
-# Run-config sections that each hold one per-view module: `mode` is its VIEW_REGISTRY name, `none` turns it off.
-VIEW_SECTIONS = ("appearance", "pose_opt")
+# Run-config sections that each hold one per-view module, and the kind of module each takes (ViewModule.kind).
+VIEW_SECTIONS = {"appearance": "appearance", "pose_opt": "pose"}
 EvalAdjust = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]  # (render, gt) [H, W, 3] -> the pair to score
 RenderFn = Callable[["Batch"], "RenderOutput"]  # the scene rendered from a batch's cameras
 
 
-class ViewModule(torch.nn.Module):
+class ViewModule(torch.nn.Module, RunChecked):
     """Base class: learns nothing and changes nothing; subclasses override what they need."""
+
+    kind = ""  # the kind of module: the section of that kind takes it (VIEW_SECTIONS); "": only views: entries
+    moves_cameras = False  # whether adjust_cameras moves the cameras (then the renderer must give their gradients)
 
     @dataclass
     class Config:
@@ -52,10 +57,6 @@ class ViewModule(torch.nn.Module):
         super().__init__()
         self.cfg = cfg
         self.index = {name: i for i, name in enumerate(train_names)}  # training view name -> row of its parameters
-
-    @classmethod
-    def check_run(cls, resolved: dict[str, Any]) -> None:
-        """Refuse (ValueError) a resolved run config this module cannot work with; the base accepts every run."""
 
     def rows(self, names: list[str], device: torch.device) -> Tensor:
         """The parameter rows [B] of the training views ``names``."""
@@ -196,23 +197,8 @@ class ViewModules:
 
 def view_entries(resolved: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """``{key: {name, **options}}`` of the per-view modules a resolved run config turns on."""
-    entries = {
-        section: {"name": resolved[section]["mode"], **{k: v for k, v in resolved[section].items() if k != "mode"}}
-        for section in VIEW_SECTIONS
-        if resolved[section]["mode"] != "none"
-    }
+    entries = {section: resolved[section] for section in VIEW_SECTIONS if resolved[section]["name"] != "none"}
     return {**entries, **{key: entry for key, entry in resolved["views"].items() if entry is not None}}
-
-
-def check_views(resolved: dict[str, Any], source: str = "config") -> None:
-    """Refuse a resolved run config that one of its per-view modules cannot work with (see
-    :meth:`ViewModule.check_run`), naming the module's key."""
-    for key, entry in view_entries(resolved).items():
-        try:
-            VIEW_REGISTRY.get(entry["name"]).check_run(resolved)
-        except ValueError as exc:
-            where = f"{key}.mode" if key in VIEW_SECTIONS else f"views.{key}"
-            raise ConfigError(f"{source}: key '{where}': {exc}") from exc
 
 
 def build_views(

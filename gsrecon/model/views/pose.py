@@ -17,7 +17,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -56,6 +56,9 @@ def corrected_viewmats(viewmats: Tensor, twists: Tensor) -> Tensor:
 class PoseCorrection(ViewModule):
     """One rigid correction per training image, looked up by image name; the camera moves, the photo stays."""
 
+    kind = "pose"
+    moves_cameras = True
+
     @dataclass
     class Config(ViewModule.Config):
         lr: float = 3e-4  # Adam learning rate of the twists (world units and radians per step, roughly)
@@ -85,15 +88,6 @@ class PoseCorrection(ViewModule):
         super().__init__(cfg, train_names)
         self.twists = torch.nn.Parameter(torch.zeros(len(train_names), 6))  # [N, 6]: v (world units), omega (rad)
 
-    @classmethod
-    def check_run(cls, resolved: dict[str, Any]) -> None:
-        """Refuse a run whose renderer cannot give the view matrices a gradient."""
-        if resolved["renderer"]["name"] == "gsplat" and resolved["data"]["fisheye"] == "lens":
-            raise ValueError(
-                "needs gradients of the camera poses, which gsplat does not give through a fisheye lens "
-                "(data.fisheye: lens): use data.fisheye=undistort, renderer.name=torch or pose_opt.mode=none"
-            )
-
     def build_scheduler(self, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
         """Exponential decay from ``lr`` to ``lr × lr_final_factor`` over ``decay_steps``, constant afterwards."""
         cfg = self.cfg
@@ -106,7 +100,10 @@ class PoseCorrection(ViewModule):
         return corrected_viewmats(viewmats, self.twists[self.rows(names, self.twists.device)])
 
     def adjust_cameras(self, batch: Batch) -> Batch:
-        return dataclasses.replace(batch, viewmats=self.camera_poses(batch.viewmats, batch.names))
+        cameras = batch.cameras
+        return dataclasses.replace(
+            batch, cameras=cameras.with_viewmats(self.camera_poses(cameras.viewmats, batch.names))
+        )
 
     def regularization(self) -> Tensor:
         """``reg`` × the mean over training images of the squared length of their twists."""
@@ -122,14 +119,15 @@ def fit_pose(batch: Batch, render: Callable[[Batch], RenderOutput], steps: int, 
     """``batch`` (one view) with its camera moved to where its render matches its photo best: ``steps`` Adam steps
     on a twist from zero, minimising the L1 difference over the pixels its mask keeps. Only the twist learns: the
     scene's parameters get no gradient."""
-    twist = torch.zeros(1, 6, device=batch.viewmats.device, requires_grad=True)  # [1, 6]
+    cameras = batch.cameras
+    twist = torch.zeros(1, 6, device=cameras.viewmats.device, requires_grad=True)  # [1, 6]
     optimizer = torch.optim.Adam([twist], lr=lr)
-    viewmats = batch.viewmats.detach()
+    viewmats = cameras.viewmats.detach()
     with torch.enable_grad():
         for _ in range(steps):
-            out = render(dataclasses.replace(batch, viewmats=corrected_viewmats(viewmats, twist)))
+            out = render(dataclasses.replace(batch, cameras=cameras.with_viewmats(corrected_viewmats(viewmats, twist))))
             error = (out.image - batch.images).abs().mean(-1, keepdim=True)  # [1, H, W, 1]
             loss = error.mean() if batch.masks is None else (error * batch.masks).sum() / batch.masks.sum().clamp_min(1)
             (twist.grad,) = torch.autograd.grad(loss, [twist])
             optimizer.step()
-    return dataclasses.replace(batch, viewmats=corrected_viewmats(viewmats, twist.detach()))
+    return dataclasses.replace(batch, cameras=cameras.with_viewmats(corrected_viewmats(viewmats, twist.detach())))

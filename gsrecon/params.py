@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from torch import Tensor
 
 from gsrecon.errors import InputError
-from gsrecon.render.sh import sh_degree_of
+from gsrecon.sh import sh_degree_of
 
 PARAM_NAMES = ("means", "scales", "quats", "opacities", "sh0", "shN")
 

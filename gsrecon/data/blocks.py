@@ -21,9 +21,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from gsrecon.cameras.lens import pinhole_project
 from gsrecon.data.scene import Frame, Scene
 from gsrecon.errors import InputError
-from gsrecon.geometry import camera_centers, pinhole_project
+from gsrecon.geometry import camera_centers
 
 BALANCES = ("auto", "points", "cameras")
 _COVERAGE_BINS = (32, 24)  # image bins the visibility test counts (x, y)

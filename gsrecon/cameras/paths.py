@@ -1,7 +1,7 @@
 """Smooth camera paths for fly-through videos, fitted to a scene's training cameras.
 
-All functions take and return world-to-camera ``viewmats [N, 4, 4]`` in the OpenCV convention
-(x right, y down, z forward); returned rotations are orthonormal with determinant +1. The world
+All functions take and return world-to-camera ``viewmats [N, 4, 4]`` in the convention of
+:mod:`gsrecon.cameras.cameras`; returned rotations are orthonormal with determinant +1. The world
 "up" of a capture is the mean of the cameras' up vectors (their -y axes).
 """
 
@@ -155,3 +155,6 @@ def _plane_basis(normal: Tensor) -> tuple[Tensor, Tensor]:
 
 def _normalize(x: Tensor) -> Tensor:
     return F.normalize(x, dim=-1)
+
+
+CAMERA_PATHS = {"ellipse": ellipse_path, "spiral": spiral_path, "interp": interp_path}  # gsrecon render --path

@@ -1,24 +1,45 @@
-"""Rendering through a fisheye lens: the OpenCV fisheye model as a projection with its Jacobian.
+"""Lens maths: how each camera model maps camera-space points to pixels (see :mod:`gsrecon.cameras.model`).
 
-A frame kept through its lens (``data.fisheye: lens``) is rendered by projecting each Gaussian's centre
-with the lens model and its covariance with the model's Jacobian at that centre (the EWA linearisation
-that 3DGS applies to the pinhole; gsplat's ``camera_model="fisheye"`` does the same for a lens without
-distortion). The model is that of :mod:`gsrecon.data.formats.lens`: with ``theta`` the angle from the
-optical axis, ``theta_d = theta (1 + k1 theta^2 + k2 theta^4 + k3 theta^6 + k4 theta^8)`` (its
-:func:`~gsrecon.data.formats.lens.fisheye_polynomial`) and the pixel
-``(u, v) = (fx x theta_d / r + cx, fy y theta_d / r + cy)`` for a camera-space point ``(x, y, z)`` with
-``r = sqrt(x^2 + y^2)``.
+A pinhole divides by depth: ``(u, v) = (fx x / z + cx, fy y / z + cy)`` (:func:`pinhole_project`). A fisheye lens
+is OpenCV's equidistant model: with ``theta`` the angle from the optical axis,
+``theta_d = theta (1 + k1 theta^2 + k2 theta^4 + k3 theta^6 + k4 theta^8)`` (:func:`fisheye_polynomial`, numpy or
+torch) and the pixel ``(u, v) = (fx x theta_d / r + cx, fy y theta_d / r + cy)`` for a camera-space point
+``(x, y, z)`` with ``r = sqrt(x^2 + y^2)``. A frame kept through its lens (``data.fisheye: lens``) is rendered by
+projecting each Gaussian's centre with the lens model and its covariance with the model's Jacobian at that centre
+(:func:`fisheye_project`: the EWA linearisation that 3DGS applies to the pinhole). Undistorting images to a pinhole
+is the image formats' (:mod:`gsrecon.data.formats.lens`).
 """
 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from collections.abc import Sequence
+from typing import Generic, NamedTuple, TypeVar
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from gsrecon.data.formats.lens import fisheye_polynomial
+Array = TypeVar("Array", np.ndarray, Tensor)
+
+
+class PinholeProjection(NamedTuple, Generic[Array]):
+    """Camera-space points seen through a pinhole (see `pinhole_project`), each field of the points' shape."""
+
+    u: Array  # x / z
+    v: Array  # y / z
+    pixel_x: Array  # fx u + cx
+    pixel_y: Array  # fy v + cy
+
+
+def pinhole_project(x: Array, y: Array, z: Array, K: Array) -> PinholeProjection[Array]:
+    """Pinhole projection of camera-space points ``(x, y, z)`` (z > 0; numpy arrays or torch tensors) through the
+    intrinsics ``K``: points [N] each with K [3, 3], or points [C, N] each with K [C, 3, 3]."""
+    u, v = x / z, y / z
+    fx, fy = K[..., 0, 0, None], K[..., 1, 1, None]  # [1] or [C, 1]
+    cx, cy = K[..., 0, 2, None], K[..., 1, 2, None]
+    return PinholeProjection(u, v, fx * u + cx, fy * v + cy)
+
 
 _AXIS_RATIO = 1e-3  # r / z below which the series at the optical axis replaces the exact terms (0 / 0 at r = 0)
 
@@ -30,6 +51,16 @@ class LensProjection(NamedTuple):
     jacobian_u: Tensor  # [C, N, 3] d(u) / d(x, y, z)
     jacobian_v: Tensor  # [C, N, 3] d(v) / d(x, y, z)
     in_lens: Tensor  # [C, N] bool: in front of the camera and inside the angle where the lens model is one-to-one
+
+
+def fisheye_polynomial(theta: Array, coeffs: Sequence[float | Array]) -> tuple[Array, Array]:
+    """(theta_d, d theta_d / d theta) of the fisheye polynomial at the angles ``theta`` (any shape; a numpy array
+    or a torch tensor), with ``coeffs`` k1..k4 (numbers, or values that broadcast against ``theta``)."""
+    k1, k2, k3, k4 = coeffs
+    t2 = theta * theta
+    theta_d = theta * (1.0 + t2 * (k1 + t2 * (k2 + t2 * (k3 + t2 * k4))))
+    slope = 1.0 + t2 * (3.0 * k1 + t2 * (5.0 * k2 + t2 * (7.0 * k3 + t2 * 9.0 * k4)))
+    return theta_d, slope
 
 
 def _polynomial(theta: Tensor, coeffs: Tensor) -> tuple[Tensor, Tensor]:

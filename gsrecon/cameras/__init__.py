@@ -1,0 +1,7 @@
+"""Cameras on the ground floor: the :class:`Cameras` value a render is asked for, camera models, the lens maths
+(pinhole and fisheye projection) and camera paths."""
+
+from gsrecon.cameras.cameras import Cameras
+from gsrecon.cameras.model import PINHOLE, CameraModel
+
+__all__ = ["PINHOLE", "CameraModel", "Cameras"]
