@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from collections.abc import Iterator
@@ -10,20 +11,51 @@ from pathlib import Path
 from typing import Any
 
 
+class WriteError(OSError):
+    """A file could not be written; the message names the file the user asked for, not gsrecon's temporary file
+    beside it."""
+
+    def __str__(self) -> str:
+        return f"cannot write {self.filename}: {self.strerror}"
+
+
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; when the block succeeds it replaces ``path`` atomically.
 
     On an exception the temporary file is removed and ``path`` is left untouched.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
+    with atomic_paths(path) as (tmp,):
         yield tmp
-        os.replace(tmp, path)
+
+
+@contextmanager
+def atomic_paths(*paths: str | Path) -> Iterator[list[Path]]:
+    """Yield a temporary path beside each of ``paths``; when the block succeeds they replace ``paths`` in the order
+    given, with nothing else in between (files that belong together, e.g. a scene and its scores).
+
+    On an exception the temporary files are removed and ``paths`` are left untouched. An OSError that names a
+    temporary file (a missing or read-only folder, a full disk) is raised as :class:`WriteError` naming its path,
+    as is a path that is a folder.
+    """
+    finals = [Path(p) for p in paths]
+    temps = [p.with_name(f".{p.name}.tmp{os.getpid()}") for p in finals]
+    try:
+        for path in finals:
+            if path.is_dir():
+                raise WriteError(errno.EISDIR, "it is a folder; name a file", str(path))
+            path.parent.mkdir(parents=True, exist_ok=True)
+        yield temps
+        for tmp, path in zip(temps, finals, strict=True):
+            os.replace(tmp, path)
+    except OSError as exc:
+        named = [final for tmp, final in zip(temps, finals, strict=True) if exc.filename == str(tmp)]
+        if not named:
+            raise
+        raise WriteError(exc.errno, exc.strerror, str(named[0])) from None
     finally:
-        tmp.unlink(missing_ok=True)
+        for tmp in temps:
+            tmp.unlink(missing_ok=True)
 
 
 def write_json(path: str | Path, data: Any) -> None:

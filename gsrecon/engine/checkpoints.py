@@ -240,9 +240,15 @@ class CheckpointWriteError(OSError):
 def save_checkpoint(checkpoint: dict[str, Any], path: Path) -> None:
     """``torch.save`` into ``path`` atomically; a failed write raises :class:`CheckpointWriteError`
     naming the file and the space it needed, and leaves any previous ``path`` as it was."""
+    with atomic_path(path) as tmp:
+        write_checkpoint(checkpoint, tmp, path)
+
+
+def write_checkpoint(checkpoint: dict[str, Any], tmp: Path, path: Path) -> None:
+    """``torch.save`` into ``tmp``, the temporary file of ``path`` (:mod:`gsrecon.atomic`); a failed write raises
+    :class:`CheckpointWriteError` naming ``path`` and the space it needed."""
     try:
-        with atomic_path(path) as tmp:
-            torch.save(checkpoint, tmp)
+        torch.save(checkpoint, tmp)
     except (OSError, RuntimeError) as exc:
         # torch's zip writer reports a failed write as a RuntimeError from its C++ checks ("enforce fail").
         if isinstance(exc, RuntimeError) and not any(word in str(exc) for word in ("enforce fail", "write")):
