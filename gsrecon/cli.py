@@ -337,6 +337,10 @@ def _merge(args: argparse.Namespace) -> int:
     from gsrecon.partition.runner import merge_run
 
     merged = merge_run(args.exp_dir, device=args.device, overrides=args.overrides)
+    if merged.stop_reason:
+        return _stopped(
+            merged.stop_reason, f"continue with: gsrecon merge --exp-dir {args.exp_dir}", merged.stop_signal
+        )
     print(f"merged: {merged.num_gaussians} Gaussians{_summary(merged.metrics)}")
     print(f"outputs: {args.exp_dir} (checkpoints/last.pt, point_cloud.ply, metrics.json)")
     return 0

@@ -37,6 +37,7 @@ from gsrecon.partition.blocks import Partition, plan_partition
 from gsrecon.partition.merge import (
     BLOCK_RESULT,
     BLOCKS_DIR,
+    PLAN_FILE,
     MergeResult,
     block_dir,
     finished_blocks,
@@ -45,7 +46,6 @@ from gsrecon.partition.merge import (
 )
 from gsrecon.plugins import import_plugins
 
-PLAN_FILE = "partition.json"
 _PER_MACHINE = ("device", "num_threads")  # settings the blocks of one run may each choose for their machine
 _BLOCK_WAIT = timedelta(days=30)  # ranks wait at the end for the others' blocks, however long those train
 
@@ -99,6 +99,7 @@ def train_blocks(cfg: builder.RunConfig, source: str, overwrite: bool = False) -
         if dist.rank == 0:
             pipeline = DataPipeline(dataclasses.replace(cfg.data, cache="disk"), device, cfg.seed)
             outcome.merged = merge_blocks(cfg, resolved, partition, pipeline, logger, dist.local_rank)
+            outcome.stop_reason, outcome.stop_signal = outcome.merged.stop_reason, outcome.merged.stop_signal
         return outcome
     finally:
         logger.close()
@@ -127,7 +128,9 @@ def _train_own_blocks(
         if trainer.stop_reason:
             outcome.stop_reason, outcome.stop_signal = f"block {index}: {trainer.stop_reason}", trainer.stop_signal
             return outcome
-        save_block_result(cfg.exp_dir, index, trainer.step, trainer.model.params)
+        save_block_result(
+            cfg.exp_dir, index, trainer.step, trainer.model.params, partition, trainer.resolved_config["model"]
+        )
         outcome.trained.append(index)
         del trainer  # its Gaussians and images, before the next block's
         gc.collect()
@@ -207,8 +210,16 @@ def _take_folder(
 
 
 def _check_plan(path: Path, partition: Partition) -> None:
-    """Refuse a plan that differs from the one in ``path`` (the blocks there were trained on that one)."""
-    if json.loads(path.read_text()) != json.loads(json.dumps(partition.to_json())):
+    """Refuse a plan that differs from the one in ``path`` (the blocks there were trained on that one), and a
+    ``path`` that does not hold one."""
+    try:
+        written = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(
+            f"{path} is not valid JSON ({exc}); remove it, and gsrecon train --config {path.parent / 'config.yaml'} "
+            "partition.only=0 --resume writes it again from the config (the merge checks each block against it)"
+        ) from None
+    if written != json.loads(json.dumps(partition.to_json())):
         raise ConfigError(
             f"{path}: this config splits the capture differently from the blocks already in {path.parent} (another "
             "partition, capture or data setting); use the config in that folder, or another exp_dir"
