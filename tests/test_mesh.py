@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 from pathlib import Path
 
@@ -161,7 +162,7 @@ def test_the_median_depth_makes_a_closer_surface_than_the_expected_depth(tmp_pat
     assert errors["median"] < 0.03 and errors["expected"] > errors["median"] + 0.015  # about 2.7 and 4.9 cm
 
 
-def test_nothing_opaque_and_a_voxel_too_small_for_the_memory_are_input_errors(tmp_path: Path) -> None:
+def test_nothing_opaque_and_a_voxel_too_small_or_too_large_are_input_errors(tmp_path: Path) -> None:
     params = _sphere_gaussians(500)
     faint = dict(params, opacities=torch.full((500,), -4.0))  # opacity 0.02: the median depth is nowhere
     with pytest.raises(InputError, match="nothing to mesh"):
@@ -169,6 +170,10 @@ def test_nothing_opaque_and_a_voxel_too_small_for_the_memory_are_input_errors(tm
     with pytest.raises(InputError, match=r"needs \d+(\.\d)? GiB of memory.*--voxel"):
         export_gaussians(params, tmp_path / "m.ply", "mesh", context=_context(params, _views(4)),
                          options={"voxel": 1e-5})  # fmt: skip
+    for voxel in (1e300, 1e6, 0.5):  # the sphere spans about 1.2 units
+        with pytest.raises(InputError, match=re.escape(f"voxel={voxel:g}: the voxel is larger than the scene")):
+            export_gaussians(params, tmp_path / "m.ply", "mesh", context=_context(params, _views(4)),
+                             options={"voxel": voxel})  # fmt: skip
     with pytest.raises(InputError, match="no training views"):
         export_gaussians(params, tmp_path / "m.ply", "mesh", context=_context(params, []))
     with pytest.raises(InputError, match=r"\.ply, \.obj, \.glb"):
