@@ -156,3 +156,15 @@ def test_sigterm_while_scoring_keeps_the_previous_merge_whole(runs, tmp_path, ca
     assert f"continue with: gsrecon merge --exp-dir {exp_dir}" in capsys.readouterr().err
     assert {name: (exp_dir / name).read_bytes() for name in OUTPUTS} == before
     assert not [p.name for p in exp_dir.rglob(".*.tmp*")]
+
+
+def test_resuming_a_block_run_without_partition_blocks_is_refused_naming_the_key(runs, tmp_path, capsys) -> None:
+    exp_dir = _copy(runs, tmp_path)
+    assert main(["merge", "--exp-dir", str(exp_dir)]) == 0
+    config = (exp_dir / "config.yaml").read_text()
+    plain = write_yaml(tmp_path / "plain.yaml", tiny_config(exp_dir, tmp_path / "cache"))
+    capsys.readouterr()
+    assert main(["train", "--config", str(plain), "--resume"]) == 2
+    err = _one_line(capsys)
+    assert f"exp_dir '{exp_dir}' holds a block-training run (partition.json) but this config has no partition" in err
+    assert (exp_dir / "config.yaml").read_text() == config
