@@ -166,7 +166,7 @@ def find_resume(
             f"{source}: nothing to resume: no checkpoint in {run_dir.checkpoints}; "
             f"drop --resume (resume: true) to start a new run"
         )
-    path, checkpoint = _first_readable(candidates, warn)
+    path, checkpoint = first_readable(candidates, warn)
     check_resumable(checkpoint, model_entry, structural, path, source)
     broken = non_finite(checkpoint["params"])
     if broken:
@@ -177,13 +177,14 @@ def find_resume(
     return path, checkpoint
 
 
-def _first_readable(candidates: list[Path], warn: Callable[[str], None]) -> tuple[Path, dict[str, Any]]:
-    """The first of ``candidates`` that reads as a checkpoint (the last one's error is raised)."""
+def first_readable(candidates: list[Path], warn: Callable[[str], None]) -> tuple[Path, dict[str, Any]]:
+    """The first of ``candidates`` that reads as a checkpoint, ``warn`` saying which were passed over (the last
+    one's error is raised)."""
     for path, fallback in itertools.pairwise(candidates):
         try:
             return path, load_checkpoint_file(path, "cpu")
         except ValueError as exc:
-            warn(f"not resuming from {path}: {exc}; trying {fallback.name}")
+            warn(f"passing over {path}: {exc}; trying {fallback.name}")
     return candidates[-1], load_checkpoint_file(candidates[-1], "cpu")
 
 

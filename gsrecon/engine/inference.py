@@ -29,7 +29,7 @@ from gsrecon.engine.builder import (
     resolve_views_config,
     set_cpu_threads,
 )
-from gsrecon.engine.checkpoints import load_checkpoint_file
+from gsrecon.engine.checkpoints import first_readable, load_checkpoint_file
 from gsrecon.engine.evaluator import build_metrics, evaluate_views
 from gsrecon.engine.run_dir import RunDir
 from gsrecon.errors import InputError
@@ -79,7 +79,8 @@ def load_trained_scene(
     overrides: Sequence[str] = (),
     imports: Sequence[str] = (),
 ) -> TrainedScene:
-    """Load from exactly one of ``checkpoint``, ``exp_dir`` (its ``last.pt``) or ``ply``.
+    """Load from exactly one of ``checkpoint``, ``exp_dir`` (its newest readable checkpoint: a truncated
+    ``last.pt`` is passed over with a warning, as ``--resume`` does) or ``ply``.
 
     The config comes from the checkpoint, or from ``config`` (required with ``ply``; optional
     otherwise, where it replaces the checkpoint's); ``overrides`` apply on top (e.g. ``data.path=...``).
@@ -89,11 +90,13 @@ def load_trained_scene(
     given = [x for x in (checkpoint, exp_dir, ply) if x]
     if len(given) != 1:
         raise InputError("give exactly one of --checkpoint, --exp-dir or --ply")
+    ckpt = None
     if exp_dir:
         run_dir = RunDir(exp_dir)
-        found = run_dir.latest_checkpoint()
-        if found is None:
+        files = run_dir.checkpoint_files()
+        if not files:
             raise FileNotFoundError(f"no checkpoint in {run_dir.checkpoints}")
+        found, ckpt = first_readable(files, Logger().warning)
         checkpoint = str(found)
     if ply:
         if not config:
@@ -101,7 +104,7 @@ def load_trained_scene(
         raw, source, params, step = load_config(config, overrides), config, load_ply(ply), None
         views = {}
     else:
-        ckpt = load_checkpoint_file(checkpoint, "cpu")
+        ckpt = load_checkpoint_file(checkpoint, "cpu") if ckpt is None else ckpt
         raw = load_config(config, overrides) if config else apply_overrides(copy.deepcopy(ckpt["config"]), overrides)
         source, params, step = config or checkpoint, ckpt["params"], int(ckpt["step"])
         views = ckpt.get("views", {})

@@ -1,0 +1,50 @@
+"""What a new user meets at the edges: an output gsrecon cannot write, a run whose last.pt was cut short, paths that
+loop, captures that are two things at once; each one line that names the user's path, or the work done anyway."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from gsrecon.cli import main
+
+
+@pytest.fixture
+def trained(make_trainer) -> Path:
+    """A finished tiny run with checkpoints at steps 3 and 6."""
+    trainer = make_trainer(max_steps=6)
+    trainer.train()
+    return trainer.exp_dir
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+@pytest.mark.parametrize("out", ["/proc/m.ply", "{tmp}"], ids=["unwritable", "a-folder"])
+def test_an_output_that_cannot_be_written_names_the_users_path(trained, tmp_path, capsys, out: str) -> None:
+    out = out.format(tmp=tmp_path)
+    capsys.readouterr()
+    assert main(["export", "--exp-dir", str(trained), "--out", out]) == 2
+    err = _one_line(capsys)
+    assert f"cannot write {out}:" in err and ".tmp" not in err
+
+
+def test_eval_and_export_of_a_run_with_a_truncated_last_pt_take_the_newest_intact_checkpoint(
+    trained, tmp_path, capsys
+) -> None:
+    last = trained / "checkpoints" / "last.pt"
+    last.unlink()  # a hard link to step_000006.pt: cut a copy of it
+    shutil.copy(trained / "checkpoints" / "step_000006.pt", last)
+    with last.open("r+b") as f:
+        f.truncate(last.stat().st_size // 2)
+    (trained / "checkpoints" / "step_000006.pt").unlink()  # killed while writing: only last.pt had step 6
+    capsys.readouterr()
+    assert main(["export", "--exp-dir", str(trained), "--out", str(tmp_path / "m.splat"), "--format", "splat"]) == 0
+    assert f"passing over {last}: {last} is truncated" in " ".join(capsys.readouterr().err.split())
+    assert main(["eval", "--exp-dir", str(trained), "--out", str(tmp_path / "eval")]) == 0
+    assert (tmp_path / "m.splat").is_file() and (tmp_path / "eval" / "metrics.json").is_file()
