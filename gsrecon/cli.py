@@ -51,7 +51,7 @@ def _train(args: argparse.Namespace) -> int:
         cfg.resume = True
     if cfg.partition.enabled and cfg.partition.block is None:
         return _train_blocks(cfg, source, args.overwrite)
-    from gsrecon.partition.runner import refuse_plain_resume
+    from gsrecon.partition.folder import refuse_plain_resume
 
     refuse_plain_resume(cfg, source)
     trainer = DefaultTrainer(cfg, source=source, overwrite=args.overwrite)

@@ -37,13 +37,13 @@ from gsrecon.logging.console import Logger
 from gsrecon.metrics import mean_metrics
 from gsrecon.model.optim import SchedulerConfig
 from gsrecon.partition.blocks import Partition, PartitionConfig, cell_box, image_coverage
+from gsrecon.partition.folder import PLAN_FILE
 
 if TYPE_CHECKING:
     from gsrecon.data.pipeline import DataPipeline
     from gsrecon.data.scene import Frame
     from gsrecon.engine.builder import RunConfig
 
-PLAN_FILE = "partition.json"  # in exp_dir: the plan the blocks were trained on
 BLOCKS_DIR = "blocks"  # <exp_dir>/blocks/<i>/: one run per block
 BLOCK_RESULT = "block.pt"  # in a block's folder: its trained Gaussians, written when the block has finished
 MERGED_PLY = "merged.ply"  # in <exp_dir>/blocks/: the merged Gaussians a fine-tune starts from

@@ -34,10 +34,10 @@ from gsrecon.engine.trainer import DefaultTrainer
 from gsrecon.errors import InputError
 from gsrecon.logging.console import Logger
 from gsrecon.partition.blocks import Partition, plan_partition
+from gsrecon.partition.folder import PLAN_FILE
 from gsrecon.partition.merge import (
     BLOCK_RESULT,
     BLOCKS_DIR,
-    PLAN_FILE,
     MergeResult,
     block_dir,
     finished_blocks,
@@ -168,18 +168,6 @@ def merge_run(exp_dir: str | Path, device: str = "auto", overrides: Sequence[str
     finally:
         logger.close()
         run_dir.release()
-
-
-def refuse_plain_resume(cfg: builder.RunConfig, source: str) -> None:
-    """Refuse to resume a run without ``partition.blocks`` in a folder that holds a block-training run: it would take
-    the merged scene for a plain run's checkpoint and rewrite the folder's ``config.yaml`` as a plain run's."""
-    folder = Path(cfg.exp_dir)
-    if cfg.resume not in (False, None) and not cfg.partition.enabled and (folder / PLAN_FILE).is_file():
-        raise ConfigError(
-            f"{source}: exp_dir '{folder}' holds a block-training run ({PLAN_FILE}) but this config has no "
-            f"partition.blocks; resume it with its own config: gsrecon train --config {folder / 'config.yaml'} "
-            "--resume (or set another exp_dir)"
-        )
 
 
 def _take_folder(
