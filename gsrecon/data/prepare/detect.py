@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gsrecon.data.errors import DatasetError
+from gsrecon.data.errors import DatasetError, why_missing
 from gsrecon.data.formats.colmap_model import find_sparse_dir
 from gsrecon.data.formats.images import read_image
 from gsrecon.data.formats.transforms_json import image_path, read_transforms, transforms_file
@@ -118,12 +118,20 @@ def detect_capture(paths: Sequence[Path]) -> Recipe:
     root = paths[0]
     if len(paths) == 1:
         if not root.exists():
-            raise DatasetError(f"{root}: --data must be a scene folder, photos or videos, and this path does not exist")
+            raise DatasetError(
+                f"{root}: --data must be a scene folder, photos or videos, and this path {why_missing(root)}"
+            )
+        sparse_dir = _colmap_model(root)
         if any((root / name).is_file() for name in ("transforms.json", "transforms_train.json")):
-            return _transforms_recipe(root)
-        if root.is_dir() and any((root / sub).is_dir() for sub in ("sparse/0", "sparse")):
-            with contextlib.suppress(DatasetError):  # no cameras file there: not a COLMAP model
-                return _colmap_recipe(root, find_sparse_dir(root))
+            recipe = _transforms_recipe(root)
+            if sparse_dir is not None:
+                recipe.why += (
+                    f"; not the COLMAP model beside it ({sparse_dir.relative_to(root).as_posix()}/), which "
+                    f"--config {_shipped('mipnerf360.yaml')} --data {root} trains"
+                )
+            return recipe
+        if sparse_dir is not None:
+            return _colmap_recipe(root, sparse_dir)
     unposed = find_unposed(paths)
     if unposed is None:
         raise DatasetError(
@@ -139,6 +147,14 @@ def detect_capture(paths: Sequence[Path]) -> Recipe:
         name,
         unposed=unposed,
     )
+
+
+def _colmap_model(root: Path) -> Path | None:
+    """The folder of the COLMAP model in the scene folder ``root`` (``sparse/0/`` or ``sparse/``), None without one."""
+    if root.is_dir() and any((root / sub).is_dir() for sub in ("sparse/0", "sparse")):
+        with contextlib.suppress(DatasetError):  # no cameras file there: not a COLMAP model
+            return find_sparse_dir(root)
+    return None
 
 
 def _transforms_recipe(root: Path) -> Recipe:
