@@ -192,11 +192,20 @@ def test_cli_meshes_a_ply_with_the_config_of_its_capture_and_refuses_a_ply_alone
     out = tmp_path / "mesh.obj"
     args = ["export", "--ply", str(ply), "--format", "mesh", "--voxel", "0.03", "--out", str(out)]
     assert main([*args, "--config", str(config)]) == 0
-    assert str(out) in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert str(out) in captured.out and "Gaussians of" not in captured.err  # the capture's views see the sphere
     loaded = trimesh.load(out, force="mesh", process=False)
     assert len(loaded.faces) > 100  # the synthetic capture's cameras see the sphere
     assert main(args) == 2
     assert "--ply needs --config" in capsys.readouterr().err
+    elsewhere = _sphere_gaussians()  # and twice as many Gaussians that no view of this capture sees
+    far = {name: torch.cat([value, value, value]) for name, value in elsewhere.items()}
+    far["means"][len(elsewhere["means"]) :] += torch.tensor([0.0, 0.0, 500.0])
+    save_ply(tmp_path / "other.ply", far)
+    other = ["export", "--ply", str(tmp_path / "other.ply"), "--config", str(config), "--voxel", "0.03"]
+    assert main([*other, "--format", "mesh", "--out", str(tmp_path / "other.obj")]) == 0
+    warning = " ".join(capsys.readouterr().err.split())
+    assert f"see only 33% of the 30000 Gaussians of {tmp_path / 'other.ply'}: is the --config that of" in warning
     assert main([*args, "--config", str(config), "--voxel", "-1"]) == 2
     assert "voxel" in capsys.readouterr().err
 

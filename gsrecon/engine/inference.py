@@ -34,6 +34,7 @@ from gsrecon.engine.evaluator import build_metrics, evaluate_views
 from gsrecon.engine.run_dir import RunDir
 from gsrecon.errors import InputError
 from gsrecon.export import ExportContext, export_gaussians
+from gsrecon.geometry import pinhole_project
 from gsrecon.logging.console import Logger, ProgressLogger
 from gsrecon.metrics import mean_metrics
 from gsrecon.model.params import check_params
@@ -49,6 +50,9 @@ from gsrecon.render.video import VideoWriter
 
 CAMERA_PATHS = {"ellipse": ellipse_path, "spiral": spiral_path, "interp": interp_path}
 DEPTH_KINDS = ("expected", "median")  # what a depth video shows: the blended depth, or the surface's
+
+
+MIN_SEEN = 0.5  # a PLY whose Gaussians a capture's training views see less of was likely trained on another one
 
 
 @dataclass
@@ -348,7 +352,8 @@ def export(
     Mip-Splatting's compensation.
 
     The training views and the renderer (on ``device``, with the median depth) are loaded only for a format
-    that needs them.
+    that needs them; for a PLY, a warning says when those views see too few of its Gaussians (:func:`seen_fraction`:
+    the ``--config`` of another capture?).
     """
     logger = logger or Logger()
     context = ExportContext()
@@ -357,6 +362,13 @@ def export(
         pipeline = DataPipeline(scene.cfg.data, torch_device, scene.cfg.seed)
         render = scene_renderer(scene, torch_device, logger, median_depth=True)
         context = ExportContext(train_views=pipeline.train_views, render=torch.no_grad()(render))
+        seen = seen_fraction(scene.params["means"], pipeline.scene.train) if scene.step is None else 1.0
+        if seen < MIN_SEEN:
+            logger.warning(
+                f"the training views of the capture {scene.cfg.data.path or scene.cfg.data.dataset} see only "
+                f"{seen:.0%} of the {len(scene.params['means'])} Gaussians of {scene.source}: is the --config that "
+                f"of the capture they were trained on?"
+            )
     path = export_gaussians(scene.params, out, fmt, antialiased=scene.antialiased, context=context, options=options)
     if scene.antialiased:
         logger.warning(
@@ -365,6 +377,19 @@ def export(
             f"renderer.antialiased=false"
         )
     return path
+
+
+def seen_fraction(means: Tensor, frames: Sequence[Frame]) -> float:
+    """The fraction of the points ``means`` [N, 3] that some of ``frames`` sees: in front of it, inside its image
+    (through its pinhole intrinsics); 1 without points."""
+    seen = torch.zeros(len(means), dtype=torch.bool)
+    for frame in frames:
+        camera = means.float() @ frame.viewmat[:3, :3].float().T + frame.viewmat[:3, 3].float()  # [N, 3]
+        z = camera[:, 2]
+        pixels = pinhole_project(camera[:, 0], camera[:, 1], z, frame.K.float())
+        inside = (pixels.pixel_x >= 0) & (pixels.pixel_x < frame.width) & (pixels.pixel_y >= 0)
+        seen |= (z > 0) & inside & (pixels.pixel_y < frame.height)
+    return float(seen.float().mean()) if len(means) else 1.0
 
 
 def scene_device(scene: TrainedScene, device: str, logger: Logger) -> torch.device:
