@@ -168,3 +168,11 @@ def test_resuming_a_block_run_without_partition_blocks_is_refused_naming_the_key
     err = _one_line(capsys)
     assert f"exp_dir '{exp_dir}' holds a block-training run (partition.json) but this config has no partition" in err
     assert (exp_dir / "config.yaml").read_text() == config
+
+
+def test_a_block_run_moved_to_another_folder_goes_on_there(runs, tmp_path) -> None:
+    moved = tmp_path / "moved"
+    shutil.copytree(runs["run"], moved)
+    retrain = ["train", "--config", str(moved / "config.yaml"), f"exp_dir={moved}", "partition.only=1", "--overwrite"]
+    assert main(retrain) == 0
+    assert main(["merge", "--exp-dir", str(moved)]) == 0

@@ -46,7 +46,8 @@ from gsrecon.partition.merge import (
 )
 from gsrecon.plugins import import_plugins
 
-_PER_MACHINE = ("device", "num_threads")  # settings the blocks of one run may each choose for their machine
+# Settings the blocks of one run may each choose for their machine (exp_dir: the folder, mounted or moved elsewhere)
+_PER_MACHINE = ("device", "num_threads", "exp_dir")
 _BLOCK_WAIT = timedelta(days=30)  # ranks wait at the end for the others' blocks, however long those train
 
 
@@ -228,7 +229,7 @@ def _check_plan(path: Path, partition: Partition) -> None:
 
 def _check_same_run(path: Path, config: dict[str, Any]) -> None:
     """Refuse a block whose run differs from the one the other blocks in ``path``'s folder were trained with (apart
-    from where and how fast: ``device``, ``num_threads``)."""
+    from where and how fast: ``device``, ``num_threads``, and the folder's path)."""
     written = load_config(path)
     as_written = json.loads(json.dumps(to_container(config)))  # tuples as the YAML file has them: lists
     changes = [c for c in changed_settings(written, as_written) if c.split(":")[0] not in _PER_MACHINE]
