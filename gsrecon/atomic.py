@@ -10,6 +10,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a full disk, a quota, a file-size limit
+
 
 class WriteError(OSError):
     """A file could not be written; the message names the file the user asked for, not gsrecon's temporary file
@@ -35,8 +37,8 @@ def atomic_paths(*paths: str | Path) -> Iterator[list[Path]]:
     given, with nothing else in between (files that belong together, e.g. a scene and its scores).
 
     On an exception the temporary files are removed and ``paths`` are left untouched. An OSError that names a
-    temporary file (a missing or read-only folder, a full disk) is raised as :class:`WriteError` naming its path,
-    as is a path that is a folder.
+    temporary file (a missing or read-only folder), or names no file but says the disk is full, is raised as
+    :class:`WriteError` naming the path, as is a path that is a folder.
     """
     finals = [Path(p) for p in paths]
     temps = [p.with_name(f".{p.name}.tmp{os.getpid()}") for p in finals]
@@ -49,10 +51,12 @@ def atomic_paths(*paths: str | Path) -> Iterator[list[Path]]:
         for tmp, path in zip(temps, finals, strict=True):
             os.replace(tmp, path)
     except OSError as exc:
-        named = [final for tmp, final in zip(temps, finals, strict=True) if exc.filename == str(tmp)]
+        named = [str(final) for tmp, final in zip(temps, finals, strict=True) if exc.filename == str(tmp)]
+        if exc.filename is None and exc.errno in _FULL:  # a write to an open file: it names none
+            named = [" or ".join(map(str, finals))]
         if not named:
             raise
-        raise WriteError(exc.errno, exc.strerror, str(named[0])) from None
+        raise WriteError(exc.errno, exc.strerror, named[0]) from None
     finally:
         for tmp in temps:
             tmp.unlink(missing_ok=True)

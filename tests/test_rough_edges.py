@@ -3,6 +3,7 @@ loop, captures that are two things at once; each one line that names the user's 
 
 from __future__ import annotations
 
+import resource
 import shutil
 from pathlib import Path
 
@@ -32,6 +33,22 @@ def test_an_output_that_cannot_be_written_names_the_users_path(trained, tmp_path
     assert main(["export", "--exp-dir", str(trained), "--out", out]) == 2
     err = _one_line(capsys)
     assert f"cannot write {out}:" in err and ".tmp" not in err
+
+
+def test_a_full_disk_during_an_export_names_the_file_and_leaves_nothing_behind(trained, tmp_path, capsys) -> None:
+    out = tmp_path / "out" / "scene.ply"
+    out.parent.mkdir()
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(
+        resource.RLIMIT_FSIZE, (16 * 1024, hard)
+    )  # as ulimit -f: the write fails part way, as on a full disk
+    try:
+        code = main(["export", "--exp-dir", str(trained), "--out", str(out)])
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert code == 2
+    assert f"cannot write {out}: File too large" in _one_line(capsys)
+    assert not list(out.parent.iterdir())
 
 
 def test_eval_and_export_of_a_run_with_a_truncated_last_pt_take_the_newest_intact_checkpoint(
