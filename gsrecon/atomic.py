@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -38,7 +39,7 @@ def atomic_paths(*paths: str | Path) -> Iterator[list[Path]]:
 
     On an exception the temporary files are removed and ``paths`` are left untouched. An OSError that names a
     temporary file (a missing or read-only folder), or names no file but says the disk is full, is raised as
-    :class:`WriteError` naming the path, as is a path that is a folder.
+    :class:`WriteError` naming the path, as is a path that is a folder or lies in a "folder" that is a file.
     """
     finals = [Path(p) for p in paths]
     temps = [p.with_name(f".{p.name}.tmp{os.getpid()}") for p in finals]
@@ -46,7 +47,10 @@ def atomic_paths(*paths: str | Path) -> Iterator[list[Path]]:
         for path in finals:
             if path.is_dir():
                 raise WriteError(errno.EISDIR, "it is a folder; name a file", str(path))
-            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except (FileExistsError, NotADirectoryError):
+                raise WriteError(errno.ENOTDIR, "a part of its folder is a file", str(path)) from None
         yield temps
         for tmp, path in zip(temps, finals, strict=True):
             os.replace(tmp, path)
@@ -59,7 +63,8 @@ def atomic_paths(*paths: str | Path) -> Iterator[list[Path]]:
         raise WriteError(exc.errno, exc.strerror, named[0]) from None
     finally:
         for tmp in temps:
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                tmp.unlink()
 
 
 def write_json(path: str | Path, data: Any) -> None:

@@ -26,9 +26,12 @@ def _one_line(capsys) -> str:
     return err
 
 
-@pytest.mark.parametrize("out", ["/proc/m.ply", "{tmp}"], ids=["unwritable", "a-folder"])
+@pytest.mark.parametrize(
+    "out", ["/proc/m.ply", "{tmp}", "{tmp}/scene.yaml/m.ply"], ids=["unwritable", "a-folder", "under-a-file"]
+)
 def test_an_output_that_cannot_be_written_names_the_users_path(trained, tmp_path, capsys, out: str) -> None:
     out = out.format(tmp=tmp_path)
+    (tmp_path / "scene.yaml").write_text("a file, not a folder")
     capsys.readouterr()
     assert main(["export", "--exp-dir", str(trained), "--out", out]) == 2
     err = _one_line(capsys)
