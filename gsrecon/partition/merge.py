@@ -35,6 +35,7 @@ from gsrecon.errors import InputError
 from gsrecon.export import export_gaussians
 from gsrecon.logging.console import Logger
 from gsrecon.metrics import mean_metrics
+from gsrecon.model import ops
 from gsrecon.model.optim import SchedulerConfig
 from gsrecon.partition.blocks import Partition, PartitionConfig, cell_box, image_coverage
 from gsrecon.partition.folder import PLAN_FILE
@@ -126,7 +127,10 @@ def merge_blocks(
             f"{BLOCKS_DIR}/<i>/{BLOCK_RESULT}); train them first (partition.only=<i>, with --resume to continue one)"
         )
     pieces = [_block_gaussians(exp_dir, block.index, partition, resolved["model"]) for block in partition.blocks]
-    merged = {name: torch.cat([piece[name] for piece in pieces]) for name in pieces[0]}
+    params = torch.nn.ParameterDict({k: torch.nn.Parameter(v, requires_grad=False) for k, v in pieces[0].items()})
+    for piece in pieces[1:]:
+        ops.append_rows(params, {}, {}, (), piece)
+    merged = {name: value.detach() for name, value in params.items()}
     kept = [len(piece["means"]) for piece in pieces]
     for block, inside in zip(partition.blocks, kept, strict=True):
         logger.info(f"block {block.index}: kept the {inside} Gaussians inside its cell")
