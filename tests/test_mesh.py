@@ -174,6 +174,9 @@ def test_nothing_opaque_and_a_voxel_too_small_or_too_large_are_input_errors(tmp_
         with pytest.raises(InputError, match=re.escape(f"voxel={voxel:g}: the voxel is larger than the scene")):
             export_gaussians(params, tmp_path / "m.ply", "mesh", context=_context(params, _views(4)),
                              options={"voxel": voxel})  # fmt: skip
+    with pytest.raises(InputError, match=re.escape("voxel=1e-300: the voxel is too small for the scene, whose")):
+        export_gaussians(params, tmp_path / "m.ply", "mesh", context=_context(params, _views(4)),
+                         options={"voxel": 1e-300})  # fmt: skip
     with pytest.raises(InputError, match="no training views"):
         export_gaussians(params, tmp_path / "m.ply", "mesh", context=_context(params, []))
     with pytest.raises(InputError, match=r"\.ply, \.obj, \.glb"):
