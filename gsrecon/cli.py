@@ -42,7 +42,7 @@ def _train(args: argparse.Namespace) -> int:
         from gsrecon.data.prepare.detect import config_for_capture
         from gsrecon.logging.console import Logger
 
-        config, data_keys = config_for_capture(args.data, config, print, _stage_announcer, Logger().info)
+        config, data_keys = config_for_capture(args.data, config, print, _stage_announcer, Logger().info, overrides)
         overrides = [*data_keys, *overrides]  # the command line's own key=value pairs still win
     if config is None:
         raise InputError("gsrecon train needs --config CONFIG, --data CAPTURE, or both")

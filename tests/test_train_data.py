@@ -125,6 +125,21 @@ def test_a_folder_with_a_transforms_file_and_a_colmap_model_says_which_it_trains
     assert other in recipe.why
 
 
+def test_photos_outside_the_capture_are_detected_only_when_the_user_opts_in(
+    tmp_path: Path, synthetic_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = capture_layouts.instant_ngp(tmp_path / "ngp", synthetic_cache)
+    content = json.loads((root / "transforms.json").read_text())
+    first = content["frames"][0]
+    (root / first["file_path"]).rename(tmp_path / "elsewhere.jpg")
+    first["file_path"] = "../elsewhere.jpg"
+    (root / "transforms.json").write_text(json.dumps(content))
+    code, out, err = _train(capsys, "--data", str(root), *TINY_RUN)
+    assert code == 2 and "lies outside the capture folder" in err and "data.outside_capture=true" in err and not out
+    code, out, err = _train(capsys, "--data", str(root), *TINY_RUN, "data.outside_capture=true", "model.init=random")
+    assert code == 0 and out.startswith(f"using {CONFIGS_DIR / 'phone.yaml'} for {root}"), err
+
+
 def test_the_readme_capture_table_matches_the_detection() -> None:
     readme = (CONFIGS_DIR.parent / "README.md").read_text()
     table = readme.split("### Training a capture", 1)[1].split("| layout |", 1)[1].split("\n\n", 1)[0]
