@@ -145,18 +145,21 @@ def load_transforms(
     if len(points):
         return Scene(train=train, test=test, points=points, colors=colors)
     hint = f"`gsrecon data triangulate --data {path}` triangulates them from the known poses"
-    return Scene(train, test, points, colors, points_hint=hint, triangulate=partial(_triangulated_points, root))
+    triangulate = partial(_triangulated_points, root, outside_capture)
+    return Scene(train, test, points, colors, points_hint=hint, triangulate=triangulate)
 
 
-def every_frame(root: Path, factor: int, max_images: int = 0) -> list[Frame]:
+def every_frame(root: Path, factor: int, max_images: int = 0, outside: bool = False) -> list[Frame]:
     """Every frame the capture in ``root`` lists (nerf_synthetic's test file left out), as training reads them at
-    ``factor`` (pinhole, undistorted), ``max_images`` of them if > 0: what triangulation starts from."""
-    return load_transforms(str(root), factor, "none", max_images, point_cloud=False).train
+    ``factor`` (pinhole, undistorted), ``max_images`` of them if > 0 (``outside``: as ``outside_capture`` of
+    :func:`load_transforms`): what triangulation starts from."""
+    return load_transforms(str(root), factor, "none", max_images, point_cloud=False, outside_capture=outside).train
 
 
-def _triangulated_points(root: Path, log: Callable[[str], None]) -> SfmPoints:
-    """The points triangulated from the scene's images and poses (cached), and where each was seen."""
-    triangulation = training_points(root, partial(every_frame, root), log)
+def _triangulated_points(root: Path, outside: bool, log: Callable[[str], None]) -> SfmPoints:
+    """The points triangulated from the scene's images and poses (cached), and where each was seen; ``outside``:
+    its images may lie outside ``root``."""
+    triangulation = training_points(root, partial(every_frame, root, outside=outside), log, outside)
     return SfmPoints(
         points=torch.from_numpy(triangulation.points),
         colors=torch.from_numpy(triangulation.colors.astype(np.float32) / 255.0),
