@@ -186,7 +186,7 @@ def _block_gaussians(exp_dir: Path, index: int, partition: Partition, model: dic
         if trained_model.get(key) != model.get(key):
             raise InputError(
                 f"{path}: block {index} was trained with model.{key}={trained_model.get(key)} but this run has "
-                f"{model.get(key)}; {again} (or merge with model.{key}={trained_model.get(key)})"
+                f"{model.get(key)}; {again}"
             )
     params = result["params"]
     broken = non_finite(params)
