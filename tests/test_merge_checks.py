@@ -27,6 +27,11 @@ TERM_IN_FINE_TUNE = (
     "        if trainer.exp_dir.name == 'finetune' and trainer.step == self.cfg.step:\n"
     "            os.kill(os.getpid(), signal.SIGTERM)\n"
 )
+TERM_ON_BUILD = (
+    "import os, signal\nfrom gsrecon.hooks import Hook\nfrom gsrecon.registry import HOOK_REGISTRY\n\n"
+    "@HOOK_REGISTRY.register()\nclass TermOnBuildHook(Hook):\n"
+    "    def __init__(self, cfg=None):\n        os.kill(os.getpid(), signal.SIGTERM)\n"
+)
 TERM_WHILE_SCORING = (
     "import os, signal\nfrom gsrecon.registry import RENDERER_REGISTRY\n"
     "from gsrecon.render.torch_renderer import TorchRenderer\n\n"
@@ -142,6 +147,16 @@ def test_sigterm_in_the_fine_tune_keeps_a_checkpoint_the_next_merge_resumes(runs
     assert merged["step"] == expected["step"] == 6 + 4
     for name, value in merged["params"].items():  # as if the fine-tune had never stopped
         torch.testing.assert_close(value, expected["params"][name], rtol=0, atol=0)
+
+
+def test_sigterm_while_the_fine_tune_is_being_built_stops_it_before_its_first_step(runs, tmp_path, capsys) -> None:
+    plugin = tmp_path / "term_on_build.py"
+    plugin.write_text(TERM_ON_BUILD)
+    exp_dir = _copy(runs, tmp_path)
+    term = [f"imports=[{plugin}]", "hooks.TermOnBuildHook={}"]  # built by the fine-tune's trainer only
+    assert main(["merge", "--exp-dir", str(exp_dir), "partition.merge_steps=4", *term]) == 143
+    assert "the merge's fine-tune stopped: interrupted at step 0" in capsys.readouterr().err
+    assert not any((exp_dir / name).exists() for name in OUTPUTS)
 
 
 def test_sigterm_while_scoring_keeps_the_previous_merge_whole(runs, tmp_path, capsys) -> None:

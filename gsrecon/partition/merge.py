@@ -139,7 +139,7 @@ def merge_blocks(
     stopped: list[int] = []
     with stop_at_step_boundary(stopped.append, logger):
         if cfg.partition.merge_steps:
-            tuned = _fine_tune(cfg, merged, antialiased, local_rank)
+            tuned = _fine_tune(cfg, merged, antialiased, local_rank, stopped)
             if isinstance(tuned, MergeResult):
                 return tuned
             merged, step = tuned, step + cfg.partition.merge_steps
@@ -237,11 +237,12 @@ def _cells_seen(frame: Frame, partition: Partition) -> list[int]:
 
 
 def _fine_tune(
-    cfg: RunConfig, merged: dict[str, Tensor], antialiased: bool, local_rank: int
+    cfg: RunConfig, merged: dict[str, Tensor], antialiased: bool, local_rank: int, stopped: list[int]
 ) -> dict[str, Tensor] | MergeResult:
     """The ``merged`` Gaussians trained on every camera for ``partition.merge_steps`` steps in ``blocks/finetune/``:
     no densification, each learning rate held at the value its schedule ends at. A fine-tune of the same merged
-    Gaussians that stopped (SIGTERM) resumes from its checkpoint; one that stops returns the stopped MergeResult."""
+    Gaussians that stopped (SIGTERM) resumes from its checkpoint; one that stops, or whose start a signal in
+    ``stopped`` already stopped, returns the stopped MergeResult."""
     from gsrecon.engine.trainer import DefaultTrainer
 
     merged_ply = Path(cfg.exp_dir) / BLOCKS_DIR / MERGED_PLY
@@ -268,6 +269,8 @@ def _fine_tune(
     alone = DistributedContext(0, 1, local_rank)
     source = f"{cfg.exp_dir} (merge fine-tune)"
     trainer = DefaultTrainer(finetune, source, overwrite=not resume, logger=Logger(), dist=alone)
+    if stopped:  # while the trainer was being built
+        trainer.request_stop(stopped[0])
     trainer.train()
     if trainer.stop_reason:
         return _stopped_result(f"the merge's fine-tune stopped: {trainer.stop_reason}", trainer.stop_signal)
