@@ -7,9 +7,11 @@ import resource
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from gsrecon.cli import main
+from gsrecon.render.video import write_video
 
 
 @pytest.fixture
@@ -52,6 +54,24 @@ def test_a_full_disk_during_an_export_names_the_file_and_leaves_nothing_behind(t
     assert code == 2
     assert f"cannot write {out}: File too large" in _one_line(capsys)
     assert not list(out.parent.iterdir())
+
+
+def test_a_video_that_cannot_be_written_whole_is_one_line_naming_it(trained, tmp_path, capfd) -> None:
+    assert main(["render", "--exp-dir", str(trained), "--out", "/proc/x.mp4", "--frames", "2"]) == 2
+    err = capfd.readouterr().err.strip().splitlines()  # the render's log, then one error line (and none of ffmpeg's)
+    assert err[-1] == "error: cannot write /proc/x.mp4: No such file or directory" and "error" not in err[0]
+    out = tmp_path / "out" / "path.mp4"
+    out.parent.mkdir()
+    frames = np.random.default_rng(0).integers(0, 256, (30, 48, 64, 3), dtype=np.uint8)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, hard))  # ffmpeg, which inherits it, stops part way
+    try:
+        with pytest.raises(OSError, match=f"cannot write {out}: the video encoder .ffmpeg. stopped before its end"):
+            write_video(out, frames)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert not list(out.parent.iterdir())
+    assert write_video(out, frames) == 30 and out.is_file()  # with room, the same video is written whole
 
 
 def test_eval_and_export_of_a_run_with_a_truncated_last_pt_take_the_newest_intact_checkpoint(
