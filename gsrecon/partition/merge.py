@@ -137,7 +137,7 @@ def merge_blocks(
     antialiased = bool(resolved["renderer"].get("antialiased", False))
     step = cfg.max_steps
     stopped: list[int] = []
-    with stop_at_step_boundary(stopped.append, logger):
+    with stop_at_step_boundary(stopped.append, logger, "stopping the merge before it writes its outputs"):
         if cfg.partition.merge_steps:
             tuned = _fine_tune(cfg, merged, antialiased, local_rank, stopped)
             if isinstance(tuned, MergeResult):
