@@ -220,6 +220,19 @@ def test_a_depth_map_of_1e30_metres_is_refused_naming_it(tmp_path: Path) -> None
         load_transforms(str(bad.parents[1]))
 
 
+def test_an_absolute_path_inside_the_capture_is_inside_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    depth = _bad_capture(tmp_path)
+    write_png_depth(depth, np.full((24, 32), 1.5))
+    root = depth.parents[1]
+    content = json.loads((root / "transforms.json").read_text())
+    for frame in content["frames"]:
+        frame["depth_file_path"] = str(depth)
+    (root / "transforms.json").write_text(json.dumps(content))
+    monkeypatch.chdir(tmp_path)
+    frames = load_transforms(root.name, eval_split="none").train  # data.path relative, the file's path absolute
+    assert len(frames) == 3 and all(torch.equal(f.depth, torch.full((24, 32), 1.5)) for f in frames)
+
+
 @pytest.mark.parametrize(
     ("key", "value", "what"),
     [

@@ -15,7 +15,7 @@ OUTSIDE_KEY = "data.outside_capture"
 def leaves(root: Path, value: str) -> bool:
     """Whether the path ``value``, relative to the folder ``root``, leads out of it: an absolute path, or ``..`` past
     it (symbolic links inside the folder are the user's own, and followed)."""
-    return not Path(os.path.normpath(root / value)).is_relative_to(os.path.normpath(root))
+    return not Path(os.path.abspath(root / value)).is_relative_to(os.path.abspath(root))
 
 
 def capture_file(root: Path, value: str, what: str, where: str, outside: bool = False) -> Path:
