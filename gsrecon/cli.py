@@ -40,7 +40,7 @@ def _train(args: argparse.Namespace) -> int:
         from gsrecon.logging.console import Logger
 
         log = Logger().info
-        config, data_keys = config_for_capture(args.data, config, print, announce_stages(log), log)
+        config, data_keys = config_for_capture(args.data, config, print, announce_stages(log), log, overrides)
         overrides = [*data_keys, *overrides]  # the command line's own key=value pairs still win
     if config is None:
         raise InputError("gsrecon train needs --config CONFIG, --data CAPTURE, or both")
@@ -52,6 +52,9 @@ def _train(args: argparse.Namespace) -> int:
 
         outcome = train_blocks(cfg, source, args.overwrite)
         return _finished(outcome.report(cfg), outcome.stop_reason, outcome.stop_signal)
+    from gsrecon.partition.folder import refuse_plain_resume
+
+    refuse_plain_resume(cfg, source)
     trainer = DefaultTrainer(cfg, source=source, overwrite=args.overwrite)
     trainer.train()
     return _finished(trainer.report(), trainer.stop_reason, trainer.stop_signal)
@@ -278,12 +281,10 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
 
 
 def _merge(args: argparse.Namespace) -> int:
-    from gsrecon.partition.runner import describe_merge, merge_run
+    from gsrecon.partition.runner import merge_report, merge_run
 
     merged = merge_run(args.exp_dir, device=args.device, overrides=args.overrides)
-    print(describe_merge(merged))
-    print(f"outputs: {args.exp_dir} (checkpoints/last.pt, point_cloud.ply, metrics.json)")
-    return 0
+    return _finished(merge_report(merged, args.exp_dir), merged.stop_reason, merged.stop_signal)
 
 
 def _add_merge(sub: argparse._SubParsersAction) -> None:

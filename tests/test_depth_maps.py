@@ -208,6 +208,68 @@ def test_a_missing_depth_file_and_a_bad_unit_name_the_file(tmp_path: Path) -> No
         load_transforms(str(bad.parents[1]))
 
 
+def test_a_depth_map_of_1e30_metres_is_refused_naming_it(tmp_path: Path) -> None:
+    bad = _bad_capture(tmp_path).with_suffix(".npy")
+    bad.parent.mkdir()
+    np.save(bad, np.full((24, 32), 1e30, np.float32))
+    content = json.loads((bad.parents[1] / "transforms.json").read_text())
+    for frame in content["frames"]:
+        frame["depth_file_path"] = "depths/d.npy"
+    (bad.parents[1] / "transforms.json").write_text(json.dumps(content))
+    with pytest.raises(DatasetError, match=f"{bad}: the depth map holds depths up to 1e.30 m, beyond 1e.05 m"):
+        load_transforms(str(bad.parents[1]))
+
+
+def test_an_absolute_path_inside_the_capture_is_inside_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    depth = _bad_capture(tmp_path)
+    write_png_depth(depth, np.full((24, 32), 1.5))
+    root = depth.parents[1]
+    content = json.loads((root / "transforms.json").read_text())
+    for frame in content["frames"]:
+        frame["depth_file_path"] = str(depth)
+    (root / "transforms.json").write_text(json.dumps(content))
+    monkeypatch.chdir(tmp_path)
+    frames = load_transforms(root.name, eval_split="none").train  # data.path relative, the file's path absolute
+    assert len(frames) == 3 and all(torch.equal(f.depth, torch.full((24, 32), 1.5)) for f in frames)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "what"),
+    [
+        ("depth_file_path", "../x.npy", "depth map"),
+        ("depth_file_path", "/etc/passwd", "depth map"),
+        ("mask_path", "./../m.png", "mask"),
+        ("file_path", "../image.png", "image"),
+    ],
+)
+def test_a_file_outside_the_capture_is_refused_unless_the_user_opts_in(
+    tmp_path: Path, synthetic_cache: Path, capsys: pytest.CaptureFixture[str], key: str, value: str, what: str
+) -> None:
+    root = _bad_capture(tmp_path).parents[1]
+    content = json.loads((root / "transforms.json").read_text())
+    outside = tmp_path / Path(value).name  # where "../<name>" leads
+    if key == "file_path":
+        (root / content["frames"][0]["file_path"]).rename(outside)
+    elif key == "depth_file_path":
+        np.save(outside, np.full((24, 32), 2.0, np.float32))
+    else:
+        Image.fromarray(np.full((24, 32), 255, np.uint8)).save(outside)
+    for frame in content["frames"]:
+        frame.pop("depth_file_path")
+    content["frames"][0][key] = value
+    (root / "transforms.json").write_text(json.dumps(content))
+    data = {"dataset": "transforms", "path": str(root), "eval_split": "none"}
+    config = write_yaml(tmp_path / "run.yaml", tiny_config(tmp_path / "run", synthetic_cache, data=data))
+    assert main(["train", "--config", str(config)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert f"the {what} {value!r} lies outside the capture folder {root}" in err and "data.outside_capture=true" in err
+    if value.startswith("/"):
+        return
+    loaded = DataPipeline(DataPipeline.Config(**data, outside_capture=True), torch.device("cpu")).scene.train[0]
+    assert loaded.name is not None  # read from where the user keeps it, as asked
+
+
 def test_the_term_on_a_capture_without_depth_is_one_line_naming_the_key_and_exit_2(
     tmp_path: Path, synthetic_cache: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 from pathlib import Path
 
@@ -166,7 +167,7 @@ def test_the_median_depth_makes_a_closer_surface_than_the_expected_depth(tmp_pat
     assert errors["median"] < 0.03 and errors["expected"] > errors["median"] + 0.015  # about 2.7 and 4.9 cm
 
 
-def test_nothing_opaque_and_a_voxel_too_small_for_the_memory_are_input_errors(tmp_path: Path) -> None:
+def test_nothing_opaque_and_a_voxel_too_small_or_too_large_are_input_errors(tmp_path: Path) -> None:
     params = _sphere_gaussians(500)
     faint = dict(params, opacities=torch.full((500,), -4.0))  # opacity 0.02: the median depth is nowhere
     with pytest.raises(InputError, match="nothing to mesh"):
@@ -174,6 +175,13 @@ def test_nothing_opaque_and_a_voxel_too_small_for_the_memory_are_input_errors(tm
     with pytest.raises(InputError, match=r"needs \d+(\.\d)? GiB of memory.*--voxel"):
         export_gaussians(params, tmp_path / "m.ply", "mesh", context=_context(params, _views(4)),
                          options={"voxel": 1e-5})  # fmt: skip
+    for voxel in (1e300, 1e6, 0.5):  # the sphere spans about 1.2 units
+        with pytest.raises(InputError, match=re.escape(f"voxel={voxel:g}: the voxel is larger than the scene")):
+            export_gaussians(params, tmp_path / "m.ply", "mesh", context=_context(params, _views(4)),
+                             options={"voxel": voxel})  # fmt: skip
+    with pytest.raises(InputError, match=re.escape("voxel=1e-300: the voxel is too small for the scene, whose")):
+        export_gaussians(params, tmp_path / "m.ply", "mesh", context=_context(params, _views(4)),
+                         options={"voxel": 1e-300})  # fmt: skip
     with pytest.raises(InputError, match="no training views"):
         export_gaussians(params, tmp_path / "m.ply", "mesh", context=_context(params, []))
     with pytest.raises(InputError, match=r"\.ply, \.obj, \.glb"):
@@ -192,11 +200,20 @@ def test_cli_meshes_a_ply_with_the_config_of_its_capture_and_refuses_a_ply_alone
     out = tmp_path / "mesh.obj"
     args = ["export", "--ply", str(ply), "--format", "mesh", "--voxel", "0.03", "--out", str(out)]
     assert main([*args, "--config", str(config)]) == 0
-    assert str(out) in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert str(out) in captured.out and "Gaussians of" not in captured.err  # the capture's views see the sphere
     loaded = trimesh.load(out, force="mesh", process=False)
     assert len(loaded.faces) > 100  # the synthetic capture's cameras see the sphere
     assert main(args) == 2
     assert "--ply needs --config" in capsys.readouterr().err
+    elsewhere = _sphere_gaussians()  # and twice as many Gaussians that no view of this capture sees
+    far = {name: torch.cat([value, value, value]) for name, value in elsewhere.items()}
+    far["means"][len(elsewhere["means"]) :] += torch.tensor([0.0, 0.0, 500.0])
+    save_ply(tmp_path / "other.ply", far)
+    other = ["export", "--ply", str(tmp_path / "other.ply"), "--config", str(config), "--voxel", "0.03"]
+    assert main([*other, "--format", "mesh", "--out", str(tmp_path / "other.obj")]) == 0
+    warning = " ".join(capsys.readouterr().err.split())
+    assert f"see only 33% of the 30000 Gaussians of {tmp_path / 'other.ply'}: is the --config that of" in warning
     assert main([*args, "--config", str(config), "--voxel", "-1"]) == 2
     assert "voxel" in capsys.readouterr().err
 

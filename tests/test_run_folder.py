@@ -62,8 +62,9 @@ def test_overwrite_replaces_only_what_the_run_wrote(make_trainer) -> None:
 
 def test_a_second_process_cannot_train_or_overwrite_a_locked_run(make_trainer) -> None:
     running = make_trainer("run", max_steps=3)  # built: it holds the run folder
-    with pytest.raises(ConfigError, match=rf"in use by gsrecon pid {os.getpid()} on "):
-        make_trainer("run", max_steps=3, overwrite=True)
+    for overwrite in (True, False):  # not "already holds a run; continue it with --resume": that one is in use too
+        with pytest.raises(ConfigError, match=rf"in use by gsrecon pid {os.getpid()} on "):
+            make_trainer("run", max_steps=3, overwrite=overwrite)
     assert (running.exp_dir / "config.yaml").is_file(), "the refused run deleted nothing"
     running.train()  # releases the folder when it ends
     make_trainer("run", max_steps=3, overwrite=True).train()

@@ -109,6 +109,38 @@ def test_every_layout_gets_its_config_and_start_by_what_it_holds(
     assert recipe.exp_dir == "outputs/my_scene"
 
 
+def test_a_folder_with_a_transforms_file_and_a_colmap_model_says_which_it_trains_and_how_to_take_the_other(
+    tmp_path: Path, synthetic_cache: Path
+) -> None:
+    path = capture_layouts.colmap(tmp_path / "both", synthetic_cache)
+    capture_layouts.instant_ngp(tmp_path / "ngp", synthetic_cache)
+    (tmp_path / "ngp" / "transforms.json").rename(path / "transforms.json")
+    for photo in (tmp_path / "ngp" / "images").iterdir():
+        photo.rename(path / "images" / photo.name)
+    recipe = detect_capture([path])
+    assert recipe.config == CONFIGS_DIR / "phone.yaml"
+    other = (
+        f"not the COLMAP model beside it (sparse/0/), which --config {CONFIGS_DIR / 'mipnerf360.yaml'} --data {path}"
+    )
+    assert other in recipe.why
+
+
+def test_photos_outside_the_capture_are_detected_only_when_the_user_opts_in(
+    tmp_path: Path, synthetic_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = capture_layouts.instant_ngp(tmp_path / "ngp", synthetic_cache)
+    content = json.loads((root / "transforms.json").read_text())
+    first = content["frames"][0]
+    (root / first["file_path"]).rename(tmp_path / "elsewhere.jpg")
+    first["file_path"] = "../elsewhere.jpg"
+    (root / "transforms.json").write_text(json.dumps(content))
+    code, out, err = _train(capsys, "--data", str(root), *TINY_RUN)
+    assert code == 2 and "lies outside the capture folder" in err and "data.outside_capture=true" in err and not out
+    code, out, err = _train(capsys, "--data", str(root), *TINY_RUN, "data.outside_capture=true")
+    assert code == 0 and out.startswith(f"using {CONFIGS_DIR / 'phone.yaml'} for {root}"), err
+    assert "lies outside" not in err  # nor while triangulating its points from the photos
+
+
 def test_the_readme_capture_table_matches_the_detection() -> None:
     readme = (CONFIGS_DIR.parent / "README.md").read_text()
     table = readme.split("### Training a capture", 1)[1].split("| layout |", 1)[1].split("\n\n", 1)[0]
@@ -183,6 +215,15 @@ def test_config_and_data_together_set_data_path(
             ["--data", "missing"],
             "missing: --data must be a scene folder, photos or videos, and this path does not exist",
         ),
+        (
+            ["--data", "loop"],
+            "loop: --data must be a scene folder, photos or videos, and this path is a symbolic link that loops",
+        ),
+        (
+            ["--data", "two_photos"],
+            "two_photos: 2 of 2 photos can be read as images; structure from motion needs at least 3",
+        ),
+        (["--data", "broken.mp4", "--data", "loop.mp4"], "loop.mp4: is a symbolic link that loops (it leads back"),
         (["--data", "broken.mp4"], "broken.mp4: cannot read the video"),
         (["--data", "broken.mp4", "--data", "notes.txt"], "notes.txt: is not a video; --data takes a scene folder"),
         ([], "gsrecon train needs --config CONFIG, --data CAPTURE, or both"),
@@ -199,6 +240,11 @@ def test_captures_it_cannot_read_are_one_line_and_exit_2(
     for name in ("a.jpg", "b.jpg"):
         Image.new("RGB", (8, 6)).save(tmp_path / "broken_photos" / name)
     (tmp_path / "broken_photos" / "c.jpg").write_bytes(b"")
+    (tmp_path / "two_photos").mkdir()
+    for name in ("a.jpg", "b.jpg"):
+        Image.new("RGB", (8, 6)).save(tmp_path / "two_photos" / name)
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    (tmp_path / "loop.mp4").symlink_to(tmp_path / "loop.mp4")
     (tmp_path / "broken.mp4").write_bytes(b"not a video")
     (tmp_path / "notes.txt").write_text("not a video")
     code, out, err = _train(capsys, *argv)

@@ -1,8 +1,11 @@
-"""The one exception type dataset readers raise for bad input, and the number check they share."""
+"""The one exception type dataset readers raise for bad input, and the checks they share."""
 
 from __future__ import annotations
 
+import errno
 import math
+import os
+from pathlib import Path
 
 from gsrecon.errors import InputError
 
@@ -22,3 +25,16 @@ def checked_number(where: str, key: str, value: object, *, positive: bool = Fals
     if not is_number or not math.isfinite(value) or (positive and value <= 0):
         raise DatasetError(f"{where}: '{key}' must be a finite number{' > 0' if positive else ''}, got {value!r}")
     return float(value)
+
+
+def why_missing(path: Path) -> str:
+    """Why ``path``, found to be neither a file nor a folder, is not there, in words that follow it: ``does not
+    exist``, or that it is a symbolic link that loops or leads to a missing target."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "is a symbolic link that loops (it leads back to itself)"
+    if path.is_symlink():
+        return f"is a symbolic link to {os.readlink(path)}, which does not exist"
+    return "does not exist"

@@ -71,6 +71,10 @@ class DataPipeline:
         # renderer) | lens (trained on the whole image through the lens model: the torch renderer projects each
         # Gaussian through it, gsplat uses its unscented transform and needs strategy mcmc or none)
         fisheye: str = "undistort"
+        # Read the images, masks, depth maps and point cloud a transforms.json names also where they lie outside its
+        # folder (refused otherwise, so that a capture from elsewhere reads nothing else on this machine; a COLMAP
+        # model's image names are always inside its images/)
+        outside_capture: bool = False
         # The reader's own options, written under its name (``synthetic: {width: 64}``), checked by its Config
         reader: dict[str, Any] = named_section("dataset", DATASET_REGISTRY.names)  # noqa: RUF009 (a dataclasses.field)
 

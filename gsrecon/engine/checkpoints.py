@@ -165,7 +165,7 @@ def find_resume(
             f"{source}: nothing to resume: no checkpoint in {run_dir.checkpoints}; "
             f"drop --resume (resume: true) to start a new run"
         )
-    path, checkpoint = _first_readable(candidates, warn)
+    path, checkpoint = first_readable(candidates, warn)
     check_resumable(checkpoint, model_entry, structural, path, source)
     broken = non_finite(checkpoint["params"])
     if broken:
@@ -176,13 +176,14 @@ def find_resume(
     return path, checkpoint
 
 
-def _first_readable(candidates: list[Path], warn: Callable[[str], None]) -> tuple[Path, dict[str, Any]]:
-    """The first of ``candidates`` that reads as a checkpoint (the last one's error is raised)."""
+def first_readable(candidates: list[Path], warn: Callable[[str], None]) -> tuple[Path, dict[str, Any]]:
+    """The first of ``candidates`` that reads as a checkpoint, ``warn`` saying which were passed over (the last
+    one's error is raised)."""
     for path, fallback in itertools.pairwise(candidates):
         try:
             return path, load_checkpoint_file(path, "cpu")
         except ValueError as exc:
-            warn(f"not resuming from {path}: {exc}; trying {fallback.name}")
+            warn(f"passing over {path}: {exc}; trying {fallback.name}")
     return candidates[-1], load_checkpoint_file(candidates[-1], "cpu")
 
 
@@ -239,9 +240,15 @@ class CheckpointWriteError(OSError):
 def save_checkpoint(checkpoint: dict[str, Any], path: Path) -> None:
     """``torch.save`` into ``path`` atomically; a failed write raises :class:`CheckpointWriteError`
     naming the file and the space it needed, and leaves any previous ``path`` as it was."""
+    with atomic_path(path) as tmp:
+        write_checkpoint(checkpoint, tmp, path)
+
+
+def write_checkpoint(checkpoint: dict[str, Any], tmp: Path, path: Path) -> None:
+    """``torch.save`` into ``tmp``, the temporary file of ``path`` (:mod:`gsrecon.atomic`); a failed write raises
+    :class:`CheckpointWriteError` naming ``path`` and the space it needed."""
     try:
-        with atomic_path(path) as tmp:
-            torch.save(checkpoint, tmp)
+        torch.save(checkpoint, tmp)
     except (OSError, RuntimeError) as exc:
         # torch's zip writer reports a failed write as a RuntimeError from its C++ checks ("enforce fail").
         if isinstance(exc, RuntimeError) and not any(word in str(exc) for word in ("enforce fail", "write")):

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from gsrecon.atomic import write_json
 from gsrecon.cameras import Cameras
+from gsrecon.cameras.lens import pinhole_project
 from gsrecon.cameras.paths import CAMERA_PATHS, focus_point, interp_path
 from gsrecon.config import ConfigError, apply_overrides, load_config, parse_structured
 from gsrecon.data.formats.images import to_uint8, write_png
@@ -31,7 +32,7 @@ from gsrecon.engine.builder import (
     resolve_views_config,
     set_cpu_threads,
 )
-from gsrecon.engine.checkpoints import load_checkpoint_file
+from gsrecon.engine.checkpoints import first_readable, load_checkpoint_file
 from gsrecon.engine.evaluator import build_metrics, evaluate_views
 from gsrecon.engine.run_dir import RunDir
 from gsrecon.errors import InputError
@@ -47,6 +48,8 @@ from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
 from gsrecon.render.colormap import DEPTH_KINDS, depth_image
 from gsrecon.render.gsplat_renderer import GSPLAT_ALPHA_MAX
 from gsrecon.render.video import VideoWriter
+
+MIN_SEEN = 0.5  # a PLY whose Gaussians a capture's training views see less of was likely trained on another one
 
 
 @dataclass
@@ -77,7 +80,8 @@ def load_trained_scene(
     overrides: Sequence[str] = (),
     imports: Sequence[str] = (),
 ) -> TrainedScene:
-    """Load from exactly one of ``checkpoint``, ``exp_dir`` (its ``last.pt``) or ``ply``.
+    """Load from exactly one of ``checkpoint``, ``exp_dir`` (its newest readable checkpoint: a truncated
+    ``last.pt`` is passed over with a warning, as ``--resume`` does) or ``ply``.
 
     The config comes from the checkpoint, or from ``config`` (required with ``ply``; optional
     otherwise, where it replaces the checkpoint's); ``overrides`` apply on top (e.g. ``data.path=...``).
@@ -87,11 +91,13 @@ def load_trained_scene(
     given = [x for x in (checkpoint, exp_dir, ply) if x]
     if len(given) != 1:
         raise InputError("give exactly one of --checkpoint, --exp-dir or --ply")
+    ckpt = None
     if exp_dir:
         run_dir = RunDir(exp_dir)
-        found = run_dir.latest_checkpoint()
-        if found is None:
+        files = run_dir.checkpoint_files()
+        if not files:
             raise FileNotFoundError(f"no checkpoint in {run_dir.checkpoints}")
+        found, ckpt = first_readable(files, Logger().warning)
         checkpoint = str(found)
     if ply:
         if not config:
@@ -99,7 +105,7 @@ def load_trained_scene(
         raw, source, params, step = load_config(config, overrides), config, load_ply(ply), None
         views = {}
     else:
-        ckpt = load_checkpoint_file(checkpoint, "cpu")
+        ckpt = load_checkpoint_file(checkpoint, "cpu") if ckpt is None else ckpt
         raw = load_config(config, overrides) if config else apply_overrides(copy.deepcopy(ckpt["config"]), overrides)
         source, params, step = config or checkpoint, ckpt["params"], int(ckpt["step"])
         views = ckpt.get("views", {})
@@ -359,7 +365,8 @@ def export(
     Mip-Splatting's compensation.
 
     The training views and the renderer (on ``device``, with the median depth) are loaded only for a format
-    that needs them.
+    that needs them; for a PLY, a warning says when those views see too few of its Gaussians (:func:`seen_fraction`:
+    the ``--config`` of another capture?).
     """
     logger = logger or Logger()
     context = ExportContext()
@@ -368,6 +375,13 @@ def export(
         pipeline = DataPipeline(scene.cfg.data, torch_device, scene.cfg.seed, source=scene.source)
         render = scene_renderer(scene, torch_device, logger, median_depth=True)
         context = ExportContext(train_batches=pipeline.train_batches, render=torch.no_grad()(render))
+        seen = seen_fraction(scene.params["means"], pipeline.scene.train) if scene.step is None else 1.0
+        if seen < MIN_SEEN:
+            logger.warning(
+                f"the training views of the capture {scene.cfg.data.path or scene.cfg.data.dataset} see only "
+                f"{seen:.0%} of the {len(scene.params['means'])} Gaussians of {scene.source}: is the --config that "
+                f"of the capture they were trained on?"
+            )
     path = export_gaussians(scene.params, out, fmt, antialiased=scene.antialiased, context=context, options=options)
     if scene.antialiased:
         logger.warning(
@@ -376,6 +390,19 @@ def export(
             f"renderer.antialiased=false"
         )
     return path
+
+
+def seen_fraction(means: Tensor, frames: Sequence[Frame]) -> float:
+    """The fraction of the points ``means`` [N, 3] that some of ``frames`` sees: in front of it, inside its image
+    (through its pinhole intrinsics); 1 without points."""
+    seen = torch.zeros(len(means), dtype=torch.bool)
+    for frame in frames:
+        camera = means.float() @ frame.viewmat[:3, :3].float().T + frame.viewmat[:3, 3].float()  # [N, 3]
+        z = camera[:, 2]
+        pixels = pinhole_project(camera[:, 0], camera[:, 1], z, frame.K.float())
+        inside = (pixels.pixel_x >= 0) & (pixels.pixel_x < frame.width) & (pixels.pixel_y >= 0)
+        seen |= (z > 0) & inside & (pixels.pixel_y < frame.height)
+    return float(seen.float().mean()) if len(means) else 1.0
 
 
 def scene_device(scene: TrainedScene, device: str, logger: Logger) -> torch.device:

@@ -74,6 +74,9 @@ class RunDir:
             )
         if resume:
             return
+        holder = self._holder()
+        if holder is not None:
+            raise self._in_use(holder)
         if not overwrite:
             raise ConfigError(
                 f"{self.source}: exp_dir '{folder}' already holds a run; continue it with --resume, "
@@ -144,13 +147,29 @@ class RunDir:
         except BlockingIOError:
             holder = os.read(fd, 256).decode(errors="replace").strip() or "another process"
             os.close(fd)
-            raise ConfigError(
-                f"{self.source}: exp_dir '{self.path}' is in use by {holder}; wait for that run to end, stop it, "
-                f"or choose another exp_dir"
-            ) from None
+            raise self._in_use(holder) from None
         os.ftruncate(fd, 0)
         os.write(fd, f"gsrecon pid {os.getpid()} on {socket.gethostname()}\n".encode())
         self._lock_fd = fd
+
+    def _holder(self) -> str | None:
+        """Who holds the folder's lock (``gsrecon pid ... on host``), None when no process does."""
+        with contextlib.suppress(FileNotFoundError):
+            fd = os.open(self.path / LOCK_FILE, os.O_RDONLY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released when closed
+            except BlockingIOError:
+                return os.read(fd, 256).decode(errors="replace").strip() or "another process"
+            finally:
+                os.close(fd)
+        return None
+
+    def _in_use(self, holder: str) -> ConfigError:
+        """The error for a folder ``holder`` trains in."""
+        return ConfigError(
+            f"{self.source}: exp_dir '{self.path}' is in use by {holder}; wait for that run to end, stop it, or "
+            "choose another exp_dir"
+        )
 
     def _previous_outputs(self) -> list[str]:
         """What the run in this folder listed in its marker (older runs: what gsrecon 0.1 wrote)."""

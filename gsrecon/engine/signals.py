@@ -14,9 +14,12 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C; kill, timeout, Slurm a
 
 
 @contextmanager
-def stop_at_step_boundary(request_stop: Callable[[int], None], logger: Logger) -> Iterator[None]:
+def stop_at_step_boundary(
+    request_stop: Callable[[int], None], logger: Logger, stopping: str = "stopping after this step with a checkpoint"
+) -> Iterator[None]:
     """Inside the block the first SIGINT or SIGTERM calls ``request_stop(signum)`` and the loop finishes
-    its step; a second one raises KeyboardInterrupt at once. Outside the main thread it does nothing."""
+    its step, the log saying what happens now (``stopping``); a second one raises KeyboardInterrupt at once. Outside
+    the main thread it does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -27,7 +30,7 @@ def stop_at_step_boundary(request_stop: Callable[[int], None], logger: Logger) -
             raise KeyboardInterrupt
         received.append(signum)
         name = signal.Signals(signum).name
-        logger.warning(f"{name}: stopping after this step with a checkpoint (send it again to abort at once)")
+        logger.warning(f"{name}: {stopping} (send it again to abort at once)")
         request_stop(signum)
 
     previous = {signum: signal.signal(signum, handler) for signum in STOP_SIGNALS}

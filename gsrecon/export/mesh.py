@@ -39,6 +39,8 @@ INSTALL_HINT = "pip install 'gsrecon[mesh]' (scikit-image and trimesh)"
 BLOCK = 8  # voxels per side of the blocks the fusion touches
 DENSE_BYTES = 10  # per voxel of the grid: marching cubes' signed distance (float32), masks and working copies
 ACTIVE_BYTES = 64  # per voxel near the surface: its id, fused sums and weight, and building its list
+MIN_VOXELS_ACROSS = 4  # a given voxel must fit this many times along the surface's longest side
+MAX_VOXELS_ACROSS = 1 << 20  # and at most this many times (a finer grid is beyond any memory, or a typo)
 CHUNK_VOXELS = 1 << 21  # voxels projected into a view at once (bounds the temporaries)
 
 
@@ -176,7 +178,8 @@ class Grid(NamedTuple):
 
 def plan_grid(views: list[SurfaceView], cfg: MeshFormat.Config) -> Grid:
     """The grid over the views' surface points (0.1 % outliers on each side of each axis left out), with
-    ``cfg.voxel`` or the longest side / 256; an InputError when nothing is opaque or the grid would not fit."""
+    ``cfg.voxel`` or the longest side / 256; an InputError when nothing is opaque, the voxel is larger than the
+    scene or far too small for it, or the grid would not fit."""
     points = [backproject(view) for view in views]
     points = torch.cat(points) if points else torch.zeros(0, 3)
     if len(points) == 0:
@@ -185,7 +188,20 @@ def plan_grid(views: list[SurfaceView], cfg: MeshFormat.Config) -> Grid:
         )
     sample = points[torch.randperm(len(points), generator=torch.Generator().manual_seed(0))[: 1 << 20]]
     low, high = torch.quantile(sample, 0.001, dim=0), torch.quantile(sample, 0.999, dim=0)  # [3] each
-    voxel = cfg.voxel or float((high - low).max()) / 256 or 1e-3
+    side = float((high - low).max())
+    if cfg.voxel * MIN_VOXELS_ACROSS > side:
+        raise InputError(
+            f"voxel={cfg.voxel:g}: the voxel is larger than the scene, whose surface spans {side:.3g} scene units "
+            f"(fewer than {MIN_VOXELS_ACROSS} voxels); give a voxel of at most {side / MIN_VOXELS_ACROSS:.3g}, or "
+            f"none (the longest side / 256: {side / 256:.3g})"
+        )
+    if cfg.voxel and side > cfg.voxel * MAX_VOXELS_ACROSS:
+        raise InputError(
+            f"voxel={cfg.voxel:g}: the voxel is too small for the scene, whose surface spans {side:.3g} scene units "
+            f"(more than {MAX_VOXELS_ACROSS} voxels); give a voxel of at least {side / MAX_VOXELS_ACROSS:.3g}, or "
+            f"none (the longest side / 256: {side / 256:.3g})"
+        )
+    voxel = cfg.voxel or side / 256 or 1e-3
     margin = (cfg.truncation + 1) * voxel
     low, high = low - margin, high + margin
     dims = tuple(int(d) for d in torch.ceil((high - low) / voxel).long() + 1)

@@ -5,6 +5,11 @@ run's outputs (``checkpoints/last.pt``, ``point_cloud.ply``, ``metrics.json``), 
 from __future__ import annotations
 
 import dataclasses
+import filecmp
+import hashlib
+import itertools
+import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -12,19 +17,28 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from gsrecon.atomic import write_json
+from gsrecon.atomic import atomic_path, atomic_paths
 from gsrecon.data.blocks import Partition, PartitionConfig, cell_box, image_coverage
 from gsrecon.distributed import DistributedContext
-from gsrecon.engine.checkpoints import load_checkpoint_file, save_checkpoint, scene_checkpoint
+from gsrecon.engine.builder import structural_keys
+from gsrecon.engine.checkpoints import (
+    load_checkpoint_file,
+    non_finite,
+    save_checkpoint,
+    scene_checkpoint,
+    write_checkpoint,
+)
 from gsrecon.engine.evaluator import build_metrics, evaluate_views
 from gsrecon.engine.inference import TrainedScene, scene_renderer
 from gsrecon.engine.run_dir import RunDir
+from gsrecon.engine.signals import stop_at_step_boundary
 from gsrecon.errors import InputError
 from gsrecon.export import export_gaussians
 from gsrecon.logging.console import Logger
 from gsrecon.metrics import mean_metrics
 from gsrecon.model import ops
 from gsrecon.model.optim import SchedulerConfig
+from gsrecon.partition.folder import PLAN_FILE
 
 if TYPE_CHECKING:
     from gsrecon.data.pipeline import DataPipeline
@@ -43,11 +57,30 @@ def block_dir(exp_dir: str | Path, index: int) -> Path:
     return Path(exp_dir) / BLOCKS_DIR / str(index)
 
 
-def save_block_result(exp_dir: str | Path, index: int, step: int, params: dict[str, Tensor]) -> None:
-    """Record block ``index`` as finished at ``step`` with its Gaussians ``params`` (what the merge reads)."""
+def plan_digest(partition: Partition) -> str:
+    """A fingerprint of ``partition``'s plan (what ``partition.json`` holds): the blocks of one split share it."""
+    return hashlib.sha256(json.dumps(partition.to_json(), sort_keys=True).encode()).hexdigest()
+
+
+def save_block_result(
+    exp_dir: str | Path,
+    index: int,
+    step: int,
+    params: dict[str, Tensor],
+    partition: Partition,
+    model: dict[str, Any],
+) -> None:
+    """Record block ``index`` of ``partition`` as finished at ``step`` with its Gaussians ``params`` of the resolved
+    ``model`` entry (what the merge reads and checks)."""
     folder = block_dir(exp_dir, index)
-    save_checkpoint({"block": index, "step": step, "params": {k: v.detach().cpu() for k, v in params.items()}},
-                    folder / BLOCK_RESULT)  # fmt: skip
+    result = {
+        "block": index,
+        "step": step,
+        "plan": plan_digest(partition),
+        "model": model,
+        "params": {k: v.detach().cpu() for k, v in params.items()},
+    }
+    save_checkpoint(result, folder / BLOCK_RESULT)
     RunDir(folder).record_outputs([BLOCK_RESULT])
 
 
@@ -58,9 +91,13 @@ def finished_blocks(exp_dir: str | Path, count: int) -> list[int]:
 
 @dataclass
 class MergeResult:
+    """What a merge wrote; ``stop_reason`` (and the signal) when a signal stopped it first (nothing written)."""
+
     num_gaussians: int
     metrics: dict[str, float | None]  # the mean over every test view ({} without test views)
     kept: list[int]  # per block: its Gaussians inside its cell
+    stop_reason: str | None = None
+    stop_signal: int | None = None
 
 
 def merge_blocks(
@@ -77,7 +114,9 @@ def merge_blocks(
 
     The merged checkpoint holds the Gaussians and the config (no optimiser state: it is a result, not a run to
     resume; the per-image modules of the blocks are left out, so test views are scored at their given poses with
-    no appearance transform). Raises InputError naming the blocks that have not finished.
+    no appearance transform). Every block is checked before anything is written (:func:`_block_gaussians`); raises
+    InputError naming the blocks that have not finished or the first block that is not this run's. SIGINT or
+    SIGTERM stop it with nothing written but the fine-tune's checkpoints, which the next merge resumes from.
     """
     exp_dir = Path(cfg.exp_dir)
     count = len(partition.blocks)
@@ -87,38 +126,79 @@ def merge_blocks(
             f"{exp_dir}: block(s) {', '.join(map(str, missing))} of {count} have not finished (no "
             f"{BLOCKS_DIR}/<i>/{BLOCK_RESULT}); train them first (partition.only=<i>, with --resume to continue one)"
         )
-    params: torch.nn.ParameterDict | None = None
-    kept = []
-    for block in partition.blocks:
-        trained = load_checkpoint_file(block_dir(exp_dir, block.index) / BLOCK_RESULT)["params"]
-        outside = partition.cell_index(trained["means"]) != block.index  # [N]
-        kept.append(int((~outside).sum()))
-        rows = {name: value[~outside].float() for name, value in trained.items()}
-        if params is None:
-            params = torch.nn.ParameterDict({k: torch.nn.Parameter(v, requires_grad=False) for k, v in rows.items()})
-        else:
-            ops.append_rows(params, {}, {}, (), rows)
-        logger.info(f"block {block.index}: kept {kept[-1]} of its {len(outside)} Gaussians (those inside its cell)")
+    pieces = [_block_gaussians(exp_dir, block.index, partition, resolved["model"]) for block in partition.blocks]
+    params = torch.nn.ParameterDict({k: torch.nn.Parameter(v, requires_grad=False) for k, v in pieces[0].items()})
+    for piece in pieces[1:]:
+        ops.append_rows(params, {}, {}, (), piece)
     merged = {name: value.detach() for name, value in params.items()}
+    kept = [len(piece["means"]) for piece in pieces]
+    for block, inside in zip(partition.blocks, kept, strict=True):
+        logger.info(f"block {block.index}: kept the {inside} Gaussians inside its cell")
     antialiased = bool(resolved["renderer"].get("antialiased", False))
     step = cfg.max_steps
-    if cfg.partition.merge_steps:
-        export_gaussians(merged, exp_dir / BLOCKS_DIR / MERGED_PLY, "ply", antialiased=antialiased)
-        merged = _fine_tune(cfg, exp_dir / BLOCKS_DIR / MERGED_PLY, local_rank)
-        step += cfg.partition.merge_steps
-    save_checkpoint(
-        scene_checkpoint(merged, step, resolved, pipeline.scene.extent), RunDir(exp_dir).checkpoints / "last.pt"
-    )
-    export_gaussians(merged, exp_dir / "point_cloud.ply", "ply", antialiased=antialiased)
-    num_gaussians = len(merged["means"])
+    stopped: list[int] = []
+    with stop_at_step_boundary(stopped.append, logger, "stopping the merge before it writes its outputs"):
+        if cfg.partition.merge_steps:
+            tuned = _fine_tune(cfg, merged, antialiased, local_rank, stopped)
+            if isinstance(tuned, MergeResult):
+                return tuned
+            merged, step = tuned, step + cfg.partition.merge_steps
+        views = _score(cfg, merged, step, pipeline, partition, logger, lambda: bool(stopped))
+        if stopped:
+            return _stopped_result("stopped while scoring the merged scene; nothing was written", stopped[0])
+        mean = mean_metrics([{k: v for k, v in view.items() if k != "blocks"} for view in views]) if views else {}
+        num_gaussians = len(merged["means"])
+        scores = {"step": step, "num_gaussians": num_gaussians, "mean": mean, "images": views, "kept_per_block": kept}
+        outputs = [RunDir(exp_dir).checkpoints / "last.pt", exp_dir / "point_cloud.ply", exp_dir / "metrics.json"]
+        with atomic_paths(*outputs) as (checkpoint, ply, metrics):
+            write_checkpoint(scene_checkpoint(merged, step, resolved, pipeline.scene.extent), checkpoint, outputs[0])
+            export_gaussians(merged, ply, "ply", antialiased=antialiased)
+            metrics.write_text(json.dumps(scores, indent=2) + "\n")
     logger.info(f"merged {count} blocks: {num_gaussians} Gaussians; wrote {exp_dir / 'point_cloud.ply'}")
-    views = _score(cfg, merged, step, pipeline, partition, logger)
-    mean = mean_metrics([{k: v for k, v in view.items() if k != "blocks"} for view in views]) if views else {}
-    write_json(
-        exp_dir / "metrics.json",
-        {"step": step, "num_gaussians": num_gaussians, "mean": mean, "images": views, "kept_per_block": kept},
-    )
     return MergeResult(num_gaussians, mean, kept)
+
+
+def _stopped_result(reason: str, signum: int | None) -> MergeResult:
+    """The result of a merge that a signal (or a hook) stopped before it wrote anything."""
+    return MergeResult(0, {}, [], stop_reason=reason, stop_signal=signum)
+
+
+def _block_gaussians(exp_dir: Path, index: int, partition: Partition, model: dict[str, Any]) -> dict[str, Tensor]:
+    """Block ``index``'s Gaussians inside its cell. Raises InputError naming its ``block.pt`` where they are not
+    this run's: another block's, of another split of the capture or another ``model`` (a key that decides the
+    parameters' shapes), not finite, or none inside its cell."""
+    path = block_dir(exp_dir, index) / BLOCK_RESULT
+    result = load_checkpoint_file(path)
+    again = f"train it again: gsrecon train --config {exp_dir / 'config.yaml'} partition.only={index} --overwrite"
+    if result.get("block") != index:
+        raise InputError(
+            f"{path} holds block {result.get('block')}'s Gaussians, not block {index}'s (block folders swapped or "
+            f"copied from elsewhere?); put it back, or {again}"
+        )
+    if result.get("plan") != plan_digest(partition):
+        unrecorded = "" if result.get("plan") else " (or by a gsrecon that did not record its split)"
+        raise InputError(
+            f"{path}: block {index} was trained on another split of the capture than {exp_dir / PLAN_FILE}"
+            f"{unrecorded}; {again}"
+        )
+    trained_model = result.get("model", {})
+    for key in structural_keys(model):
+        if trained_model.get(key) != model.get(key):
+            raise InputError(
+                f"{path}: block {index} was trained with model.{key}={trained_model.get(key)} but this run has "
+                f"{model.get(key)}; {again}"
+            )
+    params = result["params"]
+    broken = non_finite(params)
+    if broken:
+        raise InputError(
+            f"{path}: block {index}'s Gaussian parameters {', '.join(broken)} are not finite (the block diverged); "
+            f"{again}"
+        )
+    inside = partition.cell_index(params["means"]) == index  # [N]
+    if not bool(inside.any()):
+        raise InputError(f"{path}: none of block {index}'s {len(inside)} Gaussians lie inside its cell; {again}")
+    return {name: value[inside].float() for name, value in params.items()}
 
 
 def _score(
@@ -128,15 +208,17 @@ def _score(
     pipeline: DataPipeline,
     partition: Partition,
     logger: Logger,
+    stopped: Callable[[], bool],
 ) -> list[dict[str, Any]]:
     """Every test view's metrics, each with ``blocks``: the blocks whose cells fill at least :data:`SEEN_CELL` of
-    its image (two or more: the view looks across a border between blocks)."""
+    its image (two or more: the view looks across a border between blocks). Once ``stopped()`` is true no further
+    view is scored."""
     if pipeline.num_val == 0:
         return []
     scene = TrainedScene(cfg, params, step, str(cfg.exp_dir))
     render = scene_renderer(scene, pipeline.device, logger)
     metrics = build_metrics(cfg.metrics.lpips_net, pipeline.device, logger)
-    views = evaluate_views(render, pipeline.val_batches(), metrics)
+    views = evaluate_views(render, itertools.takewhile(lambda _: not stopped(), pipeline.val_batches()), metrics)
     seen = {frame.name: _cells_seen(frame, partition) for frame in pipeline.scene.test}
     return [{**view, "blocks": seen[view["name"]]} for view in views]
 
@@ -154,18 +236,28 @@ def _cells_seen(frame: Frame, partition: Partition) -> list[int]:
     ]
 
 
-def _fine_tune(cfg: RunConfig, merged_ply: Path, local_rank: int) -> dict[str, Tensor]:
-    """The merged Gaussians trained on every camera for ``partition.merge_steps`` steps in ``blocks/finetune/``: no
-    densification, each learning rate held at the value its schedule ends at."""
+def _fine_tune(
+    cfg: RunConfig, merged: dict[str, Tensor], antialiased: bool, local_rank: int, stopped: list[int]
+) -> dict[str, Tensor] | MergeResult:
+    """The ``merged`` Gaussians trained on every camera for ``partition.merge_steps`` steps in ``blocks/finetune/``:
+    no densification, each learning rate held at the value its schedule ends at. A fine-tune of the same merged
+    Gaussians that stopped (SIGTERM) resumes from its checkpoint; one that stops, or whose start a signal in
+    ``stopped`` already stopped, returns the stopped MergeResult."""
     from gsrecon.engine.trainer import DefaultTrainer
 
+    merged_ply = Path(cfg.exp_dir) / BLOCKS_DIR / MERGED_PLY
+    folder = Path(cfg.exp_dir) / BLOCKS_DIR / FINETUNE_DIR
+    with atomic_path(merged_ply) as new:
+        export_gaussians(merged, new, "ply", antialiased=antialiased)
+        same = merged_ply.is_file() and filecmp.cmp(new, merged_ply, shallow=False)  # what a stopped one tuned
+    resume = same and RunDir(folder).latest_checkpoint() is not None
     final = cfg.scheduler.final_factor
     optimizer = dataclasses.replace(cfg.optimizer, **{k: getattr(cfg.optimizer, k) * f for k, f in final.items()})
     steps = cfg.partition.merge_steps
     finetune = dataclasses.replace(
         cfg,
-        exp_dir=str(Path(cfg.exp_dir) / BLOCKS_DIR / FINETUNE_DIR),
-        resume=False,
+        exp_dir=str(folder),
+        resume=resume,
         max_steps=steps,
         val_interval=steps,
         model={**cfg.model, "init": "ply", "init_path": str(merged_ply)},
@@ -175,8 +267,11 @@ def _fine_tune(cfg: RunConfig, merged_ply: Path, local_rank: int) -> dict[str, T
         partition=PartitionConfig(),
     )
     alone = DistributedContext(0, 1, local_rank)
-    trainer = DefaultTrainer(finetune, f"{cfg.exp_dir} (merge fine-tune)", overwrite=True, logger=Logger(), dist=alone)
+    source = f"{cfg.exp_dir} (merge fine-tune)"
+    trainer = DefaultTrainer(finetune, source, overwrite=not resume, logger=Logger(), dist=alone)
+    if stopped:  # while the trainer was being built
+        trainer.request_stop(stopped[0])
     trainer.train()
     if trainer.stop_reason:
-        raise InputError(f"the merge's fine-tune stopped: {trainer.stop_reason}; run gsrecon merge again")
+        return _stopped_result(f"the merge's fine-tune stopped: {trainer.stop_reason}", trainer.stop_signal)
     return {name: value.detach() for name, value in trainer.model.params.items()}

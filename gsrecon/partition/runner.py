@@ -35,6 +35,7 @@ from gsrecon.engine.trainer import DefaultTrainer
 from gsrecon.errors import InputError
 from gsrecon.logging.console import Logger
 from gsrecon.metrics import describe_metrics
+from gsrecon.partition.folder import PLAN_FILE
 from gsrecon.partition.merge import (
     BLOCK_RESULT,
     BLOCKS_DIR,
@@ -46,8 +47,8 @@ from gsrecon.partition.merge import (
 )
 from gsrecon.plugins import import_plugins
 
-PLAN_FILE = "partition.json"
-_PER_MACHINE = ("device", "num_threads")  # settings the blocks of one run may each choose for their machine
+# Settings the blocks of one run may each choose for their machine (exp_dir: the folder, mounted or moved elsewhere)
+_PER_MACHINE = ("device", "num_threads", "exp_dir")
 _BLOCK_WAIT = timedelta(days=30)  # ranks wait at the end for the others' blocks, however long those train
 
 
@@ -80,6 +81,13 @@ def describe_merge(merged: MergeResult) -> str:
     """``merged: 12345 Gaussians: psnr ...`` of a merge."""
     metrics = describe_metrics(merged.metrics)
     return f"merged: {merged.num_gaussians} Gaussians{': ' + metrics if metrics else ''}"
+
+
+def merge_report(merged: MergeResult, exp_dir: str | Path) -> list[str]:
+    """What ``gsrecon merge`` says: why the merge stopped early and how to continue, or what it wrote where."""
+    if merged.stop_reason:
+        return [f"{merged.stop_reason}; continue with: gsrecon merge --exp-dir {exp_dir}"]
+    return [describe_merge(merged), f"outputs: {exp_dir} (checkpoints/last.pt, point_cloud.ply, metrics.json)"]
 
 
 def train_blocks(cfg: builder.RunConfig, source: str, overwrite: bool = False) -> BlocksOutcome:
@@ -118,6 +126,7 @@ def train_blocks(cfg: builder.RunConfig, source: str, overwrite: bool = False) -
         if dist.rank == 0:
             pipeline = DataPipeline(dataclasses.replace(cfg.data, cache="disk"), device, cfg.seed, source=source)
             outcome.merged = merge_blocks(cfg, resolved, partition, pipeline, logger, dist.local_rank)
+            outcome.stop_reason, outcome.stop_signal = outcome.merged.stop_reason, outcome.merged.stop_signal
         return outcome
     finally:
         logger.close()
@@ -146,7 +155,9 @@ def _train_own_blocks(
         if trainer.stop_reason:
             outcome.stop_reason, outcome.stop_signal = f"block {index}: {trainer.stop_reason}", trainer.stop_signal
             return outcome
-        save_block_result(cfg.exp_dir, index, trainer.step, trainer.model.params)
+        save_block_result(
+            cfg.exp_dir, index, trainer.step, trainer.model.params, partition, trainer.resolved_config["model"]
+        )
         outcome.trained.append(index)
         del trainer  # its Gaussians and images, before the next block's
         gc.collect()
@@ -226,8 +237,16 @@ def _take_folder(
 
 
 def _check_plan(path: Path, partition: Partition) -> None:
-    """Refuse a plan that differs from the one in ``path`` (the blocks there were trained on that one)."""
-    if json.loads(path.read_text()) != json.loads(json.dumps(partition.to_json())):
+    """Refuse a plan that differs from the one in ``path`` (the blocks there were trained on that one), and a
+    ``path`` that does not hold one."""
+    try:
+        written = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(
+            f"{path} is not valid JSON ({exc}); remove it, and gsrecon train --config {path.parent / 'config.yaml'} "
+            "partition.only=0 --resume writes it again from the config (the merge checks each block against it)"
+        ) from None
+    if written != json.loads(json.dumps(partition.to_json())):
         raise ConfigError(
             f"{path}: this config splits the capture differently from the blocks already in {path.parent} (another "
             "partition, capture or data setting); use the config in that folder, or another exp_dir"
@@ -236,7 +255,7 @@ def _check_plan(path: Path, partition: Partition) -> None:
 
 def _check_same_run(path: Path, config: dict[str, Any]) -> None:
     """Refuse a block whose run differs from the one the other blocks in ``path``'s folder were trained with (apart
-    from where and how fast: ``device``, ``num_threads``)."""
+    from where and how fast: ``device``, ``num_threads``, and the folder's path)."""
     written = load_config(path)
     as_written = json.loads(json.dumps(to_container(config)))  # tuples as the YAML file has them: lists
     changes = [c for c in changed_settings(written, as_written) if c.split(":")[0] not in _PER_MACHINE]

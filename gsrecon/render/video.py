@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import struct
 from collections.abc import Iterable
 from contextlib import ExitStack
+from pathlib import Path
 
 import imageio_ffmpeg
 import numpy as np
 
-from gsrecon.atomic import atomic_path
+from gsrecon.atomic import WriteError, atomic_path
 from gsrecon.errors import InputError
+
+_ENCODER_STOPPED = "the video encoder (ffmpeg) stopped before its end; is the disk full?"
 
 
 class VideoWriter:
@@ -35,6 +40,11 @@ class VideoWriter:
     def __enter__(self) -> VideoWriter:
         self._stack = ExitStack()
         self._tmp = self._stack.enter_context(atomic_path(self.path))
+        try:
+            self._tmp.touch()  # a folder that cannot be written in is said here in one line, not in ffmpeg's log
+        except OSError as exc:
+            self._stack.__exit__(type(exc), exc, exc.__traceback__)
+            raise
         return self
 
     def write(self, frame: np.ndarray) -> None:
@@ -58,7 +68,10 @@ class VideoWriter:
         elif frame.shape != self._size:
             raise ValueError(f"video frame {self.count}: size {frame.shape} differs from the first one's {self._size}")
         padded = np.pad(frame, ((0, frame.shape[0] % 2), (0, frame.shape[1] % 2), (0, 0)), mode="edge")
-        self._writer.send(np.ascontiguousarray(padded))
+        try:
+            self._writer.send(np.ascontiguousarray(padded))
+        except BrokenPipeError:
+            raise WriteError(errno.EPIPE, _ENCODER_STOPPED, str(self.path)) from None
         self.count += 1
 
     def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: object) -> None:
@@ -69,6 +82,30 @@ class VideoWriter:
                 raise exc
             if self.count == 0:
                 raise ValueError(f"{self.path}: no frames to write")
+            if not _whole_mp4(self._tmp):  # ffmpeg stopped before its end; its exit status is not reported
+                raise WriteError(errno.EIO, _ENCODER_STOPPED, str(self.path))
+
+
+def _whole_mp4(path: Path) -> bool:
+    """Whether the MP4 file at ``path`` is whole: its top-level boxes fill it exactly, and one of them is its index
+    (``moov``), which ffmpeg writes last."""
+    size, offset, kinds = path.stat().st_size, 0, set()
+    with path.open("rb") as file:
+        while offset < size:
+            file.seek(offset)
+            header = file.read(16)
+            if len(header) < 8:
+                return False
+            length, kind = struct.unpack(">I4s", header[:8])
+            if length == 1 and len(header) == 16:  # a 64-bit size follows
+                length = struct.unpack(">Q", header[8:])[0]
+            elif length == 0:  # to the end of the file
+                length = size - offset
+            if length < 8:
+                return False
+            kinds.add(kind)
+            offset += length
+    return offset == size and b"moov" in kinds
 
 
 def write_video(path: str | os.PathLike, frames: Iterable[np.ndarray], fps: int = 30) -> int:

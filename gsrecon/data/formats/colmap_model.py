@@ -16,6 +16,7 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 import torch
 
+from gsrecon.data.capture_files import leaves
 from gsrecon.data.errors import DatasetError, checked_number
 from gsrecon.geometry import quat_to_rotmat
 
@@ -345,13 +346,12 @@ def _checked_camera(path: str | Path, camera: ColmapCamera) -> ColmapCamera:
 
 
 def _checked_name(path: str | Path, image_id: int, name: str) -> str:
-    """``name`` if it is a relative path that stays inside the images folder (no '..', not absolute), else
-    DatasetError."""
-    parts = PurePosixPath(name).parts
-    if not parts or PurePosixPath(name).is_absolute() or ".." in parts:
+    """``name`` if it is a path that stays inside the images folder (:func:`~gsrecon.data.capture_files.leaves`:
+    the rule of every file a capture names; a COLMAP model's names are always relative to it), else DatasetError."""
+    if not PurePosixPath(name).parts or leaves(Path("images"), name):
         raise DatasetError(
             f"{path}: image {image_id} has the name {name!r}; image names must be paths inside the scene's images/ "
-            "folder (relative, without '..')"
+            "folder (relative, not leading out of it with '..')"
         )
     return name
 

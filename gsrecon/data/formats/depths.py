@@ -30,6 +30,7 @@ from gsrecon.data.formats.lens import undistortion_sources
 DEPTHS_FOLDER = "depths"
 DEPTH_EXTENSIONS = (".png", ".npy")
 MILLIMETRES = 0.001  # nerfstudio's default depth_unit_scale_factor: PNG values in millimetres
+MAX_DEPTH = 1e5  # metres: a depth map holding more (100 km) has the wrong unit
 _PNG_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")  # PIL modes of 16-bit greyscale PNGs
 _ASPECT_TOLERANCE = 0.01  # how far a map's height, scaled to its image's width, may differ from the image's
 
@@ -72,7 +73,8 @@ def read_depth(path: Path, unit: float = MILLIMETRES) -> np.ndarray:
     """The depth map in ``path`` as float32 [H, W] metres, 0 where there is none (0, negative or not finite).
 
     Raises:
-        DatasetError: unreadable, of an unknown format, not one channel, or without a single valid pixel.
+        DatasetError: unreadable, of an unknown format, not one channel, without a single valid pixel, or with a
+            depth beyond :data:`MAX_DEPTH` (a wrong unit).
     """
     suffix = path.suffix.lower()
     if suffix == ".npy":
@@ -105,6 +107,13 @@ def read_depth(path: Path, unit: float = MILLIMETRES) -> np.ndarray:
     valid = np.isfinite(depth) & (depth > 0)
     if not valid.any():
         raise DatasetError(f"{path}: the depth map has no valid pixel (all are 0, negative or not finite)")
+    farthest = float(depth[valid].max())
+    if farthest > MAX_DEPTH:
+        raise DatasetError(
+            f"{path}: the depth map holds depths up to {farthest:.3g} m, beyond {MAX_DEPTH:.0e} m: is its unit right "
+            "(.npy maps hold metres; PNG maps millimetres times depth_unit_scale_factor)? Mark pixels without depth "
+            "with 0 (or NaN in a .npy)"
+        )
     return np.where(valid, depth, 0.0).astype(np.float32)
 
 

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from gsrecon.data.capture_files import capture_file
 from gsrecon.data.errors import DatasetError
 from gsrecon.data.formats.images import IMAGE_EXTENSIONS
 
@@ -41,9 +42,10 @@ def transforms_file(path: str | Path) -> Path:
     raise DatasetError(f"{root}: no transforms_train.json or transforms.json found")
 
 
-def image_path(root: Path, json_path: Path, file_path: str) -> Path:
-    """The image file a frame's ``file_path`` names (relative to ``root``; the extension may be left out)."""
-    path = root / file_path
+def image_path(root: Path, json_path: Path, file_path: str, outside: bool = False) -> Path:
+    """The image file a frame's ``file_path`` names (relative to ``root``; the extension may be left out), inside
+    ``root`` unless ``outside`` (:func:`~gsrecon.data.capture_files.capture_file`)."""
+    path = capture_file(root, file_path, "image", f"{json_path}: frame {file_path!r}", outside)
     if path.is_file():
         return path
     extensions = [case(ext) for ext in IMAGE_EXTENSIONS for case in (str.lower, str.upper)]

@@ -23,7 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gsrecon.data.errors import DatasetError
+from gsrecon.config import apply_overrides
+from gsrecon.data.errors import DatasetError, why_missing
 from gsrecon.data.formats.colmap_model import find_sparse_dir
 from gsrecon.data.formats.images import read_image
 from gsrecon.data.formats.transforms_json import image_path, read_transforms, transforms_file
@@ -78,11 +79,13 @@ def config_for_capture(
     announce: Callable[[str], None],
     announcer: StageAnnouncer,
     log: Callable[[str], None],
+    overrides: Sequence[str] = (),
 ) -> tuple[str, list[str]]:
     """(the config, the key=value pairs) that train the capture ``data`` names (``gsrecon train --data``): ``config``
     with ``data.path`` where given, else the recipe :func:`detect_capture` picks, announced in one line. Photos and
     videos without poses go through structure from motion first (:func:`~gsrecon.data.prepare.unposed.sfm_scene`);
     with ``config`` given, only video files do (a folder is ``data.path`` as it is, for the config's reader).
+    ``overrides``: the command line's key=value pairs (detection honours ``data.outside_capture``).
 
     Raises:
         DatasetError: what :func:`detect_capture` refuses; PycolmapUnavailableError and DatasetError from
@@ -96,7 +99,8 @@ def config_for_capture(
         if len(paths) > 1:
             raise DatasetError("several --data name video files only; a scene folder is one --data")
         return config, [_key("data.path", data[0])]
-    recipe = detect_capture(paths)
+    outside = apply_overrides({}, overrides).get("data", {}).get("outside_capture") is True
+    recipe = detect_capture(paths, outside)
     announce(recipe.describe(" ".join(data)))
     folder = recipe.folder if recipe.unposed is None else sfm_scene(recipe.unposed, announcer, log)
     return str(recipe.config), [_key("data.path", str(folder)), _key("exp_dir", recipe.exp_dir), *recipe.overrides]
@@ -106,8 +110,9 @@ def _key(name: str, value: str) -> str:
     return f"{name}={json.dumps(value)}"  # quoted: the value stays a string
 
 
-def detect_capture(paths: Sequence[Path]) -> Recipe:
-    """The recipe for the capture at ``paths``: one scene folder, one folder of photos or videos, or video files.
+def detect_capture(paths: Sequence[Path], outside: bool = False) -> Recipe:
+    """The recipe for the capture at ``paths``: one scene folder, one folder of photos or videos, or video files;
+    ``outside``: a transforms file's images may lie outside its folder (``data.outside_capture``).
 
     Raises:
         DatasetError: a missing path, a folder holding no capture gsrecon knows, photos too few or unreadable,
@@ -118,12 +123,20 @@ def detect_capture(paths: Sequence[Path]) -> Recipe:
     root = paths[0]
     if len(paths) == 1:
         if not root.exists():
-            raise DatasetError(f"{root}: --data must be a scene folder, photos or videos, and this path does not exist")
+            raise DatasetError(
+                f"{root}: --data must be a scene folder, photos or videos, and this path {why_missing(root)}"
+            )
+        sparse_dir = _colmap_model(root)
         if any((root / name).is_file() for name in ("transforms.json", "transforms_train.json")):
-            return _transforms_recipe(root)
-        if root.is_dir() and any((root / sub).is_dir() for sub in ("sparse/0", "sparse")):
-            with contextlib.suppress(DatasetError):  # no cameras file there: not a COLMAP model
-                return _colmap_recipe(root, find_sparse_dir(root))
+            recipe = _transforms_recipe(root, outside)
+            if sparse_dir is not None:
+                recipe.why += (
+                    f"; not the COLMAP model beside it ({sparse_dir.relative_to(root).as_posix()}/), which "
+                    f"--config {_shipped('mipnerf360.yaml')} --data {root} trains"
+                )
+            return recipe
+        if sparse_dir is not None:
+            return _colmap_recipe(root, sparse_dir)
     unposed = find_unposed(paths)
     if unposed is None:
         raise DatasetError(
@@ -141,14 +154,22 @@ def detect_capture(paths: Sequence[Path]) -> Recipe:
     )
 
 
-def _transforms_recipe(root: Path) -> Recipe:
+def _colmap_model(root: Path) -> Path | None:
+    """The folder of the COLMAP model in the scene folder ``root`` (``sparse/0/`` or ``sparse/``), None without one."""
+    if root.is_dir() and any((root / sub).is_dir() for sub in ("sparse/0", "sparse")):
+        with contextlib.suppress(DatasetError):  # no cameras file there: not a COLMAP model
+            return find_sparse_dir(root)
+    return None
+
+
+def _transforms_recipe(root: Path, outside: bool) -> Recipe:
     """A NeRF-synthetic scene (RGBA renders with a transparent background) or a capture of photos with known poses."""
     json_path = transforms_file(root)
     content = read_transforms(json_path)
     frames = content["frames"]
     if not frames:
         raise DatasetError(f"{json_path}: the file lists no frames")
-    first = image_path(root, json_path, str(frames[0]["file_path"]))
+    first = image_path(root, json_path, str(frames[0]["file_path"]), outside)
     pixels = read_image(first)  # [H, W, 3] or [H, W, 4]
     transparent = pixels.shape[2] == 4 and int(pixels[..., 3].min()) < 255
     kind = first.suffix.lstrip(".").upper()

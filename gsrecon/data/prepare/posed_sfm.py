@@ -167,9 +167,11 @@ def triangulate_frames(
     )
 
 
-def training_points(root: Path, frames_at: FramesAt, log: Callable[[str], None]) -> Triangulation:
+def training_points(
+    root: Path, frames_at: FramesAt, log: Callable[[str], None], outside: bool = False
+) -> Triangulation:
     """The points triangulated from the transforms.json scene in ``root`` (:func:`triangulate_frames`), for training
-    to start from; the user's folder is left as it is.
+    to start from; the user's folder is left as it is (``outside``: its images may lie outside it).
 
     The result is cached under ``cache_dir("points")``, keyed by the transforms file's bytes and the path, size
     and modification time of every image it lists, so that the next run of the same capture reads it back.
@@ -178,7 +180,7 @@ def training_points(root: Path, frames_at: FramesAt, log: Callable[[str], None])
     Raises:
         DatasetError, PycolmapUnavailableError: as :func:`triangulate_frames`.
     """
-    path = cache_file(POINTS_CACHE, _points_cache_key(root), ".npz")
+    path = cache_file(POINTS_CACHE, _points_cache_key(root, outside), ".npz")
     with contextlib.suppress(OSError, ValueError, KeyError, zipfile.BadZipFile):  # no (usable) cache entry
         with np.load(path, allow_pickle=False) as cached:
             triangulation = _from_arrays(dict(cached))
@@ -228,12 +230,13 @@ def _from_arrays(arrays: dict[str, np.ndarray]) -> Triangulation:
     )
 
 
-def _points_cache_key(root: Path) -> dict:
-    """What the triangulated points of the scene in ``root`` depend on (see :func:`training_points`)."""
+def _points_cache_key(root: Path, outside: bool) -> dict:
+    """What the triangulated points of the scene in ``root`` (its images possibly ``outside`` it) depend on (see
+    :func:`training_points`)."""
     json_path = transforms_file(root)
     images = []
     for frame in read_transforms(json_path)["frames"]:
-        file = image_path(root, json_path, str(frame["file_path"]))
+        file = image_path(root, json_path, str(frame["file_path"]), outside)
         stat = file.stat()
         images.append([str(file.resolve()), stat.st_size, stat.st_mtime_ns])
     return {

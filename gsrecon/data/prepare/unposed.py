@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gsrecon.cache import cache_file
-from gsrecon.data.errors import DatasetError
+from gsrecon.data.errors import DatasetError, why_missing
 from gsrecon.data.formats.images import read_image_size
 from gsrecon.data.prepare.sfm import (
     MIN_REGISTERED,
@@ -71,7 +71,7 @@ def find_unposed(paths: Sequence[Path]) -> Unposed | None:
             if path.is_dir():
                 raise DatasetError(f"{path}: --data takes one scene folder, or video files (each with its --data)")
             if not path.is_file() or path.suffix.lower() not in VIDEO_EXTENSIONS:
-                what = "does not exist" if not path.exists() else "is not a video"
+                what = why_missing(path) if not path.exists() else "is not a video"
                 raise DatasetError(
                     f"{path}: {what}; --data takes a scene folder, a folder of photos or videos, or video files "
                     f"({', '.join(VIDEO_EXTENSIONS)})"
@@ -82,9 +82,10 @@ def find_unposed(paths: Sequence[Path]) -> Unposed | None:
         readable = [photo for photo in photos if _readable(photo)]
         if len(readable) < MIN_REGISTERED:
             unreadable = [photo.relative_to(folder).as_posix() for photo in photos if photo not in readable]
+            which = f" (not: {listing(unreadable)})" if unreadable else ""
             raise DatasetError(
-                f"{folder}: {len(readable)} of {len(photos)} photos can be read as images (not: "
-                f"{listing(unreadable)}); structure from motion needs at least {MIN_REGISTERED}"
+                f"{folder}: {len(readable)} of {len(photos)} photos can be read as images{which}; structure from "
+                f"motion needs at least {MIN_REGISTERED}"
             )
         return Unposed(photos_dir=folder, photos=readable)
     videos = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in VIDEO_EXTENSIONS)

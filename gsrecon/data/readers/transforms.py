@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from gsrecon.data.capture_files import capture_file
 from gsrecon.data.errors import DatasetError, checked_number
 from gsrecon.data.formats.colmap_model import read_model
 from gsrecon.data.formats.depths import DEPTHS_FOLDER, MILLIMETRES, DepthFile, depth_file, find_depth
@@ -72,6 +73,7 @@ class _Entry(NamedTuple):
     frame: dict  # the frame's own fields
     global_fields: dict  # the file's top-level fields (per-frame ones override them)
     is_test: bool | None  # the dataset's own split; None unless eval_split is "dataset"
+    outside: bool  # the files it names may lie outside the capture folder (data.outside_capture)
 
 
 @DATASET_REGISTRY.register("blender")  # the name it had, for configs written before
@@ -81,7 +83,8 @@ class TransformsReader:
     own: ``data.transforms`` takes none)."""
 
     def read(self, data: DataPipeline.Config) -> Scene:
-        return load_transforms(**folder_arguments(data, "a folder with transforms.json or transforms_train.json"))
+        layout = "a folder with transforms.json or transforms_train.json"
+        return load_transforms(**folder_arguments(data, layout), outside_capture=data.outside_capture)
 
 
 def load_transforms(
@@ -93,6 +96,7 @@ def load_transforms(
     point_cloud: bool = True,
     lazy: bool = False,
     keep_fisheye: bool = False,
+    outside_capture: bool = False,
 ) -> Scene:
     """Read a transforms.json scene folder: pinhole frames at 1/``factor`` resolution, split, and the point
     cloud its ``ply_file_path`` names (nerfstudio's exports; none otherwise).
@@ -109,15 +113,18 @@ def load_transforms(
         lazy: leave the pixels in their files (read headers only), to be decoded when needed (``data.cache: disk``).
         keep_fisheye: keep fisheye images as the lens saw them (their ``Frame.camera_model`` a fisheye
             :class:`~gsrecon.cameras.CameraModel`), instead of undistorting them.
+        outside_capture: read the images, masks, depth maps and point cloud the file names also where they lie
+            outside ``path`` (refused otherwise).
 
     Raises:
-        DatasetError: missing or malformed files, missing intrinsics, unsupported cameras, images that
-            disagree with their camera, split lists naming unknown frames; the message names the file.
+        DatasetError: missing or malformed files, files outside the folder, missing intrinsics, unsupported
+            cameras, images that disagree with their camera, split lists naming unknown frames; the message names
+            the file.
     """
     check_factor(factor)
     check_eval_split(eval_split)
     root = Path(path)
-    entries = _read_entries(root, eval_split)
+    entries = _read_entries(root, eval_split, outside_capture)
     if not entries:
         raise DatasetError(f"{root}: the transforms file(s) list no frames")
     names = _frame_names([str(entry.frame["file_path"]) for entry in entries])
@@ -135,22 +142,25 @@ def load_transforms(
     train, test = split_frames(frames, eval_split, is_test)
     points, colors = torch.zeros(0, 3), torch.zeros(0, 3)
     if point_cloud:
-        points, colors = _point_cloud(entries[0].json_path, entries[0].global_fields)
+        points, colors = _point_cloud(entries[0])
     if len(points):
         return Scene(train=train, test=test, points=points, colors=colors)
     hint = f"`gsrecon data triangulate --data {path}` triangulates them from the known poses"
-    return Scene(train, test, points, colors, points_hint=hint, triangulate=partial(_triangulated_points, root))
+    triangulate = partial(_triangulated_points, root, outside_capture)
+    return Scene(train, test, points, colors, points_hint=hint, triangulate=triangulate)
 
 
-def every_frame(root: Path, factor: int, max_images: int = 0) -> list[Frame]:
+def every_frame(root: Path, factor: int, max_images: int = 0, outside: bool = False) -> list[Frame]:
     """Every frame the capture in ``root`` lists (nerf_synthetic's test file left out), as training reads them at
-    ``factor`` (pinhole, undistorted), ``max_images`` of them if > 0: what triangulation starts from."""
-    return load_transforms(str(root), factor, "none", max_images, point_cloud=False).train
+    ``factor`` (pinhole, undistorted), ``max_images`` of them if > 0 (``outside``: as ``outside_capture`` of
+    :func:`load_transforms`): what triangulation starts from."""
+    return load_transforms(str(root), factor, "none", max_images, point_cloud=False, outside_capture=outside).train
 
 
-def _triangulated_points(root: Path, log: Callable[[str], None]) -> SfmPoints:
-    """The points triangulated from the scene's images and poses (cached), and where each was seen."""
-    triangulation = training_points(root, partial(every_frame, root), log)
+def _triangulated_points(root: Path, outside: bool, log: Callable[[str], None]) -> SfmPoints:
+    """The points triangulated from the scene's images and poses (cached), and where each was seen; ``outside``:
+    its images may lie outside ``root``."""
+    triangulation = training_points(root, partial(every_frame, root, outside=outside), log, outside)
     return SfmPoints(
         points=torch.from_numpy(triangulation.points),
         colors=torch.from_numpy(triangulation.colors.astype(np.float32) / 255.0),
@@ -158,17 +168,18 @@ def _triangulated_points(root: Path, log: Callable[[str], None]) -> SfmPoints:
     )
 
 
-def _point_cloud(json_path: Path, fields: dict[str, Any]) -> tuple[Tensor, Tensor]:
-    """The points ``[P, 3]`` and colours ``[P, 3]`` in [0, 1] of the PLY that ``ply_file_path`` names
-    (relative to ``json_path``'s folder), in the frames' world coordinates; without one, those of a
+def _point_cloud(entry: _Entry) -> tuple[Tensor, Tensor]:
+    """The points ``[P, 3]`` and colours ``[P, 3]`` in [0, 1] of the PLY that the ``ply_file_path`` of ``entry``'s
+    file names (relative to its folder), in the frames' world coordinates; without one, those of a
     ``colmap/sparse/0/`` model beside it moved by ``applied_transform``; empty without either."""
+    json_path, fields = entry.json_path, entry.global_fields
     applied = _applied_transform(json_path, fields)  # [3, 4]
     if "ply_file_path" not in fields:
         return _colmap_points(json_path.parent / "colmap" / "sparse" / "0", applied)
     value = fields["ply_file_path"]
     if not isinstance(value, str) or not value:
         raise DatasetError(f"{json_path}: 'ply_file_path' must be a file name, got {value!r}")
-    path = json_path.parent / value
+    path = capture_file(json_path.parent, value, "point cloud", f"{json_path}: 'ply_file_path'", entry.outside)
     try:
         vertex = read_ply(path)["vertex"]
         points = np.stack([np.asarray(vertex[axis], np.float32) for axis in "xyz"], axis=-1)  # [P, 3]
@@ -208,7 +219,7 @@ def _colmap_points(sparse_dir: Path, applied: np.ndarray) -> tuple[Tensor, Tenso
     return torch.from_numpy(xyz.astype(np.float32)), torch.from_numpy(points.rgb.astype(np.float32) / 255.0)
 
 
-def _read_entries(root: Path, eval_split: str) -> list[_Entry]:
+def _read_entries(root: Path, eval_split: str, outside: bool) -> list[_Entry]:
     """The frames to load: nerf_synthetic's train file (plus its test file for eval_split "dataset"), or
     the one ``transforms.json``."""
     main_json, test_json = transforms_file(root), root / "transforms_test.json"
@@ -222,11 +233,13 @@ def _read_entries(root: Path, eval_split: str) -> list[_Entry]:
         entries = []
         for json_path, is_test in files:
             content = read_transforms(json_path)
-            entries += [_Entry(json_path, frame, content, is_test if dataset else None) for frame in content["frames"]]
+            entries += [
+                _Entry(json_path, frame, content, is_test if dataset else None, outside) for frame in content["frames"]
+            ]
         return entries
     content = read_transforms(main_json)
     flags = _listed_test(main_json, content) if dataset else [None] * len(content["frames"])
-    return [_Entry(main_json, frame, content, flag) for frame, flag in zip(content["frames"], flags)]
+    return [_Entry(main_json, frame, content, flag, outside) for frame, flag in zip(content["frames"], flags)]
 
 
 def _listed_test(json_path: Path, content: dict) -> list[bool]:
@@ -272,7 +285,7 @@ def _frame(root: Path, entry: _Entry, name: str, factor: int, lazy: bool, keep_f
     json_path, frame = entry.json_path, entry.frame
     where = f"frame {str(frame['file_path'])!r}"
     fields = {k: v for k, v in entry.global_fields.items() if k != "frames"} | frame  # per-frame values win
-    path = image_path(root, json_path, str(frame["file_path"]))
+    path = image_path(root, json_path, str(frame["file_path"]), entry.outside)
     size, K, dist = _camera(fields, path, json_path, where)
     prepared = camera_image_file(
         path,
@@ -331,7 +344,7 @@ def _frame_file(
     value = entry.frame[key]
     if not isinstance(value, str) or not value:
         raise DatasetError(f"{entry.json_path}: {where}: '{key}' must be a file name, got {value!r}")
-    named = root / value
+    named = capture_file(root, value, what, f"{entry.json_path}: {where}", entry.outside)
     if not named.is_file():
         raise DatasetError(f"{named}: {what} file is missing (the '{key}' of {where} in {entry.json_path})")
     return named
