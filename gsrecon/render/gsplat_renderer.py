@@ -103,42 +103,46 @@ class GsplatRenderer(Renderer):
                 "fisheye frames (data.fisheye: lens) render through gsplat's unscented transform, which has no "
                 "packed mode: set renderer.packed=false renderer.sparse_grad=false, or data.fisheye=undistort"
             )
-        # A fisheye lens: gsplat's unscented transform projects through the lens model (3DGUT), and with_eval3d
-        # evaluates each Gaussian along the pixels' rays, as 3DGUT trains.
-        lens = {} if camera_model.kind == "pinhole" else {
-            "camera_model": "fisheye", "radial_coeffs": camera_model.coeffs, "with_ut": True, "with_eval3d": True,
+        packed = cfg.packed and not cfg.median_depth  # the median depth walks unpacked lists: the same image
+        common = {
+            "means": params["means"], "quats": params["quats"], "scales": torch.exp(params["scales"]),
+            "opacities": torch.sigmoid(params["opacities"]), "viewmats": cameras.viewmats, "Ks": cameras.Ks,
+            "width": cameras.width, "height": cameras.height, "near_plane": cfg.near_plane,
+            "far_plane": cfg.far_plane, "radius_clip": cfg.radius_clip, "eps2d": cfg.eps2d, "packed": packed,
+            "tile_size": cfg.tile_size, "sparse_grad": cfg.sparse_grad and packed, "absgrad": cfg.absgrad,
+            "rasterize_mode": "antialiased" if cfg.antialiased else "classic",
         }  # fmt: skip
         colors = torch.cat([params["sh0"], params["shN"]], dim=1)  # [N, K, 3]
-        packed = cfg.packed and not cfg.median_depth  # the median depth walks unpacked lists: the same image
+        if camera_model.kind == "fisheye":
+            return self._render_through_lens(common, colors, cameras, sh_degree, backgrounds)
         render_colors, render_alphas, info = self._rasterization(
-            means=params["means"],
-            quats=params["quats"],
-            scales=torch.exp(params["scales"]),
-            opacities=torch.sigmoid(params["opacities"]),
-            colors=colors,
-            viewmats=cameras.viewmats,
-            Ks=cameras.Ks,
-            width=cameras.width,
-            height=cameras.height,
-            near_plane=cfg.near_plane,
-            far_plane=cfg.far_plane,
-            radius_clip=cfg.radius_clip,
-            eps2d=cfg.eps2d,
-            sh_degree=sh_degree,
-            packed=packed,
-            tile_size=cfg.tile_size,
-            backgrounds=backgrounds,
-            render_mode="RGB+ED",
-            sparse_grad=cfg.sparse_grad and packed,
-            absgrad=cfg.absgrad,
-            rasterize_mode="antialiased" if cfg.antialiased else "classic",
-            **lens,
+            colors=colors, sh_degree=sh_degree, backgrounds=backgrounds, render_mode="RGB+ED", **common
         )
         median = median_depth(info) if cfg.median_depth else None
         return RenderOutput(
             image=render_colors[..., :3], alpha=render_alphas, depth=render_colors[..., 3:4], info=info,
             median_depth=median,
         )  # fmt: skip
+
+    def _render_through_lens(
+        self, common: dict, colors: Tensor, cameras: Cameras, sh_degree: int, backgrounds: Tensor
+    ) -> RenderOutput:
+        """A fisheye render: gsplat's unscented transform projects through the lens model (3DGUT) and with_eval3d
+        evaluates each Gaussian along the pixels' rays, as 3DGUT trains. Its rasterizer composites exactly three
+        channels (four abort the process: gsplat 1.5.3, issue #716), so the expected depth is a second pass whose
+        three channels are each Gaussian's camera depth."""
+        lens = {"camera_model": "fisheye", "radial_coeffs": cameras.model.coeffs, "with_ut": True, "with_eval3d": True}
+        image, alpha, info = self._rasterization(
+            colors=colors, sh_degree=sh_degree, backgrounds=backgrounds, render_mode="RGB", **common, **lens
+        )
+        viewmats = cameras.viewmats  # [C, 4, 4]
+        depths = torch.einsum("cj,nj->cn", viewmats[:, 2, :3], common["means"]) + viewmats[:, 2, 3:]  # [C, N]
+        accumulated, _, _ = self._rasterization(
+            colors=depths[..., None].expand(-1, -1, 3), sh_degree=None, backgrounds=None, render_mode="RGB",
+            **common, **lens,
+        )  # fmt: skip
+        depth = accumulated[..., :1] / alpha.clamp_min(1e-10)  # [C, H, W, 1]: gsplat's expected depth (RGB+ED)
+        return RenderOutput(image=image, alpha=alpha, depth=depth, info=info, median_depth=None)
 
 
 @torch.no_grad()
