@@ -12,8 +12,6 @@
 #include <cstring>
 #include <vector>
 
-#include <omp.h>
-
 namespace {
 
 constexpr float kAlphaMin = 1.0f / 255.0f;     // alpha below this is skipped at a pixel
@@ -68,7 +66,7 @@ Binning bin_gaussians(const float* means2d, const float* conics, const float* lo
     return log_ops[g] - s >= log_alpha_min;
   };
   // Two passes over the Gaussians (count, then fill), each Gaussian's pairs in its own place: order-independent.
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(at::get_num_threads())
   for (int64_t g = 0; g < total; ++g) {
     if (radii[2 * g] <= 0 && radii[2 * g + 1] <= 0) continue;
     int x0, y0, x1, y1;
@@ -81,7 +79,7 @@ Binning bin_gaussians(const float* means2d, const float* conics, const float* lo
   for (int64_t g = 0; g < total; ++g) counts[g + 1] += counts[g];
   const int64_t n_pairs = counts[total];
   std::vector<int64_t> pair_tile(n_pairs);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(at::get_num_threads())
   for (int64_t g = 0; g < total; ++g) {
     if (counts[g + 1] == counts[g]) continue;
     int x0, y0, x1, y1;
@@ -109,7 +107,7 @@ Binning bin_gaussians(const float* means2d, const float* conics, const float* lo
     }
   }
   out.ids.resize(n_pairs);
-#pragma omp parallel for schedule(dynamic, 4)
+#pragma omp parallel for schedule(dynamic, 4) num_threads(at::get_num_threads())
   for (int64_t t = 0; t < n_cams * tiles; ++t) {
     std::sort(keys.begin() + out.offsets[t], keys.begin() + out.offsets[t + 1]);
     for (int64_t p = out.offsets[t]; p < out.offsets[t + 1]; ++p) out.ids[p] = static_cast<int32_t>(keys[p]);
@@ -183,7 +181,7 @@ std::vector<torch::Tensor> rasterize_forward(torch::Tensor means2d, torch::Tenso
   const int ts = static_cast<int>(tile_size);
   const int n_px = ts * ts;
 
-#pragma omp parallel
+#pragma omp parallel num_threads(at::get_num_threads())
   {
     TileGaussians tg;
     std::vector<float> T(n_px), acc(n_px * kOut), md(n_px), pxs(n_px), pys(n_px);
@@ -286,7 +284,7 @@ std::vector<torch::Tensor> rasterize_backward(torch::Tensor means2d, torch::Tens
   const int ts = static_cast<int>(tile_size);
   const int n_px = ts * ts;
 
-#pragma omp parallel
+#pragma omp parallel num_threads(at::get_num_threads())
   {
     TileGaussians tg;
     std::vector<float> T(n_px), S(n_px), pxs(n_px), pys(n_px), gp(n_px * kOut);
@@ -388,7 +386,7 @@ std::vector<torch::Tensor> rasterize_backward(torch::Tensor means2d, torch::Tens
   float* gd = g_depths.data_ptr<float>();
   float* ga = g_abs.data_ptr<float>();
   // Sum the pairs of each Gaussian in pair order (cameras are independent: one thread each).
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(at::get_num_threads())
   for (int64_t cam = 0; cam < n_cams; ++cam) {
     for (int64_t p = bins.offsets[cam * tiles]; p < bins.offsets[(cam + 1) * tiles]; ++p) {
       const int64_t id = cam * n + bins.ids[p];
@@ -408,9 +406,4 @@ std::vector<torch::Tensor> rasterize_backward(torch::Tensor means2d, torch::Tens
     }
   }
   return {g_means2d, g_conics, g_log_ops, g_colors, g_depths, g_abs};
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("rasterize_forward", &rasterize_forward, "Bin, sort and composite projected Gaussians (forward)");
-  m.def("rasterize_backward", &rasterize_backward, "Gradients of the composited channels");
 }

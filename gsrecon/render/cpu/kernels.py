@@ -1,0 +1,112 @@
+"""Building and loading the CPU renderer's C++ kernels: compiled with ``torch.utils.cpp_extension`` (OpenMP, -O3)
+on first use into gsrecon's cache folder, under a name that hashes the sources and the toolchain, then loaded from
+there. A cache folder that no longer loads (a truncated library, a build killed half-way) is built again."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from gsrecon.cache import cache_dir
+from gsrecon.errors import InputError
+
+SOURCES = ("bindings.cpp", "project.cpp", "rasterize.cpp")
+_STALE_LOCK_S = 600.0  # a build lock older than this was left by a killed build
+_loaded: dict[str, ModuleType] = {}
+
+
+class KernelsUnavailableError(InputError):
+    """The CPU kernels cannot be built or loaded here (no C++ compiler, no ninja, a failing build)."""
+
+
+def _source_dir() -> Path:
+    return Path(__file__).resolve().parent
+
+
+def kernel_name() -> str:
+    """The extension's name: ``gsrecon_cpu_`` and a digest of the sources, torch's and Python's versions."""
+    digest = hashlib.sha256()
+    for name in SOURCES:
+        digest.update((_source_dir() / name).read_bytes())
+    digest.update(f"{torch.__version__} {sys.version_info[:2]} {os.environ.get('CXX', 'c++')}".encode())
+    return f"gsrecon_cpu_{digest.hexdigest()[:16]}"
+
+
+def build_dir() -> Path:
+    """Where the kernels are built and cached."""
+    return cache_dir("cpu_kernels", kernel_name())
+
+
+def missing_toolchain() -> str | None:
+    """Why the kernels cannot be built here (no compiler, no ninja), or None."""
+    from torch.utils.cpp_extension import is_ninja_available
+
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        return f"no C++ compiler '{compiler}' on the PATH (install g++ or clang, or set CXX)"
+    if not is_ninja_available():
+        return "ninja is not installed (pip install ninja)"
+    return None
+
+
+def load_kernels(log: Callable[[str], None] | None = None) -> ModuleType:
+    """The compiled kernels, built first if they are not cached (saying so through ``log``).
+
+    Raises KernelsUnavailableError with the reason when they cannot be built or loaded.
+    """
+    name = kernel_name()
+    if name in _loaded:
+        return _loaded[name]
+    folder = build_dir()
+    built = any(folder.glob(f"{name}*.so")) or any(folder.glob(f"{name}*.pyd"))
+    if not built:
+        reason = missing_toolchain()
+        if reason is not None:
+            raise KernelsUnavailableError(f"the cpu renderer's kernels cannot be built: {reason}")
+        if log is not None:
+            log(f"cpu renderer: compiling its C++ kernels on first use (about a minute; cached in {folder})")
+    try:
+        module = _build(name, folder)
+    except Exception as first:  # a compiler's or loader's failure, of any type
+        if not built:
+            raise KernelsUnavailableError(f"the cpu renderer's kernels failed to build: {_last_line(first)}") from None
+        if log is not None:
+            log(f"cpu renderer: the cached kernels in {folder} do not load ({_last_line(first)}); building them again")
+        shutil.rmtree(folder, ignore_errors=True)
+        try:
+            module = _build(name, folder)
+        except Exception as second:
+            raise KernelsUnavailableError(f"the cpu renderer's kernels failed to build: {_last_line(second)}") from None
+    _loaded[name] = module
+    return module
+
+
+def _build(name: str, folder: Path) -> ModuleType:
+    from torch.utils.cpp_extension import load
+
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = folder / "lock"
+    if lock.exists() and time.time() - lock.stat().st_mtime > _STALE_LOCK_S:
+        lock.unlink(missing_ok=True)
+    return load(
+        name,
+        [str(_source_dir() / source) for source in SOURCES],
+        extra_cflags=["-O3", "-fopenmp"],
+        extra_ldflags=["-fopenmp"],
+        build_directory=str(folder),
+        verbose=False,
+    )
+
+
+def _last_line(error: BaseException) -> str:
+    """The last non-empty line of an error's message (a compiler's output ends with what failed)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[-1] if lines else type(error).__name__
