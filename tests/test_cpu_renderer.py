@@ -92,3 +92,99 @@ def test_images_and_gradients_match_the_torch_renderer(antialiased: bool):
     for key in PARAMS:
         assert _cosine(grads[key], ref_grads[key]) >= 0.99, key
     assert _cosine(out.info["means2d"].grad, ref.info["means2d"].grad) >= 0.99
+
+
+def test_fisheye_lenses_match_the_torch_renderer():
+    params = _scene(sh_degree=1)
+    lens = CameraModel.fisheye(torch.tensor([[0.05, -0.01, 0.002, 0.0], [-0.1, 0.02, 0.0, 0.0]]))
+    ref, ref_grads = _render(TorchRenderer(), params, 1, lens)
+    out, grads = _render(CpuRenderer(), params, 1, lens)
+    assert _psnr(out.image, ref.image) >= 40.0
+    for key in PARAMS:
+        assert _cosine(grads[key], ref_grads[key]) >= 0.99, key
+
+
+def test_camera_pose_gradients_match_the_torch_renderer():
+    """Cameras whose poses are optimised get the torch renderer's gradients for them."""
+    params = _scene(sh_degree=1)
+    viewmats, Ks = _cameras()
+    grads = []
+    for renderer in (TorchRenderer(), CpuRenderer()):
+        poses = viewmats.clone().requires_grad_()
+        _render(renderer, params, 1, viewmats=poses, Ks=Ks)
+        grads.append(poses.grad)
+    assert _cosine(grads[0], grads[1]) >= 0.99
+
+
+def test_median_depth_matches_the_torch_renderer():
+    params = _scene(sh_degree=0)
+    ref, _ = _render(TorchRenderer(TorchRenderer.Config(median_depth=True)), params, 0)
+    out, _ = _render(CpuRenderer(CpuRenderer.Config(median_depth=True)), params, 0)
+    assert out.median_depth.shape == (2, HEIGHT, WIDTH, 1)
+    differ = (out.median_depth - ref.median_depth).abs() > 1e-4
+    assert ref.median_depth.gt(0).float().mean() > 0.3 and differ.float().mean() < 1e-3
+
+
+def test_gradients_are_bit_identical_across_renders_and_thread_counts():
+    params = _scene(n=2000)
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for n_threads in (1, 1, 2):
+            torch.set_num_threads(n_threads)
+            out, grads = _render(CpuRenderer(), params)
+            results.append((out.image.detach(), out.info["means2d"].grad, grads))
+    finally:
+        torch.set_num_threads(threads)
+    for image, grad2d, grads in results[1:]:
+        assert torch.equal(image, results[0][0]) and torch.equal(grad2d, results[0][1])
+        assert all(torch.equal(grads[key], results[0][2][key]) for key in PARAMS)
+
+
+def test_absgrad_sums_the_absolute_gradient_of_every_pixel():
+    """means2d.absgrad is the sum over pixels of |d (that pixel's loss) / d means2d| (AbsGS), here against one
+    backward per pixel through the torch renderer."""
+    width, height = 12, 8
+    params = _scene(n=6, sh_degree=0, seed=3)
+    params["means"] = torch.tensor([[0.0, 0.0, 4.0], [0.2, 0.1, 4.5], [-0.3, 0.2, 3.5]]).repeat(2, 1)
+    params["means"][3:] += 0.05
+    params["scales"] = torch.full((6, 3), math.log(0.15))
+    params = {key: value.requires_grad_() for key, value in params.items()}
+    viewmats, Ks = torch.eye(4)[None], torch.tensor([[[10.0, 0, width / 2], [0, 10.0, height / 2], [0, 0, 1]]])
+    bg = torch.zeros(1, 3)
+    weights = torch.rand(1, height, width, 3, generator=torch.Generator().manual_seed(2))
+    out = CpuRenderer(CpuRenderer.Config(absgrad=True)).render(params, viewmats, Ks, width, height, 0, bg)
+    (weights * out.image).sum().backward()
+    reference = torch.zeros(1, 6, 2)
+    for y in range(height):
+        for x in range(width):
+            ref = TorchRenderer().render(params, viewmats, Ks, width, height, 0, bg)
+            ref.info["means2d"].retain_grad()
+            (weights[:, y, x] * ref.image[:, y, x]).sum().backward()
+            reference += ref.info["means2d"].grad.abs()
+    assert reference.sum() > out.info["means2d"].grad.abs().sum() > 0
+    torch.testing.assert_close(out.info["means2d"].absgrad, reference, rtol=1e-4, atol=1e-7)
+
+
+STRATEGIES = {
+    "default": {"name": "default", "refine_start": 40, "refine_every": 40, "refine_stop": 130, "grow_grad2d": 1e-4},
+    "mcmc": {"name": "mcmc", "cap_max": 600, "refine_start": 40, "refine_every": 40, "refine_stop": 130},
+}
+
+
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+def test_strategies_grow_as_many_gaussians_as_with_the_torch_renderer(make_trainer, strategy: str):
+    counts = {}
+    for renderer in ("torch", "cpu"):
+        trainer = make_trainer(
+            renderer,
+            max_steps=150,
+            val_interval=150,
+            renderer={"name": renderer},
+            strategy=STRATEGIES[strategy],
+            hooks=[{"name": "LogHook", "progress": False, "log_interval": 100}],
+        )
+        trainer.train()
+        counts[renderer] = trainer.model.num_gaussians
+    assert counts["torch"] > 300
+    assert abs(counts["cpu"] - counts["torch"]) <= 0.03 * counts["torch"], counts
