@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
+import yaml
+from conftest import write_yaml
 from torch import Tensor
 
+from gsrecon.cli import main
+from gsrecon.config import ConfigError
 from gsrecon.data.scene import CameraModel
+from gsrecon.distributed import DistributedContext
+from gsrecon.engine.builder import resolve_device, set_cpu_threads
 from gsrecon.render.cpu.kernels import KernelsUnavailableError, load_kernels
 from gsrecon.render.cpu.renderer import CpuRenderer
 from gsrecon.render.torch_renderer import TorchRenderer
@@ -188,3 +197,62 @@ def test_strategies_grow_as_many_gaussians_as_with_the_torch_renderer(make_train
         counts[renderer] = trainer.model.num_gaussians
     assert counts["torch"] > 300
     assert abs(counts["cpu"] - counts["torch"]) <= 0.03 * counts["torch"], counts
+
+
+def test_auto_picks_the_cpu_renderer_on_the_cpu_and_says_so(make_config, tmp_path, capsys):
+    config = write_yaml(tmp_path / "c.yaml", make_config(max_steps=1, renderer={"name": "auto"}))
+    assert main(["train", "--config", str(config)]) == 0
+    assert "renderer cpu (auto)" in capsys.readouterr().err
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["renderer"]["name"] == "cpu"
+
+
+def test_without_a_compiler_auto_falls_back_to_torch_and_cpu_is_one_line_and_exit_2(
+    make_config, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    config = write_yaml(tmp_path / "c.yaml", make_config(max_steps=1, renderer={"name": "auto"}))
+    assert main(["train", "--config", str(config)]) == 0
+    out = capsys.readouterr().err
+    assert "renderer auto: the torch renderer, since the cpu renderer's C++ kernels cannot be built here" in out
+    assert "no-such-compiler" in out and "renderer torch (auto)" in out
+    assert main(["train", "--config", str(config), "renderer.name=cpu", "exp_dir=" + str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert "no-such-compiler" in err and "use renderer.name=torch" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) <= 2
+
+
+def test_threads_above_the_cores_are_used_as_asked_and_said():
+    threads = torch.get_num_threads()
+    try:
+        line = set_cpu_threads(os.cpu_count() + 2)
+    finally:
+        torch.set_num_threads(threads)
+    assert f"{os.cpu_count() + 2} CPU threads" in line and "more than the" in line
+
+
+def test_device_mps_is_refused_where_torch_reports_no_apple_gpu():
+    if torch.backends.mps.is_available():
+        assert resolve_device("mps", DistributedContext.from_env()) == torch.device("mps")
+    else:
+        with pytest.raises(ConfigError, match="device 'mps' was asked for but torch reports no Apple GPU"):
+            resolve_device("mps", DistributedContext.from_env())
+
+
+@pytest.mark.skipif(not torch.backends.mps.is_available(), reason="needs an Apple GPU (MPS)")
+def test_training_on_mps_uses_the_torch_renderer(make_trainer):
+    trainer = make_trainer(device="mps", max_steps=2, renderer={"name": "auto"})
+    trainer.train()
+    assert trainer.resolved_config["renderer"]["name"] == "torch"
+
+
+@pytest.mark.slow
+def test_a_corrupted_kernel_cache_is_built_again(tmp_path):
+    """A truncated library in the cache folder: the next use says so and builds the kernels again (minutes)."""
+    script = "from gsrecon.render.cpu.kernels import load_kernels; load_kernels(print)"
+    env = {**os.environ, "GSRECON_CACHE": str(tmp_path)}
+    first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0 and "compiling its C++ kernels on first use" in first.stdout, first.stderr
+    (library,) = tmp_path.glob("cpu_kernels/*/*.so")
+    library.write_bytes(library.read_bytes()[:1000])
+    again = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "do not load" in again.stdout and "building them again" in again.stdout

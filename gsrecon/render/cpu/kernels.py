@@ -5,6 +5,7 @@ there. A cache folder that no longer loads (a truncated library, a build killed 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import sys
@@ -26,6 +27,10 @@ _loaded: dict[str, ModuleType] = {}
 class KernelsUnavailableError(InputError):
     """The CPU kernels cannot be built or loaded here (no C++ compiler, no ninja, a failing build)."""
 
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"renderer 'cpu': its C++ kernels cannot be built here ({reason}); use renderer.name=torch")
+        self.reason = reason
+
 
 def _source_dir() -> Path:
     return Path(__file__).resolve().parent
@@ -45,9 +50,21 @@ def build_dir() -> Path:
     return cache_dir("cpu_kernels", kernel_name())
 
 
+def _cpp_extension() -> ModuleType:
+    """``torch.utils.cpp_extension``, imported without its warning that there is no CUDA (none is needed here)."""
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        import torch.utils.cpp_extension as cpp_extension
+    finally:
+        logger.setLevel(level)
+    return cpp_extension
+
+
 def missing_toolchain() -> str | None:
     """Why the kernels cannot be built here (no compiler, no ninja), or None."""
-    from torch.utils.cpp_extension import is_ninja_available
+    is_ninja_available = _cpp_extension().is_ninja_available
 
     compiler = os.environ.get("CXX", "c++")
     if shutil.which(compiler) is None:
@@ -70,28 +87,37 @@ def load_kernels(log: Callable[[str], None] | None = None) -> ModuleType:
     if not built:
         reason = missing_toolchain()
         if reason is not None:
-            raise KernelsUnavailableError(f"the cpu renderer's kernels cannot be built: {reason}")
+            raise KernelsUnavailableError(reason)
         if log is not None:
             log(f"cpu renderer: compiling its C++ kernels on first use (about a minute; cached in {folder})")
     try:
         module = _build(name, folder)
     except Exception as first:  # a compiler's or loader's failure, of any type
         if not built:
-            raise KernelsUnavailableError(f"the cpu renderer's kernels failed to build: {_last_line(first)}") from None
+            raise KernelsUnavailableError(f"the build failed: {_last_line(first)}") from None
         if log is not None:
             log(f"cpu renderer: the cached kernels in {folder} do not load ({_last_line(first)}); building them again")
         shutil.rmtree(folder, ignore_errors=True)
         try:
             module = _build(name, folder)
         except Exception as second:
-            raise KernelsUnavailableError(f"the cpu renderer's kernels failed to build: {_last_line(second)}") from None
+            raise KernelsUnavailableError(f"the build failed: {_last_line(second)}") from None
     _loaded[name] = module
     return module
 
 
-def _build(name: str, folder: Path) -> ModuleType:
-    from torch.utils.cpp_extension import load
+def kernels_unavailable(log: Callable[[str], None] | None = None) -> str | None:
+    """Why the kernels cannot be built or loaded here, or None once they are loaded (built first if need be,
+    saying so through ``log``)."""
+    try:
+        load_kernels(log)
+    except KernelsUnavailableError as exc:
+        return exc.reason
+    return None
 
+
+def _build(name: str, folder: Path) -> ModuleType:
+    load = _cpp_extension().load
     folder.mkdir(parents=True, exist_ok=True)
     lock = folder / "lock"
     if lock.exists() and time.time() - lock.stat().st_mtime > _STALE_LOCK_S:
