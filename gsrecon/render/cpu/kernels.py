@@ -1,6 +1,7 @@
 """Building and loading the CPU renderer's C++ kernels: compiled with ``torch.utils.cpp_extension`` (OpenMP, -O3)
 on first use into gsrecon's cache folder, under a name that hashes the sources and the toolchain, then loaded from
-there. A cache folder that no longer loads (a truncated library, a build killed half-way) is built again."""
+there. A cached library that is not the one its build recorded (truncated, overwritten, a build killed half-way) is
+built again."""
 
 from __future__ import annotations
 
@@ -75,7 +76,8 @@ def missing_toolchain() -> str | None:
 
 
 def load_kernels(log: Callable[[str], None] | None = None) -> ModuleType:
-    """The compiled kernels, built first if they are not cached (saying so through ``log``).
+    """The compiled kernels, built first if they are not cached or the cached library is damaged (saying so
+    through ``log``).
 
     Raises KernelsUnavailableError with the reason when they cannot be built or loaded.
     """
@@ -83,8 +85,13 @@ def load_kernels(log: Callable[[str], None] | None = None) -> ModuleType:
     if name in _loaded:
         return _loaded[name]
     folder = build_dir()
-    built = any(folder.glob(f"{name}*.so")) or any(folder.glob(f"{name}*.pyd"))
-    if not built:
+    libraries = sorted(folder.glob(f"{name}*.so")) + sorted(folder.glob(f"{name}*.pyd"))
+    if libraries and not _intact(libraries[0]):
+        if log is not None:
+            log(f"cpu renderer: the cached kernels in {folder} are damaged; building them again")
+        shutil.rmtree(folder, ignore_errors=True)
+        libraries = []
+    if not libraries:
         reason = missing_toolchain()
         if reason is not None:
             raise KernelsUnavailableError(reason)
@@ -92,18 +99,22 @@ def load_kernels(log: Callable[[str], None] | None = None) -> ModuleType:
             log(f"cpu renderer: compiling its C++ kernels on first use (about a minute; cached in {folder})")
     try:
         module = _build(name, folder)
-    except Exception as first:  # a compiler's or loader's failure, of any type
-        if not built:
-            raise KernelsUnavailableError(f"the build failed: {_last_line(first)}") from None
-        if log is not None:
-            log(f"cpu renderer: the cached kernels in {folder} do not load ({_last_line(first)}); building them again")
-        shutil.rmtree(folder, ignore_errors=True)
-        try:
-            module = _build(name, folder)
-        except Exception as second:
-            raise KernelsUnavailableError(f"the build failed: {_last_line(second)}") from None
+    except Exception as exc:  # a compiler's or loader's failure, of any type
+        raise KernelsUnavailableError(f"the build failed: {_last_line(exc)}") from None
+    library = Path(module.__file__)
+    library.with_suffix(".sha256").write_text(_digest(library))
     _loaded[name] = module
     return module
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _intact(library: Path) -> bool:
+    """Whether ``library`` is the one its build recorded (a truncated or overwritten library would crash on load)."""
+    checksum = library.with_suffix(".sha256")
+    return checksum.is_file() and checksum.read_text() == _digest(library)
 
 
 def kernels_unavailable(log: Callable[[str], None] | None = None) -> str | None:
