@@ -284,3 +284,23 @@ def test_a_corrupted_kernel_cache_is_built_again(tmp_path):
     library.write_bytes(library.read_bytes()[:1000])
     again = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "are damaged; building them again" in again.stdout, again.stderr
+
+
+def test_absgrad_densification_reads_the_cpu_renderers_absolute_gradients(make_trainer):
+    """With strategy.absgrad the default strategy grows on the absolute gradients (never below the plain ones'
+    norms): more Gaussians at the same threshold."""
+    counts = {}
+    for absgrad in (False, True):
+        strategy = {"name": "default", "absgrad": absgrad, "refine_start": 20, "refine_every": 20, "refine_stop": 50}
+        trainer = make_trainer(
+            f"absgrad_{absgrad}",
+            max_steps=60,
+            val_interval=60,
+            renderer={"name": "cpu"},
+            strategy={**strategy, "grow_grad2d": 2e-3},
+            hooks=[{"name": "LogHook", "progress": False}],
+        )
+        assert trainer.resolved_config["renderer"]["absgrad"] is absgrad
+        trainer.train()
+        counts[absgrad] = trainer.model.num_gaussians
+    assert counts[True] > counts[False] > 300, counts

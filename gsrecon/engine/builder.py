@@ -340,7 +340,7 @@ def with_strategy_absgrad(
     if absgrad:
         raise ConfigError(
             f"{source}: key 'strategy.absgrad': renderer '{renderer['name']}' gives no absolute screen-space "
-            f"gradients; use renderer.name=gsplat or strategy.absgrad=false"
+            f"gradients; use renderer.name=gsplat (CUDA) or cpu, or strategy.absgrad=false"
         )
     return renderer
 

@@ -1,4 +1,4 @@
-"""The renderer interface shared by the gsplat (CUDA) and pure-PyTorch renderers."""
+"""The renderer interface shared by the gsplat (CUDA), compiled CPU and pure-PyTorch renderers."""
 
 from __future__ import annotations
 
