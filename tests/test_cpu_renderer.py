@@ -141,16 +141,21 @@ def test_fisheye_lenses_match_the_torch_renderer():
         assert _cosine(grads[key], ref_grads[key]) >= 0.99, key
 
 
-def test_camera_pose_gradients_match_the_torch_renderer():
-    """Cameras whose poses are optimised get the torch renderer's gradients for them."""
-    params = _scene(sh_degree=1)
+@pytest.mark.parametrize("fisheye", [False, True])
+def test_camera_pose_gradients_match_the_torch_renderer(fisheye: bool):
+    """Cameras whose poses are optimised get the torch renderer's gradients for them (and the Gaussians theirs)."""
+    params = _scene(sh_degree=2)
     viewmats, Ks = _cameras()
-    grads = []
+    lens = CameraModel.fisheye(torch.tensor([[0.05, -0.01, 0.0, 0.0]] * 2)) if fisheye else None
+    results = []
     for renderer in (TorchRenderer(), CpuRenderer()):
         poses = viewmats.clone().requires_grad_()
-        _render(renderer, params, 1, viewmats=poses, Ks=Ks)
-        grads.append(poses.grad)
-    assert _cosine(grads[0], grads[1]) >= 0.99
+        _, grads = _render(renderer, params, 2, lens, viewmats=poses, Ks=Ks)
+        results.append((poses.grad, grads))
+    (ref_pose, ref_grads), (pose, grads) = results
+    assert ref_pose.abs().sum() > 0 and _cosine(pose, ref_pose) >= 0.99
+    for key in PARAMS:
+        assert _cosine(grads[key], ref_grads[key]) >= 0.99, key
 
 
 def test_median_depth_matches_the_torch_renderer():

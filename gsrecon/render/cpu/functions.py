@@ -43,10 +43,11 @@ class _Project(torch.autograd.Function):
         shapes = ((c, n, 2), (c, n, 3), (c, n), (c, n), (c, n, 3))
         outputs = (v_means2d, v_conics, v_depths, v_log_ops, v_colors)
         grads = [g.contiguous() if g is not None else means.new_zeros(s) for g, s in zip(outputs, shapes)]
-        g_means, g_quats, g_scales, g_logits, g_coeffs = load_kernels().project_backward(
-            means, quats, log_scales, logits, coeffs, viewmats, Ks, *ctx.settings, radii, *grads
+        pose_grad = ctx.needs_input_grad[5]
+        g_means, g_quats, g_scales, g_logits, g_coeffs, g_viewmats = load_kernels().project_backward(
+            means, quats, log_scales, logits, coeffs, viewmats, Ks, *ctx.settings, radii, *grads, pose_grad
         )
-        return g_means, g_quats, g_scales, g_logits, g_coeffs, None, None, None
+        return g_means, g_quats, g_scales, g_logits, g_coeffs, g_viewmats if pose_grad else None, None, None
 
 
 def project_pinhole(
@@ -65,9 +66,9 @@ def project_pinhole(
     antialiased: bool,
 ) -> Projection:
     """EWA projection into pinhole cameras and SH colours, as `gsrecon.render.torch_renderer.shade_gaussians`
-    computes them; differentiable in the Gaussians' parameters (not in the cameras)."""
+    computes them; differentiable in the Gaussians' parameters and the camera poses (not the intrinsics)."""
     inputs = [t.float().contiguous() for t in (means, quats, log_scales, logits, coeffs)]
-    cams = [viewmats.detach().float().contiguous(), Ks.detach().float().contiguous()]
+    cams = [viewmats.float().contiguous(), Ks.detach().float().contiguous()]
     settings = (width, height, near_plane, far_plane, eps2d, antialiased)
     return Projection(*_Project.apply(*inputs, *cams, settings))
 

@@ -233,16 +233,19 @@ std::vector<torch::Tensor> project_forward(torch::Tensor means, torch::Tensor qu
 }
 
 // Backward: from the gradients of means2d, conics, depths, log opacities and colours, those of means [N, 3],
-// quats [N, 4], log scales [N, 3], opacity logits [N] and SH coefficients [N, K, 3]. Gaussians not visible in a
-// camera (radii 0) take nothing from it.
+// quats [N, 4], log scales [N, 3], opacity logits [N], SH coefficients [N, K, 3] and, with pose_grad, of the
+// viewmats [C, 4, 4] (else [0, 4, 4]). Gaussians not visible in a camera (radii 0) take nothing from it.
 std::vector<torch::Tensor> project_backward(torch::Tensor means, torch::Tensor quats, torch::Tensor log_scales,
                                             torch::Tensor logits, torch::Tensor coeffs, torch::Tensor viewmats,
                                             torch::Tensor Ks, int64_t width, int64_t height, double near_plane,
                                             double far_plane, double eps2d_d, bool antialiased,
                                             torch::Tensor radii, torch::Tensor v_means2d, torch::Tensor v_conics,
                                             torch::Tensor v_depths, torch::Tensor v_log_ops,
-                                            torch::Tensor v_colors) {
+                                            torch::Tensor v_colors, bool pose_grad) {
   const int64_t n = means.size(0), n_cams = viewmats.size(0), n_coeffs = coeffs.size(1);
+  // With pose_grad, each (Gaussian, camera)'s gradient of the camera's R (9) and t (3) in its own row, summed in
+  // Gaussian order at the end.
+  std::vector<float> pose_rows(pose_grad ? n * n_cams * 12 : 0, 0.f);
   auto g_means = torch::zeros_like(means);
   auto g_quats = torch::zeros_like(quats);
   auto g_scales = torch::zeros_like(log_scales);
@@ -298,7 +301,11 @@ std::vector<torch::Tensor> project_backward(torch::Tensor means, torch::Tensor q
         }
       }
       const float dot = vdir[0] * dir[0] + vdir[1] * dir[1] + vdir[2] * dir[2];
-      for (int j = 0; j < 3; ++j) vmean[j] += (vdir[j] - dir[j] * dot) / len;
+      float vd[3];  // d loss / d (mean - camera centre)
+      for (int j = 0; j < 3; ++j) {
+        vd[j] = (vdir[j] - dir[j] * dot) / len;
+        vmean[j] += vd[j];
+      }
       // Opacity (and the antialiased compensation's determinants).
       const float vlop = vlo[id];
       vlogop += vlop;
@@ -325,6 +332,19 @@ std::vector<torch::Tensor> project_backward(torch::Tensor means, torch::Tensor q
         vjy[j] = vby[0] * M[3 * j] + vby[1] * M[3 * j + 1] + vby[2] * M[3 * j + 2];
         for (int k = 0; k < 3; ++k) vM[3 * j + k] += P.jx[j] * vbx[k] + P.jy[j] * vby[k];
       }
+      if (pose_grad) {
+        // The rows of J R hold R itself; the camera centre is -R^T t.
+        float* row = pose_rows.data() + (g * n_cams + c) * 12;
+        for (int j = 0; j < 3; ++j) {
+          row[j] += cam.fx / z * vjx[j];
+          row[3 + j] += cam.fy / z * vjy[j];
+          row[6 + j] -= cam.fx / z * P.uc * vjx[j] + cam.fy / z * P.vc * vjy[j];
+          for (int i = 0; i < 3; ++i) {
+            row[3 * i + j] += vd[j] * cam.t[i];
+            row[9 + i] += cam.R[3 * i + j] * vd[j];
+          }
+        }
+      }
       // J R rows: (f / z) (R_row - clamped ratio R_2).
       float vuc = 0.f, vvc = 0.f;
       for (int j = 0; j < 3; ++j) {
@@ -346,6 +366,13 @@ std::vector<torch::Tensor> project_backward(torch::Tensor means, torch::Tensor q
       vpc[1] += cam.fy * vpy / z;
       vpc[2] -= (cam.fx * P.u * vpx + cam.fy * P.v * vpy) / z;
       for (int j = 0; j < 3; ++j) vmean[j] += cam.R[j] * vpc[0] + cam.R[3 + j] * vpc[1] + cam.R[6 + j] * vpc[2];
+      if (pose_grad) {  // camera-space centre R mean + t
+        float* row = pose_rows.data() + (g * n_cams + c) * 12;
+        for (int i = 0; i < 3; ++i) {
+          for (int j = 0; j < 3; ++j) row[3 * i + j] += vpc[i] * mean[j];
+          row[9 + i] += vpc[i];
+        }
+      }
     }
     if (!seen) continue;
     for (int j = 0; j < 3; ++j) gm[3 * g + j] = vmean[j];
@@ -369,5 +396,21 @@ std::vector<torch::Tensor> project_backward(torch::Tensor means, torch::Tensor q
     const float qdot = vqn[0] * qn[0] + vqn[1] * qn[1] + vqn[2] * qn[2] + vqn[3] * qn[3];
     for (int i = 0; i < 4; ++i) gq[4 * g + i] = (vqn[i] - qn[i] * qdot) / qnorm;
   }
-  return {g_means, g_quats, g_scales, g_logits, g_coeffs};
+  auto g_viewmats = torch::zeros({pose_grad ? n_cams : 0, 4, 4}, means.options());
+  if (pose_grad) {
+    float* gv = g_viewmats.data_ptr<float>();
+#pragma omp parallel for schedule(static) num_threads(at::get_num_threads())
+    for (int64_t c = 0; c < n_cams; ++c) {
+      float sum[12] = {0.f};
+      for (int64_t g = 0; g < n; ++g) {
+        const float* row = pose_rows.data() + (g * n_cams + c) * 12;
+        for (int e = 0; e < 12; ++e) sum[e] += row[e];
+      }
+      for (int i = 0; i < 3; ++i) {
+        for (int j = 0; j < 3; ++j) gv[16 * c + 4 * i + j] = sum[3 * i + j];
+        gv[16 * c + 4 * i + 3] = sum[9 + i];
+      }
+    }
+  }
+  return {g_means, g_quats, g_scales, g_logits, g_coeffs, g_viewmats};
 }

@@ -1,9 +1,10 @@
 """The renderer ``cpu``: the torch renderer's model (`gsrecon.render.torch_renderer`) on compiled multi-threaded CPU
 kernels (`gsrecon.render.cpu.functions`), with the same inputs, outputs and conventions.
 
-Pinhole cameras at given poses are projected by the C++ kernel; fisheye lenses, and cameras whose poses carry
-gradients (pose refinement), are projected by the torch renderer's differentiable projection and composited by the
-C++ rasterizer. A render is deterministic: its image and gradients do not depend on the number of threads.
+Pinhole cameras are projected by the C++ kernel (its backward gives the poses' gradients too, for pose
+refinement); fisheye lenses, and intrinsics that carry gradients, are projected by the torch renderer's
+differentiable projection and composited by the C++ rasterizer. A render is deterministic: its image and
+gradients do not depend on the number of threads.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ class CpuRenderer(Renderer):
         cfg = self.cfg
         if params["means"].device.type != "cpu":
             raise ValueError(f"renderer 'cpu' renders on the CPU; the Gaussians are on {params['means'].device}")
-        if camera_model.kind == "pinhole" and not (viewmats.requires_grad or Ks.requires_grad):
+        if camera_model.kind == "pinhole" and not Ks.requires_grad:
             coeffs = torch.cat([params["sh0"], params["shN"][:, : num_sh_bases(sh_degree) - 1]], dim=1)  # [N, K, 3]
             proj = project_pinhole(
                 params["means"], params["quats"], params["scales"], params["opacities"], coeffs, viewmats, Ks,
