@@ -309,3 +309,18 @@ def test_absgrad_densification_reads_the_cpu_renderers_absolute_gradients(make_t
         trainer.train()
         counts[absgrad] = trainer.model.num_gaussians
     assert counts[True] > counts[False] > 300, counts
+
+
+def test_a_cache_folder_that_cannot_be_written_makes_auto_fall_back_to_torch(tmp_path):
+    blocker = tmp_path / "not_a_folder"
+    blocker.write_text("")
+    script = (
+        "import torch; from gsrecon.engine.builder import auto_renderer; "
+        "print(auto_renderer(torch.device('cpu'), print))"
+    )
+    env = {**os.environ, "GSRECON_CACHE": str(blocker)}
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    why, choice = result.stdout.strip().splitlines()  # one line saying why, nothing announced before it
+    assert choice == "torch" and why.startswith("renderer auto: the torch renderer, since")
+    assert "cannot be created: Not a directory" in why

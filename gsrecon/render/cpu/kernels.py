@@ -95,6 +95,10 @@ def load_kernels(log: Callable[[str], None] | None = None) -> ModuleType:
         reason = missing_toolchain()
         if reason is not None:
             raise KernelsUnavailableError(reason)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise KernelsUnavailableError(f"the cache folder {folder} cannot be created: {exc.strerror}") from None
         if log is not None:
             log(f"cpu renderer: compiling its C++ kernels on first use (about a minute; cached in {folder})")
     try:
