@@ -34,11 +34,13 @@ class KernelsUnavailableError(InputError):
 
 
 def _source_dir() -> Path:
+    """The folder of the C++ sources (this package)."""
     return Path(__file__).resolve().parent
 
 
 def kernel_name() -> str:
-    """The extension's name: ``gsrecon_cpu_`` and a digest of the sources, torch's and Python's versions."""
+    """The extension's name: ``gsrecon_cpu_`` and a digest of the sources, torch's and Python's versions and the
+    compiler (``$CXX``)."""
     digest = hashlib.sha256()
     for name in SOURCES:
         digest.update((_source_dir() / name).read_bytes())
@@ -112,6 +114,7 @@ def load_kernels(log: Callable[[str], None] | None = None) -> ModuleType:
 
 
 def _digest(path: Path) -> str:
+    """The SHA-256 of a file's bytes, in hex."""
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
