@@ -127,7 +127,8 @@ WRITER_REGISTRY: Registry = Registry("writer", locations=("gsrecon.logging.write
 DATASET_REGISTRY: Registry = Registry("dataset", locations=("gsrecon.data.readers",))
 MODEL_REGISTRY: Registry = Registry("model", locations=("gsrecon.model.gaussians",))
 RENDERER_REGISTRY: Registry = Registry(
-    "renderer", locations=("gsrecon.render.torch_renderer", "gsrecon.render.gsplat_renderer")
+    "renderer",
+    locations=("gsrecon.render.torch_renderer", "gsrecon.render.gsplat_renderer", "gsrecon.render.cpu.renderer"),
 )
 STRATEGY_REGISTRY: Registry = Registry("strategy", "strategies", locations=("gsrecon.strategy",))
 LOSS_REGISTRY: Registry = Registry(

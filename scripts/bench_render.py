@@ -1,4 +1,5 @@
-"""Benchmark the pure-PyTorch renderer: forward, forward+backward, and one full training step.
+"""Benchmark the pure-PyTorch renderer: forward, forward+backward, and one full training step; or, with
+``--compare``, a training step of several renderers side by side (runs alternated, case by case).
 
 Scenes are random Gaussian clouds in front of a pinhole camera whose footprints are a few pixels
 wide (screen-space sigma 0.5-4 px), with SH degree 3; or, with ``--exp-dir``, a trained run's
@@ -7,6 +8,7 @@ Gaussians seen from its first training views. Prints a markdown table (median ms
 
     python scripts/bench_render.py --threads 1 --device cpu --repeats 20
     python scripts/bench_render.py --exp-dir outputs/synthetic --tile-size 4,8,16 --views 4
+    python scripts/bench_render.py --compare torch,cpu --steps 64x48:5000,125x82:20000 --threads 1
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from gsrecon.cameras import Cameras
 from gsrecon.data.pipeline import DataPipeline
 from gsrecon.engine.builder import resolve_renderer_entry
 from gsrecon.engine.inference import load_trained_scene
+from gsrecon.logging.console import Logger
 from gsrecon.registry import RENDERER_REGISTRY
+from gsrecon.render.base import Renderer
 from gsrecon.render.torch_renderer import TorchRenderer
 from gsrecon.sh import rgb_to_sh
 
@@ -84,9 +88,9 @@ def bench_render(renderer: TorchRenderer, size, device: torch.device, repeats: i
     return median_ms(forward, repeats, device), median_ms(forward_backward, repeats, device)
 
 
-def bench_step(renderer: TorchRenderer, device: torch.device, repeats: int) -> float:
+def bench_step(renderer: Renderer, device: torch.device, repeats: int, size: tuple[int, int, int] = STEP_SIZE) -> float:
     """Render + L1 loss + backward + Adam step over all parameters (3DGS learning rates)."""
-    width, height, n = STEP_SIZE
+    width, height, n = size
     params, viewmats, Ks = make_scene(n, width, height, device)
     target = torch.rand(1, height, width, 3, device=device)
     bg = torch.zeros(1, 3, device=device)
@@ -135,6 +139,19 @@ def bench_trained(
     return results
 
 
+def compare_steps(names: list[str], sizes: list[tuple[int, int, int]], device: torch.device, repeats: int) -> None:
+    """Print a table of training-step times of the renderers ``names`` (default settings), alternated per case."""
+    renderers = [RENDERER_REGISTRY.build(resolve_renderer_entry({"name": name}, device, "--compare")) for name in names]
+    for renderer in renderers:
+        renderer.setup(Logger())
+    print(f"| case | {' | '.join(f'{name} step ms' for name in names)} | {names[0]} / {names[-1]} |")
+    print(f"|---|{'---:|' * len(names)}---:|")
+    for size in sizes:
+        times = [bench_step(renderer, device, repeats, size) for renderer in renderers]
+        row = " | ".join(f"{t:.1f}" for t in times)
+        print(f"| {size[0]}x{size[1]}, {size[2]} Gaussians | {row} | {times[0] / times[-1]:.2f}x |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
@@ -143,6 +160,10 @@ def main() -> None:
     parser.add_argument("--tile-size", default=str(TorchRenderer.Config.tile_size), help="comma-separated: 4,8,16")
     parser.add_argument("--exp-dir", help="a trained run: render its Gaussians from its training views instead")
     parser.add_argument("--views", type=int, default=4, help="training views per timed call (with --exp-dir)")
+    parser.add_argument("--compare", help="comma-separated renderers: time their training steps side by side")
+    parser.add_argument(
+        "--steps", default="64x48:5000,125x82:20000", help="with --compare: WxH:gaussians cases, comma-separated"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -151,6 +172,14 @@ def main() -> None:
         f"torch {torch.__version__}, threads {torch.get_num_threads()}, device {device}, median of {args.repeats}, "
         f"{f'{args.exp_dir}, first {args.views} training views' if args.exp_dir else f'SH degree {SH_DEGREE}'}\n"
     )
+    if args.compare:
+        sizes = []
+        for case in args.steps.split(","):
+            resolution, n = case.split(":")
+            width, height = resolution.split("x")
+            sizes.append((int(width), int(height), int(n)))
+        compare_steps(args.compare.split(","), sizes, device, args.repeats)
+        return
     if args.exp_dir:
         print("| tile | forward ms/view | forward+backward ms/view |")
         print("|---:|---:|---:|")

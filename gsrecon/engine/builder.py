@@ -11,7 +11,7 @@ first looked up, so ``gsrecon eval/export/render`` stay light.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,7 +62,7 @@ class RunConfig:
 
     exp_dir: str = "outputs/run"
     seed: int = 0
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps (an Apple GPU, where torch reports one)
     num_threads: int = 0  # torch CPU threads; 0: auto (the cores other processes leave free, at least 1)
     max_steps: int = 30_000
     val_interval: int = 1_000  # validate every this many steps and after the last one
@@ -157,7 +157,8 @@ def check_rules(resolved: dict[str, Any], source: str) -> None:
 
 
 def resolve_device(name: str, dist: DistributedContext) -> torch.device:
-    """``auto`` is CUDA when available; under torchrun ``cuda`` is this process's GPU."""
+    """``auto`` is CUDA when available; under torchrun ``cuda`` is this process's GPU; ``mps`` an Apple GPU where
+    torch reports one."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda"):
@@ -165,8 +166,11 @@ def resolve_device(name: str, dist: DistributedContext) -> torch.device:
             raise ConfigError(f"device '{name}' was asked for but CUDA is not available; use device=cpu")
         if name == "cuda" and (dist.world_size > 1 or dist.local_rank > 0):  # a block's run under torchrun: its GPU
             name = f"cuda:{dist.local_rank}"
+    elif name == "mps":
+        if not torch.backends.mps.is_available():
+            raise ConfigError("device 'mps' was asked for but torch reports no Apple GPU (MPS) here; use device=cpu")
     elif name != "cpu":
-        raise ConfigError(f"key 'device': must be auto, cpu, cuda or cuda:N, got '{name}'")
+        raise ConfigError(f"key 'device': must be auto, cpu, cuda, cuda:N or mps, got '{name}'")
     return torch.device(name)
 
 
@@ -174,10 +178,11 @@ def set_cpu_threads(requested: int) -> str:
     """Set torch's CPU threads: ``requested``, or for 0 the cores this process may use minus the 1-minute
     load average (at least 1), since threads competing with busy processes slow a CPU render many
     times over. Returns a line saying what was chosen and why."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     if requested > 0:
         torch.set_num_threads(requested)
-        return f"{requested} CPU threads (num_threads: {requested})"
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        above = f", more than the {cores} cores this process may use" if requested > cores else ""
+        return f"{requested} CPU threads (num_threads: {requested}{above})"
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     threads = max(1, min(cores, round(cores - load)))
     torch.set_num_threads(threads)
@@ -211,16 +216,37 @@ def resolve_entry(
     return {"name": name, **passthrough, **resolved_entry(cls, entry, source, key, max_steps, device_type, start)}
 
 
-def resolve_renderer_entry(entry: dict[str, Any], device: torch.device, source: str) -> dict[str, Any]:
-    """``name: auto`` becomes gsplat on CUDA (when installed) and torch elsewhere."""
+def resolve_renderer_entry(
+    entry: dict[str, Any], device: torch.device, source: str, log: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """``name: auto`` becomes :func:`auto_renderer`'s choice for ``device`` (what it builds or why it falls back
+    is said through ``log``)."""
     entry = dict(entry)
     name = entry.get("name", "auto")
     if name == "auto":
-        entry["name"] = "gsplat" if device.type == "cuda" and "gsplat" in RENDERER_REGISTRY else "torch"
+        entry["name"] = auto_renderer(device, log)
     elif name not in RENDERER_REGISTRY:
         known = ", ".join(["auto", *RENDERER_REGISTRY.names()])
         raise ConfigError(f"{source}: key 'renderer.name': unknown renderer '{name}'; known renderers: {known}")
     return resolve_entry(RENDERER_REGISTRY, entry, source, "renderer")
+
+
+def auto_renderer(device: torch.device, log: Callable[[str], None] | None = None) -> str:
+    """The renderer ``auto`` picks: gsplat on CUDA (when installed), the compiled ``cpu`` renderer on the CPU (its
+    kernels built first if not cached; the torch renderer where they cannot be, with one line through ``log``
+    saying why), and the torch renderer elsewhere (e.g. ``mps``)."""
+    if device.type == "cuda" and "gsplat" in RENDERER_REGISTRY:
+        return "gsplat"
+    if device.type != "cpu":
+        return "torch"
+    from gsrecon.render.cpu.kernels import kernels_unavailable
+
+    why = kernels_unavailable(log)
+    if why is None:
+        return "cpu"
+    if log is not None:
+        log(f"renderer auto: the torch renderer, since the cpu renderer's C++ kernels cannot be built here ({why})")
+    return "torch"
 
 
 def resolve_hooks(hooks: Any, source: str, max_steps: int | None = None) -> dict[str, dict[str, Any] | None]:
@@ -271,8 +297,11 @@ def build_hooks(resolved: dict[str, dict[str, Any] | None], source: str = "confi
     return hooks
 
 
-def resolve_run_config(cfg: RunConfig, device: torch.device, source: str) -> dict[str, Any]:
-    """The run's config as plain data with every registry entry resolved: what ``config.yaml`` holds."""
+def resolve_run_config(
+    cfg: RunConfig, device: torch.device, source: str, log: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """The run's config as plain data with every registry entry resolved: what ``config.yaml`` holds (``log``
+    hears how ``renderer.name: auto`` was resolved where that needs saying)."""
     resolved = to_container(cfg)
     resolved.pop("resume")
     resolved["data"] = resolve_data_config(cfg.data, source)
@@ -280,7 +309,7 @@ def resolve_run_config(cfg: RunConfig, device: torch.device, source: str) -> dic
         MODEL_REGISTRY, cfg.model, source, "model", max_steps=cfg.max_steps, device=device
     )
     resolved["strategy"] = resolve_strategy_entry(cfg, source)
-    renderer = resolve_renderer_entry(cfg.renderer, device, source)
+    renderer = resolve_renderer_entry(cfg.renderer, device, source, log)
     resolved["renderer"] = with_strategy_absgrad(renderer, resolved["strategy"], cfg.renderer, source)
     resolved["writers"] = [resolve_entry(WRITER_REGISTRY, w, source, f"writers.{i}") for i, w in enumerate(cfg.writers)]
     resolved["hooks"] = resolve_hooks(cfg.hooks, source, cfg.max_steps)
@@ -373,7 +402,7 @@ def with_strategy_absgrad(
     if absgrad:
         raise ConfigError(
             f"{source}: key 'strategy.absgrad': renderer '{renderer['name']}' gives no absolute screen-space "
-            f"gradients; use renderer.name=gsplat or strategy.absgrad=false"
+            f"gradients; use renderer.name=gsplat (CUDA) or cpu, or strategy.absgrad=false"
         )
     return renderer
 

@@ -46,6 +46,8 @@ from gsrecon.plugins import import_plugins
 from gsrecon.registry import DATASET_REGISTRY, EXPORT_REGISTRY, MODEL_REGISTRY, RENDERER_REGISTRY
 from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
 from gsrecon.render.colormap import DEPTH_KINDS, depth_image
+from gsrecon.render.cpu.kernels import kernels_unavailable
+from gsrecon.render.cpu.renderer import CpuRenderer
 from gsrecon.render.gsplat_renderer import GSPLAT_ALPHA_MAX
 from gsrecon.render.video import VideoWriter
 
@@ -162,14 +164,21 @@ def build_renderer(scene: TrainedScene, device: torch.device, logger: Logger, me
     with ``median_depth``.
 
     A scene trained with gsplat renders on a machine without CUDA with the torch renderer, given the
-    same shared settings (`RendererConfig`) and gsplat's alpha clamp, so that it sees the same image.
+    same shared settings (`RendererConfig`) and gsplat's alpha clamp, so that it sees the same image; so does a
+    scene trained with the ``cpu`` renderer on another device or where its kernels cannot be built.
     """
-    entry = resolve_renderer_entry(scene.cfg.renderer, device, "config")
+    entry = resolve_renderer_entry(scene.cfg.renderer, device, "config", logger.info)
+    shared = {f.name for f in dataclasses.fields(RendererConfig)}
+    shared.discard("tile_size")  # the torch renderer's own tiling gives the same image
     if entry["name"] == "gsplat" and device.type != "cuda":
-        shared = {f.name for f in dataclasses.fields(RendererConfig)}
-        shared.discard("tile_size")  # the torch renderer's own tiling gives the same image
         entry = {"name": "torch", **{k: v for k, v in entry.items() if k in shared}, "alpha_max": GSPLAT_ALPHA_MAX}
         logger.info("trained with renderer gsplat, which needs CUDA: rendering with the torch renderer (same settings)")
+    elif entry["name"] == "cpu":
+        why = f"renders on the CPU, not on {device}" if device.type != "cpu" else kernels_unavailable(logger.info)
+        if why is not None:
+            alpha_max = entry.get("alpha_max", CpuRenderer.Config.alpha_max)
+            entry = {"name": "torch", **{k: v for k, v in entry.items() if k in shared}, "alpha_max": alpha_max}
+            logger.info(f"trained with renderer cpu ({why}): rendering with the torch renderer (same settings)")
     if median_depth:
         entry = {**entry, "median_depth": True}
     renderer = RENDERER_REGISTRY.build(entry)

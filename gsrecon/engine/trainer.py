@@ -69,7 +69,7 @@ class DefaultTrainer:
         self._metrics: ImageMetrics | None = None
 
         # Every registry entry is resolved first: unknown names and bad arguments fail before any work.
-        self.resolved_config = builder.resolve_run_config(cfg, self.device, source)
+        self.resolved_config = builder.resolve_run_config(cfg, self.device, source, self.logger.info)
         self.hooks = builder.build_hooks(self.resolved_config["hooks"], source)
         self.run_dir = RunDir(cfg.exp_dir, source)
         resume = cfg.resume is not False and cfg.resume is not None
@@ -104,7 +104,13 @@ class DefaultTrainer:
         self.writers = Writers([])
         if self.is_main:
             self.run_dir.open_log(overwrite, resume, self.logger)
-            self.logger.info("; ".join([f"{source}: {threads}; device {self.device}", *self.datapipeline.notes]))
+            renderer = self.resolved_config["renderer"]["name"]
+            how = " (auto)" if cfg.renderer.get("name", "auto") == "auto" else ""
+            self.logger.info(
+                "; ".join(
+                    [f"{source}: {threads}; device {self.device}; renderer {renderer}{how}", *self.datapipeline.notes]
+                )
+            )
             hook_outputs = [path for hook in self.hooks.values() for path in hook.outputs()]
             self.writers = self.run_dir.open_writers(self.resolved_config, hook_outputs)
         self.dist.barrier()

@@ -1,4 +1,5 @@
-"""The renderer interface every renderer shares (gsplat's CUDA one, the pure-PyTorch reference, plugins)."""
+"""The renderer interface every renderer shares (gsplat's CUDA one, the compiled CPU one, the pure-PyTorch reference,
+plugins)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,90 @@
+"""The renderer ``cpu``: the torch renderer's model (`gsrecon.render.torch_renderer`) on compiled multi-threaded CPU
+kernels (`gsrecon.render.cpu.functions`), with the same inputs, outputs and conventions.
+
+Pinhole cameras are projected by the C++ kernel (its backward gives the poses' gradients too, for pose
+refinement); fisheye lenses, and intrinsics that carry gradients, are projected by the torch renderer's
+differentiable projection and composited by the C++ rasterizer. A render is deterministic: its image and
+gradients do not depend on the number of threads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from gsrecon.cameras import Cameras
+from gsrecon.logging.console import Logger
+from gsrecon.params import PARAM_NAMES
+from gsrecon.registry import RENDERER_REGISTRY
+from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
+from gsrecon.render.cpu.functions import Projection, project_pinhole, rasterize
+from gsrecon.render.cpu.kernels import load_kernels
+from gsrecon.render.torch_renderer import ALPHA_MIN, shade_gaussians
+from gsrecon.sh import num_sh_bases
+
+
+@RENDERER_REGISTRY.register("cpu")
+class CpuRenderer(Renderer):
+    """3DGS on compiled CPU kernels; same inputs and outputs as the torch renderer."""
+
+    @dataclass
+    class Config(RendererConfig):
+        alpha_max: float = 0.99  # per-Gaussian alpha clamp (the torch renderer's)
+        absgrad: bool = False  # also accumulate |grad| of means2d (AbsGS): set from strategy.absgrad by the builder
+
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            if not ALPHA_MIN < self.alpha_max < 1.0:
+                raise ValueError(f"renderer alpha_max={self.alpha_max} must be in (1/255, 1)")
+
+    def __init__(self, cfg: CpuRenderer.Config | None = None) -> None:
+        self.cfg = cfg if cfg is not None else CpuRenderer.Config()
+
+    def setup(self, logger: Logger) -> None:
+        """Build (on first use, saying so) or load the kernels; KernelsUnavailableError says why they cannot be."""
+        load_kernels(logger.info)
+
+    def _render(
+        self, params: Mapping[str, Tensor], cameras: Cameras, sh_degree: int, backgrounds: Tensor
+    ) -> RenderOutput:
+        cfg = self.cfg
+        viewmats, Ks, width, height, camera_model = (
+            cameras.viewmats, cameras.Ks, cameras.width, cameras.height, cameras.model
+        )  # fmt: skip
+        if params["means"].device.type != "cpu":
+            raise ValueError(f"renderer 'cpu' renders on the CPU; the Gaussians are on {params['means'].device}")
+        if camera_model.kind == "pinhole" and not Ks.requires_grad:
+            coeffs = torch.cat([params["sh0"], params["shN"][:, : num_sh_bases(sh_degree) - 1]], dim=1)  # [N, K, 3]
+            proj = project_pinhole(
+                params["means"], params["quats"], params["scales"], params["opacities"], coeffs, viewmats, Ks,
+                width, height, cfg.near_plane, cfg.far_plane, cfg.eps2d, cfg.antialiased,
+            )  # fmt: skip
+        else:
+            rows = [params[key] for key in PARAM_NAMES]
+            proj = Projection(*shade_gaussians(rows, viewmats, Ks, width, height, sh_degree, cfg, camera_model))
+        means2d = proj.means2d.float().contiguous()  # [C, N, 2]
+        if means2d.requires_grad:
+            means2d.retain_grad()
+        out, median = rasterize(
+            means2d, proj.conics, proj.log_opacities, proj.colors, proj.depths, proj.radii, width, height,
+            cfg.tile_size, cfg.alpha_max, cfg.median_depth, cfg.absgrad and means2d.requires_grad,
+        )  # fmt: skip  # [C, H, W, 5], [C, H, W]
+        dtype = params["means"].dtype
+        out = out.to(dtype)
+        alpha = out[..., 4:5]
+        image = out[..., :3] + (1.0 - alpha) * backgrounds[:, None, None, :]
+        depth = torch.where(alpha > 0, out[..., 3:4] / alpha.clamp_min(1e-10), 0.0)
+        info = {
+            "means2d": means2d,
+            "radii": proj.radii,
+            "depths": proj.depths.detach().to(dtype),
+            "width": width,
+            "height": height,
+            "n_cameras": viewmats.shape[0],
+            "gaussian_ids": None,  # gsplat's key for packed mode; gsplat.strategy requires it
+        }
+        median_depth = median[..., None].to(dtype) if cfg.median_depth else None
+        return RenderOutput(image=image, alpha=alpha, depth=depth, info=info, median_depth=median_depth)
