@@ -118,11 +118,17 @@ def run_facts(resolved: dict[str, Any], model: torch.nn.Module, scene: Scene) ->
 
 
 def run_components(
-    renderer: RunChecked, strategy: RunChecked, loss: Loss, views: ViewModules, hooks: Mapping[str, RunChecked]
+    model: RunChecked,
+    renderer: RunChecked,
+    strategy: RunChecked,
+    loss: Loss,
+    views: ViewModules,
+    hooks: Mapping[str, RunChecked],
 ) -> dict[str, RunChecked]:
     """A built run's components by the config key that configures each (what :func:`check_run` names)."""
     view_keys = {key: key if key in VIEW_SECTIONS else f"views.{key}" for key in views.modules}
     return {
+        "model": model,
         "renderer": renderer,
         "strategy": strategy,
         **{f"loss.{key}": term for key, term in loss.terms.items()},

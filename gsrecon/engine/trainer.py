@@ -95,7 +95,7 @@ class DefaultTrainer:
         self._build_optimizers()
         self.strategy = builder.build_strategy(cfg, self.resolved_config, self.model, source)
         facts = builder.run_facts(self.resolved_config, self.model, self.datapipeline.scene)
-        components = builder.run_components(self.renderer, self.strategy, self.loss, self.views, self.hooks)
+        components = builder.run_components(self.model, self.renderer, self.strategy, self.loss, self.views, self.hooks)
         builder.check_run(components, facts, source)
         self.loss.setup(self.datapipeline)
         self.renderer.setup(self.logger)

@@ -19,14 +19,14 @@ from gsrecon.config import per_device, run_steps
 from gsrecon.data.scene import Scene
 from gsrecon.errors import InputError
 from gsrecon.params import PARAM_NAMES, check_params
-from gsrecon.registry import MODEL_REGISTRY
+from gsrecon.registry import MODEL_REGISTRY, RunChecked
 from gsrecon.sh import MAX_SH_DEGREE, num_sh_bases, rgb_to_sh
 
 INITS = ("auto", "sfm", "random", "ply")
 
 
 @MODEL_REGISTRY.register("gaussians")
-class GaussianModel(torch.nn.Module):
+class GaussianModel(torch.nn.Module, RunChecked):
     """A set of 3D Gaussians held in ``self.params`` (a ParameterDict keyed by :data:`PARAM_NAMES`).
 
     Models registered in ``MODEL_REGISTRY`` provide ``from_scene(cfg, scene, seed)``, ``params``,
