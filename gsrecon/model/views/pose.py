@@ -121,14 +121,15 @@ class PoseCorrection(ViewModule):
             )
 
     def build_scheduler(self, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
-        """Zero before ``start_step``; then exponential decay from ``lr`` to ``lr × lr_final_factor`` at
+        """Zero before ``start_step``; from it an exponential decay from ``lr`` to ``lr × lr_final_factor`` at
         ``decay_steps``, constant afterwards."""
         cfg = self.cfg
+        span = max(cfg.decay_steps - cfg.start_step, 1)
 
         def factor(step: int) -> float:
             if step < cfg.start_step:
                 return 0.0
-            return cfg.lr_final_factor ** (min(step, cfg.decay_steps) / cfg.decay_steps)
+            return cfg.lr_final_factor ** (min(step - cfg.start_step, span) / span)
 
         return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
