@@ -52,26 +52,6 @@ def corrected_viewmats(viewmats: Tensor, twists: Tensor) -> Tensor:
     return se3_exp(twists) @ viewmats
 
 
-def adjoint(transforms: Tensor) -> Tensor:
-    """The adjoints [B, 6, 6] of rigid ``transforms`` [B, 4, 4], acting on twists (v, omega): a twist in the
-    transform's source frame expressed in its target frame, ``T exp(xi) T^-1 = exp(Ad_T xi)``."""
-    rotation, translation = transforms[:, :3, :3], transforms[:, :3, 3]  # [B, 3, 3], [B, 3]
-    x, y, z = translation.unbind(-1)
-    zero = torch.zeros_like(x)
-    cross = torch.stack([zero, -z, y, z, zero, -x, -y, x, zero], dim=-1).view(-1, 3, 3)  # [B, 3, 3]: t x .
-    out = torch.zeros(len(transforms), 6, 6, dtype=transforms.dtype, device=transforms.device)
-    out[:, :3, :3] = rotation
-    out[:, :3, 3:] = cross @ rotation
-    out[:, 3:, 3:] = rotation
-    return out
-
-
-def world_twists(viewmats: Tensor, twists: Tensor) -> Tensor:
-    """The twists [B, 6] of the world motions that ``twists`` [B, 6] (in the cameras' axes) apply to what the
-    cameras ``viewmats`` [B, 4, 4] see: ``exp(xi) @ viewmat = viewmat @ exp(world twist)``."""
-    return (adjoint(torch.linalg.inv(viewmats)) @ twists[..., None])[..., 0]
-
-
 @VIEW_REGISTRY.register("se3")
 class PoseCorrection(ViewModule):
     """One rigid correction per training image, looked up by image name; the camera moves, the photo stays."""
@@ -82,7 +62,6 @@ class PoseCorrection(ViewModule):
         lr_final_factor: float = 0.01  # the learning rate decays exponentially to this fraction of lr ...
         decay_steps: int = run_steps(30_000)  # ... at this step (left unset: the run's max_steps), then stays
         reg: float = 1e-3  # weight of the mean squared length of the twists: a pull toward the given poses
-        zero_mean: bool = True  # the corrections move the world by no motion on average over the training cameras
         start_step: int = 0  # the twists learn from this step on; before it the cameras stay at their given poses
         eval: str = "given"  # test views: given (scored at their poses) | fit (each pose fitted to its photo first)
         eval_steps: int = 50  # fit: Adam steps fitting a test view's twist
@@ -108,8 +87,6 @@ class PoseCorrection(ViewModule):
     def __init__(self, cfg: Config, train_names: list[str]) -> None:
         super().__init__(cfg, train_names)
         self.twists = torch.nn.Parameter(torch.zeros(len(train_names), 6))  # [N, 6]: v (world units), omega (rad)
-        # The training cameras' given poses [N, 4, 4] as their batches bring them; NaN until a camera is seen.
-        self.register_buffer("given", torch.full((len(train_names), 4, 4), math.nan))
 
     @classmethod
     def check_run(cls, resolved: dict[str, Any]) -> None:
@@ -133,32 +110,15 @@ class PoseCorrection(ViewModule):
 
         return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
-    def corrections(self) -> Tensor:
-        """Every training camera's twist [N, 6] as applied. With ``zero_mean``, the twists less the motion of the
-        world they share: the world twists of the cameras seen so far (see :func:`world_twists`) average to zero,
-        so that the scene cannot follow a drift of all cameras away from the poses the test views are given."""
-        if not self.cfg.zero_mean:
-            return self.twists
-        seen = ~self.given[:, 0, 0].isnan()  # [N]
-        if not seen.any():
-            return self.twists
-        viewmats = torch.where(seen[:, None, None], self.given, torch.eye(4, device=self.given.device))  # [N, 4, 4]
-        shared = world_twists(viewmats[seen], self.twists[seen]).mean(0)  # [6]
-        in_camera_axes = adjoint(viewmats) @ shared  # [N, 6]: the shared world motion as each camera's twist
-        return self.twists - torch.where(seen[:, None], in_camera_axes, 0.0)
-
     def camera_poses(self, viewmats: Tensor, names: list[str]) -> Tensor:
         """The training cameras ``names`` as corrected: their given ``viewmats`` [B, 4, 4] moved by their twists."""
-        return corrected_viewmats(viewmats, self.corrections()[self.rows(names, self.twists.device)])
+        return corrected_viewmats(viewmats, self.twists[self.rows(names, self.twists.device)])
 
     def adjust_cameras(self, batch: Batch) -> Batch:
-        """``batch`` with its cameras corrected; notes their given poses (what ``zero_mean`` averages over)."""
-        self.given[self.rows(batch.names, self.given.device)] = batch.viewmats.detach()
         return dataclasses.replace(batch, viewmats=self.camera_poses(batch.viewmats, batch.names))
 
     def regularization(self) -> Tensor:
-        """``reg`` × the mean over training images of the squared length of their twists (the parameters, so that
-        a shared motion that ``zero_mean`` takes out is pulled to zero too)."""
+        """``reg`` × the mean over training images of the squared length of their twists."""
         return self.cfg.reg * self.twists.square().sum(-1).mean()
 
     def eval_cameras(self, batch: Batch, render: Callable[[Batch], RenderOutput]) -> Batch:
