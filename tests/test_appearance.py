@@ -118,18 +118,6 @@ def test_appearance_learns_per_image_corrections(make_trainer, appearance: dict)
 
 
 @pytest.mark.parametrize("appearance", [AFFINE, GRID], ids=["affine", "bilateral_grid"])
-def test_corrections_start_learning_at_start_step(make_trainer, appearance: dict) -> None:
-    trainer = train_perturbed(make_trainer, "late", appearance={**appearance, "start_step": 3})
-    checkpoints = trainer.exp_dir / "checkpoints"
-    before, after = (
-        load_checkpoint_file(checkpoints / name)["views"]["appearance"]["module"]["offsets"]
-        for name in ("step_000003.pt", "last.pt")
-    )
-    assert not before.any()  # the identity until start_step
-    assert after.abs().amax() > 1e-3
-
-
-@pytest.mark.parametrize("appearance", [AFFINE, GRID], ids=["affine", "bilateral_grid"])
 def test_resume_with_appearance_is_bit_identical(make_trainer, appearance: dict) -> None:
     full = train_perturbed(make_trainer, "full", appearance=appearance)
     step_3 = full.exp_dir / "checkpoints" / "step_000003.pt"

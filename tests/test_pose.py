@@ -179,31 +179,6 @@ def test_se3_learns_a_correction_per_training_view_with_its_schedule(make_traine
     assert pull == pytest.approx(1e-3 * twists.square().sum(-1).mean().item(), rel=1e-5)
 
 
-def test_twists_start_learning_at_start_step(make_trainer) -> None:
-    trainer = make_trainer("late", pose_opt={**SE3, "start_step": 3})
-    trainer.train()
-    checkpoints = trainer.exp_dir / "checkpoints"
-    assert torch.equal(
-        load_checkpoint_file(checkpoints / "step_000003.pt")["views"]["pose_opt"]["module"]["twists"], torch.zeros(7, 6)
-    )
-    assert load_checkpoint_file(checkpoints / "last.pt")["views"]["pose_opt"]["module"]["twists"].abs().amax() > 1e-5
-
-
-def test_late_start_holds_the_rate_at_zero_then_decays_it_from_lr() -> None:
-    config = PoseCorrection.Config(lr=1e-3, lr_final_factor=0.01, decay_steps=10, start_step=4)
-    module = PoseCorrection(config, ["a"])
-    optimizer = module.build_optimizer()
-    scheduler = module.build_scheduler(optimizer)
-    rates = []
-    for _ in range(12):
-        rates.append(optimizer.param_groups[0]["lr"])
-        optimizer.step()
-        scheduler.step()
-    assert rates[:4] == [0.0] * 4
-    assert rates[4] == pytest.approx(1e-3) and rates[7] == pytest.approx(1e-4)  # halfway from step 4 to 10
-    assert rates[10:] == pytest.approx([1e-5, 1e-5])
-
-
 def test_resume_with_pose_refinement_is_bit_identical(make_trainer) -> None:
     full = make_trainer("full", pose_opt=SE3)
     full.train()

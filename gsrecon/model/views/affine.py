@@ -45,7 +45,6 @@ class AppearanceConfig(ViewModule.Config):
     reg: float = 1e-2  # weight of the module's regularisation
     neighbours: int = 0  # 0: the corrections average to the identity over all training views; k: over each view
     # and k on each side in name order (a capture's path: what changes smoothly along it is left to the Gaussians)
-    start_step: int = 0  # the corrections learn from this step on; before it they are the identity
     eval: str = "identity"  # test views: identity | fit_left (fit on the left half, score the right half)
     eval_steps: int = 100  # fit_left: Adam steps fitting a test view's transform
     eval_lr: float = 1e-2  # fit_left: their learning rate
@@ -62,8 +61,6 @@ class AppearanceConfig(ViewModule.Config):
             raise ValueError(f"eval_steps must be >= 1, got {self.eval_steps}")
         if self.neighbours < 0:
             raise ValueError(f"neighbours must be >= 0 (0: all training views), got {self.neighbours}")
-        if self.start_step < 0:
-            raise ValueError(f"start_step must be >= 0, got {self.start_step}")
 
 
 class AppearanceModule(ViewModule):
@@ -77,13 +74,6 @@ class AppearanceModule(ViewModule):
     neighbours leaves such a drift to the Gaussians, at the cost of the part of independent per-photo changes
     that neighbouring photos share (BENCHMARKS.md, issue 29).
     """
-
-    def build_scheduler(self, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler | None:
-        """Zero before ``start_step``, ``lr`` from it on; None (constant) where it is 0."""
-        start = self.cfg.start_step
-        if start == 0:
-            return None
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: float(step >= start))
 
     def centred(self, offsets: Tensor) -> Tensor:
         """``offsets`` [N, ...] of the training views, each less their mean over its neighbourhood."""

@@ -62,7 +62,6 @@ class PoseCorrection(ViewModule):
         lr_final_factor: float = 0.01  # the learning rate decays exponentially to this fraction of lr ...
         decay_steps: int = run_steps(30_000)  # ... at this step (left unset: the run's max_steps), then stays
         reg: float = 1e-3  # weight of the mean squared length of the twists: a pull toward the given poses
-        start_step: int = 0  # the twists learn from this step on; before it the cameras stay at their given poses
         eval: str = "given"  # test views: given (scored at their poses) | fit (each pose fitted to its photo first)
         eval_steps: int = 50  # fit: Adam steps fitting a test view's twist
         eval_lr: float = 1e-3  # fit: their learning rate
@@ -81,8 +80,6 @@ class PoseCorrection(ViewModule):
                 raise ValueError(f"decay_steps must be >= 1, got {self.decay_steps}")
             if self.eval_steps < 1:
                 raise ValueError(f"eval_steps must be >= 1, got {self.eval_steps}")
-            if self.start_step < 0:
-                raise ValueError(f"start_step must be >= 0, got {self.start_step}")
 
     def __init__(self, cfg: Config, train_names: list[str]) -> None:
         super().__init__(cfg, train_names)
@@ -98,17 +95,11 @@ class PoseCorrection(ViewModule):
             )
 
     def build_scheduler(self, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
-        """Zero before ``start_step``; from it an exponential decay from ``lr`` to ``lr × lr_final_factor`` at
-        ``decay_steps``, constant afterwards."""
+        """Exponential decay from ``lr`` to ``lr × lr_final_factor`` over ``decay_steps``, constant afterwards."""
         cfg = self.cfg
-        span = max(cfg.decay_steps - cfg.start_step, 1)
-
-        def factor(step: int) -> float:
-            if step < cfg.start_step:
-                return 0.0
-            return cfg.lr_final_factor ** (min(step - cfg.start_step, span) / span)
-
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+        return torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: cfg.lr_final_factor ** (min(step, cfg.decay_steps) / cfg.decay_steps)
+        )
 
     def camera_poses(self, viewmats: Tensor, names: list[str]) -> Tensor:
         """The training cameras ``names`` as corrected: their given ``viewmats`` [B, 4, 4] moved by their twists."""
