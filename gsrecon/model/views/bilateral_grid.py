@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 LUMA_WEIGHTS = (0.299, 0.587, 0.114)  # ITU-R BT.601 luminance of an RGB colour: the grid's third axis
 MAX_GRID_CELLS = 256  # per axis
+GRID_COPIES = 8  # grid-sized float32 tensors a training step holds at its peak (see check_grid_memory)
 
 
 @VIEW_REGISTRY.register("bilateral_grid")
@@ -73,15 +74,16 @@ class BilateralGridAppearance(AppearanceModule):
 
 
 def check_grid_memory(shape: list[int], images: int) -> None:
-    """A ValueError naming ``shape`` when the grids of ``images`` training images, their gradients and Adam's two
-    moments need more memory than the machine has free (before anything is allocated)."""
-    needed = images * 12 * math.prod(shape) * 4 * 4  # float32 offsets, gradient, Adam's two moments
+    """A ValueError naming ``shape`` when the grids of ``images`` training images need more memory than the machine
+    has free (before anything is allocated)."""
+    # float32 offsets, their gradient, Adam's two moments, the centred copy and its gradient, the smoothness terms
+    needed = images * 12 * math.prod(shape) * 4 * GRID_COPIES
     free = available_host_bytes()
     if needed > free:
         cells = math.prod(shape) * free / needed
         raise ValueError(
-            f"shape {shape} needs at least {needed / 2**30:.1f} GiB for {images} training images (grids, "
-            f"gradients and Adam's moments); {free / 2**30:.1f} GiB are free: give fewer cells (at most about "
+            f"shape {shape} needs about {needed / 2**30:.1f} GiB for {images} training images (grids, "
+            f"gradients, Adam's moments); {free / 2**30:.1f} GiB are free: give fewer cells (at most about "
             f"{int(cells):,} per image, e.g. [16, 16, 8])"
         )
 
