@@ -180,6 +180,24 @@ def resolve_device(name: str, dist: DistributedContext) -> torch.device:
     return torch.device(name)
 
 
+def describe_run(
+    cfg: RunConfig, resolved: dict[str, Any], source: str, threads: str, device: torch.device, notes: Sequence[str]
+) -> str:
+    """A run's first log line: its config, ``threads`` (:func:`set_cpu_threads`' line), the device, the renderer
+    (and whether ``auto`` chose it) and the data pipeline's ``notes``."""
+    how = " (auto)" if cfg.renderer.get("name", "auto") == "auto" else ""
+    run = f"{source}: {threads}; device {device}; renderer {resolved['renderer']['name']}{how}"
+    return "; ".join([run, *notes])
+
+
+def out_of_memory(step: int, num_gaussians: int) -> RuntimeError:
+    """The error a run that ran out of memory at ``step`` with ``num_gaussians`` Gaussians ends with: what to lower."""
+    return RuntimeError(
+        f"out of memory at step {step} with {num_gaussians} Gaussians; lower data.factor, data.batch_size or the "
+        f"strategy's cap_max"
+    )
+
+
 def set_cpu_threads(requested: int) -> str:
     """Set torch's CPU threads: ``requested``, or for 0 the cores this process may use minus the 1-minute
     load average (at least 1), since threads competing with busy processes slow a CPU render many

@@ -104,13 +104,8 @@ class DefaultTrainer:
         self.writers = Writers([])
         if self.is_main:
             self.run_dir.open_log(overwrite, resume, self.logger)
-            renderer = self.resolved_config["renderer"]["name"]
-            how = " (auto)" if cfg.renderer.get("name", "auto") == "auto" else ""
-            self.logger.info(
-                "; ".join(
-                    [f"{source}: {threads}; device {self.device}; renderer {renderer}{how}", *self.datapipeline.notes]
-                )
-            )
+            notes = self.datapipeline.notes
+            self.logger.info(builder.describe_run(cfg, self.resolved_config, source, threads, self.device, notes))
             hook_outputs = [path for hook in self.hooks.values() for path in hook.outputs()]
             self.writers = self.run_dir.open_writers(self.resolved_config, hook_outputs)
         self.dist.barrier()
@@ -172,10 +167,7 @@ class DefaultTrainer:
             self.logger.error(self.stop_reason, echo=False)
             self._finish(raising=True)
             if isinstance(exc, torch.OutOfMemoryError):
-                raise RuntimeError(
-                    f"out of memory at step {self.step} with {self.model.num_gaussians} Gaussians; lower "
-                    f"data.factor, data.batch_size or the strategy's cap_max"
-                ) from exc
+                raise builder.out_of_memory(self.step, self.model.num_gaussians) from exc
             raise
         self._finish(raising=False)
 
@@ -198,9 +190,8 @@ class DefaultTrainer:
 
     def render(self, batch: Batch, sh_degree: int | None = None) -> RenderOutput:
         """Render the model from ``batch``'s cameras at the current SH degree (or ``sh_degree``)."""
-        if sh_degree is None:
-            sh_degree = self.model.active_sh_degree(self.step)
-        return self.renderer.render_batch(self.model.params, batch, sh_degree)
+        degree = self.model.active_sh_degree(self.step) if sh_degree is None else sh_degree
+        return self.renderer.render_batch(self.model.params, batch, degree)
 
     def run_step(self) -> None:
         """One optimisation step; afterwards ``self.step`` counts it and ``self.outputs`` describes it:
