@@ -1,4 +1,4 @@
-"""PSNR / SSIM / LPIPS: known values, and LPIPS agreeing with torchmetrics on the converted backbone."""
+"""PSNR / SSIM / LPIPS: known values, and SSIM and LPIPS agreeing with torchmetrics."""
 
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ import lpips
 import pytest
 import torch
 import torchvision
+from torchmetrics.functional.image import structural_similarity_index_measure
 from torchmetrics.image.lpip import LearnedPerceptualImagePatchSimilarity
 
 from gsrecon import metrics
+from gsrecon.losses.ssim import ssim
 from gsrecon.lpips_weights import lpips_backbone_path
 from gsrecon.metrics import ImageMetrics, psnr
 
@@ -86,6 +88,22 @@ def test_image_metrics_psnr_ssim():
     assert 0 < noisy["ssim"] < 0.95
     with pytest.raises(ValueError, match="same shape"):
         compute(pred, gt[:32])
+
+
+@pytest.mark.parametrize("shape", [(1, 82, 125), (2, 48, 64)])
+def test_ssim_and_its_gradient_match_torchmetrics(shape):
+    """The separable window computes torchmetrics' SSIM (Gaussian 11x11, sigma 1.5, reflected borders)."""
+    generator = torch.Generator().manual_seed(0)
+    gt = torch.rand(*shape, 3, generator=generator)
+    pred = (gt + 0.2 * torch.randn(*shape, 3, generator=generator)).clamp(0, 1).requires_grad_()
+    ours = ssim(pred, gt)
+    reference = structural_similarity_index_measure(
+        pred.permute(0, 3, 1, 2), gt.permute(0, 3, 1, 2), sigma=1.5, kernel_size=11, data_range=1.0
+    )
+    (grad_ours,) = torch.autograd.grad(ours, pred)
+    (grad_reference,) = torch.autograd.grad(reference, pred)
+    assert float(ours) == pytest.approx(float(reference), abs=1e-6)
+    torch.testing.assert_close(grad_ours, grad_reference, rtol=1e-4, atol=1e-7)
 
 
 def test_missing_lpips_weights_warn_once(tmp_path, monkeypatch):
