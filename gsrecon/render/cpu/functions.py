@@ -28,26 +28,29 @@ class Projection(NamedTuple):
 
 class _Project(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, means, quats, log_scales, logits, coeffs, viewmats, Ks, settings):
-        outputs = load_kernels().project_forward(means, quats, log_scales, logits, coeffs, viewmats, Ks, *settings)
+    def forward(ctx: Any, means, quats, log_scales, logits, sh0, shN, n_coeffs, viewmats, Ks, settings):
+        outputs = load_kernels().project_forward(
+            means, quats, log_scales, logits, sh0, shN, n_coeffs, viewmats, Ks, *settings
+        )
         radii = outputs[3]
-        ctx.save_for_backward(means, quats, log_scales, logits, coeffs, viewmats, Ks, radii)
-        ctx.settings = settings
+        ctx.save_for_backward(means, quats, log_scales, logits, sh0, shN, viewmats, Ks, radii)
+        ctx.n_coeffs, ctx.settings = n_coeffs, settings
         ctx.mark_non_differentiable(radii)
         return tuple(outputs)
 
     @staticmethod
     def backward(ctx: Any, v_means2d, v_conics, v_depths, _v_radii, v_log_ops, v_colors):
-        means, quats, log_scales, logits, coeffs, viewmats, Ks, radii = ctx.saved_tensors
+        means, quats, log_scales, logits, sh0, shN, viewmats, Ks, radii = ctx.saved_tensors
         c, n = radii.shape[:2]
         shapes = ((c, n, 2), (c, n, 3), (c, n), (c, n), (c, n, 3))
         outputs = (v_means2d, v_conics, v_depths, v_log_ops, v_colors)
         grads = [g.contiguous() if g is not None else means.new_zeros(s) for g, s in zip(outputs, shapes)]
-        pose_grad = ctx.needs_input_grad[5]
-        g_means, g_quats, g_scales, g_logits, g_coeffs, g_viewmats = load_kernels().project_backward(
-            means, quats, log_scales, logits, coeffs, viewmats, Ks, *ctx.settings, radii, *grads, pose_grad
+        pose_grad = ctx.needs_input_grad[7]
+        inputs = (means, quats, log_scales, logits, sh0, shN, ctx.n_coeffs, viewmats, Ks, *ctx.settings, radii)
+        g_means, g_quats, g_scales, g_logits, g_sh0, g_shN, g_viewmats = load_kernels().project_backward(
+            *inputs, *grads, pose_grad
         )
-        return g_means, g_quats, g_scales, g_logits, g_coeffs, g_viewmats if pose_grad else None, None, None
+        return g_means, g_quats, g_scales, g_logits, g_sh0, g_shN, None, g_viewmats if pose_grad else None, None, None
 
 
 def project_pinhole(
@@ -55,7 +58,9 @@ def project_pinhole(
     quats: Tensor,  # [N, 4] (w, x, y, z), any non-zero norm
     log_scales: Tensor,  # [N, 3]
     logits: Tensor,  # [N] opacity logits
-    coeffs: Tensor,  # [N, K, 3] SH coefficients of the degree to render (K = (degree + 1)^2)
+    sh0: Tensor,  # [N, 1, 3] SH coefficients of band 0
+    shN: Tensor,  # [N, S, 3] and of the higher bands, of which the first K - 1 are rendered
+    n_coeffs: int,  # K = (degree + 1)^2, the coefficients of the degree to render
     viewmats: Tensor,  # [C, 4, 4] world-to-camera
     Ks: Tensor,  # [C, 3, 3]
     width: int,
@@ -66,11 +71,12 @@ def project_pinhole(
     antialiased: bool,
 ) -> Projection:
     """EWA projection into pinhole cameras and SH colours, as `gsrecon.render.torch_renderer.shade_gaussians`
-    computes them; differentiable in the Gaussians' parameters and the camera poses (not the intrinsics)."""
-    inputs = [t.float().contiguous() for t in (means, quats, log_scales, logits, coeffs)]
+    computes them; differentiable in the Gaussians' parameters and the camera poses (not the intrinsics). The SH
+    bands come as the model stores them: no [N, K, 3] copy forward, no split of its gradient backward."""
+    inputs = [t.float().contiguous() for t in (means, quats, log_scales, logits, sh0, shN)]
     cams = [viewmats.float().contiguous(), Ks.detach().float().contiguous()]
     settings = (width, height, near_plane, far_plane, eps2d, antialiased)
-    return Projection(*_Project.apply(*inputs, *cams, settings))
+    return Projection(*_Project.apply(*inputs, n_coeffs, *cams, settings))
 
 
 class _Rasterize(torch.autograd.Function):

@@ -164,15 +164,25 @@ void covariance_factor(const float* quat, const float* log_scale, float* M, floa
     for (int k = 0; k < 3; ++k) M[3 * j + k] = R[3 * j + k] * s[k];
 }
 
+// The SH coefficients are stored as sh0 [N, 1, 3] and the higher bands shN [N, S, 3] (the model's tensors, so that
+// no [N, K, 3] copy is made each step): coefficient k of Gaussian g, its 3 channels.
+struct ShCoeffs {
+  float* sh0;
+  float* shN;
+  int64_t rest;  // S, the higher bands stored
+  float* at(int64_t g, int64_t k) const { return k == 0 ? sh0 + 3 * g : shN + 3 * (g * rest + k - 1); }
+};
+
 }  // namespace
 
 // Forward for C pinhole cameras: means2d [C, N, 2], conics [C, N, 3], depths [C, N], radii [C, N, 2] int32,
 // log opacities [C, N] (with the antialiased compensation) and colours [C, N, 3].
 std::vector<torch::Tensor> project_forward(torch::Tensor means, torch::Tensor quats, torch::Tensor log_scales,
-                                           torch::Tensor logits, torch::Tensor coeffs, torch::Tensor viewmats,
-                                           torch::Tensor Ks, int64_t width, int64_t height, double near_plane,
-                                           double far_plane, double eps2d_d, bool antialiased) {
-  const int64_t n = means.size(0), n_cams = viewmats.size(0), n_coeffs = coeffs.size(1);
+                                           torch::Tensor logits, torch::Tensor sh0, torch::Tensor shN,
+                                           int64_t n_coeffs, torch::Tensor viewmats, torch::Tensor Ks,
+                                           int64_t width, int64_t height, double near_plane, double far_plane,
+                                           double eps2d_d, bool antialiased) {
+  const int64_t n = means.size(0), n_cams = viewmats.size(0);
   auto opts = means.options();
   auto means2d = torch::zeros({n_cams, n, 2}, opts);
   auto conics = torch::zeros({n_cams, n, 3}, opts);
@@ -181,7 +191,8 @@ std::vector<torch::Tensor> project_forward(torch::Tensor means, torch::Tensor qu
   auto log_ops = torch::zeros({n_cams, n}, opts);
   auto colors = torch::zeros({n_cams, n, 3}, opts);
   const float *me = means.data_ptr<float>(), *qu = quats.data_ptr<float>(), *ls = log_scales.data_ptr<float>();
-  const float *lg = logits.data_ptr<float>(), *sh = coeffs.data_ptr<float>();
+  const float* lg = logits.data_ptr<float>();
+  const ShCoeffs sh{sh0.data_ptr<float>(), shN.data_ptr<float>(), shN.size(1)};
   std::vector<Camera> cams;
   for (int64_t c = 0; c < n_cams; ++c)
     cams.emplace_back(viewmats.data_ptr<float>() + 16 * c, Ks.data_ptr<float>() + 9 * c, width, height);
@@ -224,7 +235,7 @@ std::vector<torch::Tensor> project_forward(torch::Tensor means, torch::Tensor qu
       sh_basis(static_cast<int>(n_coeffs), d[0] / len, d[1] / len, d[2] / len, basis, nullptr);
       for (int ch = 0; ch < 3; ++ch) {
         float v = 0.f;
-        for (int64_t k = 0; k < n_coeffs; ++k) v += basis[k] * sh[(g * n_coeffs + k) * 3 + ch];
+        for (int64_t k = 0; k < n_coeffs; ++k) v += basis[k] * sh.at(g, k)[ch];
         cl[3 * id + ch] = std::max(v + 0.5f, 0.f);
       }
     }
@@ -233,16 +244,17 @@ std::vector<torch::Tensor> project_forward(torch::Tensor means, torch::Tensor qu
 }
 
 // Backward: from the gradients of means2d, conics, depths, log opacities and colours, those of means [N, 3],
-// quats [N, 4], log scales [N, 3], opacity logits [N], SH coefficients [N, K, 3] and, with pose_grad, of the
+// quats [N, 4], log scales [N, 3], opacity logits [N], sh0 [N, 1, 3], shN [N, S, 3] (zero beyond the first
+// n_coeffs - 1 bands) and, with pose_grad, of the
 // viewmats [C, 4, 4] (else [0, 4, 4]). Gaussians not visible in a camera (radii 0) take nothing from it.
 std::vector<torch::Tensor> project_backward(torch::Tensor means, torch::Tensor quats, torch::Tensor log_scales,
-                                            torch::Tensor logits, torch::Tensor coeffs, torch::Tensor viewmats,
-                                            torch::Tensor Ks, int64_t width, int64_t height, double near_plane,
-                                            double far_plane, double eps2d_d, bool antialiased,
-                                            torch::Tensor radii, torch::Tensor v_means2d, torch::Tensor v_conics,
+                                            torch::Tensor logits, torch::Tensor sh0, torch::Tensor shN,
+                                            int64_t n_coeffs, torch::Tensor viewmats, torch::Tensor Ks,
+                                            int64_t width, int64_t height, double near_plane, double far_plane,
+                                            double eps2d_d, bool antialiased, torch::Tensor radii, torch::Tensor v_means2d, torch::Tensor v_conics,
                                             torch::Tensor v_depths, torch::Tensor v_log_ops,
                                             torch::Tensor v_colors, bool pose_grad) {
-  const int64_t n = means.size(0), n_cams = viewmats.size(0), n_coeffs = coeffs.size(1);
+  const int64_t n = means.size(0), n_cams = viewmats.size(0);
   // With pose_grad, each (Gaussian, camera)'s gradient of the camera's R (9) and t (3) in its own row, summed in
   // Gaussian order at the end.
   std::vector<float> pose_rows(pose_grad ? n * n_cams * 12 : 0, 0.f);
@@ -250,15 +262,18 @@ std::vector<torch::Tensor> project_backward(torch::Tensor means, torch::Tensor q
   auto g_quats = torch::zeros_like(quats);
   auto g_scales = torch::zeros_like(log_scales);
   auto g_logits = torch::zeros_like(logits);
-  auto g_coeffs = torch::zeros_like(coeffs);
+  auto g_sh0 = torch::zeros_like(sh0);
+  auto g_shN = torch::zeros_like(shN);
   const float *me = means.data_ptr<float>(), *qu = quats.data_ptr<float>(), *ls = log_scales.data_ptr<float>();
-  const float *lg = logits.data_ptr<float>(), *sh = coeffs.data_ptr<float>();
+  const float* lg = logits.data_ptr<float>();
+  const ShCoeffs sh{sh0.data_ptr<float>(), shN.data_ptr<float>(), shN.size(1)};
+  const ShCoeffs gsh{g_sh0.data_ptr<float>(), g_shN.data_ptr<float>(), shN.size(1)};
   const int32_t* ra = radii.data_ptr<int32_t>();
   const float *vm2 = v_means2d.data_ptr<float>(), *vco = v_conics.data_ptr<float>();
   const float *vdp = v_depths.data_ptr<float>(), *vlo = v_log_ops.data_ptr<float>();
   const float* vcl = v_colors.data_ptr<float>();
   float *gm = g_means.data_ptr<float>(), *gq = g_quats.data_ptr<float>(), *gs = g_scales.data_ptr<float>();
-  float *gl = g_logits.data_ptr<float>(), *gsh = g_coeffs.data_ptr<float>();
+  float* gl = g_logits.data_ptr<float>();
   std::vector<Camera> cams;
   for (int64_t c = 0; c < n_cams; ++c)
     cams.emplace_back(viewmats.data_ptr<float>() + 16 * c, Ks.data_ptr<float>() + 9 * c, width, height);
@@ -291,12 +306,12 @@ std::vector<torch::Tensor> project_backward(torch::Tensor means, torch::Tensor q
       float vdir[3] = {0.f, 0.f, 0.f};
       for (int ch = 0; ch < 3; ++ch) {
         float v = 0.f;
-        for (int64_t k = 0; k < n_coeffs; ++k) v += basis[k] * sh[(g * n_coeffs + k) * 3 + ch];
+        for (int64_t k = 0; k < n_coeffs; ++k) v += basis[k] * sh.at(g, k)[ch];
         if (v + 0.5f < 0.f) continue;
         const float vc = vcl[3 * id + ch];
         for (int64_t k = 0; k < n_coeffs; ++k) {
-          gsh[(g * n_coeffs + k) * 3 + ch] += basis[k] * vc;
-          const float coef = sh[(g * n_coeffs + k) * 3 + ch] * vc;
+          gsh.at(g, k)[ch] += basis[k] * vc;
+          const float coef = sh.at(g, k)[ch] * vc;
           for (int j = 0; j < 3; ++j) vdir[j] += coef * dbasis[3 * k + j];
         }
       }
@@ -412,5 +427,5 @@ std::vector<torch::Tensor> project_backward(torch::Tensor means, torch::Tensor q
       }
     }
   }
-  return {g_means, g_quats, g_scales, g_logits, g_coeffs, g_viewmats};
+  return {g_means, g_quats, g_scales, g_logits, g_sh0, g_shN, g_viewmats};
 }

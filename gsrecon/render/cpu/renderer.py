@@ -57,10 +57,10 @@ class CpuRenderer(Renderer):
         if params["means"].device.type != "cpu":
             raise ValueError(f"renderer 'cpu' renders on the CPU; the Gaussians are on {params['means'].device}")
         if camera_model.kind == "pinhole" and not Ks.requires_grad:
-            coeffs = torch.cat([params["sh0"], params["shN"][:, : num_sh_bases(sh_degree) - 1]], dim=1)  # [N, K, 3]
             proj = project_pinhole(
-                params["means"], params["quats"], params["scales"], params["opacities"], coeffs, viewmats, Ks,
-                width, height, cfg.near_plane, cfg.far_plane, cfg.eps2d, cfg.antialiased,
+                params["means"], params["quats"], params["scales"], params["opacities"], params["sh0"],
+                params["shN"], num_sh_bases(sh_degree), viewmats, Ks, width, height, cfg.near_plane, cfg.far_plane,
+                cfg.eps2d, cfg.antialiased,
             )  # fmt: skip
         else:
             rows = [params[key] for key in PARAM_NAMES]
