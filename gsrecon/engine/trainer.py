@@ -213,7 +213,7 @@ class DefaultTrainer:
         total = sum(losses.values())
         total.backward()
         self.dist.all_reduce_grads(params)
-        self.views.step(self.dist)
+        self.views.step(batch.names, self.dist)
         for optimizer in self.optimizers.values():
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)

@@ -27,6 +27,7 @@ from torch import Tensor
 from gsrecon.config import ConfigError
 from gsrecon.distributed import DistributedContext
 from gsrecon.errors import InputError
+from gsrecon.model.views.optim import VisitedRowsAdam
 from gsrecon.registry import VIEW_REGISTRY, RunChecked
 
 if TYPE_CHECKING:
@@ -62,12 +63,19 @@ class ViewModule(torch.nn.Module, RunChecked):
         """The parameter rows [B] of the training views ``names``."""
         return torch.tensor([self.index[name] for name in names], device=device)
 
+    def trained_rows(self, names: list[str], device: torch.device) -> Tensor | None:
+        """The rows [B] of the module's parameters that a step on the training views ``names`` trains (the other
+        rows keep their values and moments); None: every row. A module whose parameters are not one row per
+        training view returns None."""
+        return self.rows(names, device)
+
     def build_optimizer(self) -> torch.optim.Optimizer | None:
-        """The module's own optimiser (None for a module without parameters): Adam at ``cfg.lr``."""
+        """The module's own optimiser (None for a module without parameters): Adam at ``cfg.lr`` over the rows of
+        the views each step trains on (:class:`~gsrecon.model.views.optim.VisitedRowsAdam`)."""
         params = list(self.parameters())
         if not params:
             return None
-        return torch.optim.Adam([{"params": params, "lr": self.cfg.lr, "name": type(self).__name__}], eps=1e-15)
+        return VisitedRowsAdam([{"params": params, "lr": self.cfg.lr, "name": type(self).__name__}], lr=self.cfg.lr)
 
     def build_scheduler(self, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler | None:
         """The schedule of the module's learning rate, stepped after each optimiser step; None keeps it constant."""
@@ -135,13 +143,18 @@ class ViewModules:
         terms = {key: module.regularization() for key, module in self.modules.items()}
         return {key: term for key, term in terms.items() if term is not None}
 
-    def step(self, dist: DistributedContext) -> None:
-        """After ``backward``: sum the gradients over torchrun processes, step and clear each optimiser."""
+    def step(self, names: list[str], dist: DistributedContext) -> None:
+        """After ``backward`` of a step on the training views ``names``: sum the gradients over torchrun processes,
+        step each optimiser (over the rows of the views any process trained on) and clear it."""
         for key, optimizer in self.optimizers.items():
             if optimizer is None:
                 continue
-            dist.all_reduce_grads(dict(self.modules[key].named_parameters()))
-            optimizer.step()
+            module = self.modules[key]
+            dist.all_reduce_grads(dict(module.named_parameters()))
+            if isinstance(optimizer, VisitedRowsAdam):
+                optimizer.step(rows_trained_anywhere(module, names, dist))
+            else:
+                optimizer.step()  # a module's own optimiser (build_optimizer overridden) steps every row
             optimizer.zero_grad(set_to_none=True)
             if self.schedulers[key] is not None:
                 self.schedulers[key].step()
@@ -193,6 +206,19 @@ class ViewModules:
                 self.optimizers[key].load_state_dict(state[key]["optimizer"])
             if self.schedulers[key] is not None and "scheduler" in state[key]:
                 self.schedulers[key].load_state_dict(state[key]["scheduler"])
+
+
+def rows_trained_anywhere(module: ViewModule, names: list[str], dist: DistributedContext) -> Tensor | None:
+    """The rows [R] of ``module`` that the views ``names`` of this process, or of any other torchrun process,
+    train in this step; None: every row."""
+    device = next(module.parameters()).device
+    rows = module.trained_rows(names, device)
+    if rows is None or not dist.enabled:
+        return rows
+    trained = torch.zeros(len(module.index), device=device)  # [N]: 1 where some process trained the view
+    trained[rows] = 1.0
+    dist.all_reduce_sum([trained])
+    return trained.nonzero().flatten()
 
 
 def view_entries(resolved: dict[str, Any]) -> dict[str, dict[str, Any]]:

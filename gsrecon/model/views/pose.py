@@ -3,7 +3,8 @@
 Poses from phones (ARKit drift) and from SfM on blurred frames are slightly wrong; the Gaussians then blur to
 agree with every photo at once. ``se3`` gives each training image a twist ``xi = (v, omega)`` (a translation in
 world units and an axis-angle rotation in radians, both in the camera's own axes), zero at the start, and renders
-it through ``exp(xi) @ viewmat``: the camera moved by that rigid motion. The twists have their own Adam, an
+it through ``exp(xi) @ viewmat``: the camera moved by that rigid motion. The twists have their own Adam, which
+moves a twist only in the steps that train on its image (:class:`~gsrecon.model.views.optim.VisitedRowsAdam`), an
 exponential learning-rate decay and a pull toward zero (``reg``); the renderer's gradients reach them through the
 view matrices (the torch renderer is differentiable in them, gsplat gives view-matrix gradients on pinhole
 cameras). Test views have no correction of their own: they are scored at their given poses (``eval: given``), or
@@ -61,7 +62,7 @@ class PoseCorrection(ViewModule):
 
     @dataclass
     class Config(ViewModule.Config):
-        lr: float = 3e-4  # Adam learning rate of the twists (world units and radians per step, roughly)
+        lr: float = 1e-3  # Adam learning rate of the twists (world units and radians per step on its image, roughly)
         lr_final_factor: float = 0.01  # the learning rate decays exponentially to this fraction of lr ...
         decay_steps: int = run_steps(30_000)  # ... at this step (left unset: the run's max_steps), then stays
         reg: float = 1e-3  # weight of the mean squared length of the twists: a pull toward the given poses
