@@ -110,6 +110,12 @@ class AffineAppearance(AppearanceModule):
         mean = neighbourhood_mean(self.offsets, self.cfg.neighbours)  # [N or 1, 3, 4]
         return identity_affine(1, self.offsets.device) + self.offsets - mean
 
+    def trained_rows(self, names: list[str], device: torch.device) -> Tensor | None:
+        """Every row, every step (Adam as torch has it): with 12 numbers a photo, each well determined by its whole
+        image, the transforms kept the exposure capture's gain and cost a steady capture nothing that way, while
+        moving only the batch's rows learnt half the gain (BENCHMARKS.md, issue 38)."""
+        return None
+
     def adjust_image(self, image: Tensor, batch: Batch) -> Tensor:
         """The rendered ``image`` [B, H, W, 3] as the training images ``batch.names`` saw them."""
         return apply_affine(image, self.transforms()[self.rows(batch.names, self.offsets.device)])
