@@ -7,6 +7,7 @@
 #include <torch/extension.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -25,6 +26,24 @@ struct Binning {
   std::vector<int64_t> offsets;  // [C * tiles + 1] first pair of each tile
   std::vector<int32_t> ids;      // [P] Gaussian index (within its camera) of each pair, sorted front to back per tile
 };
+
+// e^x to about 1 ulp for x <= 0 (Cody-Waite reduction by ln 2, cephes' degree-6 polynomial, the power of two built
+// from its bits): given up std::exp's last ulp for speed, as glibc's vector expf needs -ffast-math, and that would
+// break the INFINITY comparisons.
+inline float exp_neg(float x) {
+  x = std::min(std::max(x, -87.f), 0.f);
+  const float n = (x * 1.44269504f + 12582912.f) - 12582912.f;  // round to nearest: 1.5 * 2^23
+  float r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.f;
+  return p * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
+}
 
 // Minimum over the rectangle [x0, x1] x [y0, y1] (pixel centres relative to the centre) of
 // sigma = (a dx^2 + 2 b dx dy + c dy^2) / 2: the Gaussian's largest alpha in a tile is opacity * exp(-min sigma).
@@ -147,6 +166,109 @@ struct TileGaussians {
   }
 };
 
+// Gaussian i of a tile, as its rows of pixels see it.
+struct Splat {
+  float mx, my, a, b, c, lo, sigma_max, f[4];
+  Splat(const TileGaussians& tg, int64_t i)
+      : mx(tg.mx[i]), my(tg.my[i]), a(tg.a[i]), b(tg.b[i]), c(tg.c[i]), lo(tg.lo[i]),
+        sigma_max(tg.lo[i] - std::log(kAlphaMin)),  // sigma above this: alpha below 1/255
+        f{tg.r[i], tg.g[i], tg.bl[i], tg.z[i]} {}
+  float sigma(float dx, float dy) const { return 0.5f * (a * dx * dx + c * dy * dy) + b * dx * dy; }
+};
+
+// The per-pixel state of one tile, one array per quantity (row-major, tile_size^2), so that a row's pixels are
+// processed as vector lanes.
+struct TilePixels {
+  std::vector<float> T, r, g, b, z, md, S, gr, gg, gb, gz, ga;
+  std::vector<int32_t> last, done, row_live;
+  explicit TilePixels(int ts) {
+    const size_t n = static_cast<size_t>(ts) * ts;
+    for (auto* v : {&T, &r, &g, &b, &z, &md, &S, &gr, &gg, &gb, &gz, &ga}) v->assign(n, 0.f);
+    for (auto* v : {&last, &done}) v->assign(n, 0);
+    row_live.assign(ts, 0);
+  }
+};
+
+// Composites splat `slot` (0-based) over pixels [x0, x1) of the tile row starting at pixel p0 (image x of its first
+// pixel bx, offset dy): branch-free over all W pixels of the row so that they vectorise. Returns how many pixels
+// stopped here (the splat would take their transmittance to kTransmittanceMin or below).
+template <int W>
+int composite_row(TilePixels& px, const Splat& s, int p0, int ts, int bx, float dy, int x0, int x1, int32_t slot,
+                  float alpha_max) {
+  const int w = W > 0 ? W : ts;
+  float *T = &px.T[p0], *r = &px.r[p0], *g = &px.g[p0], *b = &px.b[p0], *z = &px.z[p0], *md = &px.md[p0];
+  int32_t *done = &px.done[p0], *last = &px.last[p0];
+  int stops = 0;
+#pragma omp simd reduction(+ : stops)
+  for (int j = 0; j < w; ++j) {
+    const float dx = static_cast<float>(bx + j) + 0.5f - s.mx;
+    const float sigma = s.sigma(dx, dy);
+    const float alpha = std::min(alpha_max, exp_neg(s.lo - sigma));
+    const bool live = j >= x0 && j < x1 && !done[j] && sigma <= s.sigma_max && alpha >= kAlphaMin;
+    const float t = T[j], next = t * (1.f - alpha), wt = alpha * t;
+    const bool stop = live && next <= kTransmittanceMin;
+    const bool take = live && !stop;
+    r[j] = take ? r[j] + wt * s.f[0] : r[j];
+    g[j] = take ? g[j] + wt * s.f[1] : g[j];
+    b[j] = take ? b[j] + wt * s.f[2] : b[j];
+    z[j] = take ? z[j] + wt * s.f[3] : z[j];
+    md[j] = take && t > kMedianTransmittance && next <= kMedianTransmittance ? s.f[3] : md[j];
+    T[j] = take ? next : t;
+    last[j] = take ? slot + 1 : last[j];
+    done[j] = stop ? 1 : done[j];
+    stops += stop;
+  }
+  return stops;
+}
+
+// A splat's gradients, one array of tile_size lanes each (summed over the lanes at the end of the splat, in lane
+// order): d means2d (x, y), d conic (a, b, c), d log opacity, d colour (r, g, b), d depth, then |d means2d| (x, y).
+constexpr int kLaneGrad = kPairGrad + 2;
+
+// Undoes splat `slot` at pixels [x0, x1) of a tile row (as composite_row's lanes) and adds its gradients there to
+// the lanes of `lanes` (kLaneGrad arrays of ts).
+template <int W>
+void backward_row(TilePixels& px, const Splat& s, int p0, int ts, int bx, float dy, int x0, int x1, int32_t slot,
+                  float alpha_max, float* lanes) {
+  const int w = W > 0 ? W : ts;
+  float *T = &px.T[p0], *S = &px.S[p0];
+  const float *gr = &px.gr[p0], *gg = &px.gg[p0], *gb = &px.gb[p0], *gz = &px.gz[p0], *ga = &px.ga[p0];
+  const int32_t* last = &px.last[p0];
+  float *l_mx = lanes, *l_my = l_mx + w, *l_a = l_my + w, *l_b = l_a + w, *l_c = l_b + w, *l_lo = l_c + w;
+  float *l_r = l_lo + w, *l_g = l_r + w, *l_bl = l_g + w, *l_z = l_bl + w, *l_ax = l_z + w, *l_ay = l_ax + w;
+#pragma omp simd
+  for (int j = 0; j < w; ++j) {
+    const float dx = static_cast<float>(bx + j) + 0.5f - s.mx;
+    const float sigma = s.sigma(dx, dy);
+    const float raw = exp_neg(s.lo - sigma);
+    const float alpha = std::min(alpha_max, raw);
+    const bool live = j >= x0 && j < x1 && slot < last[j] && sigma <= s.sigma_max && alpha >= kAlphaMin;
+    const float one_minus = 1.f - alpha;
+    const float Ti = T[j] / one_minus;  // transmittance in front of this slot
+    const float wt = live ? alpha * Ti : 0.f;
+    // The alpha channel composites the feature 1.
+    const float G = s.f[0] * gr[j] + s.f[1] * gg[j] + s.f[2] * gb[j] + s.f[3] * gz[j] + ga[j];
+    // d out / d ln(alpha) = w G - alpha / (1 - alpha) * (sum over the slots behind of w_j G_j)
+    const float gla = live && raw < alpha_max ? wt * G - alpha / one_minus * S[j] : 0.f;
+    T[j] = live ? Ti : T[j];
+    S[j] += wt * G;
+    l_r[j] += wt * gr[j];
+    l_g[j] += wt * gg[j];
+    l_bl[j] += wt * gb[j];
+    l_z[j] += wt * gz[j];
+    // ln(alpha) = log_op - sigma
+    l_lo[j] += gla;
+    const float gx = gla * (s.a * dx + s.b * dy), gy = gla * (s.b * dx + s.c * dy);
+    l_mx[j] += gx;
+    l_my[j] += gy;
+    l_ax[j] += std::abs(gx);
+    l_ay[j] += std::abs(gy);
+    l_a[j] -= gla * 0.5f * dx * dx;
+    l_b[j] -= gla * dx * dy;
+    l_c[j] -= gla * 0.5f * dy * dy;
+  }
+}
+
 }  // namespace
 
 // Forward: returns out [C, H, W, 5] (premultiplied rgb, sum w z, alpha), median [C, H, W] (0 unless asked),
@@ -184,9 +306,7 @@ std::vector<torch::Tensor> rasterize_forward(torch::Tensor means2d, torch::Tenso
 #pragma omp parallel num_threads(at::get_num_threads())
   {
     TileGaussians tg;
-    std::vector<float> T(n_px), acc(n_px * kOut), md(n_px), pxs(n_px), pys(n_px);
-    std::vector<int32_t> lst(n_px);
-    std::vector<uint8_t> active(n_px);
+    TilePixels px(ts);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < n_cams * tiles; ++t) {
       const int64_t k = bins.offsets[t + 1] - bins.offsets[t];
@@ -194,43 +314,22 @@ std::vector<torch::Tensor> rasterize_forward(torch::Tensor means2d, torch::Tenso
       const int64_t cam = t / tiles, local = t % tiles;
       const int tx = static_cast<int>(local % tiles_x), ty = static_cast<int>(local / tiles_x);
       tg.load(bins, t, cam * n, m2, co, lo, cl, dp, ra, tx, ty, ts);
-      for (int p = 0; p < n_px; ++p) {
-        pxs[p] = tx * ts + (p % ts) + 0.5f;
-        pys[p] = ty * ts + (p / ts) + 0.5f;
-        T[p] = 1.f;
-        md[p] = 0.f;
-        lst[p] = 0;
-        active[p] = 1;
-      }
-      std::fill(acc.begin(), acc.end(), 0.f);
+      std::fill(px.T.begin(), px.T.end(), 1.f);
+      for (auto* v : {&px.r, &px.g, &px.b, &px.z, &px.md}) std::fill(v->begin(), v->end(), 0.f);
+      std::fill(px.last.begin(), px.last.end(), 0);
+      std::fill(px.done.begin(), px.done.end(), 0);
+      std::fill(px.row_live.begin(), px.row_live.end(), ts);
       int n_active = n_px;
       for (int64_t i = 0; i < k && n_active > 0; ++i) {
-        const float mx = tg.mx[i], my = tg.my[i], a = tg.a[i], b = tg.b[i], c = tg.c[i], lop = tg.lo[i];
-        const float sigma_max = lop - std::log(kAlphaMin);  // sigma above this: alpha below 1/255
-        const float f[4] = {tg.r[i], tg.g[i], tg.bl[i], tg.z[i]};
-        for (int row = tg.y0[i]; row < tg.y1[i]; ++row)
-        for (int p = row * ts + tg.x0[i]; p < row * ts + tg.x1[i]; ++p) {
-          if (!active[p]) continue;
-          const float dx = pxs[p] - mx, dy = pys[p] - my;
-          const float sigma = 0.5f * (a * dx * dx + c * dy * dy) + b * dx * dy;
-          if (sigma > sigma_max) continue;
-          const float alpha = std::min(alpha_max, std::exp(lop - sigma));
-          if (alpha < kAlphaMin) continue;
-          const float next = T[p] * (1.f - alpha);
-          if (next <= kTransmittanceMin) {
-            active[p] = 0;
-            --n_active;
-            continue;
-          }
-          const float w = alpha * T[p];
-          float* ap = &acc[p * kOut];
-          ap[0] += w * f[0];
-          ap[1] += w * f[1];
-          ap[2] += w * f[2];
-          ap[3] += w * f[3];
-          if (T[p] > kMedianTransmittance && next <= kMedianTransmittance) md[p] = f[3];
-          T[p] = next;
-          lst[p] = static_cast<int32_t>(i + 1);
+        const Splat s(tg, i);
+        for (int row = tg.y0[i]; row < tg.y1[i]; ++row) {
+          if (px.row_live[row] == 0) continue;
+          const float dy = static_cast<float>(ty * ts + row) + 0.5f - s.my;
+          const int stops =
+              ts == 16 ? composite_row<16>(px, s, row * ts, ts, tx * ts, dy, tg.x0[i], tg.x1[i], i, alpha_max)
+                       : composite_row<0>(px, s, row * ts, ts, tx * ts, dy, tg.x0[i], tg.x1[i], i, alpha_max);
+          px.row_live[row] -= stops;
+          n_active -= stops;
         }
       }
       for (int p = 0; p < n_px; ++p) {
@@ -238,11 +337,14 @@ std::vector<torch::Tensor> rasterize_forward(torch::Tensor means2d, torch::Tenso
         if (x >= width || y >= height) continue;
         const int64_t pix = (cam * height + y) * width + x;
         float* op = o + pix * kOut;
-        for (int ch = 0; ch < 4; ++ch) op[ch] = acc[p * kOut + ch];
-        op[4] = 1.f - T[p];
-        if (median_depth) med[pix] = md[p];
-        la[pix] = lst[p];
-        tf[pix] = T[p];
+        op[0] = px.r[p];
+        op[1] = px.g[p];
+        op[2] = px.b[p];
+        op[3] = px.z[p];
+        op[4] = 1.f - px.T[p];
+        if (median_depth) med[pix] = px.md[p];
+        la[pix] = px.last[p];
+        tf[pix] = px.T[p];
       }
     }
   }
@@ -287,8 +389,9 @@ std::vector<torch::Tensor> rasterize_backward(torch::Tensor means2d, torch::Tens
 #pragma omp parallel num_threads(at::get_num_threads())
   {
     TileGaussians tg;
-    std::vector<float> T(n_px), S(n_px), pxs(n_px), pys(n_px), gp(n_px * kOut);
-    std::vector<int32_t> lst(n_px);
+    TilePixels px(ts);
+    std::vector<int32_t> row_last(ts);
+    std::vector<float> lanes(kLaneGrad * ts);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < n_cams * tiles; ++t) {
       const int64_t k = bins.offsets[t + 1] - bins.offsets[t];
@@ -296,79 +399,38 @@ std::vector<torch::Tensor> rasterize_backward(torch::Tensor means2d, torch::Tens
       const int64_t cam = t / tiles, local = t % tiles;
       const int tx = static_cast<int>(local % tiles_x), ty = static_cast<int>(local / tiles_x);
       tg.load(bins, t, cam * n, m2, co, lo, cl, dp, ra, tx, ty, ts);
-      int32_t max_last = 0;
+      std::fill(row_last.begin(), row_last.end(), 0);
       for (int p = 0; p < n_px; ++p) {
         const int x = tx * ts + p % ts, y = ty * ts + p / ts;
-        pxs[p] = x + 0.5f;
-        pys[p] = y + 0.5f;
-        S[p] = 0.f;
-        if (x >= width || y >= height) {
-          lst[p] = 0;
-          T[p] = 1.f;
-          continue;
-        }
-        const int64_t pix = (cam * height + y) * width + x;
-        lst[p] = la[pix];
-        T[p] = tf[pix];
-        for (int ch = 0; ch < kOut; ++ch) gp[p * kOut + ch] = go[pix * kOut + ch];
-        max_last = std::max(max_last, lst[p]);
+        px.S[p] = 0.f;
+        const bool inside = x < width && y < height;
+        const int64_t pix = inside ? (cam * height + y) * width + x : 0;
+        px.last[p] = inside ? la[pix] : 0;
+        px.T[p] = inside ? tf[pix] : 1.f;
+        float* grads[kOut] = {&px.gr[p], &px.gg[p], &px.gb[p], &px.gz[p], &px.ga[p]};
+        for (int ch = 0; ch < kOut; ++ch) *grads[ch] = inside ? go[pix * kOut + ch] : 0.f;
+        row_last[p / ts] = std::max(row_last[p / ts], px.last[p]);
       }
+      const int32_t max_last = *std::max_element(row_last.begin(), row_last.end());
       float* rows = pair_grad.data() + bins.offsets[t] * kPairGrad;
       float* abs_rows = pair_abs.data() + bins.offsets[t] * 2;
-      for (int64_t i = max_last - 1; i >= 0; --i) {
-        const float mx = tg.mx[i], my = tg.my[i], a = tg.a[i], b = tg.b[i], c = tg.c[i], lop = tg.lo[i];
-        const float sigma_max = lop - std::log(kAlphaMin);
-        const float f[4] = {tg.r[i], tg.g[i], tg.bl[i], tg.z[i]};
-        float g_mx = 0.f, g_my = 0.f, g_a = 0.f, g_b = 0.f, g_c = 0.f, g_lo = 0.f;
-        float g_f[4] = {0.f, 0.f, 0.f, 0.f};
-        float abs_x = 0.f, abs_y = 0.f;
-        for (int row = tg.y0[i]; row < tg.y1[i]; ++row)
-        for (int p = row * ts + tg.x0[i]; p < row * ts + tg.x1[i]; ++p) {
-          if (i >= lst[p]) continue;
-          const float dx = pxs[p] - mx, dy = pys[p] - my;
-          const float sigma = 0.5f * (a * dx * dx + c * dy * dy) + b * dx * dy;
-          if (sigma > sigma_max) continue;
-          const float raw = std::exp(lop - sigma);
-          const float alpha = std::min(alpha_max, raw);
-          if (alpha < kAlphaMin) continue;
-          const float one_minus = 1.f - alpha;
-          const float Ti = T[p] / one_minus;  // transmittance in front of this slot
-          T[p] = Ti;
-          const float w = alpha * Ti;
-          const float* g = &gp[p * kOut];
-          // The alpha channel composites the feature 1.
-          const float G = f[0] * g[0] + f[1] * g[1] + f[2] * g[2] + f[3] * g[3] + g[4];
-          g_f[0] += w * g[0];
-          g_f[1] += w * g[1];
-          g_f[2] += w * g[2];
-          g_f[3] += w * g[3];
-          // d out / d ln(alpha) = w G - alpha / (1 - alpha) * (sum over the slots behind of w_j G_j)
-          const float gla = raw < alpha_max ? w * G - alpha / one_minus * S[p] : 0.f;
-          S[p] += w * G;
-          // ln(alpha) = log_op - sigma
-          g_lo += gla;
-          const float gx = gla * (a * dx + b * dy), gy = gla * (b * dx + c * dy);
-          g_mx += gx;
-          g_my += gy;
-          abs_x += std::abs(gx);
-          abs_y += std::abs(gy);
-          g_a -= gla * 0.5f * dx * dx;
-          g_b -= gla * dx * dy;
-          g_c -= gla * 0.5f * dy * dy;
+      for (int32_t i = max_last - 1; i >= 0; --i) {
+        const Splat s(tg, i);
+        std::fill(lanes.begin(), lanes.end(), 0.f);
+        for (int row = tg.y0[i]; row < tg.y1[i]; ++row) {
+          if (row_last[row] <= i) continue;
+          const float dy = static_cast<float>(ty * ts + row) + 0.5f - s.my;
+          if (ts == 16)
+            backward_row<16>(px, s, row * ts, ts, tx * ts, dy, tg.x0[i], tg.x1[i], i, alpha_max, lanes.data());
+          else
+            backward_row<0>(px, s, row * ts, ts, tx * ts, dy, tg.x0[i], tg.x1[i], i, alpha_max, lanes.data());
         }
-        float* row = rows + i * kPairGrad;
-        row[0] = g_mx;
-        row[1] = g_my;
-        row[2] = g_a;
-        row[3] = g_b;
-        row[4] = g_c;
-        row[5] = g_lo;
-        row[6] = g_f[0];
-        row[7] = g_f[1];
-        row[8] = g_f[2];
-        row[9] = g_f[3];
-        abs_rows[2 * i] = abs_x;
-        abs_rows[2 * i + 1] = abs_y;
+        float sum[kLaneGrad] = {};
+        for (int q = 0; q < kLaneGrad; ++q)
+          for (int j = 0; j < ts; ++j) sum[q] += lanes[q * ts + j];
+        std::copy(sum, sum + kPairGrad, rows + static_cast<int64_t>(i) * kPairGrad);
+        abs_rows[2 * i] = sum[kPairGrad];
+        abs_rows[2 * i + 1] = sum[kPairGrad + 1];
       }
     }
   }
