@@ -61,6 +61,34 @@ inline float min_sigma(float x0, float y0, float x1, float y1, float a, float b,
   return best;
 }
 
+// The Gaussians that have tile pairs (counts[g + 1] > counts[g]), ordered by depth, ties by index: a stable radix
+// sort of the depths' bits (which order positive floats as their values), instead of a comparison sort per tile.
+std::vector<int64_t> depth_order(const float* depths, const std::vector<int64_t>& counts) {
+  constexpr int kBits = 11, kBuckets = 1 << kBits;
+  std::vector<int64_t> order, next;
+  std::vector<uint32_t> keys, next_keys;
+  for (int64_t g = 0; g + 1 < static_cast<int64_t>(counts.size()); ++g) {
+    if (counts[g + 1] == counts[g]) continue;
+    order.push_back(g);
+    keys.push_back(std::bit_cast<uint32_t>(depths[g]));
+  }
+  next.resize(order.size());
+  next_keys.resize(order.size());
+  for (int shift = 0; shift < 32; shift += kBits) {
+    std::vector<int64_t> start(kBuckets + 1, 0);
+    for (uint32_t key : keys) ++start[((key >> shift) & (kBuckets - 1)) + 1];
+    for (int d = 0; d < kBuckets; ++d) start[d + 1] += start[d];
+    for (size_t q = 0; q < keys.size(); ++q) {
+      const int64_t to = start[(keys[q] >> shift) & (kBuckets - 1)]++;
+      next[to] = order[q];
+      next_keys[to] = keys[q];
+    }
+    order.swap(next);
+    keys.swap(next_keys);
+  }
+  return order;
+}
+
 // For every tile of every camera, the visible Gaussians whose alpha reaches 1/255 in it, sorted by depth
 // (ties by index).
 Binning bin_gaussians(const float* means2d, const float* conics, const float* log_ops, const float* depths,
@@ -109,27 +137,15 @@ Binning bin_gaussians(const float* means2d, const float* conics, const float* lo
       for (int tx = x0; tx < x1; ++tx)
         if (reaches(g, tx, ty)) pair_tile[k++] = cam_tiles + static_cast<int64_t>(ty) * tiles_x + tx;
   }
-  // Counting sort by tile, then each tile's list by (depth, index).
+  // Counting sort by tile of the pairs, taken in depth order: each tile's list comes out sorted by (depth, index).
   Binning out;
   out.offsets.assign(n_cams * tiles + 1, 0);
   for (int64_t p = 0; p < n_pairs; ++p) ++out.offsets[pair_tile[p] + 1];
   for (int64_t t = 0; t < n_cams * tiles; ++t) out.offsets[t + 1] += out.offsets[t];
-  std::vector<uint64_t> keys(n_pairs);
-  {
-    std::vector<int64_t> fill(out.offsets.begin(), out.offsets.end() - 1);
-    for (int64_t g = 0; g < total; ++g) {
-      const float d = depths[g];
-      uint32_t bits;
-      std::memcpy(&bits, &d, sizeof bits);
-      for (int64_t p = counts[g]; p < counts[g + 1]; ++p)
-        keys[fill[pair_tile[p]]++] = (static_cast<uint64_t>(bits) << 32) | static_cast<uint64_t>(g % n);
-    }
-  }
+  std::vector<int64_t> fill(out.offsets.begin(), out.offsets.end() - 1);
   out.ids.resize(n_pairs);
-#pragma omp parallel for schedule(dynamic, 4) num_threads(at::get_num_threads())
-  for (int64_t t = 0; t < n_cams * tiles; ++t) {
-    std::sort(keys.begin() + out.offsets[t], keys.begin() + out.offsets[t + 1]);
-    for (int64_t p = out.offsets[t]; p < out.offsets[t + 1]; ++p) out.ids[p] = static_cast<int32_t>(keys[p]);
+  for (int64_t g : depth_order(depths, counts)) {
+    for (int64_t p = counts[g]; p < counts[g + 1]; ++p) out.ids[fill[pair_tile[p]]++] = static_cast<int32_t>(g % n);
   }
   return out;
 }
