@@ -19,12 +19,16 @@ constexpr float kAlphaMin = 1.0f / 255.0f;     // alpha below this is skipped at
 constexpr float kTransmittanceMin = 1e-4f;     // a pixel stops before the Gaussian taking T to or below this
 constexpr float kMedianTransmittance = 0.5f;   // the median depth is where T crosses this
 constexpr int kOut = 5;                        // composited channels: r, g, b, depth, alpha
-// A pair's gradient row: d means2d (x, y), d conic (a, b, c), d log opacity, d colour (r, g, b), d depth.
-constexpr int kPairGrad = 10;
+// A pair's gradient row: d means2d (x, y), d conic (a, b, c), d log opacity, d colour (r, g, b), d depth, and
+// |d means2d| (x, y) summed over its pixels.
+constexpr int kPairGrad = 12;
 
+// The (tile, Gaussian) pairs, as tensors that forward hands to backward.
 struct Binning {
-  std::vector<int64_t> offsets;  // [C * tiles + 1] first pair of each tile
-  std::vector<int32_t> ids;      // [P] Gaussian index (within its camera) of each pair, sorted front to back per tile
+  torch::Tensor offsets;  // [C * tiles + 1] int64: first pair of each tile
+  torch::Tensor ids;      // [P] int32: Gaussian index (within its camera) of each pair, sorted front to back per tile
+  torch::Tensor first;    // [C * N + 1] int64: first entry of each Gaussian (of all cameras) in `slots`
+  torch::Tensor slots;    // [P] int64: each Gaussian's pairs (their positions in `ids`), in pair order
 };
 
 // e^x to about 1 ulp for x <= 0 (Cody-Waite reduction by ln 2, cephes' degree-6 polynomial, the power of two built
@@ -63,11 +67,11 @@ inline float min_sigma(float x0, float y0, float x1, float y1, float a, float b,
 
 // The Gaussians that have tile pairs (counts[g + 1] > counts[g]), ordered by depth, ties by index: a stable radix
 // sort of the depths' bits (which order positive floats as their values), instead of a comparison sort per tile.
-std::vector<int64_t> depth_order(const float* depths, const std::vector<int64_t>& counts) {
+std::vector<int64_t> depth_order(const float* depths, const int64_t* counts, int64_t total) {
   constexpr int kBits = 11, kBuckets = 1 << kBits;
   std::vector<int64_t> order, next;
   std::vector<uint32_t> keys, next_keys;
-  for (int64_t g = 0; g + 1 < static_cast<int64_t>(counts.size()); ++g) {
+  for (int64_t g = 0; g < total; ++g) {
     if (counts[g + 1] == counts[g]) continue;
     order.push_back(g);
     keys.push_back(std::bit_cast<uint32_t>(depths[g]));
@@ -96,7 +100,6 @@ Binning bin_gaussians(const float* means2d, const float* conics, const float* lo
   const int64_t tiles = static_cast<int64_t>(tiles_x) * tiles_y;
   const int64_t total = n_cams * n;
   const float log_alpha_min = std::log(kAlphaMin) - 1e-4f;
-  std::vector<int64_t> counts(total + 1, 0);
   auto rect = [&](int64_t g, int& x0, int& y0, int& x1, int& y1) {
     const float cx = means2d[2 * g], cy = means2d[2 * g + 1];
     const float rx = static_cast<float>(radii[2 * g]), ry = static_cast<float>(radii[2 * g + 1]);
@@ -112,40 +115,55 @@ Binning bin_gaussians(const float* means2d, const float* conics, const float* lo
                               conics[3 * g + 2]);
     return log_ops[g] - s >= log_alpha_min;
   };
-  // Two passes over the Gaussians (count, then fill), each Gaussian's pairs in its own place: order-independent.
+  // Each Gaussian's box of tiles holds its candidate pairs; those it reaches are kept, in its own place:
+  // order-independent.
+  std::vector<int64_t> boxes(total + 1, 0);
 #pragma omp parallel for schedule(static) num_threads(at::get_num_threads())
   for (int64_t g = 0; g < total; ++g) {
     if (radii[2 * g] <= 0 && radii[2 * g + 1] <= 0) continue;
     int x0, y0, x1, y1;
     rect(g, x0, y0, x1, y1);
-    int64_t k = 0;
-    for (int ty = y0; ty < y1; ++ty)
-      for (int tx = x0; tx < x1; ++tx) k += reaches(g, tx, ty);
-    counts[g + 1] = k;
+    boxes[g + 1] = static_cast<int64_t>(x1 - x0) * (y1 - y0);
   }
-  for (int64_t g = 0; g < total; ++g) counts[g + 1] += counts[g];
-  const int64_t n_pairs = counts[total];
-  std::vector<int64_t> pair_tile(n_pairs);
+  for (int64_t g = 0; g < total; ++g) boxes[g + 1] += boxes[g];
+  std::vector<int64_t> box_tile(boxes[total]);
+  Binning out;
+  out.first = torch::zeros({total + 1}, torch::kInt64);
+  int64_t* first = out.first.data_ptr<int64_t>();
 #pragma omp parallel for schedule(static) num_threads(at::get_num_threads())
   for (int64_t g = 0; g < total; ++g) {
-    if (counts[g + 1] == counts[g]) continue;
+    if (boxes[g + 1] == boxes[g]) continue;
     int x0, y0, x1, y1;
     rect(g, x0, y0, x1, y1);
-    int64_t k = counts[g];
+    int64_t k = boxes[g];
     const int64_t cam_tiles = (g / n) * tiles;
     for (int ty = y0; ty < y1; ++ty)
       for (int tx = x0; tx < x1; ++tx)
-        if (reaches(g, tx, ty)) pair_tile[k++] = cam_tiles + static_cast<int64_t>(ty) * tiles_x + tx;
+        if (reaches(g, tx, ty)) box_tile[k++] = cam_tiles + static_cast<int64_t>(ty) * tiles_x + tx;
+    first[g + 1] = k - boxes[g];
   }
+  for (int64_t g = 0; g < total; ++g) first[g + 1] += first[g];
+  const int64_t n_pairs = first[total];
+  std::vector<int64_t> pair_tile(n_pairs);
+#pragma omp parallel for schedule(static) num_threads(at::get_num_threads())
+  for (int64_t g = 0; g < total; ++g)
+    std::copy(box_tile.begin() + boxes[g], box_tile.begin() + boxes[g] + (first[g + 1] - first[g]),
+              pair_tile.begin() + first[g]);
   // Counting sort by tile of the pairs, taken in depth order: each tile's list comes out sorted by (depth, index).
-  Binning out;
-  out.offsets.assign(n_cams * tiles + 1, 0);
-  for (int64_t p = 0; p < n_pairs; ++p) ++out.offsets[pair_tile[p] + 1];
-  for (int64_t t = 0; t < n_cams * tiles; ++t) out.offsets[t + 1] += out.offsets[t];
-  std::vector<int64_t> fill(out.offsets.begin(), out.offsets.end() - 1);
-  out.ids.resize(n_pairs);
-  for (int64_t g : depth_order(depths, counts)) {
-    for (int64_t p = counts[g]; p < counts[g + 1]; ++p) out.ids[fill[pair_tile[p]]++] = static_cast<int32_t>(g % n);
+  out.offsets = torch::zeros({n_cams * tiles + 1}, torch::kInt64);
+  int64_t* offsets = out.offsets.data_ptr<int64_t>();
+  for (int64_t p = 0; p < n_pairs; ++p) ++offsets[pair_tile[p] + 1];
+  for (int64_t t = 0; t < n_cams * tiles; ++t) offsets[t + 1] += offsets[t];
+  std::vector<int64_t> fill(offsets, offsets + n_cams * tiles);
+  out.ids = torch::empty({n_pairs}, torch::kInt32);
+  out.slots = torch::empty({n_pairs}, torch::kInt64);
+  int32_t* ids = out.ids.data_ptr<int32_t>();
+  int64_t* slots = out.slots.data_ptr<int64_t>();
+  for (int64_t g : depth_order(depths, first, total)) {
+    for (int64_t p = first[g]; p < first[g + 1]; ++p) {
+      slots[p] = fill[pair_tile[p]]++;
+      ids[slots[p]] = static_cast<int32_t>(g % n);
+    }
   }
   return out;
 }
@@ -154,14 +172,14 @@ Binning bin_gaussians(const float* means2d, const float* conics, const float* lo
 struct TileGaussians {
   std::vector<float> mx, my, a, b, c, lo, r, g, bl, z;
   std::vector<int32_t> x0, x1, y0, y1;  // the pixels of the tile inside the Gaussian's box: [x0, x1) x [y0, y1)
-  void load(const Binning& bins, int64_t t, int64_t cam_offset, const float* means2d, const float* conics,
+  void load(const int64_t* offsets, const int32_t* ids, int64_t t, int64_t cam_offset, const float* means2d, const float* conics,
             const float* log_ops, const float* colors, const float* depths, const int32_t* radii, int tx, int ty,
             int ts) {
-    const int64_t first = bins.offsets[t], k = bins.offsets[t + 1] - first;
+    const int64_t first = offsets[t], k = offsets[t + 1] - first;
     for (auto* v : {&mx, &my, &a, &b, &c, &lo, &r, &g, &bl, &z}) v->resize(k);
     for (auto* v : {&x0, &x1, &y0, &y1}) v->resize(k);
     for (int64_t i = 0; i < k; ++i) {
-      const int64_t id = cam_offset + bins.ids[first + i];
+      const int64_t id = cam_offset + ids[first + i];
       mx[i] = means2d[2 * id];
       my[i] = means2d[2 * id + 1];
       a[i] = conics[3 * id];
@@ -237,12 +255,9 @@ int composite_row(TilePixels& px, const Splat& s, int p0, int ts, int bx, float 
   return stops;
 }
 
-// A splat's gradients, one array of tile_size lanes each (summed over the lanes at the end of the splat, in lane
-// order): d means2d (x, y), d conic (a, b, c), d log opacity, d colour (r, g, b), d depth, then |d means2d| (x, y).
-constexpr int kLaneGrad = kPairGrad + 2;
-
 // Undoes splat `slot` at pixels [x0, x1) of a tile row (as composite_row's lanes) and adds its gradients there to
-// the lanes of `lanes` (kLaneGrad arrays of ts).
+// `lanes`: one array of ts lanes per entry of a pair's gradient row (summed over the lanes at the end of the splat,
+// in lane order).
 template <int W>
 void backward_row(TilePixels& px, const Splat& s, int p0, int ts, int bx, float dy, int x0, int x1, int32_t slot,
                   float alpha_max, float* lanes) {
@@ -288,8 +303,8 @@ void backward_row(TilePixels& px, const Splat& s, int p0, int ts, int bx, float 
 }  // namespace
 
 // Forward: returns out [C, H, W, 5] (premultiplied rgb, sum w z, alpha), median [C, H, W] (0 unless asked),
-// and for backward the binning (offsets [C * tiles + 1] int64, ids [P] int32), last [C, H, W] int32 (slots each
-// pixel composited) and the final transmittance [C, H, W].
+// and for backward the binning (offsets [C * tiles + 1] int64, ids [P] int32, first [C * N + 1] int64, slots [P]
+// int64: see Binning), last [C, H, W] int32 (slots each pixel composited) and the final transmittance [C, H, W].
 std::vector<torch::Tensor> rasterize_forward(torch::Tensor means2d, torch::Tensor conics, torch::Tensor log_ops,
                                              torch::Tensor colors, torch::Tensor depths, torch::Tensor radii,
                                              int64_t width, int64_t height, int64_t tile_size, double alpha_max_d,
@@ -304,8 +319,9 @@ std::vector<torch::Tensor> rasterize_forward(torch::Tensor means2d, torch::Tenso
   const float* cl = colors.data_ptr<float>();
   const float* dp = depths.data_ptr<float>();
   const int32_t* ra = radii.data_ptr<int32_t>();
-  Binning bins = bin_gaussians(m2, co, lo, dp, ra, n_cams, n, tiles_x, tiles_y,
-                               static_cast<int>(tile_size));
+  const Binning bins = bin_gaussians(m2, co, lo, dp, ra, n_cams, n, tiles_x, tiles_y, static_cast<int>(tile_size));
+  const int64_t* offsets = bins.offsets.data_ptr<int64_t>();
+  const int32_t* ids = bins.ids.data_ptr<int32_t>();
   auto opts = means2d.options();
   auto out = torch::zeros({n_cams, height, width, kOut}, opts);
   auto median = torch::zeros({n_cams, height, width}, opts);
@@ -325,11 +341,11 @@ std::vector<torch::Tensor> rasterize_forward(torch::Tensor means2d, torch::Tenso
     TilePixels px(ts);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < n_cams * tiles; ++t) {
-      const int64_t k = bins.offsets[t + 1] - bins.offsets[t];
+      const int64_t k = offsets[t + 1] - offsets[t];
       if (k == 0) continue;
       const int64_t cam = t / tiles, local = t % tiles;
       const int tx = static_cast<int>(local % tiles_x), ty = static_cast<int>(local / tiles_x);
-      tg.load(bins, t, cam * n, m2, co, lo, cl, dp, ra, tx, ty, ts);
+      tg.load(offsets, ids, t, cam * n, m2, co, lo, cl, dp, ra, tx, ty, ts);
       std::fill(px.T.begin(), px.T.end(), 1.f);
       for (auto* v : {&px.r, &px.g, &px.b, &px.z, &px.md}) std::fill(v->begin(), v->end(), 0.f);
       std::fill(px.last.begin(), px.last.end(), 0);
@@ -364,10 +380,7 @@ std::vector<torch::Tensor> rasterize_forward(torch::Tensor means2d, torch::Tenso
       }
     }
   }
-  auto offsets = torch::from_blob(bins.offsets.data(), {static_cast<int64_t>(bins.offsets.size())}, torch::kInt64)
-                     .clone();
-  auto ids = torch::from_blob(bins.ids.data(), {static_cast<int64_t>(bins.ids.size())}, torch::kInt32).clone();
-  return {out, median, offsets, ids, last, trans_final};
+  return {out, median, bins.offsets, bins.ids, bins.first, bins.slots, last, trans_final};
 }
 
 // Backward of the composited channels: from grad_out [C, H, W, 5] the gradients of means2d [C, N, 2],
@@ -375,18 +388,19 @@ std::vector<torch::Tensor> rasterize_forward(torch::Tensor means2d, torch::Tenso
 // (the sum over pixels of |d loss / d means2d|, AbsGS).
 std::vector<torch::Tensor> rasterize_backward(torch::Tensor means2d, torch::Tensor conics, torch::Tensor log_ops,
                                               torch::Tensor colors, torch::Tensor depths, torch::Tensor radii,
-                                              torch::Tensor offsets,
-                                              torch::Tensor ids, torch::Tensor last, torch::Tensor trans_final,
+                                              torch::Tensor offsets_t, torch::Tensor ids_t, torch::Tensor first_t,
+                                              torch::Tensor slots_t, torch::Tensor last, torch::Tensor trans_final,
                                               torch::Tensor grad_out, int64_t width, int64_t height,
                                               int64_t tile_size, double alpha_max_d) {
   const int64_t n_cams = means2d.size(0), n = means2d.size(1);
   const int tiles_x = static_cast<int>((width + tile_size - 1) / tile_size);
   const int tiles_y = static_cast<int>((height + tile_size - 1) / tile_size);
   const int64_t tiles = static_cast<int64_t>(tiles_x) * tiles_y;
-  Binning bins;
-  bins.offsets.assign(offsets.data_ptr<int64_t>(), offsets.data_ptr<int64_t>() + offsets.numel());
-  bins.ids.assign(ids.data_ptr<int32_t>(), ids.data_ptr<int32_t>() + ids.numel());
-  const int64_t n_pairs = ids.numel();
+  const int64_t* offsets = offsets_t.data_ptr<int64_t>();
+  const int32_t* ids = ids_t.data_ptr<int32_t>();
+  const int64_t* first = first_t.data_ptr<int64_t>();
+  const int64_t* slots = slots_t.data_ptr<int64_t>();
+  const int64_t n_pairs = ids_t.numel();
   const float* m2 = means2d.data_ptr<float>();
   const float* co = conics.data_ptr<float>();
   const float* lo = log_ops.data_ptr<float>();
@@ -397,7 +411,6 @@ std::vector<torch::Tensor> rasterize_backward(torch::Tensor means2d, torch::Tens
   const float* tf = trans_final.data_ptr<float>();
   const float* go = grad_out.data_ptr<float>();
   std::vector<float> pair_grad(n_pairs * kPairGrad, 0.f);
-  std::vector<float> pair_abs(n_pairs * 2, 0.f);
   const float alpha_max = static_cast<float>(alpha_max_d);
   const int ts = static_cast<int>(tile_size);
   const int n_px = ts * ts;
@@ -407,14 +420,14 @@ std::vector<torch::Tensor> rasterize_backward(torch::Tensor means2d, torch::Tens
     TileGaussians tg;
     TilePixels px(ts);
     std::vector<int32_t> row_last(ts);
-    std::vector<float> lanes(kLaneGrad * ts);
+    std::vector<float> lanes(kPairGrad * ts);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < n_cams * tiles; ++t) {
-      const int64_t k = bins.offsets[t + 1] - bins.offsets[t];
+      const int64_t k = offsets[t + 1] - offsets[t];
       if (k == 0) continue;
       const int64_t cam = t / tiles, local = t % tiles;
       const int tx = static_cast<int>(local % tiles_x), ty = static_cast<int>(local / tiles_x);
-      tg.load(bins, t, cam * n, m2, co, lo, cl, dp, ra, tx, ty, ts);
+      tg.load(offsets, ids, t, cam * n, m2, co, lo, cl, dp, ra, tx, ty, ts);
       std::fill(row_last.begin(), row_last.end(), 0);
       for (int p = 0; p < n_px; ++p) {
         const int x = tx * ts + p % ts, y = ty * ts + p / ts;
@@ -428,8 +441,7 @@ std::vector<torch::Tensor> rasterize_backward(torch::Tensor means2d, torch::Tens
         row_last[p / ts] = std::max(row_last[p / ts], px.last[p]);
       }
       const int32_t max_last = *std::max_element(row_last.begin(), row_last.end());
-      float* rows = pair_grad.data() + bins.offsets[t] * kPairGrad;
-      float* abs_rows = pair_abs.data() + bins.offsets[t] * 2;
+      float* rows = pair_grad.data() + offsets[t] * kPairGrad;
       for (int32_t i = max_last - 1; i >= 0; --i) {
         const Splat s(tg, i);
         std::fill(lanes.begin(), lanes.end(), 0.f);
@@ -441,47 +453,39 @@ std::vector<torch::Tensor> rasterize_backward(torch::Tensor means2d, torch::Tens
           else
             backward_row<0>(px, s, row * ts, ts, tx * ts, dy, tg.x0[i], tg.x1[i], i, alpha_max, lanes.data());
         }
-        float sum[kLaneGrad] = {};
-        for (int q = 0; q < kLaneGrad; ++q)
+        float* sum = rows + static_cast<int64_t>(i) * kPairGrad;
+        for (int q = 0; q < kPairGrad; ++q)
           for (int j = 0; j < ts; ++j) sum[q] += lanes[q * ts + j];
-        std::copy(sum, sum + kPairGrad, rows + static_cast<int64_t>(i) * kPairGrad);
-        abs_rows[2 * i] = sum[kPairGrad];
-        abs_rows[2 * i + 1] = sum[kPairGrad + 1];
       }
     }
   }
   auto opts = means2d.options();
-  auto g_means2d = torch::zeros({n_cams, n, 2}, opts);
-  auto g_conics = torch::zeros({n_cams, n, 3}, opts);
-  auto g_log_ops = torch::zeros({n_cams, n}, opts);
-  auto g_colors = torch::zeros({n_cams, n, 3}, opts);
-  auto g_depths = torch::zeros({n_cams, n}, opts);
-  auto g_abs = torch::zeros({n_cams, n, 2}, opts);
+  auto g_means2d = torch::empty({n_cams, n, 2}, opts);
+  auto g_conics = torch::empty({n_cams, n, 3}, opts);
+  auto g_log_ops = torch::empty({n_cams, n}, opts);
+  auto g_colors = torch::empty({n_cams, n, 3}, opts);
+  auto g_depths = torch::empty({n_cams, n}, opts);
+  auto g_abs = torch::empty({n_cams, n, 2}, opts);
   float* gm = g_means2d.data_ptr<float>();
   float* gc = g_conics.data_ptr<float>();
   float* gl = g_log_ops.data_ptr<float>();
   float* gcol = g_colors.data_ptr<float>();
   float* gd = g_depths.data_ptr<float>();
   float* ga = g_abs.data_ptr<float>();
-  // Sum the pairs of each Gaussian in pair order (cameras are independent: one thread each).
+  // Each Gaussian's pairs summed in pair order, whichever thread sums it.
 #pragma omp parallel for schedule(static) num_threads(at::get_num_threads())
-  for (int64_t cam = 0; cam < n_cams; ++cam) {
-    for (int64_t p = bins.offsets[cam * tiles]; p < bins.offsets[(cam + 1) * tiles]; ++p) {
-      const int64_t id = cam * n + bins.ids[p];
-      const float* row = pair_grad.data() + p * kPairGrad;
-      gm[2 * id] += row[0];
-      gm[2 * id + 1] += row[1];
-      gc[3 * id] += row[2];
-      gc[3 * id + 1] += row[3];
-      gc[3 * id + 2] += row[4];
-      gl[id] += row[5];
-      gcol[3 * id] += row[6];
-      gcol[3 * id + 1] += row[7];
-      gcol[3 * id + 2] += row[8];
-      gd[id] += row[9];
-      ga[2 * id] += pair_abs[2 * p];
-      ga[2 * id + 1] += pair_abs[2 * p + 1];
+  for (int64_t g = 0; g < n_cams * n; ++g) {
+    float sum[kPairGrad] = {};
+    for (int64_t q = first[g]; q < first[g + 1]; ++q) {
+      const float* row = pair_grad.data() + slots[q] * kPairGrad;
+      for (int c = 0; c < kPairGrad; ++c) sum[c] += row[c];
     }
+    std::copy(sum, sum + 2, gm + 2 * g);
+    std::copy(sum + 2, sum + 5, gc + 3 * g);
+    gl[g] = sum[5];
+    std::copy(sum + 6, sum + 9, gcol + 3 * g);
+    gd[g] = sum[9];
+    std::copy(sum + 10, sum + 12, ga + 2 * g);
   }
   return {g_means2d, g_conics, g_log_ops, g_colors, g_depths, g_abs};
 }
