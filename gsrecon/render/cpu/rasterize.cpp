@@ -10,7 +10,6 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 namespace {
@@ -172,9 +171,9 @@ Binning bin_gaussians(const float* means2d, const float* conics, const float* lo
 struct TileGaussians {
   std::vector<float> mx, my, a, b, c, lo, r, g, bl, z;
   std::vector<int32_t> x0, x1, y0, y1;  // the pixels of the tile inside the Gaussian's box: [x0, x1) x [y0, y1)
-  void load(const int64_t* offsets, const int32_t* ids, int64_t t, int64_t cam_offset, const float* means2d, const float* conics,
-            const float* log_ops, const float* colors, const float* depths, const int32_t* radii, int tx, int ty,
-            int ts) {
+  void load(const int64_t* offsets, const int32_t* ids, int64_t t, int64_t cam_offset, const float* means2d,
+            const float* conics, const float* log_ops, const float* colors, const float* depths,
+            const int32_t* radii, int tx, int ty, int ts) {
     const int64_t first = offsets[t], k = offsets[t + 1] - first;
     for (auto* v : {&mx, &my, &a, &b, &c, &lo, &r, &g, &bl, &z}) v->resize(k);
     for (auto* v : {&x0, &x1, &y0, &y1}) v->resize(k);
