@@ -1,8 +1,9 @@
 // Tile binning, depth sorting and front-to-back alpha compositing of projected Gaussians on the CPU,
 // forward and backward, with the conventions of gsrecon's torch renderer (gsrecon/render/torch_renderer.py).
 //
-// Tiles are handed to OpenMP threads. Backward writes each (tile, Gaussian) pair's gradient into its own row and
-// sums the rows of a Gaussian in pair order, so gradients are bit-identical whatever the thread count.
+// Tiles are handed to OpenMP threads. Backward sums each Gaussian's (tile, Gaussian) pair gradients in pair order
+// (one thread as it goes, tile after tile; more through a row per pair), so gradients are bit-identical whatever the
+// thread count.
 
 #include <torch/extension.h>
 
@@ -409,7 +410,11 @@ std::vector<torch::Tensor> rasterize_backward(torch::Tensor means2d, torch::Tens
   const int32_t* la = last.data_ptr<int32_t>();
   const float* tf = trans_final.data_ptr<float>();
   const float* go = grad_out.data_ptr<float>();
-  std::vector<float> pair_grad(n_pairs * kPairGrad, 0.f);
+  // One thread takes the tiles in pair order and adds each pair's row straight to its Gaussian's sum; more threads
+  // keep the rows apart and then sum each Gaussian's in pair order: the same additions either way.
+  const bool in_order = at::get_num_threads() == 1;
+  std::vector<float> pair_grad(in_order ? 0 : n_pairs * kPairGrad, 0.f);
+  std::vector<float> grad_sums(n_cams * n * kPairGrad, 0.f);
   const float alpha_max = static_cast<float>(alpha_max_d);
   const int ts = static_cast<int>(tile_size);
   const int n_px = ts * ts;
@@ -440,7 +445,6 @@ std::vector<torch::Tensor> rasterize_backward(torch::Tensor means2d, torch::Tens
         row_last[p / ts] = std::max(row_last[p / ts], px.last[p]);
       }
       const int32_t max_last = *std::max_element(row_last.begin(), row_last.end());
-      float* rows = pair_grad.data() + offsets[t] * kPairGrad;
       for (int32_t i = max_last - 1; i >= 0; --i) {
         const Splat s(tg, i);
         std::fill(lanes.begin(), lanes.end(), 0.f);
@@ -452,9 +456,12 @@ std::vector<torch::Tensor> rasterize_backward(torch::Tensor means2d, torch::Tens
           else
             backward_row<0>(px, s, row * ts, ts, tx * ts, dy, tg.x0[i], tg.x1[i], i, alpha_max, lanes.data());
         }
-        float* sum = rows + static_cast<int64_t>(i) * kPairGrad;
+        float row[kPairGrad] = {};
         for (int q = 0; q < kPairGrad; ++q)
-          for (int j = 0; j < ts; ++j) sum[q] += lanes[q * ts + j];
+          for (int j = 0; j < ts; ++j) row[q] += lanes[q * ts + j];
+        const int64_t pair = offsets[t] + i;
+        float* to = in_order ? &grad_sums[(cam * n + ids[pair]) * kPairGrad] : &pair_grad[pair * kPairGrad];
+        for (int q = 0; q < kPairGrad; ++q) to[q] += row[q];
       }
     }
   }
@@ -474,9 +481,9 @@ std::vector<torch::Tensor> rasterize_backward(torch::Tensor means2d, torch::Tens
   // Each Gaussian's pairs summed in pair order, whichever thread sums it.
 #pragma omp parallel for schedule(static) num_threads(at::get_num_threads())
   for (int64_t g = 0; g < n_cams * n; ++g) {
-    float sum[kPairGrad] = {};
-    for (int64_t q = first[g]; q < first[g + 1]; ++q) {
-      const float* row = pair_grad.data() + slots[q] * kPairGrad;
+    float* sum = &grad_sums[g * kPairGrad];
+    for (int64_t q = first[g]; q < first[g + 1] && !in_order; ++q) {
+      const float* row = &pair_grad[slots[q] * kPairGrad];
       for (int c = 0; c < kPairGrad; ++c) sum[c] += row[c];
     }
     std::copy(sum, sum + 2, gm + 2 * g);
