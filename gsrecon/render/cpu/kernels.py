@@ -46,8 +46,10 @@ def compile_flags() -> list[str]:
     return ["-O3", "-fopenmp", "-fno-math-errno", *vector]
 
 
+# With AVX2 alone the backward's compositing loop vectorises only without floating-point traps (no result changes;
+# it is twice as fast); with AVX-512 that flag makes it slower, and the loop vectorises without it.
 _VECTOR_FLAGS = {
-    "AVX2": ["-mavx2", "-mfma"],
+    "AVX2": ["-mavx2", "-mfma", "-fno-trapping-math"],
     "AVX512": ["-mavx2", "-mfma", "-mavx512f", "-mavx512vl", "-mavx512bw", "-mavx512dq"],
 }
 
