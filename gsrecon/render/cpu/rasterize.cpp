@@ -223,6 +223,15 @@ struct TilePixels {
   }
 };
 
+// The "and" of the lane masks below. AVX-512 masks the loads behind a short-circuit &&, and GCC vectorises these
+// loops best so; without those masks it vectorises only straight-line code, a plain & (with AVX2 alone: forward
+// 22 ms against 8.5 at 20k Gaussians; with AVX-512 7.4 against 28).
+#ifdef __AVX512F__
+#define LANE_AND &&
+#else
+#define LANE_AND &
+#endif
+
 // Composites splat `slot` (0-based) over pixels [x0, x1) of the tile row starting at pixel p0 (image x of its first
 // pixel bx, offset dy): branch-free over all W pixels of the row so that they vectorise. Returns how many pixels
 // stopped here (the splat would take their transmittance to kTransmittanceMin or below).
@@ -238,15 +247,16 @@ int composite_row(TilePixels& px, const Splat& s, int p0, int ts, int bx, float 
     const float dx = static_cast<float>(bx + j) + 0.5f - s.mx;
     const float sigma = s.sigma(dx, dy);
     const float alpha = std::min(alpha_max, exp_neg(s.lo - sigma));
-    const bool live = j >= x0 && j < x1 && !done[j] && sigma <= s.sigma_max && alpha >= kAlphaMin;
+    const bool live =
+        (j >= x0) LANE_AND(j < x1) LANE_AND(done[j] == 0) LANE_AND(sigma <= s.sigma_max) LANE_AND(alpha >= kAlphaMin);
     const float t = T[j], next = t * (1.f - alpha), wt = alpha * t;
-    const bool stop = live && next <= kTransmittanceMin;
-    const bool take = live && !stop;
+    const bool stop = live LANE_AND(next <= kTransmittanceMin);
+    const bool take = live LANE_AND !stop;
     r[j] = take ? r[j] + wt * s.f[0] : r[j];
     g[j] = take ? g[j] + wt * s.f[1] : g[j];
     b[j] = take ? b[j] + wt * s.f[2] : b[j];
     z[j] = take ? z[j] + wt * s.f[3] : z[j];
-    md[j] = take && t > kMedianTransmittance && next <= kMedianTransmittance ? s.f[3] : md[j];
+    md[j] = take LANE_AND(t > kMedianTransmittance) LANE_AND(next <= kMedianTransmittance) ? s.f[3] : md[j];
     T[j] = take ? next : t;
     last[j] = take ? slot + 1 : last[j];
     done[j] = stop ? 1 : done[j];
@@ -273,14 +283,15 @@ void backward_row(TilePixels& px, const Splat& s, int p0, int ts, int bx, float 
     const float sigma = s.sigma(dx, dy);
     const float raw = exp_neg(s.lo - sigma);
     const float alpha = std::min(alpha_max, raw);
-    const bool live = j >= x0 && j < x1 && slot < last[j] && sigma <= s.sigma_max && alpha >= kAlphaMin;
+    const bool live =
+        (j >= x0) LANE_AND(j < x1) LANE_AND(slot < last[j]) LANE_AND(sigma <= s.sigma_max) LANE_AND(alpha >= kAlphaMin);
     const float one_minus = 1.f - alpha;
     const float Ti = T[j] / one_minus;  // transmittance in front of this slot
     const float wt = live ? alpha * Ti : 0.f;
     // The alpha channel composites the feature 1.
     const float G = s.f[0] * gr[j] + s.f[1] * gg[j] + s.f[2] * gb[j] + s.f[3] * gz[j] + ga[j];
     // d out / d ln(alpha) = w G - alpha / (1 - alpha) * (sum over the slots behind of w_j G_j)
-    const float gla = live && raw < alpha_max ? wt * G - alpha / one_minus * S[j] : 0.f;
+    const float gla = live LANE_AND(raw < alpha_max) ? wt * G - alpha / one_minus * S[j] : 0.f;
     T[j] = live ? Ti : T[j];
     S[j] += wt * G;
     l_r[j] += wt * gr[j];
