@@ -22,7 +22,8 @@ std::vector<torch::Tensor> rasterize_forward(torch::Tensor means2d, torch::Tenso
                                              bool median_depth);
 std::vector<torch::Tensor> rasterize_backward(torch::Tensor means2d, torch::Tensor conics, torch::Tensor log_ops,
                                               torch::Tensor colors, torch::Tensor depths, torch::Tensor radii,
-                                              torch::Tensor offsets, torch::Tensor ids, torch::Tensor last,
+                                              torch::Tensor offsets, torch::Tensor ids, torch::Tensor first,
+                                              torch::Tensor slots, torch::Tensor last,
                                               torch::Tensor trans_final, torch::Tensor grad_out, int64_t width,
                                               int64_t height, int64_t tile_size, double alpha_max);
 

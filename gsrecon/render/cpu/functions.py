@@ -82,10 +82,10 @@ def project_pinhole(
 class _Rasterize(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, means2d, conics, log_ops, colors, depths, radii, settings, absgrad_of):
-        out, median, offsets, ids, last, trans = load_kernels().rasterize_forward(
+        out, median, *binning, last, trans = load_kernels().rasterize_forward(
             means2d, conics, log_ops, colors, depths, radii, *settings
         )
-        ctx.save_for_backward(means2d, conics, log_ops, colors, depths, radii, offsets, ids, last, trans)
+        ctx.save_for_backward(means2d, conics, log_ops, colors, depths, radii, *binning, last, trans)
         ctx.settings, ctx.absgrad_of = settings[:-1], absgrad_of
         ctx.mark_non_differentiable(median)
         return out, median
