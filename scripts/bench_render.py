@@ -25,6 +25,7 @@ from gsrecon.data.pipeline import DataPipeline
 from gsrecon.engine.builder import resolve_renderer_entry
 from gsrecon.engine.inference import load_trained_scene
 from gsrecon.logging.console import Logger
+from gsrecon.model.optim import FUSED_ADAM_DEVICES
 from gsrecon.registry import RENDERER_REGISTRY
 from gsrecon.render.base import Renderer
 from gsrecon.render.torch_renderer import TorchRenderer
@@ -89,13 +90,15 @@ def bench_render(renderer: TorchRenderer, size, device: torch.device, repeats: i
 
 
 def bench_step(renderer: Renderer, device: torch.device, repeats: int, size: tuple[int, int, int] = STEP_SIZE) -> float:
-    """Render + L1 loss + backward + Adam step over all parameters (3DGS learning rates)."""
+    """Render + L1 loss + backward + Adam step over all parameters (3DGS learning rates; fused where the trainer
+    fuses it, as a training step runs)."""
     width, height, n = size
     params, viewmats, Ks = make_scene(n, width, height, device)
     target = torch.rand(1, height, width, 3, device=device)
     bg = torch.zeros(1, 3, device=device)
     lrs = {"means": 1.6e-4, "scales": 5e-3, "quats": 1e-3, "opacities": 5e-2, "sh0": 2.5e-3, "shN": 1.25e-4}
-    optimizer = torch.optim.Adam([{"params": [params[k]], "lr": lr} for k, lr in lrs.items()], eps=1e-15)
+    fused = device.type in FUSED_ADAM_DEVICES
+    optimizer = torch.optim.Adam([{"params": [params[k]], "lr": lr} for k, lr in lrs.items()], eps=1e-15, fused=fused)
 
     def step() -> None:
         out = renderer.render(params, Cameras(viewmats, Ks, width, height), SH_DEGREE, bg)
