@@ -102,7 +102,7 @@ def test_ssim_and_its_gradient_match_torchmetrics(shape):
     )
     (grad_ours,) = torch.autograd.grad(ours, pred)
     (grad_reference,) = torch.autograd.grad(reference, pred)
-    assert float(ours) == pytest.approx(float(reference), abs=1e-6)
+    assert ours.item() == pytest.approx(reference.item(), abs=1e-6)
     torch.testing.assert_close(grad_ours, grad_reference, rtol=1e-4, atol=1e-7)
 
 
