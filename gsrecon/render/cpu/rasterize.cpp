@@ -168,30 +168,55 @@ Binning bin_gaussians(const float* means2d, const float* conics, const float* lo
   return out;
 }
 
+// The projected Gaussians of C cameras as both passes read them (float32 [C, N, ...], radii int32).
+struct Splats {
+  const float *means2d, *conics, *log_ops, *colors, *depths;
+  const int32_t* radii;
+  Splats(const torch::Tensor& means2d_t, const torch::Tensor& conics_t, const torch::Tensor& log_ops_t,
+         const torch::Tensor& colors_t, const torch::Tensor& depths_t, const torch::Tensor& radii_t)
+      : means2d(means2d_t.data_ptr<float>()), conics(conics_t.data_ptr<float>()),
+        log_ops(log_ops_t.data_ptr<float>()), colors(colors_t.data_ptr<float>()),
+        depths(depths_t.data_ptr<float>()), radii(radii_t.data_ptr<int32_t>()) {}
+};
+
+// The tiles of C images of width x height: tile t is tile (tx, ty) of camera t / tiles.
+struct TileGrid {
+  int tiles_x, tiles_y;
+  int64_t tiles;  // per camera
+  TileGrid(int64_t width, int64_t height, int64_t tile_size)
+      : tiles_x(static_cast<int>((width + tile_size - 1) / tile_size)),
+        tiles_y(static_cast<int>((height + tile_size - 1) / tile_size)),
+        tiles(static_cast<int64_t>(tiles_x) * tiles_y) {}
+  void locate(int64_t t, int64_t& cam, int& tx, int& ty) const {
+    cam = t / tiles;
+    tx = static_cast<int>(t % tiles % tiles_x);
+    ty = static_cast<int>(t % tiles / tiles_x);
+  }
+};
+
 // A tile's Gaussians, gathered front to back into contiguous columns.
 struct TileGaussians {
   std::vector<float> mx, my, a, b, c, lo, r, g, bl, z;
   std::vector<int32_t> x0, x1, y0, y1;  // the pixels of the tile inside the Gaussian's box: [x0, x1) x [y0, y1)
-  void load(const int64_t* offsets, const int32_t* ids, int64_t t, int64_t cam_offset, const float* means2d,
-            const float* conics, const float* log_ops, const float* colors, const float* depths,
-            const int32_t* radii, int tx, int ty, int ts) {
+  void load(const int64_t* offsets, const int32_t* ids, int64_t t, int64_t cam_offset, const Splats& in, int tx,
+            int ty, int ts) {
     const int64_t first = offsets[t], k = offsets[t + 1] - first;
     for (auto* v : {&mx, &my, &a, &b, &c, &lo, &r, &g, &bl, &z}) v->resize(k);
     for (auto* v : {&x0, &x1, &y0, &y1}) v->resize(k);
     for (int64_t i = 0; i < k; ++i) {
       const int64_t id = cam_offset + ids[first + i];
-      mx[i] = means2d[2 * id];
-      my[i] = means2d[2 * id + 1];
-      a[i] = conics[3 * id];
-      b[i] = conics[3 * id + 1];
-      c[i] = conics[3 * id + 2];
-      lo[i] = log_ops[id];
-      r[i] = colors[3 * id];
-      g[i] = colors[3 * id + 1];
-      bl[i] = colors[3 * id + 2];
-      z[i] = depths[id];
+      mx[i] = in.means2d[2 * id];
+      my[i] = in.means2d[2 * id + 1];
+      a[i] = in.conics[3 * id];
+      b[i] = in.conics[3 * id + 1];
+      c[i] = in.conics[3 * id + 2];
+      lo[i] = in.log_ops[id];
+      r[i] = in.colors[3 * id];
+      g[i] = in.colors[3 * id + 1];
+      bl[i] = in.colors[3 * id + 2];
+      z[i] = in.depths[id];
       // Pixel centres x + 0.5 within [mx - rx, mx + rx]
-      const float rx = static_cast<float>(radii[2 * id]), ry = static_cast<float>(radii[2 * id + 1]);
+      const float rx = static_cast<float>(in.radii[2 * id]), ry = static_cast<float>(in.radii[2 * id + 1]);
       x0[i] = std::max(0, static_cast<int>(std::ceil(mx[i] - rx - 0.5f)) - tx * ts);
       x1[i] = std::min(ts, static_cast<int>(std::floor(mx[i] + rx - 0.5f)) + 1 - tx * ts);
       y0[i] = std::max(0, static_cast<int>(std::ceil(my[i] - ry - 0.5f)) - ty * ts);
@@ -321,16 +346,10 @@ std::vector<torch::Tensor> rasterize_forward(torch::Tensor means2d, torch::Tenso
                                              int64_t width, int64_t height, int64_t tile_size, double alpha_max_d,
                                              bool median_depth) {
   const int64_t n_cams = means2d.size(0), n = means2d.size(1);
-  const int tiles_x = static_cast<int>((width + tile_size - 1) / tile_size);
-  const int tiles_y = static_cast<int>((height + tile_size - 1) / tile_size);
-  const int64_t tiles = static_cast<int64_t>(tiles_x) * tiles_y;
-  const float* m2 = means2d.data_ptr<float>();
-  const float* co = conics.data_ptr<float>();
-  const float* lo = log_ops.data_ptr<float>();
-  const float* cl = colors.data_ptr<float>();
-  const float* dp = depths.data_ptr<float>();
-  const int32_t* ra = radii.data_ptr<int32_t>();
-  const Binning bins = bin_gaussians(m2, co, lo, dp, ra, n_cams, n, tiles_x, tiles_y, static_cast<int>(tile_size));
+  const TileGrid grid(width, height, tile_size);
+  const Splats in(means2d, conics, log_ops, colors, depths, radii);
+  const Binning bins = bin_gaussians(in.means2d, in.conics, in.log_ops, in.depths, in.radii, n_cams, n, grid.tiles_x,
+                                     grid.tiles_y, static_cast<int>(tile_size));
   const int64_t* offsets = bins.offsets.data_ptr<int64_t>();
   const int32_t* ids = bins.ids.data_ptr<int32_t>();
   auto opts = means2d.options();
@@ -351,12 +370,13 @@ std::vector<torch::Tensor> rasterize_forward(torch::Tensor means2d, torch::Tenso
     TileGaussians tg;
     TilePixels px(ts);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t t = 0; t < n_cams * tiles; ++t) {
+    for (int64_t t = 0; t < n_cams * grid.tiles; ++t) {
       const int64_t k = offsets[t + 1] - offsets[t];
       if (k == 0) continue;
-      const int64_t cam = t / tiles, local = t % tiles;
-      const int tx = static_cast<int>(local % tiles_x), ty = static_cast<int>(local / tiles_x);
-      tg.load(offsets, ids, t, cam * n, m2, co, lo, cl, dp, ra, tx, ty, ts);
+      int64_t cam;
+      int tx, ty;
+      grid.locate(t, cam, tx, ty);
+      tg.load(offsets, ids, t, cam * n, in, tx, ty, ts);
       std::fill(px.T.begin(), px.T.end(), 1.f);
       for (auto* v : {&px.r, &px.g, &px.b, &px.z, &px.md}) std::fill(v->begin(), v->end(), 0.f);
       std::fill(px.last.begin(), px.last.end(), 0);
@@ -404,20 +424,13 @@ std::vector<torch::Tensor> rasterize_backward(torch::Tensor means2d, torch::Tens
                                               torch::Tensor grad_out, int64_t width, int64_t height,
                                               int64_t tile_size, double alpha_max_d) {
   const int64_t n_cams = means2d.size(0), n = means2d.size(1);
-  const int tiles_x = static_cast<int>((width + tile_size - 1) / tile_size);
-  const int tiles_y = static_cast<int>((height + tile_size - 1) / tile_size);
-  const int64_t tiles = static_cast<int64_t>(tiles_x) * tiles_y;
+  const TileGrid grid(width, height, tile_size);
+  const Splats in(means2d, conics, log_ops, colors, depths, radii);
   const int64_t* offsets = offsets_t.data_ptr<int64_t>();
   const int32_t* ids = ids_t.data_ptr<int32_t>();
   const int64_t* first = first_t.data_ptr<int64_t>();
   const int64_t* slots = slots_t.data_ptr<int64_t>();
   const int64_t n_pairs = ids_t.numel();
-  const float* m2 = means2d.data_ptr<float>();
-  const float* co = conics.data_ptr<float>();
-  const float* lo = log_ops.data_ptr<float>();
-  const float* cl = colors.data_ptr<float>();
-  const float* dp = depths.data_ptr<float>();
-  const int32_t* ra = radii.data_ptr<int32_t>();
   const int32_t* la = last.data_ptr<int32_t>();
   const float* tf = trans_final.data_ptr<float>();
   const float* go = grad_out.data_ptr<float>();
@@ -437,12 +450,13 @@ std::vector<torch::Tensor> rasterize_backward(torch::Tensor means2d, torch::Tens
     std::vector<int32_t> row_last(ts);
     std::vector<float> lanes(kPairGrad * ts);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t t = 0; t < n_cams * tiles; ++t) {
+    for (int64_t t = 0; t < n_cams * grid.tiles; ++t) {
       const int64_t k = offsets[t + 1] - offsets[t];
       if (k == 0) continue;
-      const int64_t cam = t / tiles, local = t % tiles;
-      const int tx = static_cast<int>(local % tiles_x), ty = static_cast<int>(local / tiles_x);
-      tg.load(offsets, ids, t, cam * n, m2, co, lo, cl, dp, ra, tx, ty, ts);
+      int64_t cam;
+      int tx, ty;
+      grid.locate(t, cam, tx, ty);
+      tg.load(offsets, ids, t, cam * n, in, tx, ty, ts);
       std::fill(row_last.begin(), row_last.end(), 0);
       for (int p = 0; p < n_px; ++p) {
         const int x = tx * ts + p % ts, y = ty * ts + p / ts;
