@@ -18,6 +18,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
 # A failing GPU test still leaves the benchmark to run; the script exits with the tests' status.
 status=0
-python3 -m pytest -v -m gpu -p no:cacheprovider --durations=5 tests/test_gpu.py  # -v: a test that aborts the process is named || status=$?
+# -v: a test that aborts the process is named before it runs.
+python3 -m pytest -v -m gpu -p no:cacheprovider --durations=5 tests/test_gpu.py || status=$?
 python3 scripts/bench_train.py --config configs/synthetic.yaml --device cuda "$@"
 exit "$status"

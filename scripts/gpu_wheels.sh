@@ -11,6 +11,9 @@ for spec in gsplat==1.5.3 plyfile==1.1.5 omegaconf==2.3.0 antlr4-python3-runtime
   python3 -m pip download -q --no-deps --python-version 3.12 --implementation cp "${platforms[@]}" \
     --only-binary=:all: -d .whl "$spec" || python3 -m pip download -q --no-deps -d .whl "$spec"
 done
+# imageio-ffmpeg: a gsrecon dependency the GPU machine lacks (videos; block training writes one), ~29 MB with its ffmpeg.
+python3 -m pip download -q --no-deps --python-version 3.12 --implementation cp "${platforms[@]}" --only-binary=:all: \
+  -d .whl imageio-ffmpeg==0.6.0
 # A package published only as source (antlr4-python3-runtime) is built into a wheel here: gpu_check.sh installs *.whl.
 for sdist in .whl/*.tar.gz; do
   [ -e "$sdist" ] || continue
