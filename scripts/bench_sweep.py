@@ -7,8 +7,10 @@
 
 Each (scene, variant, length, seed) trains ``max_steps=length`` with ``seed`` through
 ``bench_quality.run`` (only a recorder hook: no logs, checkpoints or exports) and validates once at
-the end. A row is appended to ``<out>/runs.csv`` as each run ends, and runs already there are
-skipped, so an interrupted sweep continues where it stopped. The summary table gives, per scene,
+the end. A row is appended to ``<out>/runs.csv`` as each run ends, with the commit it ran (and a digest of
+uncommitted changes to gsrecon/, configs/ and scripts/) and its recipe (config and overrides); runs already there
+are skipped, so an interrupted sweep continues where it stopped, but a row of another commit or recipe under the
+same labels stops the sweep before it trains (exit 2: use another ``--out``). The summary table gives, per scene,
 length and variant, the mean over seeds and the spread (half the range, max - min over 2), the
 number of Gaussians and the CPU seconds of training.
 """
@@ -17,9 +19,11 @@ from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import math
 import shlex
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -31,7 +35,11 @@ from bench_quality import load_average, run
 FIELDS = (
     *("scene", "variant", "length", "seed", "psnr", "ssim", "lpips", "gaussians", "cpu_seconds", "load1"),
     "depth_abs_rel",  # empty where the test views have no depth maps
+    "commit",  # code_version() of the checkout that ran it
+    "recipe",  # the config and overrides, scene's then variant's
 )
+TEXT_FIELDS = ("scene", "variant", "commit", "recipe")
+REPO = Path(__file__).resolve().parents[1]
 METRICS = ("psnr", "ssim", "lpips", "gaussians", "cpu_seconds", "depth_abs_rel")
 
 
@@ -49,9 +57,34 @@ def read_runs(path: Path) -> list[dict]:
         return []
     with path.open(newline="") as f:
         return [
-            {k: (v if k in ("scene", "variant") else float(v or "nan")) for k, v in row.items()}
+            {k: (v or "" if k in TEXT_FIELDS else float(v or "nan")) for k, v in row.items()}
             for row in csv.DictReader(f)
         ]
+
+
+def code_version() -> str:
+    """The checkout's commit (short hash), with ``+`` and a digest of its uncommitted changes to gsrecon/, configs/
+    and scripts/ where there are any; "unknown" outside a git checkout."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout
+
+    try:
+        commit = git("rev-parse", "--short", "HEAD").strip()
+        changes = git("diff", "HEAD", "--", "gsrecon", "configs", "scripts")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return f"{commit}+{hashlib.sha256(changes.encode()).hexdigest()[:8]}" if changes else commit
+
+
+def stale_row(done: dict[tuple, dict], key: tuple, version: str, recipe: str) -> str | None:
+    """Why the row ``done[key]`` is not this sweep's run of ``key`` (another commit or recipe), or None."""
+    old = done[key]
+    if (old.get("commit"), old.get("recipe")) == (version, recipe):
+        return None
+    scene, variant, length, seed = key
+    ran = f"as {old.get('recipe') or 'an unrecorded recipe'} on {old.get('commit') or 'an unrecorded commit'}"
+    return f"{scene} {variant} {length} steps seed {seed} ran {ran}, not as {recipe} on {version}"
 
 
 def append_run(path: Path, row: dict) -> None:
@@ -116,26 +149,42 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     variants = args.variant or [("default", [])]
     runs_csv = args.out / "runs.csv"
-    done = {(r["scene"], r["variant"], int(r["length"]), int(r["seed"])) for r in read_runs(runs_csv)}
-    for length in (int(v) for v in args.lengths.split(",")):
-        for scene, (config, *scene_overrides) in args.scene:
-            for variant, variant_overrides in variants:
-                for seed in (int(v) for v in args.seeds.split(",")):
-                    if (scene, variant, length, seed) in done:
-                        continue
-                    recorder = {"steps": [length], "seconds": [], "clock": "cpu"}
-                    overrides = [*scene_overrides, *variant_overrides, f"seed={seed}", "metrics.lpips_net=alex"]
-                    work = args.out / "work" / f"{scene}_{variant}_{length}_{seed}"
-                    trainer = run(config, overrides, recorder, args.threads, work)
-                    final = trainer.hooks["QualityRecorderHook"].rows[-1]
-                    row = {"scene": scene, "variant": variant, "length": length, "seed": seed}
-                    row |= {k: final.get(k) for k in FIELDS[4:]}
-                    append_run(runs_csv, row)
-                    print(
-                        f"{scene} {variant} {length} steps seed {seed}: {row['psnr']:.2f} dB, {row['gaussians']} "
-                        f"Gaussians, {row['cpu_seconds']:.0f} CPU s, load {row['load1']:.1f}",
-                        flush=True,
-                    )
+    if runs_csv.is_file() and tuple(next(csv.reader(runs_csv.open()), [])) != FIELDS:
+        print(
+            f"{runs_csv}: written by an older bench_sweep.py (no commit or recipe column): use another --out",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    done = {(r["scene"], r["variant"], int(r["length"]), int(r["seed"])): r for r in read_runs(runs_csv)}
+    version = code_version()
+    plan = [
+        ((scene, variant, length, seed), config, [*scene_overrides, *variant_overrides])
+        for length in (int(v) for v in args.lengths.split(","))
+        for scene, (config, *scene_overrides) in args.scene
+        for variant, variant_overrides in variants
+        for seed in (int(v) for v in args.seeds.split(","))
+    ]
+    for key, config, words in plan:
+        if key in done and (why := stale_row(done, key, version, shlex.join([config, *words]))):
+            print(f"{runs_csv}: {why}: use another --out", file=sys.stderr)
+            sys.exit(2)
+    for (scene, variant, length, seed), config, words in plan:
+        if (scene, variant, length, seed) in done:
+            continue
+        recorder = {"steps": [length], "seconds": [], "clock": "cpu"}
+        overrides = [*words, f"seed={seed}", "metrics.lpips_net=alex"]
+        work = args.out / "work" / f"{scene}_{variant}_{length}_{seed}"
+        trainer = run(config, overrides, recorder, args.threads, work)
+        final = trainer.hooks["QualityRecorderHook"].rows[-1]
+        row = {"scene": scene, "variant": variant, "length": length, "seed": seed}
+        row |= {k: final.get(k) for k in FIELDS[4:-2]}
+        row |= {"commit": version, "recipe": shlex.join([config, *words])}
+        append_run(runs_csv, row)
+        print(
+            f"{scene} {variant} {length} steps seed {seed}: {row['psnr']:.2f} dB, {row['gaussians']} "
+            f"Gaussians, {row['cpu_seconds']:.0f} CPU s, load {row['load1']:.1f}",
+            flush=True,
+        )
     load = " ".join(f"{v:.2f}" for v in load_average())
     print(f"\nthreads {args.threads} (torch {torch.__version__}), load average at the end {load}\n")
     print(markdown(summarize(read_runs(runs_csv))))

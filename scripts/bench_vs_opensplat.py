@@ -11,9 +11,9 @@ says). gsrecon's score of the photo is its own validation's (``metrics.json``). 
 more run with ``--val-render`` saves its render of the photo every 10 steps (untimed: the renders cost time), and
 its last render is scored against the ground truth gsrecon validated on (``gsrecon eval``'s ``gt/IMAGE.png``;
 OpenSplat writes 8-bit renders by truncation, decoded here as (k + 0.5) / 255). OpenSplat trains on every photo
-but the one held out, gsrecon on its ``every_8`` split (20 of the statuette's 23). OpenSplat runs with ``--num-downscales 0``: by default it
-trains at a quarter of the asked resolution for its first 3000 steps (``--resolution-schedule``), so a 2000-step run
-would never see the resolution gsrecon trains at.
+but the one held out, gsrecon on its ``every_8`` split (20 of the statuette's 23). OpenSplat runs with
+``--num-downscales 0``: by default it trains at a quarter of the asked resolution for its first 3000 steps
+(``--resolution-schedule``), so a 2000-step run would never see the resolution gsrecon trains at.
 
 Writes ``<out>/runs.csv`` and prints a markdown table.
 """
