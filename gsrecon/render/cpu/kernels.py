@@ -117,7 +117,7 @@ def load_kernels(log: Callable[[str], None] | None = None) -> ModuleType:
         except OSError as exc:
             raise KernelsUnavailableError(f"the cache folder {folder} cannot be created: {exc.strerror}") from None
         if log is not None:
-            log(f"cpu renderer: compiling its C++ kernels on first use (about a minute; cached in {folder})")
+            log(f"cpu renderer: compiling its C++ kernels on first use (half a minute on one core; cached in {folder})")
     try:
         module = _build(name, folder)
     except Exception as exc:  # a compiler's or loader's failure, of any type

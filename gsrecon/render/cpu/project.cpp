@@ -3,7 +3,14 @@
 // project_gaussians and shade_gaussians). Gaussians are handed to OpenMP threads; each Gaussian's gradient sums
 // its cameras in order, so results do not depend on the thread count.
 
-#include <torch/extension.h>
+// ATen's headers, not <torch/extension.h>: that one (pybind11, the C++ frontend) makes this file's build 4x
+// slower; only bindings.cpp needs it.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
 
 #include <algorithm>
 #include <cmath>
@@ -177,19 +184,19 @@ struct ShCoeffs {
 
 // Forward for C pinhole cameras: means2d [C, N, 2], conics [C, N, 3], depths [C, N], radii [C, N, 2] int32,
 // log opacities [C, N] (with the antialiased compensation) and colours [C, N, 3].
-std::vector<torch::Tensor> project_forward(torch::Tensor means, torch::Tensor quats, torch::Tensor log_scales,
-                                           torch::Tensor logits, torch::Tensor sh0, torch::Tensor shN,
-                                           int64_t n_coeffs, torch::Tensor viewmats, torch::Tensor Ks,
+std::vector<at::Tensor> project_forward(at::Tensor means, at::Tensor quats, at::Tensor log_scales,
+                                           at::Tensor logits, at::Tensor sh0, at::Tensor shN,
+                                           int64_t n_coeffs, at::Tensor viewmats, at::Tensor Ks,
                                            int64_t width, int64_t height, double near_plane, double far_plane,
                                            double eps2d_d, bool antialiased) {
   const int64_t n = means.size(0), n_cams = viewmats.size(0);
   auto opts = means.options();
-  auto means2d = torch::zeros({n_cams, n, 2}, opts);
-  auto conics = torch::zeros({n_cams, n, 3}, opts);
-  auto depths = torch::zeros({n_cams, n}, opts);
-  auto radii = torch::zeros({n_cams, n, 2}, opts.dtype(torch::kInt32));
-  auto log_ops = torch::zeros({n_cams, n}, opts);
-  auto colors = torch::zeros({n_cams, n, 3}, opts);
+  auto means2d = at::zeros({n_cams, n, 2}, opts);
+  auto conics = at::zeros({n_cams, n, 3}, opts);
+  auto depths = at::zeros({n_cams, n}, opts);
+  auto radii = at::zeros({n_cams, n, 2}, opts.dtype(at::kInt));
+  auto log_ops = at::zeros({n_cams, n}, opts);
+  auto colors = at::zeros({n_cams, n, 3}, opts);
   const float *me = means.data_ptr<float>(), *qu = quats.data_ptr<float>(), *ls = log_scales.data_ptr<float>();
   const float* lg = logits.data_ptr<float>();
   const ShCoeffs sh{sh0.data_ptr<float>(), shN.data_ptr<float>(), shN.size(1)};
@@ -247,23 +254,23 @@ std::vector<torch::Tensor> project_forward(torch::Tensor means, torch::Tensor qu
 // quats [N, 4], log scales [N, 3], opacity logits [N], sh0 [N, 1, 3], shN [N, S, 3] (zero beyond the first
 // n_coeffs - 1 bands) and, with pose_grad, of the
 // viewmats [C, 4, 4] (else [0, 4, 4]). Gaussians not visible in a camera (radii 0) take nothing from it.
-std::vector<torch::Tensor> project_backward(torch::Tensor means, torch::Tensor quats, torch::Tensor log_scales,
-                                            torch::Tensor logits, torch::Tensor sh0, torch::Tensor shN,
-                                            int64_t n_coeffs, torch::Tensor viewmats, torch::Tensor Ks,
+std::vector<at::Tensor> project_backward(at::Tensor means, at::Tensor quats, at::Tensor log_scales,
+                                            at::Tensor logits, at::Tensor sh0, at::Tensor shN,
+                                            int64_t n_coeffs, at::Tensor viewmats, at::Tensor Ks,
                                             int64_t width, int64_t height, double near_plane, double far_plane,
-                                            double eps2d_d, bool antialiased, torch::Tensor radii, torch::Tensor v_means2d, torch::Tensor v_conics,
-                                            torch::Tensor v_depths, torch::Tensor v_log_ops,
-                                            torch::Tensor v_colors, bool pose_grad) {
+                                            double eps2d_d, bool antialiased, at::Tensor radii, at::Tensor v_means2d, at::Tensor v_conics,
+                                            at::Tensor v_depths, at::Tensor v_log_ops,
+                                            at::Tensor v_colors, bool pose_grad) {
   const int64_t n = means.size(0), n_cams = viewmats.size(0);
   // With pose_grad, each (Gaussian, camera)'s gradient of the camera's R (9) and t (3) in its own row, summed in
   // Gaussian order at the end.
   std::vector<float> pose_rows(pose_grad ? n * n_cams * 12 : 0, 0.f);
-  auto g_means = torch::zeros_like(means);
-  auto g_quats = torch::zeros_like(quats);
-  auto g_scales = torch::zeros_like(log_scales);
-  auto g_logits = torch::zeros_like(logits);
-  auto g_sh0 = torch::zeros_like(sh0);
-  auto g_shN = torch::zeros_like(shN);
+  auto g_means = at::zeros_like(means);
+  auto g_quats = at::zeros_like(quats);
+  auto g_scales = at::zeros_like(log_scales);
+  auto g_logits = at::zeros_like(logits);
+  auto g_sh0 = at::zeros_like(sh0);
+  auto g_shN = at::zeros_like(shN);
   const float *me = means.data_ptr<float>(), *qu = quats.data_ptr<float>(), *ls = log_scales.data_ptr<float>();
   const float* lg = logits.data_ptr<float>();
   const ShCoeffs sh{sh0.data_ptr<float>(), shN.data_ptr<float>(), shN.size(1)};
@@ -411,7 +418,7 @@ std::vector<torch::Tensor> project_backward(torch::Tensor means, torch::Tensor q
     const float qdot = vqn[0] * qn[0] + vqn[1] * qn[1] + vqn[2] * qn[2] + vqn[3] * qn[3];
     for (int i = 0; i < 4; ++i) gq[4 * g + i] = (vqn[i] - qn[i] * qdot) / qnorm;
   }
-  auto g_viewmats = torch::zeros({pose_grad ? n_cams : 0, 4, 4}, means.options());
+  auto g_viewmats = at::zeros({pose_grad ? n_cams : 0, 4, 4}, means.options());
   if (pose_grad) {
     float* gv = g_viewmats.data_ptr<float>();
 #pragma omp parallel for schedule(static) num_threads(at::get_num_threads())

@@ -5,7 +5,14 @@
 // (one thread as it goes, tile after tile; more through a row per pair), so gradients are bit-identical whatever the
 // thread count.
 
-#include <torch/extension.h>
+// ATen's headers, not <torch/extension.h>: that one (pybind11, the C++ frontend) makes this file's build 4x
+// slower; only bindings.cpp needs it.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
 
 #include <algorithm>
 #include <bit>
@@ -25,10 +32,10 @@ constexpr int kPairGrad = 12;
 
 // The (tile, Gaussian) pairs, as tensors that forward hands to backward.
 struct Binning {
-  torch::Tensor offsets;  // [C * tiles + 1] int64: first pair of each tile
-  torch::Tensor ids;      // [P] int32: Gaussian index (within its camera) of each pair, sorted front to back per tile
-  torch::Tensor first;    // [C * N + 1] int64: first entry of each Gaussian (of all cameras) in `slots`
-  torch::Tensor slots;    // [P] int64: each Gaussian's pairs (their positions in `ids`), in pair order
+  at::Tensor offsets;  // [C * tiles + 1] int64: first pair of each tile
+  at::Tensor ids;      // [P] int32: Gaussian index (within its camera) of each pair, sorted front to back per tile
+  at::Tensor first;    // [C * N + 1] int64: first entry of each Gaussian (of all cameras) in `slots`
+  at::Tensor slots;    // [P] int64: each Gaussian's pairs (their positions in `ids`), in pair order
 };
 
 // e^x to about 1 ulp for x <= 0 (Cody-Waite reduction by ln 2, cephes' degree-6 polynomial, the power of two built
@@ -128,7 +135,7 @@ Binning bin_gaussians(const float* means2d, const float* conics, const float* lo
   for (int64_t g = 0; g < total; ++g) boxes[g + 1] += boxes[g];
   std::vector<int64_t> box_tile(boxes[total]);
   Binning out;
-  out.first = torch::zeros({total + 1}, torch::kInt64);
+  out.first = at::zeros({total + 1}, at::kLong);
   int64_t* first = out.first.data_ptr<int64_t>();
 #pragma omp parallel for schedule(static) num_threads(at::get_num_threads())
   for (int64_t g = 0; g < total; ++g) {
@@ -150,13 +157,13 @@ Binning bin_gaussians(const float* means2d, const float* conics, const float* lo
     std::copy(box_tile.begin() + boxes[g], box_tile.begin() + boxes[g] + (first[g + 1] - first[g]),
               pair_tile.begin() + first[g]);
   // Counting sort by tile of the pairs, taken in depth order: each tile's list comes out sorted by (depth, index).
-  out.offsets = torch::zeros({n_cams * tiles + 1}, torch::kInt64);
+  out.offsets = at::zeros({n_cams * tiles + 1}, at::kLong);
   int64_t* offsets = out.offsets.data_ptr<int64_t>();
   for (int64_t p = 0; p < n_pairs; ++p) ++offsets[pair_tile[p] + 1];
   for (int64_t t = 0; t < n_cams * tiles; ++t) offsets[t + 1] += offsets[t];
   std::vector<int64_t> fill(offsets, offsets + n_cams * tiles);
-  out.ids = torch::empty({n_pairs}, torch::kInt32);
-  out.slots = torch::empty({n_pairs}, torch::kInt64);
+  out.ids = at::empty({n_pairs}, at::kInt);
+  out.slots = at::empty({n_pairs}, at::kLong);
   int32_t* ids = out.ids.data_ptr<int32_t>();
   int64_t* slots = out.slots.data_ptr<int64_t>();
   for (int64_t g : depth_order(depths, first, total)) {
@@ -172,8 +179,8 @@ Binning bin_gaussians(const float* means2d, const float* conics, const float* lo
 struct Splats {
   const float *means2d, *conics, *log_ops, *colors, *depths;
   const int32_t* radii;
-  Splats(const torch::Tensor& means2d_t, const torch::Tensor& conics_t, const torch::Tensor& log_ops_t,
-         const torch::Tensor& colors_t, const torch::Tensor& depths_t, const torch::Tensor& radii_t)
+  Splats(const at::Tensor& means2d_t, const at::Tensor& conics_t, const at::Tensor& log_ops_t,
+         const at::Tensor& colors_t, const at::Tensor& depths_t, const at::Tensor& radii_t)
       : means2d(means2d_t.data_ptr<float>()), conics(conics_t.data_ptr<float>()),
         log_ops(log_ops_t.data_ptr<float>()), colors(colors_t.data_ptr<float>()),
         depths(depths_t.data_ptr<float>()), radii(radii_t.data_ptr<int32_t>()) {}
@@ -341,8 +348,8 @@ void backward_row(TilePixels& px, const Splat& s, int p0, int ts, int bx, float 
 // Forward: returns out [C, H, W, 5] (premultiplied rgb, sum w z, alpha), median [C, H, W] (0 unless asked),
 // and for backward the binning (offsets [C * tiles + 1] int64, ids [P] int32, first [C * N + 1] int64, slots [P]
 // int64: see Binning), last [C, H, W] int32 (slots each pixel composited) and the final transmittance [C, H, W].
-std::vector<torch::Tensor> rasterize_forward(torch::Tensor means2d, torch::Tensor conics, torch::Tensor log_ops,
-                                             torch::Tensor colors, torch::Tensor depths, torch::Tensor radii,
+std::vector<at::Tensor> rasterize_forward(at::Tensor means2d, at::Tensor conics, at::Tensor log_ops,
+                                             at::Tensor colors, at::Tensor depths, at::Tensor radii,
                                              int64_t width, int64_t height, int64_t tile_size, double alpha_max_d,
                                              bool median_depth) {
   const int64_t n_cams = means2d.size(0), n = means2d.size(1);
@@ -353,10 +360,10 @@ std::vector<torch::Tensor> rasterize_forward(torch::Tensor means2d, torch::Tenso
   const int64_t* offsets = bins.offsets.data_ptr<int64_t>();
   const int32_t* ids = bins.ids.data_ptr<int32_t>();
   auto opts = means2d.options();
-  auto out = torch::zeros({n_cams, height, width, kOut}, opts);
-  auto median = torch::zeros({n_cams, height, width}, opts);
-  auto last = torch::zeros({n_cams, height, width}, opts.dtype(torch::kInt32));
-  auto trans_final = torch::ones({n_cams, height, width}, opts);
+  auto out = at::zeros({n_cams, height, width, kOut}, opts);
+  auto median = at::zeros({n_cams, height, width}, opts);
+  auto last = at::zeros({n_cams, height, width}, opts.dtype(at::kInt));
+  auto trans_final = at::ones({n_cams, height, width}, opts);
   float* o = out.data_ptr<float>();
   float* med = median.data_ptr<float>();
   int32_t* la = last.data_ptr<int32_t>();
@@ -417,11 +424,11 @@ std::vector<torch::Tensor> rasterize_forward(torch::Tensor means2d, torch::Tenso
 // Backward of the composited channels: from grad_out [C, H, W, 5] the gradients of means2d [C, N, 2],
 // conics [C, N, 3], log_ops [C, N], colors [C, N, 3], depths [C, N], and the absolute 2D gradients [C, N, 2]
 // (the sum over pixels of |d loss / d means2d|, AbsGS).
-std::vector<torch::Tensor> rasterize_backward(torch::Tensor means2d, torch::Tensor conics, torch::Tensor log_ops,
-                                              torch::Tensor colors, torch::Tensor depths, torch::Tensor radii,
-                                              torch::Tensor offsets_t, torch::Tensor ids_t, torch::Tensor first_t,
-                                              torch::Tensor slots_t, torch::Tensor last, torch::Tensor trans_final,
-                                              torch::Tensor grad_out, int64_t width, int64_t height,
+std::vector<at::Tensor> rasterize_backward(at::Tensor means2d, at::Tensor conics, at::Tensor log_ops,
+                                              at::Tensor colors, at::Tensor depths, at::Tensor radii,
+                                              at::Tensor offsets_t, at::Tensor ids_t, at::Tensor first_t,
+                                              at::Tensor slots_t, at::Tensor last, at::Tensor trans_final,
+                                              at::Tensor grad_out, int64_t width, int64_t height,
                                               int64_t tile_size, double alpha_max_d) {
   const int64_t n_cams = means2d.size(0), n = means2d.size(1);
   const TileGrid grid(width, height, tile_size);
@@ -491,12 +498,12 @@ std::vector<torch::Tensor> rasterize_backward(torch::Tensor means2d, torch::Tens
     }
   }
   auto opts = means2d.options();
-  auto g_means2d = torch::empty({n_cams, n, 2}, opts);
-  auto g_conics = torch::empty({n_cams, n, 3}, opts);
-  auto g_log_ops = torch::empty({n_cams, n}, opts);
-  auto g_colors = torch::empty({n_cams, n, 3}, opts);
-  auto g_depths = torch::empty({n_cams, n}, opts);
-  auto g_abs = torch::empty({n_cams, n, 2}, opts);
+  auto g_means2d = at::empty({n_cams, n, 2}, opts);
+  auto g_conics = at::empty({n_cams, n, 3}, opts);
+  auto g_log_ops = at::empty({n_cams, n}, opts);
+  auto g_colors = at::empty({n_cams, n, 3}, opts);
+  auto g_depths = at::empty({n_cams, n}, opts);
+  auto g_abs = at::empty({n_cams, n, 2}, opts);
   float* gm = g_means2d.data_ptr<float>();
   float* gc = g_conics.data_ptr<float>();
   float* gl = g_log_ops.data_ptr<float>();
