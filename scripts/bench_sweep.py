@@ -57,7 +57,7 @@ def read_runs(path: Path) -> list[dict]:
         return []
     with path.open(newline="") as f:
         return [
-            {k: (v or "" if k in TEXT_FIELDS else float(v or "nan")) for k, v in row.items()}
+            {k: ((v or "") if k in TEXT_FIELDS else float(v or "nan")) for k, v in row.items()}
             for row in csv.DictReader(f)
         ]
 

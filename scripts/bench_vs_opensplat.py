@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from gsrecon.data.formats.images import read_image
+from gsrecon.io.ply import read_ply_header
 from gsrecon.losses.ssim import ssim
 from gsrecon.metrics import psnr
 
@@ -57,11 +58,7 @@ def as_tensor(path: Path) -> torch.Tensor:
 
 def gaussians_in_ply(path: Path) -> int:
     """The vertex count in a .ply's header."""
-    with path.open("rb") as f:
-        for line in f:
-            if line.startswith(b"element vertex"):
-                return int(line.split()[-1])
-    raise ValueError(f"{path}: no 'element vertex' line")
+    return next(rows for name, rows, _ in read_ply_header(path).elements if name == "vertex")
 
 
 def main() -> None:
