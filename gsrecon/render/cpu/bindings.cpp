@@ -13,9 +13,9 @@ std::vector<torch::Tensor> project_backward(torch::Tensor means, torch::Tensor q
                                             torch::Tensor logits, torch::Tensor sh0, torch::Tensor shN,
                                             int64_t n_coeffs, torch::Tensor viewmats, torch::Tensor Ks,
                                             int64_t width, int64_t height, double near_plane, double far_plane,
-                                            double eps2d, bool antialiased, torch::Tensor radii, torch::Tensor v_means2d, torch::Tensor v_conics,
-                                            torch::Tensor v_depths, torch::Tensor v_log_ops,
-                                            torch::Tensor v_colors, bool pose_grad);
+                                            double eps2d, bool antialiased, torch::Tensor radii,
+                                            torch::Tensor v_means2d, torch::Tensor v_conics, torch::Tensor v_depths,
+                                            torch::Tensor v_log_ops, torch::Tensor v_colors, bool pose_grad);
 std::vector<torch::Tensor> rasterize_forward(torch::Tensor means2d, torch::Tensor conics, torch::Tensor log_ops,
                                              torch::Tensor colors, torch::Tensor depths, torch::Tensor radii,
                                              int64_t width, int64_t height, int64_t tile_size, double alpha_max,

@@ -185,10 +185,10 @@ struct ShCoeffs {
 // Forward for C pinhole cameras: means2d [C, N, 2], conics [C, N, 3], depths [C, N], radii [C, N, 2] int32,
 // log opacities [C, N] (with the antialiased compensation) and colours [C, N, 3].
 std::vector<at::Tensor> project_forward(at::Tensor means, at::Tensor quats, at::Tensor log_scales,
-                                           at::Tensor logits, at::Tensor sh0, at::Tensor shN,
-                                           int64_t n_coeffs, at::Tensor viewmats, at::Tensor Ks,
-                                           int64_t width, int64_t height, double near_plane, double far_plane,
-                                           double eps2d_d, bool antialiased) {
+                                        at::Tensor logits, at::Tensor sh0, at::Tensor shN,
+                                        int64_t n_coeffs, at::Tensor viewmats, at::Tensor Ks,
+                                        int64_t width, int64_t height, double near_plane, double far_plane,
+                                        double eps2d_d, bool antialiased) {
   const int64_t n = means.size(0), n_cams = viewmats.size(0);
   auto opts = means.options();
   auto means2d = at::zeros({n_cams, n, 2}, opts);
@@ -255,12 +255,12 @@ std::vector<at::Tensor> project_forward(at::Tensor means, at::Tensor quats, at::
 // n_coeffs - 1 bands) and, with pose_grad, of the
 // viewmats [C, 4, 4] (else [0, 4, 4]). Gaussians not visible in a camera (radii 0) take nothing from it.
 std::vector<at::Tensor> project_backward(at::Tensor means, at::Tensor quats, at::Tensor log_scales,
-                                            at::Tensor logits, at::Tensor sh0, at::Tensor shN,
-                                            int64_t n_coeffs, at::Tensor viewmats, at::Tensor Ks,
-                                            int64_t width, int64_t height, double near_plane, double far_plane,
-                                            double eps2d_d, bool antialiased, at::Tensor radii, at::Tensor v_means2d, at::Tensor v_conics,
-                                            at::Tensor v_depths, at::Tensor v_log_ops,
-                                            at::Tensor v_colors, bool pose_grad) {
+                                         at::Tensor logits, at::Tensor sh0, at::Tensor shN,
+                                         int64_t n_coeffs, at::Tensor viewmats, at::Tensor Ks,
+                                         int64_t width, int64_t height, double near_plane, double far_plane,
+                                         double eps2d_d, bool antialiased, at::Tensor radii, at::Tensor v_means2d,
+                                         at::Tensor v_conics, at::Tensor v_depths, at::Tensor v_log_ops,
+                                         at::Tensor v_colors, bool pose_grad) {
   const int64_t n = means.size(0), n_cams = viewmats.size(0);
   // With pose_grad, each (Gaussian, camera)'s gradient of the camera's R (9) and t (3) in its own row, summed in
   // Gaussian order at the end.

@@ -349,9 +349,9 @@ void backward_row(TilePixels& px, const Splat& s, int p0, int ts, int bx, float 
 // and for backward the binning (offsets [C * tiles + 1] int64, ids [P] int32, first [C * N + 1] int64, slots [P]
 // int64: see Binning), last [C, H, W] int32 (slots each pixel composited) and the final transmittance [C, H, W].
 std::vector<at::Tensor> rasterize_forward(at::Tensor means2d, at::Tensor conics, at::Tensor log_ops,
-                                             at::Tensor colors, at::Tensor depths, at::Tensor radii,
-                                             int64_t width, int64_t height, int64_t tile_size, double alpha_max_d,
-                                             bool median_depth) {
+                                          at::Tensor colors, at::Tensor depths, at::Tensor radii,
+                                          int64_t width, int64_t height, int64_t tile_size, double alpha_max_d,
+                                          bool median_depth) {
   const int64_t n_cams = means2d.size(0), n = means2d.size(1);
   const TileGrid grid(width, height, tile_size);
   const Splats in(means2d, conics, log_ops, colors, depths, radii);
@@ -425,11 +425,11 @@ std::vector<at::Tensor> rasterize_forward(at::Tensor means2d, at::Tensor conics,
 // conics [C, N, 3], log_ops [C, N], colors [C, N, 3], depths [C, N], and the absolute 2D gradients [C, N, 2]
 // (the sum over pixels of |d loss / d means2d|, AbsGS).
 std::vector<at::Tensor> rasterize_backward(at::Tensor means2d, at::Tensor conics, at::Tensor log_ops,
-                                              at::Tensor colors, at::Tensor depths, at::Tensor radii,
-                                              at::Tensor offsets_t, at::Tensor ids_t, at::Tensor first_t,
-                                              at::Tensor slots_t, at::Tensor last, at::Tensor trans_final,
-                                              at::Tensor grad_out, int64_t width, int64_t height,
-                                              int64_t tile_size, double alpha_max_d) {
+                                           at::Tensor colors, at::Tensor depths, at::Tensor radii,
+                                           at::Tensor offsets_t, at::Tensor ids_t, at::Tensor first_t,
+                                           at::Tensor slots_t, at::Tensor last, at::Tensor trans_final,
+                                           at::Tensor grad_out, int64_t width, int64_t height,
+                                           int64_t tile_size, double alpha_max_d) {
   const int64_t n_cams = means2d.size(0), n = means2d.size(1);
   const TileGrid grid(width, height, tile_size);
   const Splats in(means2d, conics, log_ops, colors, depths, radii);
