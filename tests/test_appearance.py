@@ -13,6 +13,7 @@ from gsrecon.cli import main
 from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.engine.evaluator import evaluate_views
 from gsrecon.engine.trainer import DefaultTrainer
+from gsrecon.errors import InputError
 from gsrecon.model.views.affine import (
     AffineAppearance,
     apply_affine,
@@ -23,6 +24,7 @@ from gsrecon.model.views.affine import (
 from gsrecon.model.views.bilateral_grid import BilateralGridAppearance, slice_grids, total_variation
 
 AFFINE = {"mode": "affine", "lr": 5e-3}
+AFFINE_FULL = {**AFFINE, "matrix": "full"}
 GRID = {"mode": "bilateral_grid", "lr": 5e-3, "shape": [4, 3, 2]}
 
 
@@ -78,6 +80,35 @@ def test_transforms_average_to_identity_and_regularization_grows_away_from_it() 
     assert module.regularization().item() == pytest.approx(0.5 * 2 * 0.01 / 24)
 
 
+def test_diagonal_transforms_scale_each_channel_and_mix_none() -> None:
+    module = AffineAppearance(AffineAppearance.Config(), ["a", "b"])
+    with torch.no_grad():
+        module.offsets[0] = 0.3  # every entry of "a" moved, the channel-mixing ones too
+    transforms = module.transforms()  # [2, 3, 4]
+    off_diagonal = ~torch.eye(3, dtype=torch.bool)
+    assert torch.equal(transforms[:, :, :3][:, off_diagonal], torch.zeros(2, 6))
+    torch.testing.assert_close(transforms.mean(0), torch.eye(3, 4))
+    torch.testing.assert_close(transforms[0].diagonal(), torch.full((3,), 1.15))
+    torch.testing.assert_close(transforms[0, :, 3], torch.full((3,), 0.15))
+    pixels = torch.tensor([[[[1.0, 0.0, 0.0]]]])  # pure red stays red
+    assert torch.equal(
+        module.adjust_image(pixels, SimpleNamespace(names=["a"]))[..., 1:], torch.full((1, 1, 1, 2), 0.15)
+    )
+
+
+def test_diagonal_module_refuses_a_checkpoint_whose_transforms_mix_channels() -> None:
+    full = AffineAppearance(AffineAppearance.Config(matrix="full"), ["a", "b"])
+    diagonal = AffineAppearance(AffineAppearance.Config(), ["a", "b"])
+    with torch.no_grad():
+        full.offsets[0, 0, 0] = 0.2  # a gain: a diagonal module can hold it
+    diagonal.load_state_dict(full.state_dict())
+    assert torch.equal(diagonal.transforms(), full.transforms())
+    with torch.no_grad():
+        full.offsets[0, 0, 1] = 0.1  # green into red: it cannot
+    with pytest.raises(InputError, match="resume it with appearance.matrix=full"):
+        diagonal.load_state_dict(full.state_dict())
+
+
 def test_fit_left_half_recovers_a_colour_change() -> None:
     generator = torch.Generator().manual_seed(0)
     render = torch.rand(8, 10, 3, generator=generator)
@@ -105,7 +136,7 @@ def test_appearance_is_off_by_default(make_trainer) -> None:
     assert default.val_metrics == explicit.val_metrics
 
 
-@pytest.mark.parametrize("appearance", [AFFINE, GRID], ids=["affine", "bilateral_grid"])
+@pytest.mark.parametrize("appearance", [AFFINE, AFFINE_FULL, GRID], ids=["affine", "affine_full", "bilateral_grid"])
 def test_appearance_learns_per_image_corrections(make_trainer, appearance: dict) -> None:
     trainer = train_perturbed(make_trainer, "learn", appearance=appearance)
     saved = load_checkpoint_file(trainer.exp_dir / "checkpoints" / "last.pt")["views"]["appearance"]
@@ -114,6 +145,9 @@ def test_appearance_learns_per_image_corrections(make_trainer, appearance: dict)
     torch.testing.assert_close(module.offsets.detach(), offsets)
     assert len(offsets) == trainer.datapipeline.num_train
     assert offsets.abs().amax() > 1e-3  # moved away from the identity start
+    if appearance["mode"] == "affine":  # the default (diagonal) never learns the channel-mixing entries
+        mixing = offsets[:, :, :3][:, ~torch.eye(3, dtype=torch.bool)]  # [N, 6]
+        assert mixing.any() == (appearance.get("matrix") == "full")
     assert trainer.val_metrics["psnr"] is not None
 
 
@@ -158,6 +192,7 @@ def test_fit_left_evaluation_scores_the_right_half(make_trainer) -> None:
         ("appearance.eval=left", "key 'appearance': eval must be one of identity, fit_left, got 'left'"),
         ("appearance.lr=-1", "key 'appearance': lr must be a finite number >= 0, got -1"),
         ("appearance.neighbours=-2", "key 'appearance': neighbours must be >= 0 (0: all training views), got -2"),
+        ("appearance.matrix=diag", "key 'appearance': matrix must be one of full, diagonal, got 'diag'"),
         (
             "appearance.mode=bilateral_grid appearance.shape=[16,16]",
             "key 'appearance': shape must be three whole numbers of cells [x, y, luminance], each 1 to 256, "

@@ -3,8 +3,9 @@
 Photos of one capture differ in exposure and white balance; without a per-image correction the
 Gaussians absorb those differences as floaters and colour blotches. ``affine`` gives each training
 image a 3x3 colour matrix and a bias (as the Inria code's exposure compensation and gsplat's
-``--app_opt`` do in spirit), initialised to the identity, trained by its own Adam and pulled toward
-the identity by a small penalty. Test views have no transform of their own: they are scored with the
+``--app_opt`` do in spirit), or with ``matrix: diagonal`` a gain and a bias per channel (exposure and
+white balance, nothing that mixes channels), initialised to the identity, trained by its own Adam and
+pulled toward the identity by a small penalty. Test views have no transform of their own: they are scored with the
 identity (``eval: identity``), or with a transform fitted on the left half of the view and scored on
 the right half (``eval: fit_left``, as NeRF-W and gsplat evaluate appearance codes).
 """
@@ -12,13 +13,15 @@ the right half (``eval: fit_left``, as NeRF-W and gsplat evaluate appearance cod
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
+from gsrecon.errors import InputError
 from gsrecon.model.views.base import EvalAdjust, ViewModule
 from gsrecon.registry import VIEW_REGISTRY
 
@@ -26,6 +29,7 @@ if TYPE_CHECKING:
     from gsrecon.data.pipeline import Batch
 
 APPEARANCE_EVALS = ("identity", "fit_left")
+AFFINE_MATRICES = ("full", "diagonal")
 
 
 def identity_affine(count: int, device: torch.device | str = "cpu") -> Tensor:
@@ -94,21 +98,40 @@ class AffineAppearance(AppearanceModule):
     The transforms average to the identity (each is the identity plus its offset from the mean offset of its
     neighbourhood): the scene keeps the captures' average colours, which test views, having no transform, are
     rendered in. Otherwise a colour shift shared by all transforms, undone by the Gaussians, would cost the loss
-    nothing.
+    nothing. They are diagonal by default (a gain and a bias per channel: exposure, white balance, black level):
+    a full 3x3 matrix also learnt what the Gaussians should hold where the colours do not change (BENCHMARKS.md,
+    issue 38).
     """
 
     @dataclass
     class Config(AppearanceConfig):
         reg: float = 1e-2  # weight of the mean squared distance of the transforms from the identity
+        matrix: str = "diagonal"  # diagonal: a gain per channel | full: a 3x3 colour matrix; a bias per channel both
+
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            if self.matrix not in AFFINE_MATRICES:
+                raise ValueError(f"matrix must be one of {', '.join(AFFINE_MATRICES)}, got '{self.matrix}'")
 
     def __init__(self, cfg: Config, train_names: list[str]) -> None:
         super().__init__(cfg, train_names)
         self.offsets = torch.nn.Parameter(torch.zeros(len(train_names), 3, 4))  # [N, 3, 4]
+        learnt = torch.ones(3, 4) if cfg.matrix == "full" else torch.cat([torch.eye(3), torch.ones(3, 1)], dim=1)
+        self.register_buffer("learnt", learnt, persistent=False)  # [3, 4]: 1 where an offset may move
 
     def transforms(self) -> Tensor:
         """Every training image's transform [N, 3, 4]; over each neighbourhood their mean is the identity."""
-        mean = neighbourhood_mean(self.offsets, self.cfg.neighbours)  # [N or 1, 3, 4]
-        return identity_affine(1, self.offsets.device) + self.offsets - mean
+        offsets = self.offsets * self.learnt  # [N, 3, 4]
+        mean = neighbourhood_mean(offsets, self.cfg.neighbours)  # [N or 1, 3, 4]
+        return identity_affine(1, self.offsets.device) + offsets - mean
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
+        """Restore the offsets; transforms that mix channels are refused where this module's are diagonal."""
+        if (state_dict["offsets"].to(self.learnt.device) * (1 - self.learnt)).any():
+            raise InputError(
+                "the checkpoint's appearance transforms mix colour channels: resume it with appearance.matrix=full"
+            )
+        return super().load_state_dict(state_dict, strict, assign)
 
     def trained_rows(self, names: list[str], device: torch.device) -> Tensor | None:
         """Every row, every step (Adam as torch has it): with 12 numbers a photo, each well determined by its whole
