@@ -105,6 +105,7 @@ class AffineAppearance(AppearanceModule):
 
     @dataclass
     class Config(AppearanceConfig):
+        lr: float = 3e-3  # Adam learning rate of the offsets (measured with diagonal transforms; full: 1e-3)
         reg: float = 1e-2  # weight of the mean squared distance of the transforms from the identity
         matrix: str = "diagonal"  # diagonal: a gain per channel | full: a 3x3 colour matrix; a bias per channel both
 
