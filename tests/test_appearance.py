@@ -109,6 +109,19 @@ def test_diagonal_module_refuses_a_checkpoint_whose_transforms_mix_channels() ->
         diagonal.load_state_dict(full.state_dict())
 
 
+def test_resuming_full_transforms_as_diagonal_ones_is_one_line_and_exit_2(capsys, make_config, tmp_path: Path) -> None:
+    path = write_yaml(tmp_path / "c.yaml", make_config(max_steps=3))
+    assert main(["train", "--config", str(path), "appearance.mode=affine", "appearance.matrix=full"]) == 0
+    last = tmp_path / "run" / "checkpoints" / "last.pt"
+    before = last.read_bytes()
+    capsys.readouterr()
+    code = main(["train", "--config", str(path), "--resume", "appearance.mode=affine", "max_steps=5"])
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(errors) == 1, errors
+    assert "mix colour channels: resume it with appearance.matrix=full" in errors[0]
+    assert last.read_bytes() == before  # nothing written is lost
+
+
 def test_fit_left_half_recovers_a_colour_change() -> None:
     generator = torch.Generator().manual_seed(0)
     render = torch.rand(8, 10, 3, generator=generator)

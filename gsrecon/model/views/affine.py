@@ -2,11 +2,11 @@
 
 Photos of one capture differ in exposure and white balance; without a per-image correction the
 Gaussians absorb those differences as floaters and colour blotches. ``affine`` gives each training
-image a 3x3 colour matrix and a bias (as the Inria code's exposure compensation and gsplat's
-``--app_opt`` do in spirit), or with ``matrix: diagonal`` a gain and a bias per channel (exposure and
-white balance, nothing that mixes channels), initialised to the identity, trained by its own Adam and
-pulled toward the identity by a small penalty. Test views have no transform of their own: they are scored with the
-identity (``eval: identity``), or with a transform fitted on the left half of the view and scored on
+image a gain and a bias per colour channel (``matrix: diagonal``, the default: exposure and white balance,
+nothing that mixes channels) or a 3x3 colour matrix and a bias (``matrix: full``; as the Inria code's
+exposure compensation and gsplat's ``--app_opt`` do in spirit), initialised to the identity, trained by its
+own Adam and pulled toward the identity by a small penalty. Test views have no transform of their own: they
+are scored with the identity (``eval: identity``), or with a transform fitted on the left half of the view and scored on
 the right half (``eval: fit_left``, as NeRF-W and gsplat evaluate appearance codes).
 """
 
