@@ -158,17 +158,18 @@ def main() -> None:
     done = {(r["scene"], r["variant"], int(r["length"]), int(r["seed"])): r for r in read_runs(runs_csv)}
     version = code_version()
     plan = [
-        ((scene, variant, length, seed), config, [*scene_overrides, *variant_overrides])
+        ((scene, variant, length, seed), config, words, shlex.join([config, *words]))
         for length in (int(v) for v in args.lengths.split(","))
         for scene, (config, *scene_overrides) in args.scene
         for variant, variant_overrides in variants
+        for words in [[*scene_overrides, *variant_overrides]]
         for seed in (int(v) for v in args.seeds.split(","))
     ]
-    for key, config, words in plan:
-        if key in done and (why := stale_row(done, key, version, shlex.join([config, *words]))):
+    for key, _, _, recipe in plan:
+        if key in done and (why := stale_row(done, key, version, recipe)):
             print(f"{runs_csv}: {why}: use another --out", file=sys.stderr)
             sys.exit(2)
-    for (scene, variant, length, seed), config, words in plan:
+    for (scene, variant, length, seed), config, words, recipe in plan:
         if (scene, variant, length, seed) in done:
             continue
         recorder = {"steps": [length], "seconds": [], "clock": "cpu"}
@@ -178,7 +179,7 @@ def main() -> None:
         final = trainer.hooks["QualityRecorderHook"].rows[-1]
         row = {"scene": scene, "variant": variant, "length": length, "seed": seed}
         row |= {k: final.get(k) for k in FIELDS[4:-2]}
-        row |= {"commit": version, "recipe": shlex.join([config, *words])}
+        row |= {"commit": version, "recipe": recipe}
         append_run(runs_csv, row)
         print(
             f"{scene} {variant} {length} steps seed {seed}: {row['psnr']:.2f} dB, {row['gaussians']} "
