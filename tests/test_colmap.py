@@ -12,6 +12,7 @@ import torch
 from colmap_writer import write_model
 from PIL import Image
 
+from gsrecon.cameras.lens import project_points
 from gsrecon.data.errors import DatasetError
 from gsrecon.data.formats.colmap_model import (
     ColmapCamera,
@@ -21,6 +22,7 @@ from gsrecon.data.formats.colmap_model import (
     read_model,
 )
 from gsrecon.data.formats.images import read_image, to_uint8, write_png
+from gsrecon.data.formats.lens import camera_intrinsics, distort
 from gsrecon.data.readers.colmap import load_colmap
 from gsrecon.geometry import rotmat_to_quat
 from gsrecon.model.gaussians import GaussianModel
@@ -274,6 +276,24 @@ def test_distorted_camera_is_undistorted_to_pinhole(tmp_path: Path) -> None:
         assert K[0, 0] > 58.0 / 2 and K[0, 0] / K[1, 1] == pytest.approx(58.0 / 61.0)  # zoomed in for k1 > 0
         assert frame.source == "resized 1/2, undistorted"
         np.testing.assert_allclose(frame.viewmat.numpy(), truth["viewmats"][frame.name + ".png"], atol=1e-6)
+
+
+def test_keypoints_land_where_the_undistorted_frames_see_their_points(tmp_path: Path) -> None:
+    params = [58.0, 61.0, 31.3, 24.7, 0.08, 0.01, 0.002, -0.001]
+    model, _ = _synthetic_model(camera_model="OPENCV", params=params)
+    K, dist = camera_intrinsics(model.cameras[1], "cameras.bin")
+    for image in model.images.values():  # keypoints where the distorted camera saw the points
+        camera = model.points.xyz @ image.viewmat()[:3, :3].T + image.viewmat()[:3, 3]  # [P, 3]
+        x, y = distort(camera[:, 0] / camera[:, 2], camera[:, 1] / camera[:, 2], dist)
+        image.xys[:] = np.stack([K[0, 0] * x + K[0, 2], K[1, 1] * y + K[1, 2]], axis=-1)
+    root = tmp_path / "s"
+    write_model(model, root / "sparse" / "0")
+    _write_images(root / "images", sorted(image.name for image in model.images.values()))
+    scene = load_colmap(str(root), eval_split="none", factor=2)
+    for frame in scene.train:
+        seen_at, seen = project_points(scene.points[scene.observed[frame.name]], frame.viewmat, frame.K)
+        assert seen.all() and scene.keypoints[frame.name].shape == (40, 2)
+        torch.testing.assert_close(scene.keypoints[frame.name], seen_at[:, :2], atol=2e-3, rtol=0)
 
 
 def test_unusable_cache_root_only_costs_time(scene_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -124,6 +124,7 @@ def test_a_camera_joins_a_block_when_inside_its_grown_cell_or_when_its_image_see
 def test_a_block_scene_keeps_its_frames_points_and_their_tracks() -> None:
     scene = _street()
     scene.observed = {f.name: torch.arange(0, len(scene.points), 7) for f in scene.train}
+    scene.keypoints = {name: rows[:, None].float().expand(-1, 2) for name, rows in scene.observed.items()}
     block = plan_partition(scene, PartitionConfig(blocks=3)).blocks[1]
     part = block_scene(scene, block)
     assert [f.name for f in part.train] == block.train and [f.name for f in part.test] == block.test
@@ -132,6 +133,7 @@ def test_a_block_scene_keeps_its_frames_points_and_their_tracks() -> None:
         original = scene.observed[name]
         expected = original[torch.isin(original, block.points)]
         torch.testing.assert_close(part.points[rows], scene.points[expected])
+        torch.testing.assert_close(part.keypoints[name][:, 0], expected.float())  # each keypoint still by its point
     assert part.extent == scene.extent  # the capture's scale, not the block's cameras'
 
 

@@ -8,6 +8,7 @@ import importlib.util
 import json
 import math
 import re
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -15,12 +16,17 @@ from types import ModuleType
 import pytest
 import torch
 from conftest import write_yaml
+from test_colmap import _make_scene
 
 from gsrecon.cameras import Cameras
 from gsrecon.cli import main
+from gsrecon.config import parse_structured
 from gsrecon.data.pipeline import Batch
+from gsrecon.data.readers.colmap import load_colmap
+from gsrecon.data.readers.transforms import OPENGL_TO_OPENCV
 from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.engine.evaluator import evaluate_views
+from gsrecon.engine.trainer import DefaultTrainer
 from gsrecon.model.views.base import ViewModules
 from gsrecon.model.views.pose import PoseCorrection, corrected_viewmats, fit_pose, se3_exp
 from gsrecon.render.torch_renderer import TorchRenderer
@@ -241,6 +247,7 @@ def test_eval_writes_the_corrected_training_cameras(make_config, tmp_path: Path)
         ("pose_opt.mode=affine6", r"key 'pose_opt.mode': .*affine6"),
         ("pose_opt.eval=left", r"key 'pose_opt'.*eval must be one of given, fit"),
         ("pose_opt.lr_final_factor=0", r"key 'pose_opt'.*lr_final_factor must be in \(0, 1\]"),
+        ("pose_opt.trust_px=-1", r"key 'pose_opt'.*trust_px must be a finite number >= 0, got -1.0"),
         (
             "renderer.name=gsplat data.fisheye=lens",
             r"key 'pose_opt': needs gradients of the camera poses.*data.fisheye=undistort",
@@ -309,3 +316,98 @@ def test_benchmark_perturbation_moves_each_training_camera_by_the_asked_amount(m
     assert all(torch.equal(f.viewmat, v) for f, v in zip(trainer.datapipeline._test, tests_before))
     log = (trainer.exp_dir / "train.log").read_text()
     assert re.search(r"training cameras from their true poses: given 1.000 deg, 1.000 % of the extent; placed", log)
+
+
+def _colmap_trainer(make_config, tmp_path: Path, name: str, pose_opt: dict, max_steps: int = 6, **top):
+    """A tiny trainer on a COLMAP scene whose keypoints are where its points project at the given poses."""
+    root = tmp_path / "scene"
+    if not root.exists():
+        _make_scene(root)
+    data = {"dataset": "colmap", "path": str(root), "eval_split": "every_8"}
+    config = make_config(name, max_steps=max_steps, data=data, pose_opt=pose_opt, **top)
+    return DefaultTrainer(parse_structured(DefaultTrainer.Config, config))
+
+
+def _move_three_views(trainer: DefaultTrainer) -> None:
+    """Three training views' poses off by 2 degrees and 5 % of the extent (pixels off their keypoints)."""
+    for frame in trainer.datapipeline._train[:3]:
+        frame.viewmat.copy_(perturbed_viewmats(frame.viewmat[None], 2.0, 0.05 * trainer.scene_extent, seed=4)[0])
+
+
+def test_views_whose_given_poses_fit_their_sfm_keypoints_keep_them_bit_for_bit(make_config, tmp_path: Path) -> None:
+    off = _colmap_trainer(make_config, tmp_path, "off", {"mode": "none"})
+    off.train()
+    se3 = _colmap_trainer(make_config, tmp_path, "se3", SE3)
+    se3.train()
+    module = se3.views.modules["pose_opt"]
+    assert (module.reprojection_px < 1e-3).all() and not module.refined().any()
+    assert torch.equal(module.twists.detach(), torch.zeros(8, 6))
+    for name, value in off.model.params.items():
+        assert torch.equal(se3.model.params[name], value), name
+    assert se3.val_metrics == off.val_metrics
+    log = (se3.exp_dir / "train.log").read_text()
+    assert "pose_opt: refining 0 of 8 training views" in log and "8 within trust_px 1 keep their given poses" in log
+
+
+@pytest.mark.parametrize("trust_px", [1.0, 0.0])
+def test_views_whose_poses_miss_their_keypoints_are_refined_the_others_kept(
+    make_config, tmp_path: Path, trust_px: float
+) -> None:
+    trainer = _colmap_trainer(make_config, tmp_path, "run", {**SE3, "trust_px": trust_px}, max_steps=16)
+    frames = trainer.datapipeline._train
+    _move_three_views(trainer)
+    trainer.train()
+    module = trainer.views.modules["pose_opt"]
+    moved = torch.tensor([module.index[frame.name] for frame in frames[:3]])
+    kept = torch.tensor([module.index[frame.name] for frame in frames[3:]])
+    assert (module.reprojection_px[moved] > 1.0).all() and (module.reprojection_px[kept] < 1e-3).all()
+    twists = module.twists.detach()
+    assert (twists[moved].abs().amax(-1) > 0).all()  # every view is trained on in 16 steps
+    assert (twists[kept].abs().amax(-1) > 0).all() if trust_px == 0 else torch.equal(twists[kept], torch.zeros(5, 6))
+    refined = 8 if trust_px == 0 else 3
+    assert f"pose_opt: refining {refined} of 8 training views" in (trainer.exp_dir / "train.log").read_text()
+
+
+def test_views_without_sfm_keypoints_are_refined(make_trainer) -> None:
+    trainer = make_trainer("se3", pose_opt=SE3)  # the synthetic scene: no SfM tracks
+    trainer.train()
+    module = trainer.views.modules["pose_opt"]
+    assert torch.isinf(module.reprojection_px).all() and module.refined().all()
+    line = (
+        "pose_opt: refining 7 of 7 training views (7 without SfM keypoints); 0 within trust_px 1 keep their given poses"
+    )
+    assert line + "\n" in (trainer.exp_dir / "train.log").read_text()
+
+
+def test_the_posed_capture_script_moves_the_training_poses_in_the_file(tmp_path: Path) -> None:
+    root = _make_scene(tmp_path / "scene")[0]
+    script = PERTURB_POSES.parent / "make_posed_capture.py"
+    out = tmp_path / "capture"
+    args = [str(root), str(out), "--factor", "2", "--rotation-deg", "1", "--translation", "0.01"]
+    subprocess.run([sys.executable, str(script), *args], check=True, capture_output=True)
+    frames = json.loads((out / "transforms.json").read_text())["frames"]
+    truth = load_colmap(str(root), factor=2, eval_split="none").train
+    assert len(frames) == len(truth) == 10 and (out / frames[3]["file_path"]).is_file()
+    for index, (entry, frame) in enumerate(zip(frames, truth)):
+        c2w = torch.tensor(entry["transform_matrix"], dtype=torch.float64) @ torch.from_numpy(OPENGL_TO_OPENCV)
+        angle, _ = pose_error(torch.linalg.inv(c2w).float(), frame.viewmat)
+        assert angle == pytest.approx(0.0 if index % 8 == 0 else 1.0, abs=2e-3), index  # test views keep theirs
+        assert entry["w"] == frame.width and entry["fl_x"] == pytest.approx(frame.K[0, 0].item())
+
+
+def test_resume_with_some_views_refined_is_bit_identical(make_config, tmp_path: Path) -> None:
+    full = _colmap_trainer(make_config, tmp_path, "full", SE3, max_steps=12)
+    _move_three_views(full)
+    full.train()
+    step_6 = full.exp_dir / "checkpoints" / "step_000006.pt"
+    resumed = _colmap_trainer(make_config, tmp_path, "resumed", SE3, max_steps=12, resume=str(step_6))
+    _move_three_views(resumed)  # the poses it trains from, measured again at its first step
+    resumed.train()
+    assert torch.equal(resumed.views.modules["pose_opt"].refined(), full.views.modules["pose_opt"].refined())
+    reference = load_checkpoint_file(full.exp_dir / "checkpoints" / "last.pt")
+    again = load_checkpoint_file(resumed.exp_dir / "checkpoints" / "last.pt")
+    for name, value in reference["params"].items():
+        assert torch.equal(again["params"][name], value), name
+    assert torch.equal(
+        again["views"]["pose_opt"]["module"]["twists"], reference["views"]["pose_opt"]["module"]["twists"]
+    )

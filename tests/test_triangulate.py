@@ -90,7 +90,7 @@ def _read_points(path: Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 def test_triangulated_points_lie_on_the_synthetic_surfaces_and_training_reads_them(
-    tmp_path: Path, synthetic_cache: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, synthetic_cache: Path, capsys: pytest.CaptureFixture[str], make_config
 ) -> None:
     pytest.importorskip("pycolmap")
     frames = load_synthetic(SyntheticConfig(**SCENE, cache_dir=str(synthetic_cache)), eval_split="none").train
@@ -133,6 +133,14 @@ def test_triangulated_points_lie_on_the_synthetic_surfaces_and_training_reads_th
     assert 'already names a point cloud ("ply_file_path": "sparse_pc.ply"); pass --overwrite' in _error_line(err)
     assert (root / "transforms.json").read_text() == after
 
+    # A point cloud file carries no keypoints: pose refinement has them triangulated to measure the poses against.
+    config = make_config(max_steps=1, data={"dataset": "transforms", "path": str(root), "eval_split": "every_8"})
+    config["pose_opt"] = {"mode": "se3"}
+    assert main(["train", "--config", str(write_yaml(tmp_path / "c.yaml", config))]) == 0
+    err = capsys.readouterr().err
+    assert f"training {len(points)} Gaussians from SfM points" in err and "[3/3]" in err
+    assert "pose_opt: refining 0 of 31 training views; 31 within trust_px 1 keep their given poses" in err
+
 
 def test_training_a_capture_without_points_triangulates_them_once_and_leaves_the_folder_alone(
     tmp_path: Path, synthetic_cache: Path, make_config, capsys: pytest.CaptureFixture[str]
@@ -144,10 +152,12 @@ def test_training_a_capture_without_points_triangulates_them_once_and_leaves_the
     listing = sorted(p.relative_to(root) for p in root.rglob("*"))
     config = make_config(max_steps=1, data={"dataset": "blender", "path": str(root), "eval_split": "every_8"})
     config["model"]["init"] = "auto"
+    config["pose_opt"] = {"mode": "se3"}  # measures each training view's pose against its keypoints
     config_path = write_yaml(tmp_path / "c.yaml", config)
 
     assert main(["train", "--config", str(config_path)]) == 0
     err = capsys.readouterr().err
+    assert "pose_opt: refining 0 of 31 training views; 31 within trust_px 1 keep their given poses" in err
     for stage in ("[1/3]: SIFT features of 36 images at 320x240", "[2/3]: exhaustive matching", "[3/3]: "):
         assert f"triangulating SfM points {stage}" in err
     made = int(err.split("SfM points: triangulated ")[1].split(" points")[0])
@@ -171,6 +181,9 @@ def test_training_a_capture_without_points_triangulates_them_once_and_leaves_the
         camera += frame.viewmat[:3, 3]  # [P_i, 3]
         pixels = (camera[:, :2] / camera[:, 2:]) @ frame.K[:2, :2].T + frame.K[:2, 2]
         assert (camera[:, 2] > 0).all() and (pixels > -1).all() and (pixels < torch.tensor([321.0, 241.0])).all()
+        keypoints = torch.from_numpy(cached.keypoints[frame.name])  # [P_i, 2]
+        assert cached.sizes[frame.name] == (320, 240)
+        assert (pixels - keypoints).norm(dim=-1).median() < 1.0  # where SIFT found each point, at the true poses
 
 
 @pytest.mark.parametrize(

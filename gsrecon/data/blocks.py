@@ -263,15 +263,18 @@ def plan_partition(scene: Scene, cfg: PartitionConfig) -> Partition:
 
 
 def block_scene(scene: Scene, block: Block) -> Scene:
-    """The part of ``scene`` ``block`` trains on: its cameras and test views, and its points (with their tracks)."""
+    """The part of ``scene`` ``block`` trains on: its cameras and test views, and its points (with their tracks and
+    keypoints)."""
     train, test = set(block.train), set(block.test)
     new_row = torch.full((len(scene.points),), -1, dtype=torch.int64)
     new_row[block.points] = torch.arange(len(block.points))
-    observed = {}
+    observed, keypoints = {}, {}
     for name, rows in scene.observed.items():
         if name in train:
             kept = new_row[rows]
             observed[name] = kept[kept >= 0]
+            if name in scene.keypoints:
+                keypoints[name] = scene.keypoints[name][kept >= 0]
     hint = "block training: triangulate the capture first (gsrecon data triangulate), so that its blocks share points"
     return dataclasses.replace(
         scene,
@@ -281,6 +284,7 @@ def block_scene(scene: Scene, block: Block) -> Scene:
         colors=scene.colors[block.points],
         extent=scene.extent,  # the capture's: its scale sets the learning rates and densification, as in one run
         observed=observed,
+        keypoints=keypoints,
         triangulate=None,
         points_hint=scene.points_hint if len(scene.points) else hint,
     )

@@ -86,6 +86,8 @@ class SfmPoints:
     points: Tensor  # [P, 3] float32 world positions
     colors: Tensor  # [P, 3] float32 in [0, 1]
     observed: dict[str, Tensor]  # frame name -> [P_i] int64 rows of ``points`` that photo observed
+    keypoints: dict[str, Tensor] = field(default_factory=dict)  # frame name -> where it saw them (Scene.keypoints)
+    keypoint_scale: dict[str, float] = field(default_factory=dict)  # see Scene.keypoint_scale
 
 
 @dataclass
@@ -98,12 +100,18 @@ class Scene:
     colors: Tensor  # [P, 3] float32 in [0, 1]
     extent: float = field(default=0.0)  # scene radius; filled by `scene_extent` when 0
     points_hint: str = ""  # where ``points`` is empty: how to make them (said when training starts without them)
-    # Where ``points`` is empty and the reader can make them from the images and known poses: a function that does,
-    # given a function to log progress lines to (``model.init: auto`` calls it); None otherwise.
+    # Where the reader can make SfM points with their tracks from the images and known poses: a function that does,
+    # given a function to log progress lines to (``model.init: auto`` calls it where ``points`` is empty, pose
+    # refinement where ``keypoints`` is); None otherwise.
     triangulate: Callable[[Callable[[str], None]], SfmPoints] | None = None
     # The SfM tracks: frame name -> [P_i] int64 rows of ``points`` that photo observed; empty where unknown (random
     # points, a PLY). The depth prior (``loss.depth_lambda``) reads them.
     observed: dict[str, Tensor] = field(default_factory=dict)
+    # Where each photo saw its ``observed`` points: frame name -> [P_i, 2] float32 pixel x, y in the frame's image
+    # (centres at +0.5), row for row; absent where unknown. Pose refinement (``pose_opt.trust_px``) reads them.
+    keypoints: dict[str, Tensor] = field(default_factory=dict)
+    # Frame name -> pixels of the image its keypoints were found in per pixel of the frame (8 for a frame at 1/8).
+    keypoint_scale: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.extent <= 0.0:

@@ -492,7 +492,8 @@ def _triangulate_points(scene: Scene, logger: Logger) -> None:
 
     try:
         sfm = scene.triangulate(logger.info)
-        scene.points, scene.colors, scene.observed = sfm.points, sfm.colors, sfm.observed
+        scene.points, scene.colors = sfm.points, sfm.colors
+        scene.observed, scene.keypoints, scene.keypoint_scale = sfm.observed, sfm.keypoints, sfm.keypoint_scale
     except PycolmapUnavailableError:
         scene.points_hint = (
             "with pycolmap installed (`pip install pycolmap`) training triangulates them from the images and their "

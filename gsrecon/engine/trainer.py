@@ -92,6 +92,7 @@ class DefaultTrainer:
         self.renderer = RENDERER_REGISTRY.build(self.resolved_config["renderer"])
         train_names = [frame.name for frame in self.datapipeline.scene.train]
         self.views = build_views(self.resolved_config, train_names, self.device, source)
+        self.views.setup(self.datapipeline, self.logger.info)
         self._build_optimizers()
         self.strategy = builder.build_strategy(cfg, self.resolved_config, self.model, source)
         facts = builder.run_facts(self.resolved_config, self.model, self.datapipeline.scene)

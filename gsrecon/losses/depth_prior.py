@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from gsrecon.cameras.lens import fisheye_project, pinhole_project
+from gsrecon.cameras.lens import project_points
 from gsrecon.data.scene import decoded
 from gsrecon.losses.base import LossInputs, LossTerm
 from gsrecon.registry import LOSS_REGISTRY, RunFacts
@@ -47,26 +47,17 @@ class ObservedPoints:
         """[P', 3] pixel x, y and camera z of ``frame``'s observed points as its camera sees them from the
         world-to-camera ``viewmat`` [4, 4], those outside its image or on pixels its mask leaves out (a moving person,
         the sky) left out."""
-        device = self.device
         rows = self.observed.get(frame.name, torch.zeros(0, dtype=torch.int64)).to(self.points.device)
-        points = self.points[rows].to(device)  # [P, 3]
-        viewmat = viewmat.to(device)
-        camera = points @ viewmat[:3, :3].T + viewmat[:3, 3]  # [P, 3]
-        K = frame.K.to(device)
-        if frame.camera_model.kind == "pinhole":
-            x, y, z = camera.unbind(-1)  # [P] each
-            projection = pinhole_project(x, y, z.clamp_min(1e-6), K)
-            pixels = torch.stack([projection.pixel_x, projection.pixel_y], dim=-1)  # [P, 2]
-            seen = z > 0
-        else:  # "fisheye"
-            coeffs = frame.camera_model.coeffs.to(device)[None]  # [1, 4]
-            lens = fisheye_project(camera[None], K[None], coeffs, near_plane=0.0)
-            pixels, seen = lens.means2d[0], lens.in_lens[0]
+        coeffs = None if frame.camera_model.kind == "pinhole" else frame.camera_model.coeffs.to(self.device)
+        seen_at, seen = project_points(
+            self.points[rows].to(self.device), viewmat.to(self.device), frame.K.to(self.device), coeffs
+        )  # [P, 3], [P]
+        pixels = seen_at[:, :2]  # [P, 2]
         inside = seen & (pixels >= 0).all(-1) & (pixels[:, 0] < frame.width) & (pixels[:, 1] < frame.height)
-        observed = torch.cat([pixels, camera[:, 2:]], dim=-1)[inside]  # [P', 3]
+        observed = seen_at[inside]  # [P', 3]
         if frame.mask is None:
             return observed
-        kept = decoded(frame.mask).to(device)[observed[:, 1].long(), observed[:, 0].long()]  # [P'] on kept pixels
+        kept = decoded(frame.mask).to(self.device)[observed[:, 1].long(), observed[:, 0].long()]  # [P'] on kept pixels
         return observed[kept]
 
 

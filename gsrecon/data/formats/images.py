@@ -28,7 +28,14 @@ from gsrecon.atomic import atomic_path
 from gsrecon.cache import cache_file
 from gsrecon.cameras import PINHOLE, CameraModel
 from gsrecon.data.errors import DatasetError
-from gsrecon.data.formats.lens import Distortion, describe_crop, field_of_view, undistort_image, undistorted_intrinsics
+from gsrecon.data.formats.lens import (
+    Distortion,
+    describe_crop,
+    field_of_view,
+    undistort_image,
+    undistort_points,
+    undistorted_intrinsics,
+)
 from gsrecon.data.scene import Frame, PixelFile
 from gsrecon.errors import InputError
 
@@ -46,6 +53,16 @@ class ImageTransform:
     K: tuple[float, ...] = ()  # 9 values, row-major; empty when there is nothing to undistort
     K_new: tuple[float, ...] = ()
     dist: Distortion = field(default_factory=Distortion)
+
+    def points(self, xy: np.ndarray, source_size: tuple[int, int]) -> np.ndarray:
+        """Where the pixels ``xy`` [P, 2] (x, y) of the ``source_size`` (width, height) source image land in the
+        image this makes of it: [P, 2], resized, then undistorted."""
+        xy = xy * (np.asarray(self.size, np.float64) / np.asarray(source_size, np.float64))
+        if not self.K:
+            return xy
+        K, K_new = (np.array(values).reshape(3, 3) for values in (self.K, self.K_new))
+        x, y = undistort_points((xy[:, 0] - K[0, 2]) / K[0, 0], (xy[:, 1] - K[1, 2]) / K[1, 1], self.dist)
+        return np.stack([K_new[0, 0] * x + K_new[0, 2], K_new[1, 1] * y + K_new[1, 2]], axis=-1)
 
 
 @contextlib.contextmanager

@@ -62,6 +62,8 @@ class Triangulation:
     points: np.ndarray  # [P, 3] float32, in the frames' world coordinates
     colors: np.ndarray  # [P, 3] uint8
     observed: dict[str, np.ndarray]  # frame name -> [P_i] int64 rows of ``points`` that frame's image observed
+    keypoints: dict[str, np.ndarray]  # frame name -> [P_i, 2] float32 pixel x, y where its image saw each, row for row
+    sizes: dict[str, tuple[int, int]]  # frame name -> (width, height) of the image its keypoints were found in
     factor: int  # the images' downscale factor features were extracted at
     num_images: int
     mean_track_length: float  # images per point
@@ -149,22 +151,30 @@ def triangulate_frames(
             "pixels)"
         )
     row_of = {point_id: row for row, point_id in enumerate(reconstruction.points3D)}
+    tracks = {
+        frame.name: _observations(reconstruction.images[index], row_of) for index, frame in enumerate(frames, start=1)
+    }
     return Triangulation(
         points=np.array([point.xyz for point in points3d], dtype=np.float32),
         colors=np.array([point.color for point in points3d], dtype=np.uint8),
-        observed={
-            frame.name: np.unique(
-                np.array(
-                    [row_of[p.point3D_id] for p in reconstruction.images[index].points2D if p.has_point3D()], np.int64
-                )
-            )
-            for index, frame in enumerate(frames, start=1)
-        },
+        observed={name: rows for name, (rows, _) in tracks.items()},
+        keypoints={name: keypoints for name, (_, keypoints) in tracks.items()},
+        sizes={frame.name: (frame.width, frame.height) for frame in frames},
         factor=factor,
         num_images=len(frames),
         mean_track_length=float(reconstruction.compute_mean_track_length()),
         mean_reprojection_error=float(reconstruction.compute_mean_reprojection_error()),
     )
+
+
+def _observations(image, row_of: dict[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """The [P_i] int64 rows of the points that the pycolmap ``image`` observed (``row_of`` maps point ids to rows),
+    and [P_i, 2] float32 pixel x, y where it saw each (its first keypoint of the point)."""
+    seen = [(row_of[p.point3D_id], p.xy) for p in image.points2D if p.has_point3D()]
+    rows = np.array([row for row, _ in seen], np.int64)
+    xy = np.array([xy for _, xy in seen], np.float64).reshape(-1, 2)
+    rows, first = np.unique(rows, return_index=True)
+    return rows, xy[first].astype(np.float32)
 
 
 def training_points(
@@ -212,17 +222,24 @@ def _to_arrays(triangulation: Triangulation) -> dict[str, np.ndarray]:
     arrays["observed_names"] = np.array(names, dtype=str)
     arrays["observed_offsets"] = np.cumsum([0, *counts]).astype(np.int64)
     arrays["observed_rows"] = np.concatenate([np.zeros(0, np.int64), *(triangulation.observed[n] for n in names)])
+    arrays["observed_sizes"] = np.array([triangulation.sizes[n] for n in names], np.int64).reshape(-1, 2)
+    arrays["observed_keypoints"] = np.concatenate(
+        [np.zeros((0, 2), np.float32), *(triangulation.keypoints[n] for n in names)]
+    )
     return arrays
 
 
 def _from_arrays(arrays: dict[str, np.ndarray]) -> Triangulation:
     """The :class:`Triangulation` that :func:`_to_arrays` flattened (KeyError for an entry of an older version)."""
-    offsets, rows = arrays["observed_offsets"], arrays["observed_rows"]
+    offsets, rows, keypoints = arrays["observed_offsets"], arrays["observed_rows"], arrays["observed_keypoints"]
+    spans = list(zip(arrays["observed_names"], offsets[:-1], offsets[1:]))
     factor, num_images, track_length, error = arrays["numbers"].tolist()
     return Triangulation(
         points=arrays["points"],
         colors=arrays["colors"],
-        observed={str(n): rows[a:b] for n, a, b in zip(arrays["observed_names"], offsets[:-1], offsets[1:])},
+        observed={str(n): rows[a:b] for n, a, b in spans},
+        keypoints={str(n): keypoints[a:b] for n, a, b in spans},
+        sizes={str(n): (int(w), int(h)) for n, (w, h) in zip(arrays["observed_names"], arrays["observed_sizes"])},
         factor=int(factor),
         num_images=int(num_images),
         mean_track_length=track_length,

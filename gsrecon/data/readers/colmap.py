@@ -22,9 +22,9 @@ import torch
 from torch import Tensor
 
 from gsrecon.data.errors import DatasetError
-from gsrecon.data.formats.colmap_model import ColmapImage, SparseModel, find_sparse_dir, read_model
+from gsrecon.data.formats.colmap_model import ColmapCamera, ColmapImage, SparseModel, find_sparse_dir, read_model
 from gsrecon.data.formats.depths import DEPTHS_FOLDER, DepthFile, depth_file, find_depth
-from gsrecon.data.formats.images import ImageFile, camera_frame, camera_image_file, check_factor
+from gsrecon.data.formats.images import ImageFile, ImageTransform, camera_frame, camera_image_file, check_factor
 from gsrecon.data.formats.lens import camera_intrinsics
 from gsrecon.data.formats.masks import MASKS_FOLDER, MaskFile, find_mask, mask_file
 from gsrecon.data.pipeline import DataPipeline, folder_arguments
@@ -88,27 +88,40 @@ def load_colmap(
     if eval_split == "dataset":  # the lists may name images that max_images leaves out
         listed = _dataset_split(root, [image.name for image in all_images])
         is_test = [listed[i] for i in keep]
-    frames = [_frame(root, all_images[i], model, sparse_dir, ext, factor, lazy, keep_fisheye) for i in keep]
+    prepared = [_frame(root, all_images[i], model, sparse_dir, ext, factor, lazy, keep_fisheye) for i in keep]
+    frames = [frame for frame, _ in prepared]
     if len({f.name for f in frames}) < len(frames):
         raise DatasetError(f"{images_file}: image names differ only by extension or '/' vs '_'; rename them")
     train, test = split_frames(frames, eval_split, is_test)
+    row_of = {int(point_id): row for row, point_id in enumerate(model.points.ids)}
+    tracks = {
+        frame.name: _observations(all_images[i], row_of, model.cameras[all_images[i].camera_id], transform)
+        for i, (frame, transform) in zip(keep, prepared)
+    }
     return Scene(
         train=train,
         test=test,
         points=torch.from_numpy(model.points.xyz.astype(np.float32)),  # [P, 3]
         colors=torch.from_numpy(model.points.rgb.astype(np.float32) / 255.0),  # [P, 3]
-        observed=_observed_rows(model, {frame.name: all_images[i] for i, frame in zip(keep, frames)}),
+        observed={name: rows for name, (rows, _) in tracks.items()},
+        keypoints={name: keypoints for name, (_, keypoints) in tracks.items()},
+        keypoint_scale={
+            frame.name: model.cameras[all_images[i].camera_id].width / frame.width for i, frame in zip(keep, frames)
+        },
     )
 
 
-def _observed_rows(model: SparseModel, images: dict[str, ColmapImage]) -> dict[str, Tensor]:
-    """Frame name -> [P_i] int64 rows of ``model.points`` that its image observed (keypoints with a 3D point)."""
-    row_of = {int(point_id): row for row, point_id in enumerate(model.points.ids)}
-    observed = {}
-    for name, image in images.items():
-        rows = [row_of[i] for i in np.unique(image.point3D_ids).tolist() if i in row_of]
-        observed[name] = torch.tensor(rows, dtype=torch.int64)
-    return observed
+def _observations(
+    image: ColmapImage, row_of: dict[int, int], camera: ColmapCamera, transform: ImageTransform
+) -> tuple[Tensor, Tensor]:
+    """The [P_i] int64 rows of the model's points that ``image`` observed (its keypoints with a 3D point; ``row_of``
+    maps point ids to rows), and [P_i, 2] float32 where it saw each (its first keypoint of the point) in the
+    frame's image that ``transform`` makes of it."""
+    ids, first = np.unique(image.point3D_ids, return_index=True)
+    known = np.array([int(i) in row_of for i in ids], bool)
+    rows = torch.tensor([row_of[int(i)] for i in ids[known]], dtype=torch.int64)
+    pixels = transform.points(image.xys[first[known]].reshape(-1, 2), (camera.width, camera.height))
+    return rows, torch.from_numpy(pixels.astype(np.float32))
 
 
 def _frame(
@@ -120,7 +133,8 @@ def _frame(
     factor: int,
     lazy: bool,
     keep_fisheye: bool,
-) -> Frame:
+) -> tuple[Frame, ImageTransform]:
+    """The frame of ``image``, and the transform that makes its image from the camera's photo."""
     images_file = sparse_dir / f"images{ext}"
     camera = model.cameras.get(image.camera_id)
     if camera is None:
@@ -148,7 +162,8 @@ def _frame(
         keep_fisheye=keep_fisheye,
     )
     mask = _mask(root, image.name, path, prepared.file, factor, lazy)
-    return camera_frame(frame_name(image.name), viewmat, prepared, mask, lazy, _depth(root, image.name, prepared.file))
+    frame = camera_frame(frame_name(image.name), viewmat, prepared, mask, lazy, _depth(root, image.name, prepared.file))
+    return frame, prepared.file.transform
 
 
 def _depth(root: Path, name: str, image_file: ImageFile) -> DepthFile | None:

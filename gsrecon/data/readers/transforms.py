@@ -19,7 +19,8 @@ points of a ``colmap/sparse/0/`` model beside the file (older ``ns-process-data`
 ``ply_file_path``) are moved by it (by nerfstudio's former fixed transform where the field is absent).
 Without either the point cloud is empty, and ``Scene.triangulate`` makes one from the images and their known
 poses when ``model.init: auto`` asks (pycolmap, cached; ``gsrecon data triangulate`` writes it into the
-folder instead: :mod:`gsrecon.data.prepare.triangulate`). A frame's mask (:mod:`gsrecon.data.formats.masks`) is its
+folder instead: :mod:`gsrecon.data.prepare.triangulate`); pose refinement asks it for the keypoints a point cloud
+file does not carry. A frame's mask (:mod:`gsrecon.data.formats.masks`) is its
 ``mask_path``, else the file of its name in ``masks/`` beside ``images/``; its depth map
 (:mod:`gsrecon.data.formats.depths`) is its ``depth_file_path`` (in ``depth_unit_scale_factor``, global or per
 frame), else the file of its name in ``depths/``.
@@ -143,10 +144,9 @@ def load_transforms(
     points, colors = torch.zeros(0, 3), torch.zeros(0, 3)
     if point_cloud:
         points, colors = _point_cloud(entries[0])
-    if len(points):
-        return Scene(train=train, test=test, points=points, colors=colors)
-    hint = f"`gsrecon data triangulate --data {path}` triangulates them from the known poses"
-    triangulate = partial(_triangulated_points, root, outside_capture)
+    sizes = {frame.name: (frame.width, frame.height) for frame in frames if frame.camera_model.kind == "pinhole"}
+    triangulate = partial(_triangulated_points, root, outside_capture, sizes)
+    hint = "" if len(points) else f"`gsrecon data triangulate --data {path}` triangulates them from the known poses"
     return Scene(train, test, points, colors, points_hint=hint, triangulate=triangulate)
 
 
@@ -157,14 +157,25 @@ def every_frame(root: Path, factor: int, max_images: int = 0, outside: bool = Fa
     return load_transforms(str(root), factor, "none", max_images, point_cloud=False, outside_capture=outside).train
 
 
-def _triangulated_points(root: Path, outside: bool, log: Callable[[str], None]) -> SfmPoints:
+def _triangulated_points(
+    root: Path, outside: bool, sizes: dict[str, tuple[int, int]], log: Callable[[str], None]
+) -> SfmPoints:
     """The points triangulated from the scene's images and poses (cached), and where each was seen; ``outside``:
-    its images may lie outside ``root``."""
+    its images may lie outside ``root``. Keypoints are placed in the frames of ``sizes`` (name: width, height; the
+    pinhole frames: triangulation saw them undistorted)."""
     triangulation = training_points(root, partial(every_frame, root, outside=outside), log, outside)
     return SfmPoints(
         points=torch.from_numpy(triangulation.points),
         colors=torch.from_numpy(triangulation.colors.astype(np.float32) / 255.0),
         observed={name: torch.from_numpy(rows) for name, rows in triangulation.observed.items()},
+        keypoints={
+            name: torch.from_numpy(keypoints) * torch.tensor(sizes[name]) / torch.tensor(triangulation.sizes[name])
+            for name, keypoints in triangulation.keypoints.items()
+            if name in sizes
+        },
+        keypoint_scale={
+            name: triangulation.sizes[name][0] / sizes[name][0] for name in triangulation.sizes if name in sizes
+        },
     )
 
 

@@ -31,7 +31,7 @@ from gsrecon.model.views.optim import VisitedRowsAdam
 from gsrecon.registry import VIEW_REGISTRY, RunChecked
 
 if TYPE_CHECKING:
-    from gsrecon.data.pipeline import Batch
+    from gsrecon.data.pipeline import Batch, DataPipeline
     from gsrecon.render.base import RenderOutput
 
 # Run-config sections that each hold one per-view module, and the kind of module each takes (ViewModule.kind).
@@ -58,6 +58,10 @@ class ViewModule(torch.nn.Module, RunChecked):
         super().__init__()
         self.cfg = cfg
         self.index = {name: i for i, name in enumerate(train_names)}  # training view name -> row of its parameters
+
+    def setup(self, data: DataPipeline, log: Callable[[str], None]) -> None:
+        """Read what the module needs from the run's data before training (``log`` takes lines for the run's log);
+        the base needs nothing. Not called where a trained module only renders (inference)."""
 
     def rows(self, names: list[str], device: torch.device) -> Tensor:
         """The parameter rows [B] of the training views ``names``."""
@@ -121,6 +125,11 @@ class ViewModules:
 
     def __bool__(self) -> bool:
         return bool(self.modules)
+
+    def setup(self, data: DataPipeline, log: Callable[[str], None]) -> None:
+        """Before training: each module reads what it needs from ``data`` (see :meth:`ViewModule.setup`)."""
+        for module in self.modules.values():
+            module.setup(data, log)
 
     def adjust_cameras(self, batch: Batch) -> Batch:
         for module in self.modules.values():

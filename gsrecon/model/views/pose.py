@@ -7,9 +7,22 @@ it through ``exp(xi) @ viewmat``: the camera moved by that rigid motion. The twi
 moves a twist only in the steps that train on its image (:class:`~gsrecon.model.views.optim.VisitedRowsAdam`), an
 exponential learning-rate decay and a pull toward zero (``reg``); the renderer's gradients reach them through the
 view matrices (the torch renderer is differentiable in them, gsplat gives view-matrix gradients on pinhole
-cameras). Test views have no correction of their own: they are scored at their given poses (``eval: given``), or
-each at a pose fitted to its photo first (``eval: fit``, the test-time pose optimisation of BARF-style
-evaluations), which aligns a test view with a scene whose training cameras moved together.
+cameras).
+
+Only views whose poses the capture's own features contradict are refined. At the first step each training view's
+SfM points (``Scene.observed``; those seen by fewer than three photos left out) are seen from its given pose and
+compared with where its photo saw them (``Scene.keypoints``, from the COLMAP model or gsrecon's triangulation): a
+view within ``trust_px`` (the median, in pixels of the images the keypoints were found in) keeps its pose, its twist
+never moves, and a capture whose every view agrees trains exactly as without the module. On exact poses the
+photometric gradient alone cannot tell a real pose error from the young scene's errors, and the twists moved every
+camera by 0.3-0.7 degrees (BENCHMARKS.md, issue 38); the keypoints can. A transforms.json capture whose points
+come from a file (a PLY, without keypoints) has them triangulated from its poses for this. Views without keypoints
+(a random start, triangulation without pycolmap or too few points, fisheye frames of a triangulated capture, fewer
+than eight points seen by three photos) are refined.
+
+Test views have no correction of their own: they are scored at their given poses (``eval: given``), or each at a
+pose fitted to its photo first (``eval: fit``, the test-time pose optimisation of BARF-style evaluations), which
+aligns a test view with a scene whose training cameras moved together.
 """
 
 from __future__ import annotations
@@ -23,12 +36,15 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from gsrecon.cameras.lens import project_points
 from gsrecon.config import run_steps
+from gsrecon.data.scene import Frame, SfmPoints
+from gsrecon.errors import InputError
 from gsrecon.model.views.base import ViewModule
 from gsrecon.registry import VIEW_REGISTRY
 
 if TYPE_CHECKING:
-    from gsrecon.data.pipeline import Batch
+    from gsrecon.data.pipeline import Batch, DataPipeline
     from gsrecon.render.base import RenderOutput
 
 POSE_EVALS = ("given", "fit")
@@ -69,12 +85,16 @@ class PoseCorrection(ViewModule):
         eval: str = "given"  # test views: given (scored at their poses) | fit (each pose fitted to its photo first)
         eval_steps: int = 50  # fit: Adam steps fitting a test view's twist
         eval_lr: float = 1e-3  # fit: their learning rate
+        # A training view whose given pose puts its SfM points within this many pixels (the median, in pixels of the
+        # image its keypoints were found in) of where its photo saw them keeps that pose; views beyond it, and views
+        # without keypoints, are refined. 0 refines every view.
+        trust_px: float = 1.0
 
         def __post_init__(self) -> None:
             super().__post_init__()
             if self.eval not in POSE_EVALS:
                 raise ValueError(f"eval must be one of {', '.join(POSE_EVALS)}, got '{self.eval}'")
-            for key in ("reg", "eval_lr"):
+            for key in ("reg", "eval_lr", "trust_px"):
                 value = getattr(self, key)
                 if not (math.isfinite(value) and value >= 0):
                     raise ValueError(f"{key} must be a finite number >= 0, got {value!r}")
@@ -88,6 +108,66 @@ class PoseCorrection(ViewModule):
     def __init__(self, cfg: Config, train_names: list[str]) -> None:
         super().__init__(cfg, train_names)
         self.twists = torch.nn.Parameter(torch.zeros(len(train_names), 6))  # [N, 6]: v (world units), omega (rad)
+        # [N] each view's median distance in pixels between its keypoints and its SfM points seen from its given pose;
+        # inf: no keypoints to measure it; NaN: not measured (at a run's first step, from the poses it trains from).
+        self.register_buffer("reprojection_px", torch.full((len(train_names),), math.nan), persistent=False)
+        self.frames: list[Frame] = []  # the training frames, row for row (setup)
+        self.tracks: dict[str, tuple[Tensor, Tensor, float]] = {}  # name -> points, keypoints, scale (setup)
+        self.log: Callable[[str], None] = lambda line: None
+
+    def setup(self, data: DataPipeline, log: Callable[[str], None]) -> None:
+        """Keep the training frames and, for each, the SfM points it observed that at least :data:`MIN_TRACK`
+        photos observed (with its keypoints of them, and their scale), to measure how well its pose fits them. A
+        scene without keypoints whose reader can triangulate them from the known poses (a capture with a point cloud
+        file) is asked to."""
+        self.frames = sorted(data.train_frames, key=lambda frame: self.index[frame.name])
+        self.log = log
+        scene = data.scene
+        sfm = SfmPoints(scene.points, scene.colors, scene.observed, scene.keypoints, scene.keypoint_scale)
+        if not sfm.keypoints and scene.triangulate is not None and self.cfg.trust_px > 0:
+            try:
+                sfm = scene.triangulate(log)
+            except InputError as exc:
+                log(f"pose_opt: no SfM keypoints to measure the poses against ({exc}); every training view is refined")
+        counts = torch.zeros(len(sfm.points), dtype=torch.int64)  # [P] photos that observed each point
+        for rows in sfm.observed.values():
+            counts[rows] += 1
+        self.tracks = {}
+        for name, keypoints in sfm.keypoints.items():
+            long = counts[sfm.observed[name]] >= MIN_TRACK  # [P_i]
+            points = sfm.points[sfm.observed[name][long]]  # [P_i', 3]
+            self.tracks[name] = (points, keypoints[long], sfm.keypoint_scale[name])
+
+    def trained_rows(self, names: list[str], device: torch.device) -> Tensor:
+        """The rows of ``names`` whose views are refined: every one with ``trust_px`` 0, else those whose keypoints
+        lie beyond ``trust_px`` of where their given poses put their points, or that have none."""
+        rows = self.rows(names, device)
+        return rows[self.refined()[rows]]
+
+    def refined(self) -> Tensor:
+        """[N] bool: whether each training view's pose is refined (not measured yet: refined)."""
+        if self.cfg.trust_px == 0:
+            return torch.ones_like(self.reprojection_px, dtype=torch.bool)
+        return ~(self.reprojection_px <= self.cfg.trust_px)
+
+    def measure_poses(self) -> None:
+        """Measure ``reprojection_px`` of every training view from its frame's pose (the given one) and log which
+        views are refined."""
+        for row, frame in enumerate(self.frames):
+            self.reprojection_px[row] = reprojection_px(frame, *self.tracks.get(frame.name, (None, None, 1.0)))
+        distances, refined = self.reprojection_px, self.refined()
+        untracked = torch.isinf(distances)
+        median = lambda rows: f"a median {distances[rows].median().item():.2f} px"  # noqa: E731
+        tracked, kept = refined & ~untracked, ~refined
+        why = [f"{int(untracked.sum())} without SfM keypoints"] if untracked.any() else []
+        if tracked.any():
+            why.append(f"{int(tracked.sum())} whose SfM keypoints lie {median(tracked)} from their points")
+        self.log(
+            f"pose_opt: refining {int(refined.sum())} of {len(distances)} training views"
+            + (f" ({', '.join(why)})" if why else "")
+            + f"; {int(kept.sum())} within trust_px {self.cfg.trust_px:g} keep their given poses"
+            + (f" ({median(kept)})" if kept.any() else "")
+        )
 
     def build_scheduler(self, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
         """Exponential decay from ``lr`` to ``lr × lr_final_factor`` over ``decay_steps``, constant afterwards."""
@@ -101,6 +181,8 @@ class PoseCorrection(ViewModule):
         return corrected_viewmats(viewmats, self.twists[self.rows(names, self.twists.device)])
 
     def adjust_cameras(self, batch: Batch) -> Batch:
+        if self.frames and torch.isnan(self.reprojection_px).any():
+            self.measure_poses()
         cameras = batch.cameras
         return dataclasses.replace(
             batch, cameras=cameras.with_viewmats(self.camera_poses(cameras.viewmats, batch.names))
@@ -114,6 +196,25 @@ class PoseCorrection(ViewModule):
         if self.cfg.eval == "given":
             return batch
         return fit_pose(batch, render, self.cfg.eval_steps, self.cfg.eval_lr)
+
+
+MIN_KEYPOINTS = 8  # a view with fewer keypoints seen has no measured pose fit (it is refined)
+# Points observed by fewer photos say little of a pose: a point triangulated from two wrong poses fits both nearly.
+MIN_TRACK = 3
+
+
+def reprojection_px(frame: Frame, points: Tensor | None, keypoints: Tensor | None, scale: float) -> float:
+    """The median distance between ``frame``'s ``keypoints`` [P, 2] and its SfM ``points`` [P, 3] as its camera sees
+    them from its pose, in pixels of the image the keypoints were found in (``scale`` of them per pixel of the
+    frame); inf where fewer than :data:`MIN_KEYPOINTS` are seen (or none are given)."""
+    if points is None or keypoints is None:
+        return math.inf
+    device = frame.viewmat.device
+    coeffs = None if frame.camera_model.kind == "pinhole" else frame.camera_model.coeffs.to(device)
+    seen_at, seen = project_points(points.to(device), frame.viewmat, frame.K.to(device), coeffs)  # [P, 3], [P]
+    if int(seen.sum()) < MIN_KEYPOINTS:
+        return math.inf
+    return scale * (seen_at[seen, :2] - keypoints.to(device)[seen]).norm(dim=-1).median().item()
 
 
 def fit_pose(batch: Batch, render: Callable[[Batch], RenderOutput], steps: int, lr: float) -> Batch:
