@@ -79,6 +79,13 @@ class Frame:
         return camera_centers(self.viewmat)
 
 
+def first_sightings(rows: np.ndarray, pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A photo's keypoints of SfM points, ``rows`` [K] (the point each one is of) and ``pixels`` [K, 2], as each point
+    once: its row [P_i] (sorted) and the pixel of its first keypoint [P_i, 2] (``Scene.observed`` / ``keypoints``)."""
+    rows, first = np.unique(rows, return_index=True)
+    return rows.astype(np.int64), pixels[first]
+
+
 @dataclass
 class SfmPoints:
     """Points made from the photos (a COLMAP model, or triangulated from known poses) and where each was seen."""

@@ -43,7 +43,7 @@ from gsrecon.data.prepare.sfm import (
     match_features,
     pycolmap_logging,
 )
-from gsrecon.data.scene import Frame
+from gsrecon.data.scene import Frame, first_sightings
 
 POINTS_CACHE = "points"  # the cache of points triangulated for training (:func:`training_points`)
 STAGES = ("features", "matching", "triangulation")  # triangulate_frames' stages, in order
@@ -171,10 +171,8 @@ def _observations(image, row_of: dict[int, int]) -> tuple[np.ndarray, np.ndarray
     """The [P_i] int64 rows of the points that the pycolmap ``image`` observed (``row_of`` maps point ids to rows),
     and [P_i, 2] float32 pixel x, y where it saw each (its first keypoint of the point)."""
     seen = [(row_of[p.point3D_id], p.xy) for p in image.points2D if p.has_point3D()]
-    rows = np.array([row for row, _ in seen], np.int64)
-    xy = np.array([xy for _, xy in seen], np.float64).reshape(-1, 2)
-    rows, first = np.unique(rows, return_index=True)
-    return rows, xy[first].astype(np.float32)
+    rows, xy = first_sightings(np.array([row for row, _ in seen], np.int64), np.array([xy for _, xy in seen]))
+    return rows, xy.reshape(-1, 2).astype(np.float32)
 
 
 def training_points(

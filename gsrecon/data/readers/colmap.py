@@ -28,7 +28,7 @@ from gsrecon.data.formats.images import ImageFile, ImageTransform, camera_frame,
 from gsrecon.data.formats.lens import camera_intrinsics
 from gsrecon.data.formats.masks import MASKS_FOLDER, MaskFile, find_mask, mask_file
 from gsrecon.data.pipeline import DataPipeline, folder_arguments
-from gsrecon.data.scene import Frame, Scene
+from gsrecon.data.scene import Frame, Scene, first_sightings
 from gsrecon.data.splits import NameList, check_eval_split, evenly_spaced, frame_name, listed_as_test, split_frames
 from gsrecon.registry import DATASET_REGISTRY
 
@@ -117,11 +117,11 @@ def _observations(
     """The [P_i] int64 rows of the model's points that ``image`` observed (its keypoints with a 3D point; ``row_of``
     maps point ids to rows), and [P_i, 2] float32 where it saw each (its first keypoint of the point) in the
     frame's image that ``transform`` makes of it."""
-    ids, first = np.unique(image.point3D_ids, return_index=True)
-    known = np.array([int(i) in row_of for i in ids], bool)
-    rows = torch.tensor([row_of[int(i)] for i in ids[known]], dtype=torch.int64)
-    pixels = transform.points(image.xys[first[known]].reshape(-1, 2), (camera.width, camera.height))
-    return rows, torch.from_numpy(pixels.astype(np.float32))
+    known = np.array([int(i) in row_of for i in image.point3D_ids], bool)
+    rows = np.array([row_of[int(i)] for i in image.point3D_ids[known]], np.int64)
+    rows, xy = first_sightings(rows, image.xys[known].reshape(-1, 2))
+    pixels = transform.points(xy, (camera.width, camera.height))
+    return torch.from_numpy(rows), torch.from_numpy(pixels.astype(np.float32))
 
 
 def _frame(
