@@ -152,7 +152,9 @@ def test_without_ply_file_path_the_colmap_points_are_moved_by_applied_transform(
     scene = load_transforms(str(root), eval_split="none")
     np.testing.assert_allclose(scene.points.double().numpy(), model.points.xyz @ transform[:, :3].T, atol=1e-6)
     torch.testing.assert_close(scene.colors, torch.from_numpy(model.points.rgb.astype(np.float32) / 255.0))
-    assert scene.triangulate is None  # nothing to triangulate: the capture has points
+    # Training starts from these points (it triangulates only a scene without any); triangulation stays on offer for
+    # the keypoints the model's file does not give pose refinement.
+    assert scene.points_hint == "" and scene.triangulate is not None
 
 
 @pytest.mark.parametrize("value", [[[1, 0, 0], [0, 1, 0], [0, 0, 1]], "identity", [[1, 0, 0, float("nan")]] * 3])

@@ -135,8 +135,10 @@ def test_triangulated_points_lie_on_the_synthetic_surfaces_and_training_reads_th
 
     # A point cloud file carries no keypoints: pose refinement has them triangulated to measure the poses against.
     config = make_config(max_steps=1, data={"dataset": "transforms", "path": str(root), "eval_split": "every_8"})
-    config["pose_opt"] = {"mode": "se3"}
     assert main(["train", "--config", str(write_yaml(tmp_path / "c.yaml", config))]) == 0
+    assert "triangulating" not in capsys.readouterr().err  # without pose refinement the file's points are all it needs
+    config["pose_opt"] = {"mode": "se3"}
+    assert main(["train", "--config", str(write_yaml(tmp_path / "c.yaml", config)), "--overwrite"]) == 0
     err = capsys.readouterr().err
     assert f"training {len(points)} Gaussians from SfM points" in err and "[3/3]" in err
     assert "pose_opt: refining 0 of 31 training views; 31 within trust_px 1 keep their given poses" in err
