@@ -291,7 +291,9 @@ def test_keypoints_land_where_the_undistorted_frames_see_their_points(tmp_path: 
     _write_images(root / "images", sorted(image.name for image in model.images.values()))
     scene = load_colmap(str(root), eval_split="none", factor=2)
     for frame in scene.train:
-        seen_at, seen = project_points(scene.points[scene.observed[frame.name]], frame.viewmat, frame.K)
+        seen_at, seen = project_points(
+            scene.points[scene.observed[frame.name]], frame.viewmat, frame.K, frame.camera_model
+        )
         assert seen.all() and scene.keypoints[frame.name].shape == (40, 2)
         torch.testing.assert_close(scene.keypoints[frame.name], seen_at[:, :2], atol=2e-3, rtol=0)
 

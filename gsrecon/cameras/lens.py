@@ -20,6 +20,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from gsrecon.cameras.model import CameraModel
+
 Array = TypeVar("Array", np.ndarray, Tensor)
 
 
@@ -106,16 +108,16 @@ def fisheye_project(points: Tensor, Ks: Tensor, coeffs: Tensor, near_plane: floa
     return LensProjection(means2d, jacobian_u, jacobian_v, in_lens)
 
 
-def project_points(points: Tensor, viewmat: Tensor, K: Tensor, coeffs: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def project_points(points: Tensor, viewmat: Tensor, K: Tensor, model: CameraModel) -> tuple[Tensor, Tensor]:
     """Where one camera sees world ``points`` [P, 3] from the world-to-camera ``viewmat`` [4, 4] through ``K``
-    [3, 3], a pinhole or the fisheye lens ``coeffs`` [4]: [P, 3] pixel x, y (centres at +0.5) and camera z, and [P]
-    bool, whether each is seen (in front of a pinhole; inside the lens's one-to-one angle)."""
+    [3, 3] and its ``model`` (a pinhole, or a fisheye lens with coeffs [4]): [P, 3] pixel x, y (centres at +0.5) and
+    camera z, and [P] bool, whether each is seen (in front of a pinhole; inside the lens's one-to-one angle)."""
     camera = points @ viewmat[:3, :3].T + viewmat[:3, 3]  # [P, 3]
-    if coeffs is None:
+    if model.kind == "pinhole":
         x, y, z = camera.unbind(-1)  # [P] each
         projection = pinhole_project(x, y, z.clamp_min(1e-6), K)
         pixels, seen = torch.stack([projection.pixel_x, projection.pixel_y], dim=-1), z > 0  # [P, 2], [P]
     else:
-        lens = fisheye_project(camera[None], K[None], coeffs[None], near_plane=0.0)
+        lens = fisheye_project(camera[None], K[None], model.coeffs.to(camera.device)[None], near_plane=0.0)
         pixels, seen = lens.means2d[0], lens.in_lens[0]
     return torch.cat([pixels, camera[:, 2:]], dim=-1), seen

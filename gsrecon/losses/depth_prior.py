@@ -48,9 +48,8 @@ class ObservedPoints:
         world-to-camera ``viewmat`` [4, 4], those outside its image or on pixels its mask leaves out (a moving person,
         the sky) left out."""
         rows = self.observed.get(frame.name, torch.zeros(0, dtype=torch.int64)).to(self.points.device)
-        coeffs = None if frame.camera_model.kind == "pinhole" else frame.camera_model.coeffs.to(self.device)
         seen_at, seen = project_points(
-            self.points[rows].to(self.device), viewmat.to(self.device), frame.K.to(self.device), coeffs
+            self.points[rows].to(self.device), viewmat.to(self.device), frame.K.to(self.device), frame.camera_model
         )  # [P, 3], [P]
         pixels = seen_at[:, :2]  # [P, 2]
         inside = seen & (pixels >= 0).all(-1) & (pixels[:, 0] < frame.width) & (pixels[:, 1] < frame.height)

@@ -110,7 +110,8 @@ class PoseCorrection(ViewModule):
         self.twists = torch.nn.Parameter(torch.zeros(len(train_names), 6))  # [N, 6]: v (world units), omega (rad)
         # [N] each view's median distance in pixels between its keypoints and its SfM points seen from its given pose;
         # inf: no keypoints to measure it; NaN: not measured (at a run's first step, from the poses it trains from).
-        self.register_buffer("reprojection_px", torch.full((len(train_names),), math.nan), persistent=False)
+        # Kept on the CPU, where the steps read it without waiting for an accelerator.
+        self.reprojection_px = torch.full((len(train_names),), math.nan)
         self.frames: list[Frame] = []  # the training frames, row for row (setup)
         self.tracks: dict[str, tuple[Tensor, Tensor, float]] = {}  # name -> points, keypoints, scale (setup)
         self.log: Callable[[str], None] = lambda line: None
@@ -141,8 +142,9 @@ class PoseCorrection(ViewModule):
     def trained_rows(self, names: list[str], device: torch.device) -> Tensor:
         """The rows of ``names`` whose views are refined: every one with ``trust_px`` 0, else those whose keypoints
         lie beyond ``trust_px`` of where their given poses put their points, or that have none."""
-        rows = self.rows(names, device)
-        return rows[self.refined()[rows]]
+        refined = self.refined()
+        rows = [self.index[name] for name in names if refined[self.index[name]]]
+        return torch.tensor(rows, dtype=torch.int64, device=device)
 
     def refined(self) -> Tensor:
         """[N] bool: whether each training view's pose is refined (not measured yet: refined)."""
@@ -210,8 +212,7 @@ def reprojection_px(frame: Frame, points: Tensor | None, keypoints: Tensor | Non
     if points is None or keypoints is None:
         return math.inf
     device = frame.viewmat.device
-    coeffs = None if frame.camera_model.kind == "pinhole" else frame.camera_model.coeffs.to(device)
-    seen_at, seen = project_points(points.to(device), frame.viewmat, frame.K.to(device), coeffs)  # [P, 3], [P]
+    seen_at, seen = project_points(points.to(device), frame.viewmat, frame.K.to(device), frame.camera_model)  # [P, 3]
     if int(seen.sum()) < MIN_KEYPOINTS:
         return math.inf
     return scale * (seen_at[seen, :2] - keypoints.to(device)[seen]).norm(dim=-1).median().item()
