@@ -368,6 +368,26 @@ def test_views_whose_poses_miss_their_keypoints_are_refined_the_others_kept(
     assert f"pose_opt: refining {refined} of 8 training views" in (trainer.exp_dir / "train.log").read_text()
 
 
+@pytest.mark.parametrize("resect", [True, False])
+def test_refined_views_start_from_the_poses_their_keypoints_give(make_config, tmp_path: Path, resect: bool) -> None:
+    frozen = {"mode": "se3", "lr": 0.0, "reg": 0.0, "resect": resect}  # the twists keep where they start
+    trainer = _colmap_trainer(make_config, tmp_path, "run", frozen, max_steps=1)
+    frames = trainer.datapipeline._train
+    truth = torch.stack([frame.viewmat.clone() for frame in frames[:3]])
+    _move_three_views(trainer)
+    trainer.train()
+    module = trainer.views.modules["pose_opt"]
+    moved = [module.index[frame.name] for frame in frames[:3]]
+    given = torch.stack([frame.viewmat for frame in frames[:3]])
+    placed = corrected_viewmats(given, module.twists.detach()[moved])
+    for start, true, before in zip(placed, truth, given):
+        assert pose_error(before, true)[0] == pytest.approx(2.0, abs=1e-3)
+        angle, distance = pose_error(start, true)  # float32 poses: an angle's last 0.03 degrees are rounding
+        assert (angle < 0.05 and distance < 1e-4) if resect else torch.equal(start, before)
+    log = (trainer.exp_dir / "train.log").read_text()
+    assert ("3 start resected from their keypoints" in log) == resect
+
+
 def test_views_without_sfm_keypoints_are_refined(make_trainer) -> None:
     trainer = make_trainer("se3", pose_opt=SE3)  # the synthetic scene: no SfM tracks
     trainer.train()

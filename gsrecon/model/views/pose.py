@@ -89,6 +89,9 @@ class PoseCorrection(ViewModule):
         # image its keypoints were found in) of where its photo saw them keeps that pose; views beyond it, and views
         # without keypoints, are refined. 0 refines every view.
         trust_px: float = 1.0
+        # A refined view with keypoints starts from the pose that puts its SfM points nearest them (a robust
+        # resection from its given pose), then refines photometrically; false: every twist starts at zero.
+        resect: bool = True
 
         def __post_init__(self) -> None:
             super().__post_init__()
@@ -153,11 +156,12 @@ class PoseCorrection(ViewModule):
         return ~(self.reprojection_px <= self.cfg.trust_px)
 
     def measure_poses(self) -> None:
-        """Measure ``reprojection_px`` of every training view from its frame's pose (the given one) and log which
-        views are refined."""
+        """Measure ``reprojection_px`` of every training view from its frame's pose (the given one), start the refined
+        views with keypoints from their resections (``resect``), and log which views are refined."""
         for row, frame in enumerate(self.frames):
             self.reprojection_px[row] = reprojection_px(frame, *self.tracks.get(frame.name, (None, None, 1.0)))
         distances, refined = self.reprojection_px, self.refined()
+        resected = self.resect_views(refined & torch.isfinite(distances)) if self.cfg.resect else ""
         untracked = torch.isinf(distances)
         median = lambda rows: f"a median {distances[rows].median().item():.2f} px"  # noqa: E731
         tracked, kept = refined & ~untracked, ~refined
@@ -169,7 +173,28 @@ class PoseCorrection(ViewModule):
             + (f" ({', '.join(why)})" if why else "")
             + f"; {int(kept.sum())} within trust_px {self.cfg.trust_px:g} keep their given poses"
             + (f" ({median(kept)})" if kept.any() else "")
+            + resected
         )
+
+    def resect_views(self, rows: Tensor) -> str:
+        """Start the twists of the views ``rows`` ([N] bool) at their resections, where a resection brings a view's
+        points nearer its keypoints; the clause the log line adds. A twist that is not zero (a resumed run) keeps
+        its value: the resection of the run's first step is where it started."""
+        fresh = rows & (self.twists.detach().cpu() == 0).all(-1)  # [N]
+        before, after = [], []
+        for row in fresh.nonzero().flatten().tolist():
+            frame = self.frames[row]
+            points, keypoints, scale = self.tracks[frame.name]
+            twist, median_px = resected_twist(frame, points, keypoints)
+            if scale * median_px < self.reprojection_px[row].item():
+                with torch.no_grad():
+                    self.twists[row] = twist.to(self.twists)
+                before.append(self.reprojection_px[row].item())
+                after.append(scale * median_px)
+        if not before:
+            return ""
+        middle = lambda values: f"{torch.tensor(values).median().item():.2f}"  # noqa: E731
+        return f"; {len(before)} start resected from their keypoints (a median {middle(before)} -> {middle(after)} px)"
 
     def build_scheduler(self, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
         """Exponential decay from ``lr`` to ``lr × lr_final_factor`` over ``decay_steps``, constant afterwards."""
@@ -216,6 +241,47 @@ def reprojection_px(frame: Frame, points: Tensor | None, keypoints: Tensor | Non
     if int(seen.sum()) < MIN_KEYPOINTS:
         return math.inf
     return scale * (seen_at[seen, :2] - keypoints.to(device)[seen]).norm(dim=-1).median().item()
+
+
+RESECTION_STEPS = 30  # Levenberg-Marquardt iterations (a pose off by degrees converges in under ten)
+RESECTION_HUBER_PX = 2.0  # residuals beyond this (frame pixels) count linearly: mismatched keypoints pull less
+
+
+def resected_twist(frame: Frame, points: Tensor, keypoints: Tensor) -> tuple[Tensor, float]:
+    """The twist [6] that moves ``frame``'s camera from its given pose to where its SfM ``points`` [P, 3] fall
+    nearest its ``keypoints`` [P, 2] (frame pixels): a robust (Huber) Levenberg-Marquardt fit from zero over the
+    points seen at the given pose, in float64 on the CPU (deterministic); with the median distance in frame pixels
+    it leaves."""
+    viewmat = frame.viewmat.detach().cpu().double()
+    K, model = frame.K.detach().cpu().double(), frame.camera_model
+    points, keypoints = points.cpu().double(), keypoints.cpu().double()
+    seen = project_points(points, viewmat, K, model)[1]
+    points, keypoints = points[seen], keypoints[seen]
+
+    def residuals(twist: Tensor) -> Tensor:  # [P, 2] pixels from each keypoint to its point's projection
+        return project_points(points, se3_exp(twist[None])[0] @ viewmat, K, model)[0][:, :2] - keypoints
+
+    def cost(error: Tensor) -> Tensor:  # the Huber cost of residuals [P, 2]
+        length = error.norm(dim=-1)
+        huber = RESECTION_HUBER_PX
+        return torch.where(length <= huber, 0.5 * length.square(), huber * (length - 0.5 * huber)).sum()
+
+    twist, damping = torch.zeros(6, dtype=torch.float64), 1e-3
+    error = residuals(twist)
+    for _ in range(RESECTION_STEPS):
+        jacobian = torch.func.jacfwd(residuals)(twist).reshape(-1, 6)  # [2P, 6]
+        weights = (RESECTION_HUBER_PX / error.norm(dim=-1).clamp_min(1e-12)).clamp_max(1.0).repeat_interleave(2)
+        normal = jacobian.T @ (weights[:, None] * jacobian)  # [6, 6]
+        gradient = jacobian.T @ (weights * error.flatten())  # [6]
+        step = torch.linalg.solve(normal + damping * torch.diag(normal.diagonal()), -gradient)
+        candidate = residuals(twist + step)
+        if cost(candidate) < cost(error):
+            twist, error, damping = twist + step, candidate, damping / 3.0
+        else:
+            damping *= 4.0
+        if step.abs().max() < 1e-12:
+            break
+    return twist.float(), error.norm(dim=-1).median().item()
 
 
 def fit_pose(batch: Batch, render: Callable[[Batch], RenderOutput], steps: int, lr: float) -> Batch:
