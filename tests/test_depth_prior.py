@@ -149,7 +149,12 @@ def test_the_prior_pulls_rendered_depth_to_the_points(tmp_path: Path, make_confi
 
 
 def test_a_scene_without_sfm_tracks_is_one_line_and_exit_2(tmp_path: Path, make_config, capsys) -> None:
-    config = write_yaml(tmp_path / "c.yaml", make_config(loss={"depth_prior": {}}))
+    def untracked(**top):  # the synthetic scene's points without tracks, as a PLY gives them
+        config = make_config(**top)
+        config["data"]["synthetic"]["tracks"] = False
+        return config
+
+    config = write_yaml(tmp_path / "c.yaml", untracked(loss={"depth_prior": {}}))
     assert main(["train", "--config", str(config)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "key 'loss.depth_prior'" in err[0] and "loss.depth_prior=null" in err[0], err
@@ -159,4 +164,4 @@ def test_a_scene_without_sfm_tracks_is_one_line_and_exit_2(tmp_path: Path, make_
     assert main(["train", "--config", str(negative)]) == 2
     assert "key 'loss.depth_prior': weight must be a finite number >= 0, got -1.0" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="loss.depth_prior"):
-        DefaultTrainer(parse_structured(DefaultTrainer.Config, make_config(loss={"depth_prior": {"weight": 0.5}})))
+        DefaultTrainer(parse_structured(DefaultTrainer.Config, untracked(loss={"depth_prior": {"weight": 0.5}})))

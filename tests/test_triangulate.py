@@ -141,7 +141,7 @@ def test_triangulated_points_lie_on_the_synthetic_surfaces_and_training_reads_th
     assert main(["train", "--config", str(write_yaml(tmp_path / "c.yaml", config)), "--overwrite"]) == 0
     err = capsys.readouterr().err
     assert f"training {len(points)} Gaussians from SfM points" in err and "[3/3]" in err
-    assert "pose_opt: refining 0 of 31 training views; 31 within trust_px 1 keep their given poses" in err
+    assert "pose_opt: refining 0 of 31 training views; within trust_px 1: 31 keep their given poses" in err
 
 
 def test_training_a_capture_without_points_triangulates_them_once_and_leaves_the_folder_alone(
@@ -159,7 +159,7 @@ def test_training_a_capture_without_points_triangulates_them_once_and_leaves_the
 
     assert main(["train", "--config", str(config_path)]) == 0
     err = capsys.readouterr().err
-    assert "pose_opt: refining 0 of 31 training views; 31 within trust_px 1 keep their given poses" in err
+    assert "pose_opt: refining 0 of 31 training views; within trust_px 1: 31 keep their given poses" in err
     for stage in ("[1/3]: SIFT features of 36 images at 320x240", "[2/3]: exhaustive matching", "[3/3]: "):
         assert f"triangulating SfM points {stage}" in err
     made = int(err.split("SfM points: triangulated ")[1].split(" points")[0])

@@ -15,7 +15,8 @@ World z is up, units are metres. Two layouts (``SyntheticConfig.layout``):
 The scene is lit by a directional light (Lambertian, with cast shadows) plus ambient light; rays that miss
 everything see a plain background colour (or get alpha 0 with ``SyntheticConfig.alpha``). Every
 ``val_every``-th view goes to the test split. An "SfM-like" point cloud is sampled on the surfaces the
-cameras see (area-proportionally), jittered and coloured with the shaded colour.
+cameras see (area-proportionally), jittered and coloured with the shaded colour, with SfM-like tracks: the views
+that see each point and where (its projection plus a detector's noise, as bundle adjustment leaves them).
 
 Images are supersampled for anti-aliased edges, deterministic for a given config, and cached
 as an ``.npz`` file keyed by a hash of the fields that change the data and of the generator's source
@@ -65,7 +66,8 @@ _STREET_VIEW = (1.3, 5.5)  # about how far ahead of a street camera the bottom a
 @dataclass
 class SyntheticConfig:
     """Parameters of the synthetic scene; every field except ``val_every`` (the split), ``depth_noise`` (drawn
-    when loaded), ``cache_dir`` and the options of the other layout changes the data (and so the cache file)."""
+    when loaded), ``tracks`` (given to the scene or not), ``cache_dir`` and the options of the other layout changes
+    the data (and so the cache file)."""
 
     # "orbit": objects near the origin, cameras around them; "street": a long strip of objects, cameras moving along
     # it, each seeing a few metres (a scene that needs blocks, for block training: issue 30)
@@ -93,6 +95,9 @@ class SyntheticConfig:
     # Noise of the training views' depth maps, as a sensor's: each depth times (1 + depth_noise * N(0, 1)), drawn
     # with `seed`; the test views keep their true depth (what depth errors are measured against)
     depth_noise: float = 0.0
+    # SfM-like tracks: which points each view sees and where (Scene.observed / keypoints, as a COLMAP model gives
+    # them); false: a point cloud without them, as a PLY gives
+    tracks: bool = True
     cache_dir: str | None = None  # None: gsrecon's cache root / synthetic (see `cache_path`)
 
     def __post_init__(self) -> None:
@@ -584,12 +589,13 @@ def render_depth(viewmat: Array, K: Array, cfg: SyntheticConfig) -> NDArray[np.f
 # ----------------------------------------------------------------------------- point cloud
 
 
-def _visible(
+def _sightings(
     prims: tuple[_Primitive, ...], points: Array, normals: Array, viewmats: Array, K: Array, cfg: SyntheticConfig
 ) -> Array:
-    """[P] bool: the point on the surface of `prims` faces some camera and is seen unoccluded inside its image."""
-    seen = np.zeros(len(points), dtype=bool)
-    for viewmat in viewmats:
+    """[V, P] bool: whether camera v sees point p on the surface of `prims` (facing it, unoccluded, inside its
+    image)."""
+    seen = np.zeros((len(viewmats), len(points)), dtype=bool)
+    for view, viewmat in enumerate(viewmats):
         R, t = viewmat[:3, :3], viewmat[:3, 3]
         cam = points @ R.T + t  # [P, 3]
         _, _, u, v = pinhole_project(cam[:, 0], cam[:, 1], np.maximum(cam[:, 2], _EPS), K)  # [P] pixels each
@@ -598,15 +604,21 @@ def _visible(
         length = np.linalg.norm(to_point, axis=-1)
         facing = np.einsum("pk,pk->p", normals, to_point) < 0.0
         in_image = (cam[:, 2] > _EPS) & (u >= 0) & (u < cfg.width) & (v >= 0) & (v < cfg.height)
-        cand = np.flatnonzero(in_image & facing & ~seen)
+        cand = np.flatnonzero(in_image & facing)
         dirs = to_point[cand] / length[cand, None]
         dist = _trace(prims, np.broadcast_to(eye, dirs.shape), dirs)[0]
-        seen[cand[dist > length[cand] - 1e-4]] = True
+        seen[view, cand[dist > length[cand] - 1e-4]] = True
     return seen
 
 
-def _point_cloud(viewmats: Array, K: Array, cfg: SyntheticConfig) -> tuple[Array, Array]:
-    """`num_points` jittered visible surface points [P, 3] and their noisy shaded colours [P, 3]."""
+KEYPOINT_NOISE_PX = 0.2  # std of each keypoint coordinate about its point's projection (a detector's error)
+
+
+def _point_cloud(viewmats: Array, K: Array, cfg: SyntheticConfig) -> dict[str, Array]:
+    """`num_points` jittered visible surface points ``points`` [P, 3], their noisy shaded ``colors`` [P, 3], and
+    their tracks: ``sightings`` [V, P] bool (the views that see each point's surface) and ``keypoints`` [V, P, 2]
+    (where: its projection plus a detector's noise, as bundle adjustment leaves an SfM point's sightings; 0 where
+    not seen)."""
     rng = np.random.default_rng(cfg.seed)
     prims = _primitives(cfg)
     areas = np.array([prim.area for prim in prims])
@@ -616,7 +628,7 @@ def _point_cloud(viewmats: Array, K: Array, cfg: SyntheticConfig) -> tuple[Array
         per_prim = rng.multinomial(2 * cfg.num_points, areas / areas.sum())
         for i, (prim, n) in enumerate(zip(prims, per_prim, strict=True)):
             p = prim.sample(rng, int(n))  # [n, 3]
-            keep = _visible(prims, p, prim.normal(p), viewmats, K, cfg)
+            keep = _sightings(prims, p, prim.normal(p), viewmats, K, cfg).any(0)
             points.append(p[keep])
             index.append(np.full(int(keep.sum()), i))
         found = sum(len(p) for p in points)
@@ -628,7 +640,20 @@ def _point_cloud(viewmats: Array, K: Array, cfg: SyntheticConfig) -> tuple[Array
     p_all, i_all = np.concatenate(points)[pick], np.concatenate(index)[pick]
     colors = _shade(prims, p_all, i_all) + 0.02 * rng.standard_normal(p_all.shape)
     jitter = cfg.point_noise * _GROUND_RADIUS * rng.standard_normal(p_all.shape)
-    return p_all + jitter, np.clip(colors, 0.0, 1.0)
+    normals = np.empty_like(p_all)
+    for i, prim in enumerate(prims):
+        normals[i_all == i] = prim.normal(p_all[i_all == i])
+    sightings = _sightings(prims, p_all, normals, viewmats, K, cfg)  # [V, P]
+    noisy = p_all + jitter
+    keypoints = np.zeros((len(viewmats), len(noisy), 2))
+    for view, viewmat in enumerate(viewmats):
+        cam = noisy @ viewmat[:3, :3].T + viewmat[:3, 3]  # [P, 3]
+        _, _, u, v = pinhole_project(cam[:, 0], cam[:, 1], np.maximum(cam[:, 2], _EPS), K)
+        keypoints[view] = np.stack([u, v], -1) + KEYPOINT_NOISE_PX * rng.standard_normal((len(noisy), 2))
+        inside = (cam[:, 2] > _EPS) & (u >= 0) & (u < cfg.width) & (v >= 0) & (v < cfg.height)
+        sightings[view] &= inside
+    keypoints[~sightings] = 0.0
+    return {"points": noisy, "colors": np.clip(colors, 0.0, 1.0), "sightings": sightings, "keypoints": keypoints}
 
 
 # ----------------------------------------------------------------------------- loading + cache
@@ -658,7 +683,7 @@ def cache_path(cfg: SyntheticConfig, generator: str = _GENERATOR_DIGEST) -> Path
     ``synthetic/`` under gsrecon's cache root (``$GSRECON_CACHE``, ``$XDG_CACHE_HOME/gsrecon`` or
     ``~/.cache/gsrecon``); it may not exist yet.
     """
-    not_data = ("val_every", "depth_noise", "cache_dir", *_ignored_options(cfg.layout))
+    not_data = ("val_every", "depth_noise", "tracks", "cache_dir", *_ignored_options(cfg.layout))
     if cfg.layout == "orbit":  # the key an orbit scene had before there were layouts
         not_data += ("layout",)
     fields = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in not_data}
@@ -672,14 +697,16 @@ def _generate(cfg: SyntheticConfig) -> dict[str, np.ndarray]:
     K = pinhole_intrinsics(cfg)
     viewmats = layout_viewmats(cfg)
     images = np.stack([render_view(viewmat, K, cfg) for viewmat in viewmats])
-    points, colors = _point_cloud(viewmats, K, cfg)
+    cloud = _point_cloud(viewmats, K, cfg)
     depths = {"depths": np.stack([render_depth(viewmat, K, cfg) for viewmat in viewmats])} if cfg.depth else {}
     return {
         "images": images,
         "viewmats": viewmats.astype(np.float32),
         "Ks": np.broadcast_to(K, (cfg.num_views, 3, 3)).astype(np.float32),
-        "points": points.astype(np.float32),
-        "colors": colors.astype(np.float32),
+        "points": cloud["points"].astype(np.float32),
+        "colors": cloud["colors"].astype(np.float32),
+        "sightings": cloud["sightings"],
+        "keypoints": cloud["keypoints"].astype(np.float32),
     } | depths
 
 
@@ -692,6 +719,8 @@ def _read_cache(path: Path, cfg: SyntheticConfig) -> dict[str, np.ndarray] | Non
         "Ks": (cfg.num_views, 3, 3),
         "points": (cfg.num_points, 3),
         "colors": (cfg.num_points, 3),
+        "sightings": (cfg.num_views, cfg.num_points),
+        "keypoints": (cfg.num_views, cfg.num_points, 2),
     } | ({"depths": (cfg.num_views, cfg.height, cfg.width)} if cfg.depth else {})
     try:
         with open(path, "rb") as f, np.load(f, allow_pickle=False) as npz:
@@ -752,11 +781,15 @@ def load_synthetic(cfg: SyntheticConfig, factor: int = 1, eval_split: str = "dat
         for i in keep
     ]
     train, test = split_frames(frames, "none" if eval_split == "none" else "dataset", [is_test[i] for i in keep])
+    tracks = {f"view_{i:03d}": np.flatnonzero(arrays["sightings"][i]) for i in keep} if cfg.tracks else {}
     return Scene(
         train=train,
         test=test,
         points=torch.from_numpy(arrays["points"]),
         colors=torch.from_numpy(arrays["colors"]),
+        observed={name: torch.from_numpy(rows.astype(np.int64)) for name, rows in tracks.items()},
+        keypoints={name: torch.from_numpy(arrays["keypoints"][int(name[5:]), rows]) for name, rows in tracks.items()},
+        keypoint_scale=dict.fromkeys(tracks, 1.0),
     )
 
 

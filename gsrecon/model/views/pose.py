@@ -15,10 +15,12 @@ compared with where its photo saw them (``Scene.keypoints``, from the COLMAP mod
 view within ``trust_px`` (the median, in pixels of the images the keypoints were found in) keeps its pose, its twist
 never moves, and a capture whose every view agrees trains exactly as without the module. On exact poses the
 photometric gradient alone cannot tell a real pose error from the young scene's errors, and the twists moved every
-camera by 0.3-0.7 degrees (BENCHMARKS.md, issue 38); the keypoints can. A transforms.json capture whose points
-come from a file (a PLY, without keypoints) has them triangulated from its poses for this. Views without keypoints
-(a random start, triangulation without pycolmap or too few points, fisheye frames of a triangulated capture, fewer
-than eight points seen by three photos) are refined.
+camera by 0.3-0.7 degrees (BENCHMARKS.md, issue 38); the keypoints can. A view beyond ``trust_px`` is resected
+(``resect``): its pose is fitted to its keypoints and SfM points, and where that fit lies within ``trust_px`` the view
+keeps the fitted pose as it would a given one; where it does not, the photometric refinement starts from it. A
+transforms.json capture whose points come from a file (a PLY, without keypoints) has them triangulated from its poses
+for this. Views without keypoints (a random start, triangulation without pycolmap or too few points, fisheye frames
+of a triangulated capture, fewer than eight points seen by three photos) are refined.
 
 Test views have no correction of their own: they are scored at their given poses (``eval: given``), or each at a
 pose fitted to its photo first (``eval: fit``, the test-time pose optimisation of BARF-style evaluations), which
@@ -89,8 +91,8 @@ class PoseCorrection(ViewModule):
         # image its keypoints were found in) of where its photo saw them keeps that pose; views beyond it, and views
         # without keypoints, are refined. 0 refines every view.
         trust_px: float = 1.0
-        # A refined view with keypoints starts from the pose that puts its SfM points nearest them (a robust
-        # resection from its given pose), then refines photometrically; false: every twist starts at zero.
+        # A view beyond trust_px with keypoints is resected (its pose fitted to its SfM points and keypoints): within
+        # trust_px of them it keeps the fitted pose, beyond it refines from there; false: refined from its given pose.
         resect: bool = True
 
         def __post_init__(self) -> None:
@@ -156,45 +158,53 @@ class PoseCorrection(ViewModule):
         return ~(self.reprojection_px <= self.cfg.trust_px)
 
     def measure_poses(self) -> None:
-        """Measure ``reprojection_px`` of every training view from its frame's pose (the given one), start the refined
-        views with keypoints from their resections (``resect``), and log which views are refined."""
-        for row, frame in enumerate(self.frames):
-            self.reprojection_px[row] = reprojection_px(frame, *self.tracks.get(frame.name, (None, None, 1.0)))
-        distances, refined = self.reprojection_px, self.refined()
-        resected = self.resect_views(refined & torch.isfinite(distances)) if self.cfg.resect else ""
-        untracked = torch.isinf(distances)
-        median = lambda rows: f"a median {distances[rows].median().item():.2f} px"  # noqa: E731
+        """Measure how far each training view's SfM points fall from its keypoints at its given pose, resect the views
+        beyond ``trust_px`` (``resect``), set ``reprojection_px`` from the poses training starts from, and log which
+        views are refined and which keep their poses."""
+        given = torch.tensor(
+            [reprojection_px(frame, *self.tracks.get(frame.name, (None, None, 1.0))) for frame in self.frames]
+        )  # [N] pixels at the given poses; inf without keypoints
+        self.reprojection_px = given.clone()
+        if self.cfg.resect:
+            self.resect_views(~(given <= self.cfg.trust_px) & torch.isfinite(given))
+        start, refined = self.reprojection_px, self.refined()
+        resected, untracked = start < given, torch.isinf(start)
+        median = lambda px, rows: f"{px[rows].median().item():.2f} px"  # noqa: E731
         tracked, kept = refined & ~untracked, ~refined
         why = [f"{int(untracked.sum())} without SfM keypoints"] if untracked.any() else []
         if tracked.any():
-            why.append(f"{int(tracked.sum())} whose SfM keypoints lie {median(tracked)} from their points")
+            why.append(
+                f"{int(tracked.sum())} whose SfM keypoints lie a median {median(start, tracked)} from their points"
+            )
+        if (refined & resected).any():
+            why.append(f"{int((refined & resected).sum())} of them from their resections")
+        as_given, as_resected = kept & ~resected, kept & resected
+        keep = []
+        if as_given.any():
+            keep.append(f"{int(as_given.sum())} keep their given poses (a median {median(given, as_given)})")
+        if as_resected.any():
+            moved = f"{median(given, as_resected)} -> {median(start, as_resected)}"
+            keep.append(f"{int(as_resected.sum())} keep the poses their keypoints give (resected: a median {moved})")
         self.log(
-            f"pose_opt: refining {int(refined.sum())} of {len(distances)} training views"
+            f"pose_opt: refining {int(refined.sum())} of {len(start)} training views"
             + (f" ({', '.join(why)})" if why else "")
-            + f"; {int(kept.sum())} within trust_px {self.cfg.trust_px:g} keep their given poses"
-            + (f" ({median(kept)})" if kept.any() else "")
-            + resected
+            + f"; within trust_px {self.cfg.trust_px:g}: {', '.join(keep) or 'none'}"
         )
 
-    def resect_views(self, rows: Tensor) -> str:
-        """Start the twists of the views ``rows`` ([N] bool) at their resections, where a resection brings a view's
-        points nearer its keypoints; the clause the log line adds. A twist that is not zero (a resumed run) keeps
-        its value: the resection of the run's first step is where it started."""
-        fresh = rows & (self.twists.detach().cpu() == 0).all(-1)  # [N]
-        before, after = [], []
-        for row in fresh.nonzero().flatten().tolist():
+    def resect_views(self, rows: Tensor) -> None:
+        """Resect the views ``rows`` ([N] bool): where a resection brings a view's points :data:`RESECTION_GAIN` times
+        nearer its keypoints or more, its ``reprojection_px`` becomes the resected pose's and its twist starts there.
+        A twist that is not zero (a resumed run) keeps its value: the same resection placed it at the first step."""
+        fresh = (self.twists.detach().cpu() == 0).all(-1)  # [N]
+        for row in rows.nonzero().flatten().tolist():
             frame = self.frames[row]
             points, keypoints, scale = self.tracks[frame.name]
             twist, median_px = resected_twist(frame, points, keypoints)
-            if scale * median_px < self.reprojection_px[row].item():
-                with torch.no_grad():
-                    self.twists[row] = twist.to(self.twists)
-                before.append(self.reprojection_px[row].item())
-                after.append(scale * median_px)
-        if not before:
-            return ""
-        middle = lambda values: f"{torch.tensor(values).median().item():.2f}"  # noqa: E731
-        return f"; {len(before)} start resected from their keypoints (a median {middle(before)} -> {middle(after)} px)"
+            if scale * median_px < RESECTION_GAIN * self.reprojection_px[row].item():
+                self.reprojection_px[row] = scale * median_px
+                if fresh[row]:
+                    with torch.no_grad():
+                        self.twists[row] = twist.to(self.twists)
 
     def build_scheduler(self, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
         """Exponential decay from ``lr`` to ``lr × lr_final_factor`` over ``decay_steps``, constant afterwards."""
@@ -243,6 +253,7 @@ def reprojection_px(frame: Frame, points: Tensor | None, keypoints: Tensor | Non
     return scale * (seen_at[seen, :2] - keypoints.to(device)[seen]).norm(dim=-1).median().item()
 
 
+RESECTION_GAIN = 0.5  # a resection is kept where it brings the points at least this much nearer (not noise fitted)
 RESECTION_STEPS = 30  # Levenberg-Marquardt iterations (a pose off by degrees converges in under ten)
 RESECTION_HUBER_PX = 2.0  # residuals beyond this (frame pixels) count linearly: mismatched keypoints pull less
 
