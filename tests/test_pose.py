@@ -249,6 +249,7 @@ def test_eval_writes_the_corrected_training_cameras(make_config, tmp_path: Path)
         ("pose_opt.eval=left", r"key 'pose_opt'.*eval must be one of given, fit"),
         ("pose_opt.lr_final_factor=0", r"key 'pose_opt'.*lr_final_factor must be in \(0, 1\]"),
         ("pose_opt.trust_px=-1", r"key 'pose_opt'.*trust_px must be a finite number >= 0, got -1.0"),
+        ("pose_opt.without_keypoints=fit", r"key 'pose_opt'.*without_keypoints must be one of refine, keep, got 'fit'"),
         (
             "renderer.name=gsplat data.fisheye=lens",
             r"key 'pose_opt': needs gradients of the camera poses.*data.fisheye=undistort",
@@ -397,17 +398,27 @@ def test_views_whose_poses_miss_their_keypoints_keep_the_poses_their_keypoints_g
     ), log
 
 
-def test_views_without_sfm_keypoints_are_refined(make_config) -> None:
-    config = make_config("se3", pose_opt=SE3)
-    config["data"]["synthetic"]["tracks"] = False  # points without tracks, as a PLY gives
-    trainer = DefaultTrainer(parse_structured(DefaultTrainer.Config, config))
+@pytest.mark.parametrize("without_keypoints", ["refine", "keep"])
+def test_views_without_sfm_keypoints_are_refined_or_kept(make_config, without_keypoints: str) -> None:
+    def untracked(name: str, **top) -> DefaultTrainer:  # the synthetic scene's points without tracks, as a PLY gives
+        config = make_config(name, **top)
+        config["data"]["synthetic"]["tracks"] = False
+        return DefaultTrainer(parse_structured(DefaultTrainer.Config, config))
+
+    trainer = untracked("se3", pose_opt={**SE3, "without_keypoints": without_keypoints})
     trainer.train()
     module = trainer.views.modules["pose_opt"]
-    assert torch.isinf(module.reprojection_px).all() and module.refined().all()
-    line = (
-        "pose_opt: refining 7 of 7 training views (7 without SfM keypoints); within trust_px 1: none"
-    )
-    assert line + "\n" in (trainer.exp_dir / "train.log").read_text()
+    assert torch.isinf(module.reprojection_px).all() and module.refined().all() == (without_keypoints == "refine")
+    log = (trainer.exp_dir / "train.log").read_text()
+    if without_keypoints == "refine":
+        assert "pose_opt: refining 7 of 7 training views (7 without SfM keypoints); within trust_px 1: none\n" in log
+        return
+    line = "pose_opt: refining 0 of 7 training views; within trust_px 1: none; 7 without SfM keypoints keep their given"
+    assert line in log
+    off = untracked("off")
+    off.train()
+    for name, value in off.model.params.items():
+        assert torch.equal(trainer.model.params[name], value), name
 
 
 def test_the_posed_capture_script_moves_the_training_poses_in_the_file(tmp_path: Path) -> None:

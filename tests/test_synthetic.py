@@ -63,6 +63,26 @@ def test_same_config_is_bitwise_identical_and_seed_changes_points_only(cfg, scen
     assert not torch.allclose(other.points, scene.points)
 
 
+def test_points_carry_sfm_like_tracks_unless_asked_not_to(cfg, scene, tmp_path):
+    frames = _all_frames(scene)
+    assert set(scene.observed) == set(scene.keypoints) == {f.name for f in frames}
+    for frame in frames:
+        rows, keypoints = scene.observed[frame.name], scene.keypoints[frame.name]  # [P_i], [P_i, 2]
+        assert len(rows) > 100 and keypoints.shape == (len(rows), 2) and scene.keypoint_scale[frame.name] == 1.0
+        pixels, depth = _project(scene.points[rows], frame.viewmat, frame.K)
+        assert (depth > 0).all()
+        distance = (pixels - keypoints).norm(dim=-1)  # the detector's noise about each point's projection
+        assert 0.1 < distance.median() < 0.4 and distance.max() < 1.5
+    seen_by = torch.zeros(len(scene.points), dtype=torch.int64)
+    for rows in scene.observed.values():
+        seen_by[rows] += 1
+    assert (seen_by >= 3).float().mean() > 0.8  # most points are seen by several views, as SfM points are
+
+    untracked = load_synthetic(dataclasses.replace(cfg, tracks=False))
+    assert untracked.observed == {} and untracked.keypoints == {}
+    assert torch.equal(untracked.points, scene.points)
+
+
 def test_cache_file_is_written_and_read(cfg, scene, tmp_path):
     assert cache_path(cfg).is_file()  # written by the `scene` fixture
     local = dataclasses.replace(cfg, cache_dir=str(tmp_path))

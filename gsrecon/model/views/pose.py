@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from gsrecon.render.base import RenderOutput
 
 POSE_EVALS = ("given", "fit")
+WITHOUT_KEYPOINTS = ("refine", "keep")
 
 
 def se3_exp(twists: Tensor) -> Tensor:
@@ -94,11 +95,18 @@ class PoseCorrection(ViewModule):
         # A view beyond trust_px with keypoints is resected (its pose fitted to its SfM points and keypoints): within
         # trust_px of them it keeps the fitted pose, beyond it refines from there; false: refined from its given pose.
         resect: bool = True
+        # Views without keypoints to measure their poses against: refine (as every view without the check) | keep
+        # (their given poses; se3 then changes only what keypoints show to be wrong)
+        without_keypoints: str = "refine"
 
         def __post_init__(self) -> None:
             super().__post_init__()
             if self.eval not in POSE_EVALS:
                 raise ValueError(f"eval must be one of {', '.join(POSE_EVALS)}, got '{self.eval}'")
+            if self.without_keypoints not in WITHOUT_KEYPOINTS:
+                raise ValueError(
+                    f"without_keypoints must be one of {', '.join(WITHOUT_KEYPOINTS)}, got '{self.without_keypoints}'"
+                )
             for key in ("reg", "eval_lr", "trust_px"):
                 value = getattr(self, key)
                 if not (math.isfinite(value) and value >= 0):
@@ -134,7 +142,7 @@ class PoseCorrection(ViewModule):
             try:
                 sfm = scene.triangulate(log)
             except InputError as exc:
-                log(f"pose_opt: no SfM keypoints to measure the poses against ({exc}); every training view is refined")
+                log(f"pose_opt: no SfM keypoints to measure the poses against ({exc})")
         counts = torch.zeros(len(sfm.points), dtype=torch.int64)  # [P] photos that observed each point
         for rows in sfm.observed.values():
             counts[rows] += 1
@@ -146,7 +154,8 @@ class PoseCorrection(ViewModule):
 
     def trained_rows(self, names: list[str], device: torch.device) -> Tensor:
         """The rows of ``names`` whose views are refined: every one with ``trust_px`` 0, else those whose keypoints
-        lie beyond ``trust_px`` of where their given poses put their points, or that have none."""
+        lie beyond ``trust_px`` of where their poses put their points, and (``without_keypoints: refine``) those that
+        have none."""
         refined = self.refined()
         rows = [self.index[name] for name in names if refined[self.index[name]]]
         return torch.tensor(rows, dtype=torch.int64, device=device)
@@ -155,7 +164,8 @@ class PoseCorrection(ViewModule):
         """[N] bool: whether each training view's pose is refined (not measured yet: refined)."""
         if self.cfg.trust_px == 0:
             return torch.ones_like(self.reprojection_px, dtype=torch.bool)
-        return ~(self.reprojection_px <= self.cfg.trust_px)
+        refined = ~(self.reprojection_px <= self.cfg.trust_px)
+        return refined & ~torch.isinf(self.reprojection_px) if self.cfg.without_keypoints == "keep" else refined
 
     def measure_poses(self) -> None:
         """Measure how far each training view's SfM points fall from its keypoints at its given pose, resect the views
@@ -171,24 +181,28 @@ class PoseCorrection(ViewModule):
         resected, untracked = start < given, torch.isinf(start)
         median = lambda px, rows: f"{px[rows].median().item():.2f} px"  # noqa: E731
         tracked, kept = refined & ~untracked, ~refined
-        why = [f"{int(untracked.sum())} without SfM keypoints"] if untracked.any() else []
+        why = [f"{int((refined & untracked).sum())} without SfM keypoints"] if (refined & untracked).any() else []
         if tracked.any():
             why.append(
                 f"{int(tracked.sum())} whose SfM keypoints lie a median {median(start, tracked)} from their points"
             )
         if (refined & resected).any():
             why.append(f"{int((refined & resected).sum())} of them from their resections")
-        as_given, as_resected = kept & ~resected, kept & resected
+        as_given, as_resected = kept & ~resected & ~untracked, kept & resected
         keep = []
         if as_given.any():
             keep.append(f"{int(as_given.sum())} keep their given poses (a median {median(given, as_given)})")
         if as_resected.any():
             moved = f"{median(given, as_resected)} -> {median(start, as_resected)}"
             keep.append(f"{int(as_resected.sum())} keep the poses their keypoints give (resected: a median {moved})")
+        unmeasured = (
+            f"; {int((kept & untracked).sum())} without SfM keypoints keep their given poses (without_keypoints: keep)"
+        )
         self.log(
             f"pose_opt: refining {int(refined.sum())} of {len(start)} training views"
             + (f" ({', '.join(why)})" if why else "")
             + f"; within trust_px {self.cfg.trust_px:g}: {', '.join(keep) or 'none'}"
+            + (unmeasured if (kept & untracked).any() else "")
         )
 
     def resect_views(self, rows: Tensor) -> None:
@@ -221,9 +235,10 @@ class PoseCorrection(ViewModule):
         if self.frames and torch.isnan(self.reprojection_px).any():
             self.measure_poses()
         cameras = batch.cameras
-        return dataclasses.replace(
-            batch, cameras=cameras.with_viewmats(self.camera_poses(cameras.viewmats, batch.names))
-        )
+        poses = self.camera_poses(cameras.viewmats, batch.names)
+        if not self.refined()[[self.index[name] for name in batch.names]].any():
+            poses = poses.detach()  # no twist here learns: the renderer skips the cameras' gradients
+        return dataclasses.replace(batch, cameras=cameras.with_viewmats(poses))
 
     def regularization(self) -> Tensor:
         """``reg`` × the mean over training images of the squared length of their twists."""
