@@ -11,16 +11,17 @@ cameras).
 
 Only views whose poses the capture's own features contradict are refined. At the first step each training view's
 SfM points (``Scene.observed``; those seen by fewer than three photos left out) are seen from its given pose and
-compared with where its photo saw them (``Scene.keypoints``, from the COLMAP model or gsrecon's triangulation): a
-view within ``trust_px`` (the median, in pixels of the images the keypoints were found in) keeps its pose, its twist
-never moves, and a capture whose every view agrees trains exactly as without the module. On exact poses the
-photometric gradient alone cannot tell a real pose error from the young scene's errors, and the twists moved every
-camera by 0.3-0.7 degrees (BENCHMARKS.md, issue 38); the keypoints can. A view beyond ``trust_px`` is resected
-(``resect``): its pose is fitted to its keypoints and SfM points, and where that fit lies within ``trust_px`` the view
-keeps the fitted pose as it would a given one; where it does not, the photometric refinement starts from it. A
+compared with where its photo saw them (``Scene.keypoints``, from the COLMAP model or gsrecon's triangulation). Each
+such view is also resected (``resect``): its pose is fitted to its keypoints and points, and where the fitted pose
+brings them at least twice as near, the view starts from it. A view within ``trust_px`` of its keypoints (the
+median, in pixels of the images they were found in) at the pose it starts from keeps that pose and its twist never
+moves; the others are refined photometrically from there. A capture whose every view agrees with its keypoints
+trains exactly as without the module: on exact poses the photometric gradient alone cannot tell a real pose error
+from the young scene's errors, and the twists moved every camera by 0.3-0.7 degrees (BENCHMARKS.md, issue 38). A
 transforms.json capture whose points come from a file (a PLY, without keypoints) has them triangulated from its poses
 for this. Views without keypoints (a random start, triangulation without pycolmap or too few points, fisheye frames
-of a triangulated capture, fewer than eight points seen by three photos) are refined.
+of a triangulated capture, fewer than eight points seen by three photos) are refined, or keep their given poses with
+``without_keypoints: keep``.
 
 Test views have no correction of their own: they are scored at their given poses (``eval: given``), or each at a
 pose fitted to its photo first (``eval: fit``, the test-time pose optimisation of BARF-style evaluations), which
@@ -92,8 +93,8 @@ class PoseCorrection(ViewModule):
         # image its keypoints were found in) of where its photo saw them keeps that pose; views beyond it, and views
         # without keypoints, are refined. 0 refines every view.
         trust_px: float = 1.0
-        # A view beyond trust_px with keypoints is resected (its pose fitted to its SfM points and keypoints): within
-        # trust_px of them it keeps the fitted pose, beyond it refines from there; false: refined from its given pose.
+        # A view with keypoints starts from its resection (its pose fitted to its SfM points and keypoints) where that
+        # brings them at least twice as near; then trust_px decides whether it keeps that pose. false: given poses.
         resect: bool = True
         # Views without keypoints to measure their poses against: refine (as every view without the check) | keep
         # (their given poses; se3 then changes only what keypoints show to be wrong)
@@ -169,14 +170,14 @@ class PoseCorrection(ViewModule):
 
     def measure_poses(self) -> None:
         """Measure how far each training view's SfM points fall from its keypoints at its given pose, resect the views
-        beyond ``trust_px`` (``resect``), set ``reprojection_px`` from the poses training starts from, and log which
-        views are refined and which keep their poses."""
+        with keypoints (``resect``), set ``reprojection_px`` from the poses training starts from, and log which views
+        are refined and which keep their poses."""
         given = torch.tensor(
             [reprojection_px(frame, *self.tracks.get(frame.name, (None, None, 1.0))) for frame in self.frames]
         )  # [N] pixels at the given poses; inf without keypoints
         self.reprojection_px = given.clone()
         if self.cfg.resect:
-            self.resect_views(~(given <= self.cfg.trust_px) & torch.isfinite(given))
+            self.resect_views(torch.isfinite(given))
         start, refined = self.reprojection_px, self.refined()
         resected, untracked = start < given, torch.isinf(start)
         median = lambda px, rows: f"{px[rows].median().item():.2f} px"  # noqa: E731
@@ -207,15 +208,17 @@ class PoseCorrection(ViewModule):
 
     def resect_views(self, rows: Tensor) -> None:
         """Resect the views ``rows`` ([N] bool): where a resection brings a view's points :data:`RESECTION_GAIN` times
-        nearer its keypoints or more, its ``reprojection_px`` becomes the resected pose's and its twist starts there.
+        nearer its keypoints or more (and :data:`RESECTION_MIN_PX` or more), its ``reprojection_px`` becomes the
+        resected pose's and its twist starts there.
         A twist that is not zero (a resumed run) keeps its value: the same resection placed it at the first step."""
         fresh = (self.twists.detach().cpu() == 0).all(-1)  # [N]
         for row in rows.nonzero().flatten().tolist():
             frame = self.frames[row]
             points, keypoints, scale = self.tracks[frame.name]
             twist, median_px = resected_twist(frame, points, keypoints)
-            if scale * median_px < RESECTION_GAIN * self.reprojection_px[row].item():
-                self.reprojection_px[row] = scale * median_px
+            before, after = self.reprojection_px[row].item(), scale * median_px
+            if after < RESECTION_GAIN * before and after < before - RESECTION_MIN_PX:
+                self.reprojection_px[row] = after
                 if fresh[row]:
                     with torch.no_grad():
                         self.twists[row] = twist.to(self.twists)
@@ -268,24 +271,29 @@ def reprojection_px(frame: Frame, points: Tensor | None, keypoints: Tensor | Non
     return scale * (seen_at[seen, :2] - keypoints.to(device)[seen]).norm(dim=-1).median().item()
 
 
-RESECTION_GAIN = 0.5  # a resection is kept where it brings the points at least this much nearer (not noise fitted)
-RESECTION_STEPS = 30  # Levenberg-Marquardt iterations (a pose off by degrees converges in under ten)
+# A resection is kept where it brings the points at least this much nearer (not noise fitted) ...
+RESECTION_GAIN = 0.5
+RESECTION_MIN_PX = 0.1  # ... and by this many pixels (keypoints without noise halve 1e-4 px by a refit)
+RESECTION_STEPS = 30  # Levenberg-Marquardt iterations at most (a pose off by degrees converges in under ten)
+RESECTION_POINTS = 512  # points a resection fits at most: six unknowns, and the time stays under 0.1 s a view
 RESECTION_HUBER_PX = 2.0  # residuals beyond this (frame pixels) count linearly: mismatched keypoints pull less
 
 
 def resected_twist(frame: Frame, points: Tensor, keypoints: Tensor) -> tuple[Tensor, float]:
     """The twist [6] that moves ``frame``'s camera from its given pose to where its SfM ``points`` [P, 3] fall
-    nearest its ``keypoints`` [P, 2] (frame pixels): a robust (Huber) Levenberg-Marquardt fit from zero over the
-    points seen at the given pose, in float64 on the CPU (deterministic); with the median distance in frame pixels
-    it leaves."""
+    nearest its ``keypoints`` [P, 2] (frame pixels): a robust (Huber) Levenberg-Marquardt fit from zero over (at most
+    :data:`RESECTION_POINTS` evenly spaced of) the points seen at the given pose, in float64 on the CPU
+    (deterministic); with the median distance in frame pixels it leaves over all of them."""
     viewmat = frame.viewmat.detach().cpu().double()
     K, model = frame.K.detach().cpu().double(), frame.camera_model
     points, keypoints = points.cpu().double(), keypoints.cpu().double()
     seen = project_points(points, viewmat, K, model)[1]
     points, keypoints = points[seen], keypoints[seen]
+    fitted = torch.linspace(0, len(points) - 1, min(len(points), RESECTION_POINTS)).round().long()  # [F]
 
-    def residuals(twist: Tensor) -> Tensor:  # [P, 2] pixels from each keypoint to its point's projection
-        return project_points(points, se3_exp(twist[None])[0] @ viewmat, K, model)[0][:, :2] - keypoints
+    def residuals(twist: Tensor, rows: Tensor | slice = fitted) -> Tensor:  # [P, 2] keypoint to projection, pixels
+        moved = se3_exp(twist[None])[0] @ viewmat
+        return project_points(points[rows], moved, K, model)[0][:, :2] - keypoints[rows]
 
     def cost(error: Tensor) -> Tensor:  # the Huber cost of residuals [P, 2]
         length = error.norm(dim=-1)
@@ -295,19 +303,20 @@ def resected_twist(frame: Frame, points: Tensor, keypoints: Tensor) -> tuple[Ten
     twist, damping = torch.zeros(6, dtype=torch.float64), 1e-3
     error = residuals(twist)
     for _ in range(RESECTION_STEPS):
-        jacobian = torch.func.jacfwd(residuals)(twist).reshape(-1, 6)  # [2P, 6]
+        jacobian = torch.func.jacfwd(residuals)(twist).reshape(-1, 6)  # [2F, 6]
         weights = (RESECTION_HUBER_PX / error.norm(dim=-1).clamp_min(1e-12)).clamp_max(1.0).repeat_interleave(2)
         normal = jacobian.T @ (weights[:, None] * jacobian)  # [6, 6]
         gradient = jacobian.T @ (weights * error.flatten())  # [6]
         step = torch.linalg.solve(normal + damping * torch.diag(normal.diagonal()), -gradient)
         candidate = residuals(twist + step)
-        if cost(candidate) < cost(error):
+        before, after = cost(error), cost(candidate)
+        if after < before:
             twist, error, damping = twist + step, candidate, damping / 3.0
+            if before - after < 1e-12 * before:  # converged
+                break
         else:
             damping *= 4.0
-        if step.abs().max() < 1e-12:
-            break
-    return twist.float(), error.norm(dim=-1).median().item()
+    return twist.float(), residuals(twist, slice(None)).norm(dim=-1).median().item()
 
 
 def fit_pose(batch: Batch, render: Callable[[Batch], RenderOutput], steps: int, lr: float) -> Batch:
