@@ -41,6 +41,9 @@ MAX_CONFIG_VALUES = 100_000  # values in a config once YAML aliases are expanded
 MAX_CONFIG_DEPTH = 32  # nesting levels of mappings and lists
 ENTRY_MAPS = ("hooks", "loss", "views")  # top-level keys holding named registry entries, merged entry by entry
 APPENDED_LISTS = ("imports",)  # top-level lists that a child config extends instead of replacing
+# Top-level sections naming one module, where `mode` is another spelling of `name`: a layer (a file over its base, a
+# command-line key) that names the module either way replaces what the layers below named, however they spelled it.
+ALIASED_NAMES = ("appearance", "pose_opt")
 REFERENCE_RUN_STEPS = 30_000  # the run length of the 3DGS paper, for which step-count defaults are given
 
 
@@ -260,6 +263,8 @@ def merge_configs(base: dict[str, Any], override: dict[str, Any], path: str = ""
                 raise ConfigError(f"key '{where}': null removes an entry, but there is no '{key}' (present: {present})")
             del out[key]
             continue
+        if not path and key in ALIASED_NAMES and isinstance(value, dict) and isinstance(old, dict):
+            old = _respelled(old, value)
         renamed = isinstance(value, dict) and "name" in value and value["name"] != (old or {}).get("name")
         if isinstance(value, dict) and isinstance(old, dict) and not renamed:
             out[key] = merge_configs(old, value, where)
@@ -306,6 +311,10 @@ def apply_overrides(cfg: dict[str, Any], overrides: Sequence[str], source: str =
                 continue
             if key in ENTRY_MAPS:
                 value = entry_map(value, key)
+            elif parents and parents[0] in ALIASED_NAMES and len(parents) == 1 and last in ("name", "mode"):
+                respelled = _respelled(dict(node), {last: value})
+                node.clear()
+                node.update(respelled)
             elif last == "name" and node.get("name", value) != value:
                 node.clear()  # the options of the previous name do not apply to the new one
             merged = merge_configs(node, {last: value}, ".".join(parents))
@@ -314,6 +323,19 @@ def apply_overrides(cfg: dict[str, Any], overrides: Sequence[str], source: str =
         except ConfigError as exc:
             raise ConfigError(f"{source}: {exc}") from None
     return cfg
+
+
+def _respelled(below: dict[str, Any], above: dict[str, Any]) -> dict[str, Any]:
+    """An :data:`ALIASED_NAMES` section ``below`` as the layer ``above`` it merges with sees it: where ``above`` names
+    the module (as ``name`` or ``mode``), without the name as ``below`` spelled it, and without ``below``'s options
+    where the module changes."""
+    written = [spelling for spelling in ("name", "mode") if spelling in above]
+    if not written:
+        return below
+    module = below.get("name", below.get("mode", "none"))
+    if above[written[0]] != module:
+        return {}
+    return {k: v for k, v in below.items() if k not in ("name", "mode")}
 
 
 def _list_index(node: list, part: str, key: str) -> int:

@@ -136,6 +136,19 @@ def test_changing_an_entry_name_drops_the_options_of_the_old_one(tmp_path: Path)
     assert same["strategy"] == {"name": "mcmc", "cap_max": 9, "noise_lr": 1.0, "refine_every": 7}
 
 
+def test_a_module_named_as_mode_or_name_replaces_the_one_a_layer_below_named_either_way(tmp_path: Path) -> None:
+    base = write_yaml(tmp_path / "base.yaml", {"pose_opt": {"name": "se3", "without_keypoints": "keep"}})
+    assert load_config(base, ["pose_opt.mode=none"])["pose_opt"] == {"mode": "none"}
+    assert load_config(base, ["pose_opt.mode=se3"])["pose_opt"] == {"without_keypoints": "keep", "mode": "se3"}
+    assert load_config(base, ["pose_opt={mode: none}"])["pose_opt"] == {"mode": "none"}
+    child = write_yaml(tmp_path / "child.yaml", {"_base_": "base.yaml", "pose_opt": {"mode": "se3", "lr": 0.01}})
+    assert load_config(child)["pose_opt"] == {"without_keypoints": "keep", "mode": "se3", "lr": 0.01}
+    assert load_config(child, ["pose_opt.name=none"])["pose_opt"] == {"name": "none"}
+    both = write_yaml(tmp_path / "both.yaml", {"appearance": {"name": "affine", "mode": "bilateral_grid"}})
+    with pytest.raises(ConfigError, match=r"key 'appearance.mode': an alias of appearance.name; give one of them"):
+        DefaultTrainer(parse_structured(DefaultTrainer.Config, load_config(both)))
+
+
 def test_imports_are_relative_to_the_yaml_file(tmp_path: Path) -> None:
     (tmp_path / "sub").mkdir()
     config = write_yaml(tmp_path / "sub" / "c.yaml", {"imports": ["hooks.py", "some.module"]})
