@@ -141,6 +141,26 @@ def test_photos_outside_the_capture_are_detected_only_when_the_user_opts_in(
     assert "lies outside" not in err  # nor while triangulating its points from the photos
 
 
+@pytest.mark.parametrize(
+    ("keys", "appearance", "pose_opt"),
+    [
+        ([], "none", "se3"),  # phone.yaml checks each photo's pose against its keypoints
+        (["pose_opt.mode=none", "appearance.mode=bilateral_grid"], "bilateral_grid", "none"),  # `mode`: `name`'s alias
+        (["pose_opt.mode=se3", "appearance.mode=affine"], "affine", "se3"),
+    ],
+)
+def test_the_per_view_modules_of_phone_yaml_are_switched_by_name_or_mode(
+    tmp_path: Path, synthetic_cache: Path, capsys: pytest.CaptureFixture[str], keys, appearance: str, pose_opt: str
+) -> None:
+    root = capture_layouts.nerf_synthetic(tmp_path / "my_scene", synthetic_cache)
+    config = ["--config", str(CONFIGS_DIR / "phone.yaml"), f"data.path={root}", f"exp_dir={tmp_path / 'run'}"]
+    code, _, err = _train(capsys, *config, *TINY_RUN, *keys)
+    assert code == 0, err
+    resolved = _resolved(tmp_path / "run")
+    assert resolved["appearance"]["name"] == appearance and resolved["pose_opt"]["name"] == pose_opt
+    assert resolved["pose_opt"].get("without_keypoints", "keep") == "keep"
+
+
 def test_the_readme_capture_table_matches_the_detection() -> None:
     readme = (CONFIGS_DIR.parent / "README.md").read_text()
     table = readme.split("### Training a capture", 1)[1].split("| layout |", 1)[1].split("\n\n", 1)[0]
