@@ -249,7 +249,10 @@ def test_eval_writes_the_corrected_training_cameras(make_config, tmp_path: Path)
         ("pose_opt.eval=left", r"key 'pose_opt'.*eval must be one of given, fit"),
         ("pose_opt.lr_final_factor=0", r"key 'pose_opt'.*lr_final_factor must be in \(0, 1\]"),
         ("pose_opt.trust_px=-1", r"key 'pose_opt'.*trust_px must be a finite number >= 0, got -1.0"),
-        ("pose_opt.without_keypoints=fit", r"key 'pose_opt'.*without_keypoints must be one of refine, keep, got 'fit'"),
+        (
+            "pose_opt.without_keypoints=fit",
+            r"key 'pose_opt'.*without_keypoints must be one of refine, keep, auto, got 'fit'",
+        ),
         (
             "renderer.name=gsplat data.fisheye=lens",
             r"key 'pose_opt': needs gradients of the camera poses.*data.fisheye=undistort",
@@ -279,7 +282,7 @@ def test_bad_pose_opt_is_one_line_and_exit_2(
             r"\(affine, bilateral_grid\)",
         ),
         ("pose_opt.name=bilateral_grid", r"key 'pose_opt.name': 'bilateral_grid' is an appearance module"),
-        ("appearance.name=affine appearance.mode=affine", r"key 'appearance.mode': an alias of appearance.name"),
+        ('appearance={"name":"affine","mode":"affine"}', r"key 'appearance.mode': an alias of appearance.name"),
     ],
 )
 def test_a_per_view_section_takes_only_its_kind_of_module_in_one_line_and_exit_2(
@@ -398,7 +401,20 @@ def test_views_whose_poses_miss_their_keypoints_keep_the_poses_their_keypoints_g
     ), log
 
 
-@pytest.mark.parametrize("without_keypoints", ["refine", "keep"])
+@pytest.mark.parametrize(("without_keypoints", "refined"), [("auto", True), ("keep", False)])
+def test_a_view_without_keypoints_among_views_with_them_is_refined_unless_kept(
+    make_config, tmp_path: Path, without_keypoints: str, refined: bool
+) -> None:
+    trainer = _colmap_trainer(make_config, tmp_path, "run", {**SE3, "without_keypoints": without_keypoints})
+    module = trainer.views.modules["pose_opt"]
+    lost = trainer.datapipeline._train[0].name
+    del module.tracks[lost]  # its matches did not triangulate
+    trainer.train()
+    assert module.refined().tolist() == [refined if name == lost else False for name in module.index]
+    assert f"pose_opt: refining {int(refined)} of 8 training views" in (trainer.exp_dir / "train.log").read_text()
+
+
+@pytest.mark.parametrize("without_keypoints", ["refine", "keep", "auto"])  # auto: none has keypoints, so keep
 def test_views_without_sfm_keypoints_are_refined_or_kept(make_config, without_keypoints: str) -> None:
     def untracked(name: str, **top) -> DefaultTrainer:  # the synthetic scene's points without tracks, as a PLY gives
         config = make_config(name, **top)
@@ -409,12 +425,13 @@ def test_views_without_sfm_keypoints_are_refined_or_kept(make_config, without_ke
     trainer.train()
     module = trainer.views.modules["pose_opt"]
     assert torch.isinf(module.reprojection_px).all() and module.refined().all() == (without_keypoints == "refine")
+    assert not module.refined().any() if without_keypoints != "refine" else True
     log = (trainer.exp_dir / "train.log").read_text()
     if without_keypoints == "refine":
         assert "pose_opt: refining 7 of 7 training views (7 without SfM keypoints); within trust_px 1: none\n" in log
         return
     line = "pose_opt: refining 0 of 7 training views; within trust_px 1: none; 7 without SfM keypoints keep their given"
-    assert line in log
+    assert f"{line} poses (without_keypoints: {without_keypoints})" in log
     off = untracked("off")
     off.train()
     for name, value in off.model.params.items():

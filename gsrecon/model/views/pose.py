@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from gsrecon.render.base import RenderOutput
 
 POSE_EVALS = ("given", "fit")
-WITHOUT_KEYPOINTS = ("refine", "keep")
+WITHOUT_KEYPOINTS = ("refine", "keep", "auto")
 
 
 def se3_exp(twists: Tensor) -> Tensor:
@@ -97,7 +97,8 @@ class PoseCorrection(ViewModule):
         # brings them at least twice as near; then trust_px decides whether it keeps that pose. false: given poses.
         resect: bool = True
         # Views without keypoints to measure their poses against: refine (as every view without the check) | keep
-        # (their given poses; se3 then changes only what keypoints show to be wrong)
+        # (their given poses; se3 then changes only what keypoints show to be wrong) | auto (refine where other views
+        # of the capture have keypoints: theirs did not triangulate consistently; keep where none has)
         without_keypoints: str = "refine"
 
         def __post_init__(self) -> None:
@@ -155,8 +156,8 @@ class PoseCorrection(ViewModule):
 
     def trained_rows(self, names: list[str], device: torch.device) -> Tensor:
         """The rows of ``names`` whose views are refined: every one with ``trust_px`` 0, else those whose keypoints
-        lie beyond ``trust_px`` of where their poses put their points, and (``without_keypoints: refine``) those that
-        have none."""
+        lie beyond ``trust_px`` of where their poses put their points, and those that have none as
+        ``without_keypoints`` says."""
         refined = self.refined()
         rows = [self.index[name] for name in names if refined[self.index[name]]]
         return torch.tensor(rows, dtype=torch.int64, device=device)
@@ -166,7 +167,9 @@ class PoseCorrection(ViewModule):
         if self.cfg.trust_px == 0:
             return torch.ones_like(self.reprojection_px, dtype=torch.bool)
         refined = ~(self.reprojection_px <= self.cfg.trust_px)
-        return refined & ~torch.isinf(self.reprojection_px) if self.cfg.without_keypoints == "keep" else refined
+        untracked = torch.isinf(self.reprojection_px)
+        keep = self.cfg.without_keypoints == "keep" or (self.cfg.without_keypoints == "auto" and bool(untracked.all()))
+        return refined & ~untracked if keep else refined
 
     def measure_poses(self) -> None:
         """Measure how far each training view's SfM points fall from its keypoints at its given pose, resect the views
@@ -197,7 +200,8 @@ class PoseCorrection(ViewModule):
             moved = f"{median(given, as_resected)} -> {median(start, as_resected)}"
             keep.append(f"{int(as_resected.sum())} keep the poses their keypoints give (resected: a median {moved})")
         unmeasured = (
-            f"; {int((kept & untracked).sum())} without SfM keypoints keep their given poses (without_keypoints: keep)"
+            f"; {int((kept & untracked).sum())} without SfM keypoints keep their given poses "
+            f"(without_keypoints: {self.cfg.without_keypoints})"
         )
         self.log(
             f"pose_opt: refining {int(refined.sum())} of {len(start)} training views"
