@@ -251,7 +251,7 @@ def test_eval_writes_the_corrected_training_cameras(make_config, tmp_path: Path)
         ("pose_opt.trust_px=-1", r"key 'pose_opt'.*trust_px must be a finite number >= 0, got -1.0"),
         (
             "pose_opt.without_keypoints=fit",
-            r"key 'pose_opt'.*without_keypoints must be one of refine, keep, auto, got 'fit'",
+            r"key 'pose_opt'.*without_keypoints must be one of refine, keep, got 'fit'",
         ),
         (
             "renderer.name=gsplat data.fisheye=lens",
@@ -401,20 +401,7 @@ def test_views_whose_poses_miss_their_keypoints_keep_the_poses_their_keypoints_g
     ), log
 
 
-@pytest.mark.parametrize(("without_keypoints", "refined"), [("auto", True), ("keep", False)])
-def test_a_view_without_keypoints_among_views_with_them_is_refined_unless_kept(
-    make_config, tmp_path: Path, without_keypoints: str, refined: bool
-) -> None:
-    trainer = _colmap_trainer(make_config, tmp_path, "run", {**SE3, "without_keypoints": without_keypoints})
-    module = trainer.views.modules["pose_opt"]
-    lost = trainer.datapipeline._train[0].name
-    del module.tracks[lost]  # its matches did not triangulate
-    trainer.train()
-    assert module.refined().tolist() == [refined if name == lost else False for name in module.index]
-    assert f"pose_opt: refining {int(refined)} of 8 training views" in (trainer.exp_dir / "train.log").read_text()
-
-
-@pytest.mark.parametrize("without_keypoints", ["refine", "keep", "auto"])  # auto: none has keypoints, so keep
+@pytest.mark.parametrize("without_keypoints", ["refine", "keep"])
 def test_views_without_sfm_keypoints_are_refined_or_kept(make_config, without_keypoints: str) -> None:
     def untracked(name: str, **top) -> DefaultTrainer:  # the synthetic scene's points without tracks, as a PLY gives
         config = make_config(name, **top)

@@ -158,7 +158,7 @@ def test_the_per_view_modules_of_phone_yaml_are_switched_by_name_or_mode(
     assert code == 0, err
     resolved = _resolved(tmp_path / "run")
     assert resolved["appearance"]["name"] == appearance and resolved["pose_opt"]["name"] == pose_opt
-    assert resolved["pose_opt"].get("without_keypoints", "auto") == "auto"
+    assert resolved["pose_opt"].get("without_keypoints", "keep") == "keep"
 
 
 def test_the_readme_capture_table_matches_the_detection() -> None:

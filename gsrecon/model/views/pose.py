@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from gsrecon.render.base import RenderOutput
 
 POSE_EVALS = ("given", "fit")
-WITHOUT_KEYPOINTS = ("refine", "keep", "auto")
+WITHOUT_KEYPOINTS = ("refine", "keep")
 
 
 def se3_exp(twists: Tensor) -> Tensor:
@@ -97,8 +97,7 @@ class PoseCorrection(ViewModule):
         # brings them at least twice as near; then trust_px decides whether it keeps that pose. false: given poses.
         resect: bool = True
         # Views without keypoints to measure their poses against: refine (as every view without the check) | keep
-        # (their given poses; se3 then changes only what keypoints show to be wrong) | auto (refine where other views
-        # of the capture have keypoints: theirs did not triangulate consistently; keep where none has)
+        # (their given poses; se3 then changes only what keypoints show to be wrong)
         without_keypoints: str = "refine"
 
         def __post_init__(self) -> None:
@@ -168,8 +167,7 @@ class PoseCorrection(ViewModule):
             return torch.ones_like(self.reprojection_px, dtype=torch.bool)
         refined = ~(self.reprojection_px <= self.cfg.trust_px)
         untracked = torch.isinf(self.reprojection_px)
-        keep = self.cfg.without_keypoints == "keep" or (self.cfg.without_keypoints == "auto" and bool(untracked.all()))
-        return refined & ~untracked if keep else refined
+        return refined & ~untracked if self.cfg.without_keypoints == "keep" else refined
 
     def measure_poses(self) -> None:
         """Measure how far each training view's SfM points fall from its keypoints at its given pose, resect the views
