@@ -11,11 +11,12 @@ cameras).
 
 Only views whose poses the capture's own features contradict are refined. At the first step each training view's
 SfM points (``Scene.observed``; those seen by fewer than three photos left out) are seen from its given pose and
-compared with where its photo saw them (``Scene.keypoints``, from the COLMAP model or gsrecon's triangulation). Each
-such view is also resected (``resect``): its pose is fitted to its keypoints and points, and where the fitted pose
-brings them at least twice as near, the view starts from it. A view within ``trust_px`` of its keypoints (the
-median, in pixels of the images they were found in) at the pose it starts from keeps that pose and its twist never
-moves; the others are refined photometrically from there. A capture whose every view agrees with its keypoints
+compared with where its photo saw them (``Scene.keypoints``, from the COLMAP model or gsrecon's triangulation). A
+view within ``trust_px`` of them (the median, in pixels of the images the keypoints were found in) keeps its given
+pose. A view beyond it is resected (``resect``): its pose is fitted to its keypoints and points, and where the fitted
+pose brings them at least twice as near, the view starts from it. A view within ``trust_px`` at the pose it starts
+from keeps that pose and its twist never moves; the others are refined photometrically from there. A capture whose
+every view agrees with its keypoints
 trains exactly as without the module: on exact poses the photometric gradient alone cannot tell a real pose error
 from the young scene's errors, and the twists moved every camera by 0.3-0.7 degrees (BENCHMARKS.md, issue 38). A
 transforms.json capture whose points come from a file (a PLY, without keypoints) has them triangulated from its poses
@@ -93,7 +94,7 @@ class PoseCorrection(ViewModule):
         # image its keypoints were found in) of where its photo saw them keeps that pose; views beyond it, and views
         # without keypoints, are refined. 0 refines every view.
         trust_px: float = 1.0
-        # A view with keypoints starts from its resection (its pose fitted to its SfM points and keypoints) where that
+        # A view beyond trust_px starts from its resection (its pose fitted to its SfM points and keypoints) where that
         # brings them at least twice as near; then trust_px decides whether it keeps that pose. false: given poses.
         resect: bool = True
         # Views without keypoints to measure their poses against: refine (as every view without the check) | keep
@@ -171,14 +172,14 @@ class PoseCorrection(ViewModule):
 
     def measure_poses(self) -> None:
         """Measure how far each training view's SfM points fall from its keypoints at its given pose, resect the views
-        with keypoints (``resect``), set ``reprojection_px`` from the poses training starts from, and log which views
-        are refined and which keep their poses."""
+        beyond ``trust_px`` (``resect``), set ``reprojection_px`` from the poses training starts from, and log which
+        views are refined and which keep their poses."""
         given = torch.tensor(
             [reprojection_px(frame, *self.tracks.get(frame.name, (None, None, 1.0))) for frame in self.frames]
         )  # [N] pixels at the given poses; inf without keypoints
         self.reprojection_px = given.clone()
         if self.cfg.resect:
-            self.resect_views(torch.isfinite(given))
+            self.resect_views(~(given <= self.cfg.trust_px) & torch.isfinite(given))
         start, refined = self.reprojection_px, self.refined()
         resected, untracked = start < given, torch.isinf(start)
         median = lambda px, rows: f"{px[rows].median().item():.2f} px"  # noqa: E731
