@@ -24,11 +24,12 @@ from gsrecon.config import parse_structured
 from gsrecon.data.pipeline import Batch
 from gsrecon.data.readers.colmap import load_colmap
 from gsrecon.data.readers.transforms import OPENGL_TO_OPENCV
+from gsrecon.data.scene import Frame
 from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.engine.evaluator import evaluate_views
 from gsrecon.engine.trainer import DefaultTrainer
 from gsrecon.model.views.base import ViewModules
-from gsrecon.model.views.pose import PoseCorrection, corrected_viewmats, fit_pose, se3_exp
+from gsrecon.model.views.pose import PoseCorrection, corrected_viewmats, fit_pose, resected_twist, se3_exp
 from gsrecon.render.torch_renderer import TorchRenderer
 
 PERTURB_POSES = Path(__file__).resolve().parents[1] / "scripts" / "perturb_poses.py"
@@ -399,6 +400,14 @@ def test_views_whose_poses_miss_their_keypoints_keep_the_poses_their_keypoints_g
         r"3 keep the poses their keypoints give \(resected: a median 3.\d\d px -> 0.00 px\)\n",
         log,
     ), log
+
+
+def test_a_resection_from_points_that_cannot_fix_a_pose_leaves_it_where_it_was() -> None:
+    K = torch.tensor([[30.0, 0.0, 16.0], [0.0, 30.0, 12.0], [0.0, 0.0, 1.0]])
+    frame = Frame(name="a", viewmat=torch.eye(4), K=K, pixels=torch.zeros(24, 32, 3, dtype=torch.uint8), source="x")
+    points = torch.tensor([[0.0, 0.0, 3.0]]).repeat(10, 1)  # one point seen ten times: no pose follows from it
+    twist, median = resected_twist(frame, points, torch.full((10, 2), 20.0))
+    assert torch.isfinite(twist).all() and math.isfinite(median)
 
 
 @pytest.mark.parametrize("without_keypoints", ["refine", "keep"])

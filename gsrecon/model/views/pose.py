@@ -315,7 +315,9 @@ def resected_twist(frame: Frame, points: Tensor, keypoints: Tensor) -> tuple[Ten
         weights = (RESECTION_HUBER_PX / error.norm(dim=-1).clamp_min(1e-12)).clamp_max(1.0).repeat_interleave(2)
         normal = jacobian.T @ (weights[:, None] * jacobian)  # [6, 6]
         gradient = jacobian.T @ (weights * error.flatten())  # [6]
-        step = torch.linalg.solve(normal + damping * torch.diag(normal.diagonal()), -gradient)
+        step, singular = torch.linalg.solve_ex(normal + damping * torch.diag(normal.diagonal()), -gradient)
+        if singular:  # points that cannot fix all six degrees of freedom (all on one ray, say): keep what it has
+            break
         candidate = residuals(twist + step)
         before, after = cost(error), cost(candidate)
         if after < before:
