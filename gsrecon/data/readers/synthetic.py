@@ -589,6 +589,15 @@ def render_depth(viewmat: Array, K: Array, cfg: SyntheticConfig) -> NDArray[np.f
 # ----------------------------------------------------------------------------- point cloud
 
 
+def _pixels(points: Array, viewmat: Array, K: Array, cfg: SyntheticConfig) -> tuple[Array, Array]:
+    """Where one pinhole camera (world-to-camera ``viewmat`` [4, 4], ``K`` [3, 3]) sees ``points`` [P, 3]: pixel x,
+    y [P, 2], and [P] bool, whether each lies in front of it and inside its image."""
+    cam = points @ viewmat[:3, :3].T + viewmat[:3, 3]  # [P, 3]
+    _, _, u, v = pinhole_project(cam[:, 0], cam[:, 1], np.maximum(cam[:, 2], _EPS), K)  # [P] pixels each
+    inside = (cam[:, 2] > _EPS) & (u >= 0) & (u < cfg.width) & (v >= 0) & (v < cfg.height)
+    return np.stack([u, v], -1), inside
+
+
 def _sightings(
     prims: tuple[_Primitive, ...], points: Array, normals: Array, viewmats: Array, K: Array, cfg: SyntheticConfig
 ) -> Array:
@@ -596,14 +605,11 @@ def _sightings(
     image)."""
     seen = np.zeros((len(viewmats), len(points)), dtype=bool)
     for view, viewmat in enumerate(viewmats):
-        R, t = viewmat[:3, :3], viewmat[:3, 3]
-        cam = points @ R.T + t  # [P, 3]
-        _, _, u, v = pinhole_project(cam[:, 0], cam[:, 1], np.maximum(cam[:, 2], _EPS), K)  # [P] pixels each
+        _, in_image = _pixels(points, viewmat, K, cfg)
         eye = _camera_center(viewmat)  # [3]
         to_point = points - eye  # [P, 3]
         length = np.linalg.norm(to_point, axis=-1)
         facing = np.einsum("pk,pk->p", normals, to_point) < 0.0
-        in_image = (cam[:, 2] > _EPS) & (u >= 0) & (u < cfg.width) & (v >= 0) & (v < cfg.height)
         cand = np.flatnonzero(in_image & facing)
         dirs = to_point[cand] / length[cand, None]
         dist = _trace(prims, np.broadcast_to(eye, dirs.shape), dirs)[0]
@@ -647,10 +653,8 @@ def _point_cloud(viewmats: Array, K: Array, cfg: SyntheticConfig) -> dict[str, A
     noisy = p_all + jitter
     keypoints = np.zeros((len(viewmats), len(noisy), 2))
     for view, viewmat in enumerate(viewmats):
-        cam = noisy @ viewmat[:3, :3].T + viewmat[:3, 3]  # [P, 3]
-        _, _, u, v = pinhole_project(cam[:, 0], cam[:, 1], np.maximum(cam[:, 2], _EPS), K)
-        keypoints[view] = np.stack([u, v], -1) + KEYPOINT_NOISE_PX * rng.standard_normal((len(noisy), 2))
-        inside = (cam[:, 2] > _EPS) & (u >= 0) & (u < cfg.width) & (v >= 0) & (v < cfg.height)
+        pixels, inside = _pixels(noisy, viewmat, K, cfg)
+        keypoints[view] = pixels + KEYPOINT_NOISE_PX * rng.standard_normal((len(noisy), 2))
         sightings[view] &= inside
     keypoints[~sightings] = 0.0
     return {"points": noisy, "colors": np.clip(colors, 0.0, 1.0), "sightings": sightings, "keypoints": keypoints}
@@ -781,14 +785,20 @@ def load_synthetic(cfg: SyntheticConfig, factor: int = 1, eval_split: str = "dat
         for i in keep
     ]
     train, test = split_frames(frames, "none" if eval_split == "none" else "dataset", [is_test[i] for i in keep])
-    tracks = {f"view_{i:03d}": np.flatnonzero(arrays["sightings"][i]) for i in keep} if cfg.tracks else {}
+    tracks = (
+        {  # frame name -> (the view's row in the arrays, the points it sees [P_i])
+            frame.name: (i, np.flatnonzero(arrays["sightings"][i])) for i, frame in zip(keep, frames, strict=True)
+        }
+        if cfg.tracks
+        else {}
+    )
     return Scene(
         train=train,
         test=test,
         points=torch.from_numpy(arrays["points"]),
         colors=torch.from_numpy(arrays["colors"]),
-        observed={name: torch.from_numpy(rows.astype(np.int64)) for name, rows in tracks.items()},
-        keypoints={name: torch.from_numpy(arrays["keypoints"][int(name[5:]), rows]) for name, rows in tracks.items()},
+        observed={name: torch.from_numpy(rows.astype(np.int64)) for name, (_, rows) in tracks.items()},
+        keypoints={name: torch.from_numpy(arrays["keypoints"][i, rows]) for name, (i, rows) in tracks.items()},
         keypoint_scale=dict.fromkeys(tracks, 1.0),
     )
 

@@ -16,13 +16,12 @@ view within ``trust_px`` of them (the median, in pixels of the images the keypoi
 pose. A view beyond it is resected (``resect``): its pose is fitted to its keypoints and points, and where the fitted
 pose brings them at least twice as near, the view starts from it. A view within ``trust_px`` at the pose it starts
 from keeps that pose and its twist never moves; the others are refined photometrically from there. A capture whose
-every view agrees with its keypoints
-trains exactly as without the module: on exact poses the photometric gradient alone cannot tell a real pose error
-from the young scene's errors, and the twists moved every camera by 0.3-0.7 degrees (BENCHMARKS.md, issue 38). A
-transforms.json capture whose points come from a file (a PLY, without keypoints) has them triangulated from its poses
-for this. Views without keypoints (a random start, triangulation without pycolmap or too few points, fisheye frames
-of a triangulated capture, fewer than eight points seen by three photos) are refined, or keep their given poses with
-``without_keypoints: keep``.
+every view agrees with its keypoints trains exactly as without the module: on exact poses the photometric gradient
+alone cannot tell a real pose error from the young scene's errors, and the twists moved every camera by 0.3-0.7
+degrees (BENCHMARKS.md, issue 38). A transforms.json capture whose points come from a file (a PLY, without
+keypoints) has them triangulated from its poses for this. Views without keypoints (a random start, triangulation
+without pycolmap or too few points, fisheye frames of a triangulated capture, fewer than eight points seen by three
+photos) are refined, or keep their given poses with ``without_keypoints: keep``.
 
 Test views have no correction of their own: they are scored at their given poses (``eval: given``), or each at a
 pose fitted to its photo first (``eval: fit``, the test-time pose optimisation of BARF-style evaluations), which
@@ -91,8 +90,8 @@ class PoseCorrection(ViewModule):
         eval_steps: int = 50  # fit: Adam steps fitting a test view's twist
         eval_lr: float = 1e-3  # fit: their learning rate
         # A training view whose given pose puts its SfM points within this many pixels (the median, in pixels of the
-        # image its keypoints were found in) of where its photo saw them keeps that pose; views beyond it, and views
-        # without keypoints, are refined. 0 refines every view.
+        # image its keypoints were found in) of where its photo saw them keeps that pose; views beyond it are resected
+        # (resect) and refined where that does not bring them within it. 0 refines every view.
         trust_px: float = 1.0
         # A view beyond trust_px starts from its resection (its pose fitted to its SfM points and keypoints) where that
         # brings them at least twice as near; then trust_px decides whether it keeps that pose. false: given poses.
