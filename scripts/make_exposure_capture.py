@@ -1,5 +1,5 @@
 """The synthetic exposure capture: the synthetic scene as a transforms.json capture whose training photos each
-have their own exposure, white balance and black level (as ``tests/test_appearance.py`` perturbs them); the test
+have their own exposure, white balance and black level (as ``scripts/perturb_colours.py`` draws them); the test
 views (every 8th, ``data.eval_split: every_8``) keep the true colours.
 
     python scripts/make_exposure_capture.py /tmp/exposure_capture --seed 0
@@ -22,7 +22,7 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from test_appearance import with_camera_colours  # noqa: E402
+from perturb_colours import with_camera_colours  # noqa: E402
 from test_triangulate import _write_transforms  # noqa: E402
 
 from gsrecon.data.readers.synthetic import SyntheticConfig, load_synthetic  # noqa: E402

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import copy
+import functools
+import importlib.util
+import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -93,6 +97,20 @@ def make_trainer(make_config):
         return DefaultTrainer(cfg, overwrite=overwrite)
 
     return make
+
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+@functools.cache
+def script_module(name: str) -> ModuleType:
+    """The module ``scripts/<name>.py`` (a benchmark plugin), imported once: inside the first test using it, since the
+    hooks it registers are undone after each test."""
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
 
 
 def write_yaml(path: Path, data: dict[str, Any]) -> Path:

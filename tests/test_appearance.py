@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import write_yaml
+from conftest import script_module, write_yaml
 
 from gsrecon.cli import main
 from gsrecon.engine.checkpoints import load_checkpoint_file
@@ -33,17 +33,7 @@ def perturb_training_images(trainer: DefaultTrainer, seed: int) -> None:
     photos have (test views keep the true colours)."""
     generator = torch.Generator().manual_seed(seed)
     for frame in trainer.datapipeline._train:  # the decoded uint8 images training reads
-        frame.pixels.copy_(with_camera_colours(frame.pixels, generator))
-
-
-def with_camera_colours(pixels: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """uint8 ``pixels`` [H, W, 3] with a random exposure gain U(0.6, 1.4), white balance U(0.8, 1.2) per channel
-    and black level U(-0.05, 0.05) per channel, drawn from ``generator``."""
-    gain = 0.6 + 0.8 * torch.rand(1, generator=generator)  # exposure
-    balance = 0.8 + 0.4 * torch.rand(3, generator=generator)  # white balance, per channel
-    offset = 0.1 * torch.rand(3, generator=generator) - 0.05  # black level
-    changed = (pixels.float() / 255.0 * gain * balance + offset).clamp(0.0, 1.0)
-    return (changed * 255.0).round().to(torch.uint8)
+        frame.pixels.copy_(script_module("perturb_colours").with_camera_colours(frame.pixels, generator))
 
 
 def train_perturbed(make_trainer, name: str, seed: int = 0, **top) -> DefaultTrainer:

@@ -3,19 +3,16 @@ exact resume, the test-view policies, cameras.json and bad input."""
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import json
 import math
 import re
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
-from conftest import write_yaml
+from conftest import SCRIPTS, script_module, write_yaml
 from test_colmap import _make_scene
 
 from gsrecon.cameras import Cameras
@@ -32,22 +29,10 @@ from gsrecon.model.views.base import ViewModules
 from gsrecon.model.views.pose import PoseCorrection, corrected_viewmats, fit_pose, resected_twist, se3_exp
 from gsrecon.render.torch_renderer import TorchRenderer
 
-PERTURB_POSES = Path(__file__).resolve().parents[1] / "scripts" / "perturb_poses.py"
-
-
-@functools.cache
-def perturb_poses_plugin() -> ModuleType:
-    """The benchmark plugin, imported once (inside the first test using it: the hook it registers is undone after)."""
-    spec = importlib.util.spec_from_file_location("perturb_poses", PERTURB_POSES)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up
-    spec.loader.exec_module(module)
-    return module
-
 
 def perturbed_viewmats(viewmats: torch.Tensor, rotation_deg: float, translation: float, seed: int) -> torch.Tensor:
     """The benchmark plugin's seeded pose error (see scripts/perturb_poses.py)."""
-    return perturb_poses_plugin().perturbed_viewmats(viewmats, rotation_deg, translation, seed)
+    return script_module("perturb_poses").perturbed_viewmats(viewmats, rotation_deg, translation, seed)
 
 
 SE3 = {"mode": "se3", "lr": 1e-3}
@@ -310,7 +295,7 @@ def test_a_section_and_a_views_entry_are_one_shape(make_trainer) -> None:
 
 def test_benchmark_perturbation_moves_each_training_camera_by_the_asked_amount(make_trainer) -> None:
     hooks = {"PerturbTrainingPoses": {"rotation_deg": 1.0, "translation": 0.01, "seed": 2}, "LogHook": {}}
-    trainer = make_trainer("perturbed", imports=[str(PERTURB_POSES)], hooks=hooks, pose_opt=SE3)
+    trainer = make_trainer("perturbed", imports=[str(SCRIPTS / "perturb_poses.py")], hooks=hooks, pose_opt=SE3)
     tests_before = [frame.viewmat.clone() for frame in trainer.datapipeline._test]
     truth = torch.stack([frame.viewmat.clone() for frame in trainer.datapipeline._train])
     trainer.train()
@@ -436,7 +421,7 @@ def test_views_without_sfm_keypoints_are_refined_or_kept(make_config, without_ke
 
 def test_the_posed_capture_script_moves_the_training_poses_in_the_file(tmp_path: Path) -> None:
     root = _make_scene(tmp_path / "scene")[0]
-    script = PERTURB_POSES.parent / "make_posed_capture.py"
+    script = SCRIPTS / "make_posed_capture.py"
     out = tmp_path / "capture"
     args = [str(root), str(out), "--factor", "2", "--rotation-deg", "1", "--translation", "0.01"]
     subprocess.run([sys.executable, str(script), *args], check=True, capture_output=True)

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from gsrecon.cameras.model import PINHOLE, CameraModel
+from gsrecon.errors import InputError
 from gsrecon.geometry import camera_centers
 
 
@@ -119,10 +120,27 @@ class Scene:
     keypoints: dict[str, Tensor] = field(default_factory=dict)
     # Frame name -> pixels of the image its keypoints were found in per pixel of the frame (8 for a frame at 1/8).
     keypoint_scale: dict[str, float] = field(default_factory=dict)
+    # What ``sfm_tracks`` triangulated (or the error it met), kept so that a second module asking does not wait again
+    _triangulated: SfmPoints | InputError | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.extent <= 0.0:
             self.extent = scene_extent(self.train + self.test)
+
+    def sfm_tracks(self, log: Callable[[str], None]) -> SfmPoints:
+        """The SfM points with where each photo saw them: as read, or, for a scene read without keypoints whose reader
+        can make them (a capture whose points come from a file), triangulated from the known poses once (``log`` takes
+        its progress lines). Raises the triangulation's :class:`InputError` (too few points, no pycolmap)."""
+        if self.keypoints or self.triangulate is None:
+            return SfmPoints(self.points, self.colors, self.observed, self.keypoints, self.keypoint_scale)
+        if self._triangulated is None:
+            try:
+                self._triangulated = self.triangulate(log)
+            except InputError as exc:
+                self._triangulated = exc
+        if isinstance(self._triangulated, InputError):
+            raise self._triangulated
+        return self._triangulated
 
     @property
     def center(self) -> Tensor:

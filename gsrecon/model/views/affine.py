@@ -13,7 +13,7 @@ the right half (``eval: fit_left``, as NeRF-W and gsplat evaluate appearance cod
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -21,15 +21,18 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from gsrecon.data.scene import Frame, SfmPoints
 from gsrecon.errors import InputError
 from gsrecon.model.views.base import EvalAdjust, ViewModule
+from gsrecon.model.views.colour_check import colour_differences
 from gsrecon.registry import VIEW_REGISTRY
 
 if TYPE_CHECKING:
-    from gsrecon.data.pipeline import Batch
+    from gsrecon.data.pipeline import Batch, DataPipeline
 
 APPEARANCE_EVALS = ("identity", "fit_left")
 AFFINE_MATRICES = ("full", "diagonal")
+APPEARANCE_WITHOUT_KEYPOINTS = ("correct", "keep")
 
 
 def identity_affine(count: int, device: torch.device | str = "cpu") -> Tensor:
@@ -52,12 +55,23 @@ class AppearanceConfig(ViewModule.Config):
     eval: str = "identity"  # test views: identity | fit_left (fit on the left half, score the right half)
     eval_steps: int = 100  # fit_left: Adam steps fitting a test view's transform
     eval_lr: float = 1e-2  # fit_left: their learning rate
+    # A training photo whose colours at its SfM keypoints differ from the other photos' there by at most this (the
+    # median log ratio, about a fraction, in every channel) keeps its colours as shot: no correction learns for it,
+    # and where any photo keeps them they fix the scene's colours. 0 corrects every photo.
+    trust: float = 0.05
+    # Photos without keypoints to measure their colours at: correct (as every photo without the check) | keep
+    without_keypoints: str = "correct"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.eval not in APPEARANCE_EVALS:
             raise ValueError(f"eval must be one of {', '.join(APPEARANCE_EVALS)}, got '{self.eval}'")
-        for key in ("reg", "eval_lr"):
+        if self.without_keypoints not in APPEARANCE_WITHOUT_KEYPOINTS:
+            raise ValueError(
+                f"without_keypoints must be one of {', '.join(APPEARANCE_WITHOUT_KEYPOINTS)}, "
+                f"got '{self.without_keypoints}'"
+            )
+        for key in ("reg", "eval_lr", "trust"):
             value = getattr(self, key)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{key} must be a finite number >= 0, got {value!r}")
@@ -68,7 +82,8 @@ class AppearanceConfig(ViewModule.Config):
 
 
 class AppearanceModule(ViewModule):
-    """A per-view module changing the rendered colours of the training images; test views follow ``cfg.eval``.
+    """A per-view module changing the rendered colours of the training images with per-photo ``offsets`` [N, ...]
+    from no change; test views follow ``cfg.eval``.
 
     Its corrections average to the identity over all training views, or with ``cfg.neighbours`` over each view's
     neighbours along the capture. A test view has no correction of its own and is rendered as the Gaussians are,
@@ -81,9 +96,87 @@ class AppearanceModule(ViewModule):
 
     kind = "appearance"
 
+    def __init__(self, cfg: AppearanceConfig, train_names: list[str]) -> None:
+        super().__init__(cfg, train_names)
+        # [N, 3] each training photo's colour difference from the others at its SfM keypoints (log ratio per channel);
+        # NaN: no keypoints to measure it at. Measured at a run's first step, from the photos it trains on.
+        self.differences = torch.full((len(train_names), 3), math.nan)
+        self.measured = False
+        self.frames: list[Frame] = []  # the training frames, row for row (setup)
+        self.sfm: SfmPoints | None = None  # their SfM points and keypoints (setup)
+        self.log: Callable[[str], None] = lambda line: None
+
+    def setup(self, data: DataPipeline, log: Callable[[str], None]) -> None:
+        """Keep the training frames and their SfM points with keypoints (triangulated from the known poses for a
+        capture whose points come from a file), to measure which photos' colours differ."""
+        self.frames = sorted(data.train_frames, key=lambda frame: self.index[frame.name])
+        self.log = log
+        if self.cfg.trust > 0:
+            try:
+                self.sfm = data.scene.sfm_tracks(log)
+            except InputError as exc:
+                log(f"appearance: no SfM keypoints to measure the photos' colours at ({exc})")
+
+    def corrected(self) -> Tensor:
+        """[N] bool: whether each training photo's colours are corrected (all of them until measured)."""
+        if self.cfg.trust == 0 or not self.measured:
+            return torch.ones(len(self.index), dtype=torch.bool)
+        untracked = torch.isnan(self.differences).any(-1)
+        beyond = ~(self.differences.abs() <= self.cfg.trust).all(-1)  # NaN (untracked) counts as beyond
+        return beyond & ~untracked if self.cfg.without_keypoints == "keep" else beyond
+
+    def measure_colours(self) -> None:
+        """Measure each training photo's colour difference from the others (:func:`colour_differences`), start the
+        corrected photos from the gains it shows (:meth:`start_from_gains`, where their offsets are still zero: not
+        on resume) and log which photos are corrected."""
+        self.measured = True
+        if self.cfg.trust == 0:
+            return
+        if self.sfm is not None:
+            self.differences = colour_differences(self.frames, self.sfm)
+        corrected = self.corrected()
+        measured = corrected & ~torch.isnan(self.differences).any(-1)
+        rows = measured.nonzero().flatten()
+        fresh = rows[(self.offsets.detach()[rows] == 0).flatten(1).all(-1).cpu()]  # a resumed run's keep their values
+        with torch.no_grad():
+            self.start_from_gains(fresh, self.differences[fresh].exp())
+        untracked = torch.isnan(self.differences).any(-1)
+        kept = ~corrected & ~untracked
+
+        def count(rows: Tensor, what: str, sized: bool = True) -> list[str]:
+            size = f" (a median {self.differences[rows].abs().amax(-1).median().item():.3f})" if sized else ""
+            return [f"{int(rows.sum())} {what}{size}"] if rows.any() else []
+
+        corrects = count(measured, "whose colours at SfM keypoints differ from the other photos'")
+        corrects += count(corrected & untracked, "without SfM keypoints", sized=False)
+        keeps = count(kept, "keep their colours as shot")
+        keeps += count(~corrected & untracked, "without SfM keypoints keep theirs (without_keypoints: keep)", False)
+        self.log(
+            f"appearance: correcting {int(corrected.sum())} of {len(corrected)} training photos"
+            + (f" ({', '.join(corrects)})" if corrects else "")
+            + f"; within trust {self.cfg.trust:g}: {', '.join(keeps) or 'none'}"
+        )
+
+    def start_from_gains(self, rows: Tensor, gains: Tensor) -> None:
+        """Start the corrections (``offsets`` [N, ...]) of the photos ``rows`` [R] as the gains ``gains`` [R, 3] per
+        channel (a photo's colour per scene colour)."""
+        raise NotImplementedError
+
     def centred(self, offsets: Tensor) -> Tensor:
-        """``offsets`` [N, ...] of the training views, each less their mean over its neighbourhood."""
-        return offsets - neighbourhood_mean(offsets, self.cfg.neighbours)
+        """``offsets`` [N, ...] of the training views as applied: zero for the photos that keep their colours; where
+        some keep them, the others' as learnt; where every photo is corrected, each less their mean over its
+        neighbourhood."""
+        corrected = self.corrected().to(offsets.device)
+        if corrected.all():
+            return offsets - neighbourhood_mean(offsets, self.cfg.neighbours)
+        return offsets * corrected.view(-1, *[1] * (offsets.ndim - 1))
+
+    def corrects_any(self, batch: Batch) -> bool:
+        """Whether the photos of ``batch`` are corrected: measures them at the first step."""
+        if self.frames and not self.measured:
+            self.measure_colours()
+        corrected = self.corrected()
+        return bool(corrected[[self.index[name] for name in batch.names]].any())
 
     def eval_adjust(self) -> EvalAdjust | None:
         if self.cfg.eval == "identity":
@@ -121,10 +214,13 @@ class AffineAppearance(AppearanceModule):
         self.register_buffer("learnt", learnt, persistent=False)  # [3, 4]: 1 where an offset may move
 
     def transforms(self) -> Tensor:
-        """Every training image's transform [N, 3, 4]; over each neighbourhood their mean is the identity."""
-        offsets = self.offsets * self.learnt  # [N, 3, 4]
-        mean = neighbourhood_mean(offsets, self.cfg.neighbours)  # [N or 1, 3, 4]
-        return identity_affine(1, self.offsets.device) + offsets - mean
+        """Every training image's transform [N, 3, 4]: the identity for the photos that keep their colours; where
+        every photo is corrected, their mean over each neighbourhood is the identity."""
+        return identity_affine(1, self.offsets.device) + self.centred(self.offsets * self.learnt)
+
+    def start_from_gains(self, rows: Tensor, gains: Tensor) -> None:
+        channels = torch.arange(3)
+        self.offsets[rows[:, None], channels, channels] = (gains - 1).to(self.offsets)
 
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
         """Restore the offsets; transforms that mix channels are refused where this module's are diagonal."""
@@ -142,10 +238,14 @@ class AffineAppearance(AppearanceModule):
 
     def adjust_image(self, image: Tensor, batch: Batch) -> Tensor:
         """The rendered ``image`` [B, H, W, 3] as the training images ``batch.names`` saw them."""
+        if not self.corrects_any(batch):
+            return image
         return apply_affine(image, self.transforms()[self.rows(batch.names, self.offsets.device)])
 
-    def regularization(self) -> Tensor:
-        """``reg`` × the mean squared distance of the transforms from the identity."""
+    def regularization(self) -> Tensor | None:
+        """``reg`` × the mean squared distance of the transforms from the identity; None where no photo is corrected."""
+        if not self.corrected().any():
+            return None
         return self.cfg.reg * (self.transforms() - identity_affine(1, self.offsets.device)).square().mean()
 
 

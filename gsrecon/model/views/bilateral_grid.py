@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 LUMA_WEIGHTS = (0.299, 0.587, 0.114)  # ITU-R BT.601 luminance of an RGB colour: the grid's third axis
 MAX_GRID_CELLS = 256  # per axis
+GAIN_ENTRIES = (0, 5, 10)  # a cell's entries (3x4, row-major) that scale each channel by itself
 GRID_COPIES = 8  # grid-sized float32 tensors a training step holds at its peak (see check_grid_memory)
 
 
@@ -66,12 +67,19 @@ class BilateralGridAppearance(AppearanceModule):
         neighbourhood they average to zero."""
         return self.centred(self.offsets)[rows]
 
+    def start_from_gains(self, rows: Tensor, gains: Tensor) -> None:
+        self.offsets[rows[:, None], list(GAIN_ENTRIES)] = (gains - 1)[..., None, None, None].to(self.offsets)
+
     def adjust_image(self, image: Tensor, batch: Batch) -> Tensor:
         """The rendered ``image`` [B, H, W, 3] as the training images ``batch.names`` saw them."""
+        if not self.corrects_any(batch):
+            return image
         return slice_grids(self.grids(self.rows(batch.names, self.offsets.device)), image)
 
-    def regularization(self) -> Tensor:
-        """``reg`` × the grids' total variation."""
+    def regularization(self) -> Tensor | None:
+        """``reg`` × the grids' total variation; None where no photo is corrected."""
+        if not self.corrected().any():
+            return None
         return self.cfg.reg * total_variation(self.centred(self.offsets))
 
 

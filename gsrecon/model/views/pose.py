@@ -139,9 +139,9 @@ class PoseCorrection(ViewModule):
         self.log = log
         scene = data.scene
         sfm = SfmPoints(scene.points, scene.colors, scene.observed, scene.keypoints, scene.keypoint_scale)
-        if not sfm.keypoints and scene.triangulate is not None and self.cfg.trust_px > 0:
+        if self.cfg.trust_px > 0:
             try:
-                sfm = scene.triangulate(log)
+                sfm = scene.sfm_tracks(log)
             except InputError as exc:
                 log(f"pose_opt: no SfM keypoints to measure the poses against ({exc})")
         counts = torch.zeros(len(sfm.points), dtype=torch.int64)  # [P] photos that observed each point
