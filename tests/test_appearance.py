@@ -10,6 +10,9 @@ import torch
 from conftest import script_module, write_yaml
 
 from gsrecon.cli import main
+from gsrecon.config import parse_structured
+from gsrecon.data.readers.synthetic import SyntheticConfig, load_synthetic
+from gsrecon.data.scene import Scene, SfmPoints
 from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.engine.evaluator import evaluate_views
 from gsrecon.engine.trainer import DefaultTrainer
@@ -22,6 +25,7 @@ from gsrecon.model.views.affine import (
     neighbourhood_mean,
 )
 from gsrecon.model.views.bilateral_grid import BilateralGridAppearance, slice_grids, total_variation
+from gsrecon.model.views.colour_check import colour_differences
 
 AFFINE = {"mode": "affine", "lr": 5e-3}
 AFFINE_FULL = {**AFFINE, "matrix": "full"}
@@ -196,6 +200,11 @@ def test_fit_left_evaluation_scores_the_right_half(make_trainer) -> None:
         ("appearance.lr=-1", "key 'appearance': lr must be a finite number >= 0, got -1"),
         ("appearance.neighbours=-2", "key 'appearance': neighbours must be >= 0 (0: all training views), got -2"),
         ("appearance.matrix=diag", "key 'appearance': matrix must be one of full, diagonal, got 'diag'"),
+        ("appearance.trust=-0.1", "key 'appearance': trust must be a finite number >= 0, got -0.1"),
+        (
+            "appearance.without_keypoints=fit",
+            "key 'appearance': without_keypoints must be one of correct, keep, got 'fit'",
+        ),
         (
             "appearance.mode=bilateral_grid appearance.shape=[16,16]",
             "key 'appearance': shape must be three whole numbers of cells [x, y, luminance], each 1 to 256, "
@@ -341,3 +350,96 @@ def test_bilateral_grid_from_the_command_line_trains_resumes_evaluates_and_expor
     assert main(["export", "--exp-dir", str(exp_dir), "--format", "ply", "--out", str(tmp_path / "grid.ply")]) == 0
     assert (tmp_path / "grid.ply").stat().st_size > 0
     capsys.readouterr()
+
+
+def test_colour_differences_measure_the_photo_whose_colours_changed(synthetic_cache: Path) -> None:
+    scene = load_synthetic(SyntheticConfig(cache_dir=str(synthetic_cache)), eval_split="every_8")
+    sfm = scene.sfm_tracks(print)
+    assert colour_differences(scene.train, sfm).abs().amax() < 0.05  # steady colours: the check's noise
+    frame = scene.train[3]
+    gains = torch.tensor([1.3, 1.0, 0.8])
+    frame.pixels = (frame.image.float() * gains).clamp(0, 255).round().to(torch.uint8)
+    differences = colour_differences(scene.train, sfm)  # [N, 3]
+    torch.testing.assert_close(differences[3], gains.log(), atol=0.05, rtol=0)  # less where red clips at 255
+    assert differences[torch.arange(len(differences)) != 3].abs().amax() < 0.06
+    untracked = SfmPoints(sfm.points, sfm.colors, sfm.observed)  # no keypoints: nothing measured
+    assert colour_differences(scene.train, untracked).isnan().all()
+
+
+def test_a_scene_triangulates_its_tracks_once_for_every_module_asking() -> None:
+    calls = []
+
+    def triangulate(log) -> SfmPoints:
+        calls.append(log)
+        return SfmPoints(torch.zeros(1, 3), torch.zeros(1, 3), {"a": torch.zeros(1, dtype=torch.int64)})
+
+    scene = Scene([], [], torch.zeros(0, 3), torch.zeros(0, 3), extent=1.0, triangulate=triangulate)
+    assert scene.sfm_tracks(print) is scene.sfm_tracks(print) and len(calls) == 1
+
+
+@pytest.mark.parametrize("appearance", [AFFINE, GRID], ids=["affine", "bilateral_grid"])
+def test_appearance_on_photos_whose_colours_agree_trains_exactly_as_without(make_trainer, appearance: dict) -> None:
+    off = make_trainer("off")
+    off.train()
+    # trust 0.2: the tiny 32x24 scene's check reads steady photos up to 0.13 apart (0.04 at 64x48)
+    on = make_trainer("on", appearance={**appearance, "trust": 0.2})
+    on.train()
+    assert not on.views.modules["appearance"].corrected().any()
+    assert (
+        "appearance: correcting 0 of 7 training photos; within trust 0.2: 7 keep their colours"
+        in (on.exp_dir / "train.log").read_text()
+    )
+    reference = load_checkpoint_file(off.exp_dir / "checkpoints" / "last.pt")
+    other = load_checkpoint_file(on.exp_dir / "checkpoints" / "last.pt")
+    for name, value in reference["params"].items():
+        assert torch.equal(other["params"][name], value), name
+    assert not other["views"]["appearance"]["module"]["offsets"].any()
+    assert off.val_metrics == on.val_metrics
+
+
+@pytest.mark.parametrize("appearance", [AFFINE, GRID], ids=["affine", "bilateral_grid"])
+def test_only_photos_whose_colours_differ_are_corrected_starting_from_the_measured_gains(
+    make_trainer, appearance: dict
+) -> None:
+    trainer = make_trainer("gated", appearance={**appearance, "trust": 0.2})
+    perturb_training_images(trainer, seed=1)
+    trainer.run_step()
+    module = trainer.views.modules["appearance"]
+    corrected = module.corrected()
+    assert torch.equal(corrected, (module.differences.abs() > 0.2).any(-1))
+    assert 0 < int(corrected.sum()) < len(corrected)  # seed 1 leaves a photo within trust: it fixes the colours
+    offsets = module.offsets.detach()
+    assert not offsets[~corrected].any()
+    gains = offsets[corrected][:, [0, 5, 10]] if offsets.ndim == 5 else offsets[corrected].diagonal(dim1=1, dim2=2)
+    expected = module.differences[corrected].exp() - 1  # [C, 3]: where they started, one Adam step (lr 5e-3) before
+    gains = gains.reshape(*expected.shape, -1)  # [C, 3, cells]
+    torch.testing.assert_close(gains, expected[..., None].expand_as(gains), atol=6e-3, rtol=0)
+
+
+def test_trust_0_corrects_every_photo_from_the_identity(make_trainer) -> None:
+    trainer = make_trainer("all", appearance={**AFFINE, "trust": 0})
+    perturb_training_images(trainer, seed=1)
+    trainer.run_step()
+    module = trainer.views.modules["appearance"]
+    assert module.corrected().all() and module.differences.isnan().all()
+    assert module.offsets.detach().abs().amax() <= 5e-3 + 1e-6  # one Adam step from zero
+
+
+@pytest.mark.parametrize("without_keypoints", ["correct", "keep"])
+def test_photos_without_sfm_keypoints_are_corrected_or_kept(make_config, without_keypoints: str) -> None:
+    config = make_config(without_keypoints, appearance={**AFFINE, "without_keypoints": without_keypoints})
+    config["data"]["synthetic"]["tracks"] = False  # the synthetic scene's points without tracks, as a PLY gives
+    trainer = DefaultTrainer(parse_structured(DefaultTrainer.Config, config))
+    perturb_training_images(trainer, seed=1)
+    trainer.train()
+    module = trainer.views.modules["appearance"]
+    assert module.differences.isnan().all()
+    assert module.corrected().tolist() == [without_keypoints == "correct"] * 7
+    assert module.offsets.detach().any() == (without_keypoints == "correct")
+    log = (trainer.exp_dir / "train.log").read_text()
+    if without_keypoints == "correct":
+        line = "appearance: correcting 7 of 7 training photos (7 without SfM keypoints); within trust 0.05: none"
+        assert f"{line}\n" in log
+    else:
+        line = "appearance: correcting 0 of 7 training photos; within trust 0.05: 7 without SfM keypoints keep theirs"
+        assert f"{line} (without_keypoints: keep)\n" in log

@@ -55,6 +55,7 @@ class AppearanceConfig(ViewModule.Config):
     eval: str = "identity"  # test views: identity | fit_left (fit on the left half, score the right half)
     eval_steps: int = 100  # fit_left: Adam steps fitting a test view's transform
     eval_lr: float = 1e-2  # fit_left: their learning rate
+    matrix: str = "diagonal"  # diagonal: a gain per channel | full: a 3x3 colour matrix; a bias per channel both
     # A training photo whose colours at its SfM keypoints differ from the other photos' there by at most this (the
     # median log ratio, about a fraction, in every channel) keeps its colours as shot: no correction learns for it,
     # and where any photo keeps them they fix the scene's colours. 0 corrects every photo.
@@ -66,6 +67,8 @@ class AppearanceConfig(ViewModule.Config):
         super().__post_init__()
         if self.eval not in APPEARANCE_EVALS:
             raise ValueError(f"eval must be one of {', '.join(APPEARANCE_EVALS)}, got '{self.eval}'")
+        if self.matrix not in AFFINE_MATRICES:
+            raise ValueError(f"matrix must be one of {', '.join(AFFINE_MATRICES)}, got '{self.matrix}'")
         if self.without_keypoints not in APPEARANCE_WITHOUT_KEYPOINTS:
             raise ValueError(
                 f"without_keypoints must be one of {', '.join(APPEARANCE_WITHOUT_KEYPOINTS)}, "
@@ -105,6 +108,22 @@ class AppearanceModule(ViewModule):
         self.frames: list[Frame] = []  # the training frames, row for row (setup)
         self.sfm: SfmPoints | None = None  # their SfM points and keypoints (setup)
         self.log: Callable[[str], None] = lambda line: None
+        learnt = torch.ones(3, 4) if cfg.matrix == "full" else torch.cat([torch.eye(3), torch.ones(3, 1)], dim=1)
+        self.register_buffer("learnt", learnt, persistent=False)  # [3, 4]: 1 where a transform's offset may move
+
+    def masked(self, offsets: Tensor) -> Tensor:
+        """``offsets`` [N, ...] with the entries ``matrix`` does not learn (those mixing channels, when diagonal)
+        zero."""
+        raise NotImplementedError
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
+        """Restore the offsets; transforms that mix channels are refused where this module's are diagonal."""
+        offsets = state_dict["offsets"]
+        if not torch.equal(self.masked(offsets), offsets):
+            raise InputError(
+                "the checkpoint's appearance transforms mix colour channels: resume it with appearance.matrix=full"
+            )
+        return super().load_state_dict(state_dict, strict, assign)
 
     def setup(self, data: DataPipeline, log: Callable[[str], None]) -> None:
         """Keep the training frames and their SfM points with keypoints (triangulated from the known poses for a
@@ -200,35 +219,22 @@ class AffineAppearance(AppearanceModule):
     class Config(AppearanceConfig):
         lr: float = 3e-3  # Adam learning rate of the offsets (measured with diagonal transforms; full: 1e-3)
         reg: float = 1e-2  # weight of the mean squared distance of the transforms from the identity
-        matrix: str = "diagonal"  # diagonal: a gain per channel | full: a 3x3 colour matrix; a bias per channel both
-
-        def __post_init__(self) -> None:
-            super().__post_init__()
-            if self.matrix not in AFFINE_MATRICES:
-                raise ValueError(f"matrix must be one of {', '.join(AFFINE_MATRICES)}, got '{self.matrix}'")
 
     def __init__(self, cfg: Config, train_names: list[str]) -> None:
         super().__init__(cfg, train_names)
         self.offsets = torch.nn.Parameter(torch.zeros(len(train_names), 3, 4))  # [N, 3, 4]
-        learnt = torch.ones(3, 4) if cfg.matrix == "full" else torch.cat([torch.eye(3), torch.ones(3, 1)], dim=1)
-        self.register_buffer("learnt", learnt, persistent=False)  # [3, 4]: 1 where an offset may move
+
+    def masked(self, offsets: Tensor) -> Tensor:
+        return offsets * self.learnt.to(offsets.device)
 
     def transforms(self) -> Tensor:
         """Every training image's transform [N, 3, 4]: the identity for the photos that keep their colours; where
         every photo is corrected, their mean over each neighbourhood is the identity."""
-        return identity_affine(1, self.offsets.device) + self.centred(self.offsets * self.learnt)
+        return identity_affine(1, self.offsets.device) + self.centred(self.masked(self.offsets))
 
     def start_from_gains(self, rows: Tensor, gains: Tensor) -> None:
         channels = torch.arange(3)
         self.offsets[rows[:, None], channels, channels] = (gains - 1).to(self.offsets)
-
-    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
-        """Restore the offsets; transforms that mix channels are refused where this module's are diagonal."""
-        if (state_dict["offsets"].to(self.learnt.device) * (1 - self.learnt)).any():
-            raise InputError(
-                "the checkpoint's appearance transforms mix colour channels: resume it with appearance.matrix=full"
-            )
-        return super().load_state_dict(state_dict, strict, assign)
 
     def trained_rows(self, names: list[str], device: torch.device) -> Tensor | None:
         """Every row, every step (Adam as torch has it): with 12 numbers a photo, each well determined by its whole

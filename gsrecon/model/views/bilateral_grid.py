@@ -45,6 +45,7 @@ class BilateralGridAppearance(AppearanceModule):
         # cells across x, y and luminance: 4 x 4 kept 91 % of the 16 x 16 grid's gain on the exposure capture and
         # cost the statuette 0.16 dB, where 16 x 16 cost 0.7-1.2 dB (BENCHMARKS.md, issue 38)
         shape: list[int] = field(default_factory=lambda: [4, 4, 8])
+        matrix: str = "full"  # full: a 3x3 colour matrix and a bias per cell | diagonal: a gain and a bias per channel
 
         def __post_init__(self) -> None:
             super().__post_init__()
@@ -62,10 +63,13 @@ class BilateralGridAppearance(AppearanceModule):
         # Each cell's offset from the identity transform [N, 12 (3x4, row-major), luminance, y, x].
         self.offsets = torch.nn.Parameter(torch.zeros(len(train_names), 12, cells_luma, cells_y, cells_x))
 
+    def masked(self, offsets: Tensor) -> Tensor:
+        return offsets * self.learnt.to(offsets.device).reshape(1, 12, 1, 1, 1)
+
     def grids(self, rows: Tensor) -> Tensor:
-        """The offsets from the identity [B, 12, L, Y, X] of the training images at ``rows`` [B]; over each
-        neighbourhood they average to zero."""
-        return self.centred(self.offsets)[rows]
+        """The offsets from the identity [B, 12, L, Y, X] of the training images at ``rows`` [B] (see
+        :meth:`~gsrecon.model.views.affine.AppearanceModule.centred`)."""
+        return self.centred(self.masked(self.offsets))[rows]
 
     def start_from_gains(self, rows: Tensor, gains: Tensor) -> None:
         self.offsets[rows[:, None], list(GAIN_ENTRIES)] = (gains - 1)[..., None, None, None].to(self.offsets)
@@ -80,7 +84,7 @@ class BilateralGridAppearance(AppearanceModule):
         """``reg`` × the grids' total variation; None where no photo is corrected."""
         if not self.corrected().any():
             return None
-        return self.cfg.reg * total_variation(self.centred(self.offsets))
+        return self.cfg.reg * total_variation(self.centred(self.masked(self.offsets)))
 
 
 def check_grid_memory(shape: list[int], images: int) -> None:
