@@ -6,7 +6,8 @@ least squares over the whole view, and logs the mean PSNR as rendered and after 
 the test views' own exposure and white balance cost, which no model of the training photos can know; the PSNR after
 the fit measures the rest (geometry, texture). It reads the run's test views only; nothing it does trains.
 
-    python scripts/bench_sweep.py ... --variant "grid=imports=[scripts/score_colour_fit.py] appearance.name=bilateral_grid"
+    python scripts/bench_sweep.py ... --scene "statuette=configs/mipnerf360.yaml data.path=... \\
+        imports=[scripts/score_colour_fit.py] hooks.ScoreColourFit={}" --variant ...
 """
 
 from __future__ import annotations

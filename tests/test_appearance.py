@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import script_module, write_yaml
+from conftest import SCRIPTS, script_module, write_yaml
 
 from gsrecon.cli import main
 from gsrecon.config import parse_structured
@@ -143,7 +143,11 @@ def test_appearance_is_off_by_default(make_trainer) -> None:
     assert default.val_metrics == explicit.val_metrics
 
 
-@pytest.mark.parametrize("appearance", [AFFINE, AFFINE_FULL, GRID], ids=["affine", "affine_full", "bilateral_grid"])
+@pytest.mark.parametrize(
+    "appearance",
+    [AFFINE, AFFINE_FULL, GRID, {**GRID, "matrix": "diagonal"}],
+    ids=["affine", "affine_full", "bilateral_grid", "bilateral_grid_diagonal"],
+)
 def test_appearance_learns_per_image_corrections(make_trainer, appearance: dict) -> None:
     trainer = train_perturbed(make_trainer, "learn", appearance=appearance)
     saved = load_checkpoint_file(trainer.exp_dir / "checkpoints" / "last.pt")["views"]["appearance"]
@@ -152,9 +156,9 @@ def test_appearance_learns_per_image_corrections(make_trainer, appearance: dict)
     torch.testing.assert_close(module.offsets.detach(), offsets)
     assert len(offsets) == trainer.datapipeline.num_train
     assert offsets.abs().amax() > 1e-3  # moved away from the identity start
-    if appearance["mode"] == "affine":  # the default (diagonal) never learns the channel-mixing entries
-        mixing = offsets[:, :, :3][:, ~torch.eye(3, dtype=torch.bool)]  # [N, 6]
-        assert mixing.any() == (appearance.get("matrix") == "full")
+    # a diagonal transform (affine's default) never learns the channel-mixing entries
+    mixing = offsets.reshape(len(offsets), 3, 4, -1)[:, :, :3][:, ~torch.eye(3, dtype=torch.bool)]  # [N, 6, cells]
+    assert mixing.any() == (module.cfg.matrix == "full")
     assert trainer.val_metrics["psnr"] is not None
 
 
@@ -443,3 +447,21 @@ def test_photos_without_sfm_keypoints_are_corrected_or_kept(make_config, without
     else:
         line = "appearance: correcting 0 of 7 training photos; within trust 0.05: 7 without SfM keypoints keep theirs"
         assert f"{line} (without_keypoints: keep)\n" in log
+
+
+def test_the_colour_perturbation_plugin_changes_each_training_photo_and_no_test_view(make_trainer) -> None:
+    hooks = {"PerturbTrainingColours": {"seed": 3}, "LogHook": {}}
+    trainer = make_trainer("perturbed", imports=[str(SCRIPTS / "perturb_colours.py")], hooks=hooks)
+    data = trainer.datapipeline
+    train, test = [f.pixels.clone() for f in data._train], [f.pixels.clone() for f in data._test]
+    trainer.call_hook("before_run")
+    for frame, before in zip(data._train, train):
+        gains = frame.pixels.float().mean((0, 1)) / before.float().mean((0, 1))  # [3]
+        assert (gains - 1).abs().amax() > 0.02, frame.name  # drawn from [0.48, 1.68] per channel
+    assert all(torch.equal(frame.pixels, before) for frame, before in zip(data._test, test))
+
+
+def test_the_colour_fit_score_removes_a_gain_and_a_bias_per_channel() -> None:
+    photo = torch.rand(6, 8, 3, generator=torch.Generator().manual_seed(0))
+    render = (photo - torch.tensor([0.1, 0.0, -0.05])) / torch.tensor([1.2, 0.9, 1.0])
+    torch.testing.assert_close(script_module("score_colour_fit").colour_fitted(render, photo), photo)

@@ -491,7 +491,7 @@ def _triangulate_points(scene: Scene, logger: Logger) -> None:
     from gsrecon.data.prepare.sfm import PycolmapUnavailableError
 
     try:
-        sfm = scene.triangulate(logger.info)
+        sfm = scene.sfm_tracks(logger.info)
         scene.points, scene.colors = sfm.points, sfm.colors
         scene.observed, scene.keypoints, scene.keypoint_scale = sfm.observed, sfm.keypoints, sfm.keypoint_scale
     except PycolmapUnavailableError:

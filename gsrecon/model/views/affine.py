@@ -8,6 +8,13 @@ exposure compensation and gsplat's ``--app_opt`` do in spirit), initialised to t
 own Adam and pulled toward the identity by a small penalty. Test views have no transform of their own: they
 are scored with the identity (``eval: identity``), or with a transform fitted on the left half of the view and scored on
 the right half (``eval: fit_left``, as NeRF-W and gsplat evaluate appearance codes).
+
+Only photos whose colours the capture itself shows to differ are corrected. At the first step each training photo's
+colours at its SfM keypoints are compared with the other photos' at the same points
+(:func:`~gsrecon.model.views.colour_check.colour_differences`); a photo within ``trust`` of them keeps its colours
+as shot (no correction learns for it), the others start from the gains measured there. A capture whose photos all
+agree trains exactly as without the module: where nothing changes between photos, per-photo corrections only
+learnt what the Gaussians should hold (BENCHMARKS.md, issue 38).
 """
 
 from __future__ import annotations
@@ -88,13 +95,14 @@ class AppearanceModule(ViewModule):
     """A per-view module changing the rendered colours of the training images with per-photo ``offsets`` [N, ...]
     from no change; test views follow ``cfg.eval``.
 
-    Its corrections average to the identity over all training views, or with ``cfg.neighbours`` over each view's
-    neighbours along the capture. A test view has no correction of its own and is rendered as the Gaussians are,
-    so the Gaussians should hold the colours its neighbours saw: corrections that drift along the capture (a slow
-    exposure drift, or brightness that changes with the viewing direction, which the Gaussians' view-dependent
-    colour could hold) move the Gaussians' colours away from the photos near a test view. Averaging over
-    neighbours leaves such a drift to the Gaussians, at the cost of the part of independent per-photo changes
-    that neighbouring photos share (BENCHMARKS.md, issue 29).
+    The photos that keep their colours (within ``cfg.trust``) fix the scene's colours. Where every photo is corrected,
+    the corrections average to the identity over all training views, or with ``cfg.neighbours`` over each view's
+    neighbours along the capture. A test view has no correction of its own and is rendered as the Gaussians are, so the
+    Gaussians should hold the colours its neighbours saw: corrections that drift along the capture (a slow exposure
+    drift, or brightness that changes with the viewing direction, which the Gaussians' view-dependent colour could hold)
+    move the Gaussians' colours away from the photos near a test view. Averaging over neighbours leaves such a drift to
+    the Gaussians, at the cost of the part of independent per-photo changes that neighbouring photos share
+    (BENCHMARKS.md, issue 29).
     """
 
     kind = "appearance"
@@ -207,12 +215,12 @@ class AppearanceModule(ViewModule):
 class AffineAppearance(AppearanceModule):
     """One colour transform per training image, looked up by image name.
 
-    The transforms average to the identity (each is the identity plus its offset from the mean offset of its
-    neighbourhood): the scene keeps the captures' average colours, which test views, having no transform, are
-    rendered in. Otherwise a colour shift shared by all transforms, undone by the Gaussians, would cost the loss
-    nothing. They are diagonal by default (a gain and a bias per channel: exposure, white balance, black level):
-    a full 3x3 matrix also learnt what the Gaussians should hold where the colours do not change (BENCHMARKS.md,
-    issue 38).
+    The photos that keep their colours fix the scene's; where every photo is corrected, the transforms average to the
+    identity (each is the identity plus its offset from the mean offset of its neighbourhood): the scene keeps the
+    captures' average colours, which test views, having no transform, are rendered in. Otherwise a colour shift shared
+    by all transforms, undone by the Gaussians, would cost the loss nothing. They are diagonal by default (a gain and a
+    bias per channel: exposure, white balance, black level): a full 3x3 matrix also learnt what the Gaussians should
+    hold where the colours do not change (BENCHMARKS.md, issue 38).
     """
 
     @dataclass

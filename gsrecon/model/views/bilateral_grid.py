@@ -6,9 +6,10 @@ transform is read from its image's grid by trilinear interpolation at the pixel'
 its rendered colour, then applied to that colour. Unlike one transform per image (``affine``), the grid can
 follow a camera's local tone mapping, vignetting and highlights. The grids start at the identity (the render
 passes unchanged), are trained by their own Adam and kept smooth by a total-variation penalty. As with
-``affine``, the grids average to the identity over the training images (or each over its ``neighbours``), and
-test views are scored as rendered (``eval: identity``) or with one transform fitted on the left half
-(``eval: fit_left``).
+``affine``, only the photos whose colours at their SfM keypoints differ from the other photos' beyond ``trust``
+have grids that learn (starting from the gains measured there); where every photo's do, the grids average to the
+identity over the training images (or each over its ``neighbours``). Test views are scored as rendered
+(``eval: identity``) or with one transform fitted on the left half (``eval: fit_left``).
 """
 
 from __future__ import annotations

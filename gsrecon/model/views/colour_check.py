@@ -2,9 +2,9 @@
 
 A point seen by several photos has one colour in the scene; a photo that saw it brighter, darker or tinted (its
 exposure, white balance or tone curve changed) shows that at its keypoint. Each photo's colour difference is the
-median, over the points it saw, of the log ratio of its colour there to the median colour the photos that saw the
-point saw, per channel; the largest of its three channels' is the photo's. The median over hundreds of points
-is robust to view-dependent colour (a highlight) and to keypoints that moved by a pixel.
+median, over the points it saw that at least :data:`MIN_OBSERVERS` photos saw, of the log ratio of its colour there
+to the geometric mean of the colours the other photos saw, per channel. The median over hundreds of points is
+robust to view-dependent colour (a highlight) and to keypoints a pixel off.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from torch import Tensor
 
 from gsrecon.data.scene import Frame, SfmPoints
 
-MIN_OBSERVERS = 3  # a point's colour is the median of what at least this many photos saw
-MIN_SAMPLES = 16  # a photo needs this many such points for its difference to be measured (else inf)
+MIN_OBSERVERS = 3  # points seen by fewer photos are left out: one other photo's colour is too noisy a reference
+MIN_SAMPLES = 16  # a photo needs this many such points for its difference to be measured (else NaN)
 DARK = 0.04  # colours below this (of 1) are left out: their ratios are noise and a black level's
 BLUR_PX = 3  # colours are read from the image box-filtered over this many pixels (a keypoint is a pixel off)
 
@@ -26,7 +26,7 @@ BLUR_PX = 3  # colours are read from the image box-filtered over this many pixel
 def keypoint_colours(frame: Frame, keypoints: Tensor) -> Tensor:
     """The colours [P, 3] in [0, 1] of ``frame``'s image at ``keypoints`` [P, 2] (frame pixels, centres at +0.5),
     interpolated from the image box-filtered over :data:`BLUR_PX` pixels."""
-    image = frame.image[..., :3].float().div(255.0).permute(2, 0, 1)[None]  # [1, 3, H, W]
+    image = frame.image[..., :3].cpu().float().div(255.0).permute(2, 0, 1)[None]  # [1, 3, H, W]
     blurred = F.avg_pool2d(image, BLUR_PX, stride=1, padding=BLUR_PX // 2, count_include_pad=False)
     height, width = image.shape[-2:]
     size = torch.tensor([width, height], dtype=torch.float32)
@@ -47,12 +47,9 @@ def colour_differences(frames: list[Frame], sfm: SfmPoints) -> Tensor:
     differences = torch.full((len(frames), 3), math.nan)
     if not samples:
         return differences
-    count = len(sfm.points)
-    sightings = torch.zeros(count).index_add_(
-        0, torch.cat([rows for _, rows, _ in samples]), torch.ones(1).expand(sum(len(rows) for _, rows, _ in samples))
-    )  # [P]
-    log_sums = torch.zeros(count, 3)
+    sightings, log_sums = torch.zeros(len(sfm.points)), torch.zeros(len(sfm.points), 3)  # [P], [P, 3]
     for _, rows, logs in samples:
+        sightings.index_add_(0, rows, torch.ones(len(rows)))
         log_sums.index_add_(0, rows, logs)
     for row, rows, logs in samples:
         others = sightings[rows, None] - 1  # [P_i, 1]
