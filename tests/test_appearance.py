@@ -311,7 +311,7 @@ def test_neighbourhood_mean_is_the_windowed_mean_shortened_at_the_ends() -> None
 
 def test_bilateral_grid_starts_at_the_identity_and_renders_unchanged() -> None:
     module = BilateralGridAppearance(BilateralGridAppearance.Config(), ["a", "b", "c"])
-    assert module.offsets.shape == (3, 12, 8, 4, 4)  # [N, 3x4, luminance, y, x]
+    assert module.offsets.shape == (3, 12, 8, 1, 1)  # [N, 3x4, luminance, y, x]: one cell across the image
     images = torch.rand(2, 5, 7, 3)
     assert torch.equal(module.adjust_image(images, SimpleNamespace(names=["c", "a"])), images)
     assert module.regularization().item() == 0.0

@@ -43,9 +43,12 @@ class BilateralGridAppearance(AppearanceModule):
     class Config(AppearanceConfig):
         lr: float = 2e-3  # Adam learning rate of the grids
         reg: float = 10.0  # weight of the grids' total variation (mean squared difference of neighbouring cells)
-        # cells across x, y and luminance: 4 x 4 kept 91 % of the 16 x 16 grid's gain on the exposure capture and
-        # cost the statuette 0.16 dB, where 16 x 16 cost 0.7-1.2 dB (BENCHMARKS.md, issue 38)
-        shape: list[int] = field(default_factory=lambda: [4, 4, 8])
+        # cells across x, y and luminance: one cell across the image (a colour transform per luminance level: a
+        # photo's tone curve and white balance) kept the 4 x 4 grid's gain on the exposure capture and cost the
+        # statuette's real photos 0.1 dB where 4 x 4 cost 0.5 and gsplat's 16 x 16 0.7-1.2: cells across the image
+        # also learnt what the Gaussians should hold (BENCHMARKS.md, issue 38). [4, 4, 8]: vignetting that differs
+        # between photos.
+        shape: list[int] = field(default_factory=lambda: [1, 1, 8])
         matrix: str = "full"  # full: a 3x3 colour matrix and a bias per cell | diagonal: a gain and a bias per channel
 
         def __post_init__(self) -> None:
