@@ -4,7 +4,8 @@ The bilateral guided grid of Wang et al. (2024, "Bilateral Guided Radiance Field
 image owns a 3D grid over (x, y, luminance) whose cells hold 3x4 affine colour transforms. A rendered pixel's
 transform is read from its image's grid by trilinear interpolation at the pixel's position and the luminance of
 its rendered colour, then applied to that colour. Unlike one transform per image (``affine``), the grid can
-follow a camera's local tone mapping, vignetting and highlights. The grids start at the identity (the render
+follow a camera's tone curve (its cells along the luminance) and, with cells across the image (``shape``),
+vignetting and local tone mapping. The grids start at the identity (the render
 passes unchanged), are trained by their own Adam and kept smooth by a total-variation penalty. As with
 ``affine``, only the photos whose colours at their SfM keypoints differ from the other photos' beyond ``trust``
 have grids that learn (starting from the gains measured there); where every photo's do, the grids average to the
@@ -45,9 +46,9 @@ class BilateralGridAppearance(AppearanceModule):
         reg: float = 10.0  # weight of the grids' total variation (mean squared difference of neighbouring cells)
         # cells across x, y and luminance: one cell across the image (a colour transform per luminance level: a
         # photo's tone curve and white balance) kept the 4 x 4 grid's gain on the exposure capture and cost the
-        # statuette's real photos 0.1 dB where 4 x 4 cost 0.5 and gsplat's 16 x 16 0.7-1.2: cells across the image
-        # also learnt what the Gaussians should hold (BENCHMARKS.md, issue 38). [4, 4, 8]: vignetting that differs
-        # between photos.
+        # statuette's real photos 0.1 dB (0.4 its transforms.json capture) where 4 x 4 cost 0.4-0.5 and gsplat's
+        # 16 x 16 0.7-1.2: cells across the image also learnt what the Gaussians should hold (BENCHMARKS.md, issue
+        # 38). [4, 4, 8]: vignetting that differs between photos.
         shape: list[int] = field(default_factory=lambda: [1, 1, 8])
         matrix: str = "full"  # full: a 3x3 colour matrix and a bias per cell | diagonal: a gain and a bias per channel
 
