@@ -418,6 +418,9 @@ def test_only_photos_whose_colours_differ_are_corrected_starting_from_the_measur
     expected = module.differences[corrected].exp() - 1  # [C, 3]: where they started, one Adam step (lr 5e-3) before
     gains = gains.reshape(*expected.shape, -1)  # [C, 3, cells]
     torch.testing.assert_close(gains, expected[..., None].expand_as(gains), atol=6e-3, rtol=0)
+    for _ in range(3):  # Adam steps every row each step: the kept photos' rows have no gradient and stay zero
+        trainer.run_step()
+    assert not module.offsets.detach()[~corrected].any()
 
 
 def test_trust_0_corrects_every_photo_from_the_identity(make_trainer) -> None:

@@ -198,6 +198,13 @@ class AppearanceModule(ViewModule):
             return offsets - neighbourhood_mean(offsets, self.cfg.neighbours)
         return offsets * corrected.view(-1, *[1] * (offsets.ndim - 1))
 
+    def trained_rows(self, names: list[str], device: torch.device) -> Tensor | None:
+        """Every row, every step (Adam as torch has it; the photos that keep their colours have no gradient and stay
+        the identity): moving only the batch's rows learnt half of affine's gain on the exposure capture and cost the
+        grid 1.2 dB of its gain there and 0.25 dB on the statuette's transforms.json capture (BENCHMARKS.md, issue
+        38)."""
+        return None
+
     def corrects_any(self, batch: Batch) -> bool:
         """Whether the photos of ``batch`` are corrected: measures them at the first step."""
         if self.frames and not self.measured:
@@ -243,12 +250,6 @@ class AffineAppearance(AppearanceModule):
     def start_from_gains(self, rows: Tensor, gains: Tensor) -> None:
         channels = torch.arange(3)
         self.offsets[rows[:, None], channels, channels] = (gains - 1).to(self.offsets)
-
-    def trained_rows(self, names: list[str], device: torch.device) -> Tensor | None:
-        """Every row, every step (Adam as torch has it): with 12 numbers a photo, each well determined by its whole
-        image, the transforms kept the exposure capture's gain and cost a steady capture nothing that way, while
-        moving only the batch's rows learnt half the gain (BENCHMARKS.md, issue 38)."""
-        return None
 
     def adjust_image(self, image: Tensor, batch: Batch) -> Tensor:
         """The rendered ``image`` [B, H, W, 3] as the training images ``batch.names`` saw them."""
