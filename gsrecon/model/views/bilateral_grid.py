@@ -46,7 +46,7 @@ class BilateralGridAppearance(AppearanceModule):
         reg: float = 10.0  # weight of the grids' total variation (mean squared difference of neighbouring cells)
         # cells across x, y and luminance: one cell across the image (a colour transform per luminance level: a
         # photo's tone curve and white balance) kept the 4 x 4 grid's gain on the exposure capture and cost the
-        # statuette's real photos 0.1 dB (0.4 its transforms.json capture) where 4 x 4 cost 0.4-0.5 and gsplat's
+        # statuette's real photos 0.1 dB (its transforms.json capture 0.1) where 4 x 4 cost 0.4-0.5 and gsplat's
         # 16 x 16 0.7-1.2: cells across the image also learnt what the Gaussians should hold (BENCHMARKS.md, issue
         # 38). [4, 4, 8]: vignetting that differs between photos.
         shape: list[int] = field(default_factory=lambda: [1, 1, 8])
