@@ -104,8 +104,8 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 @functools.cache
 def script_module(name: str) -> ModuleType:
-    """The module ``scripts/<name>.py`` (a benchmark plugin), imported once: inside the first test using it, since the
-    hooks it registers are undone after each test."""
+    """The module ``scripts/<name>.py``, imported once. A plugin registering hooks is imported inside the first test
+    using it (the hooks it registers are undone after each test)."""
     spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up

@@ -5,18 +5,15 @@ rows under the same labels)."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import script_module
 
 REPO = Path(__file__).resolve().parents[1]
-SPEC = importlib.util.spec_from_file_location("bench_sweep", REPO / "scripts" / "bench_sweep.py")
-sweep = importlib.util.module_from_spec(SPEC)
-sys.modules["bench_sweep"] = sweep
-SPEC.loader.exec_module(sweep)
+sweep = script_module("bench_sweep")
 
 SCENE = "synthetic=configs/synthetic.yaml data.synthetic.width=32"
 VARIANT = "fast=max_steps=3"

@@ -6,7 +6,6 @@ from __future__ import annotations
 import ast
 import csv
 import dataclasses
-import importlib.util
 import json
 import sys
 import types
@@ -14,14 +13,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import tiny_config
+from conftest import script_module, tiny_config
 from gsplat.strategy import DefaultStrategy, MCMCStrategy
 
 REPO = Path(__file__).resolve().parents[1]
-SPEC = importlib.util.spec_from_file_location("bench_vs_gsplat", REPO / "scripts" / "bench_vs_gsplat.py")
-bench = importlib.util.module_from_spec(SPEC)
-sys.modules["bench_vs_gsplat"] = bench  # dataclasses resolve their module by name
-SPEC.loader.exec_module(bench)
+bench = script_module("bench_vs_gsplat")
 
 # The fields of simple_trainer.py's Config at gsplat v1.5.3 that bench_vs_gsplat.py sets (read from the file
 # at that tag; checked against the file itself where fetch_gsplat_examples.sh has extracted it).

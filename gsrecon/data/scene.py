@@ -127,12 +127,17 @@ class Scene:
         if self.extent <= 0.0:
             self.extent = scene_extent(self.train + self.test)
 
+    @property
+    def read_tracks(self) -> SfmPoints:
+        """The SfM points with the tracks and keypoints the scene was read with (empty where it had none)."""
+        return SfmPoints(self.points, self.colors, self.observed, self.keypoints, self.keypoint_scale)
+
     def sfm_tracks(self, log: Callable[[str], None]) -> SfmPoints:
         """The SfM points with where each photo saw them: as read, or, for a scene read without keypoints whose reader
         can make them (a capture whose points come from a file), triangulated from the known poses once (``log`` takes
         its progress lines). Raises the triangulation's :class:`InputError` (too few points, no pycolmap)."""
         if self.keypoints or self.triangulate is None:
-            return SfmPoints(self.points, self.colors, self.observed, self.keypoints, self.keypoint_scale)
+            return self.read_tracks
         if self._triangulated is None:
             try:
                 self._triangulated = self.triangulate(log)

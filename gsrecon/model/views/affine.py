@@ -136,7 +136,7 @@ class AppearanceModule(ViewModule):
     def setup(self, data: DataPipeline, log: Callable[[str], None]) -> None:
         """Keep the training frames and their SfM points with keypoints (triangulated from the known poses for a
         capture whose points come from a file), to measure which photos' colours differ."""
-        self.frames = sorted(data.train_frames, key=lambda frame: self.index[frame.name])
+        self.frames = self.frames_by_row(data)
         self.log = log
         if self.cfg.trust > 0:
             try:

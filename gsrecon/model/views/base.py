@@ -32,6 +32,7 @@ from gsrecon.registry import VIEW_REGISTRY, RunChecked
 
 if TYPE_CHECKING:
     from gsrecon.data.pipeline import Batch, DataPipeline
+    from gsrecon.data.scene import Frame
     from gsrecon.render.base import RenderOutput
 
 # Run-config sections that each hold one per-view module, and the kind of module each takes (ViewModule.kind).
@@ -62,6 +63,10 @@ class ViewModule(torch.nn.Module, RunChecked):
     def setup(self, data: DataPipeline, log: Callable[[str], None]) -> None:
         """Read what the module needs from the run's data before training (``log`` takes lines for the run's log);
         the base needs nothing. Not called where a trained module only renders (inference)."""
+
+    def frames_by_row(self, data: DataPipeline) -> list[Frame]:
+        """The training frames of ``data``, in the order of the module's parameter rows."""
+        return sorted(data.train_frames, key=lambda frame: self.index[frame.name])
 
     def rows(self, names: list[str], device: torch.device) -> Tensor:
         """The parameter rows [B] of the training views ``names``."""

@@ -41,7 +41,7 @@ from torch import Tensor
 
 from gsrecon.cameras.lens import project_points
 from gsrecon.config import run_steps
-from gsrecon.data.scene import Frame, SfmPoints
+from gsrecon.data.scene import Frame
 from gsrecon.errors import InputError
 from gsrecon.model.views.base import ViewModule
 from gsrecon.registry import VIEW_REGISTRY
@@ -135,10 +135,10 @@ class PoseCorrection(ViewModule):
         photos observed (with its keypoints of them, and their scale), to measure how well its pose fits them. A
         scene without keypoints whose reader can triangulate them from the known poses (a capture with a point cloud
         file) is asked to."""
-        self.frames = sorted(data.train_frames, key=lambda frame: self.index[frame.name])
+        self.frames = self.frames_by_row(data)
         self.log = log
         scene = data.scene
-        sfm = SfmPoints(scene.points, scene.colors, scene.observed, scene.keypoints, scene.keypoint_scale)
+        sfm = scene.read_tracks
         if self.cfg.trust_px > 0:
             try:
                 sfm = scene.sfm_tracks(log)
