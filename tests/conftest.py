@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 import functools
 import importlib.util
+import os
+import shutil
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -71,6 +73,17 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"{SHARED_DATA} is not available (it sits beside a developer's checkout, not a user's clone)")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def web_readers() -> Path:
+    """The ``node_modules`` of the web formats' independent readers (``scripts/web_readers.sh``; or the folder
+    ``GSRECON_WEB_READERS`` names): glTF-Validator, Babylon.js, splat-transform, the PlayCanvas engine. Run scripts
+    with ``node`` and ``NODE_PATH`` set to it. The test skips where node or the folder is missing."""
+    root = Path(os.environ.get("GSRECON_WEB_READERS", Path(__file__).resolve().parents[1] / ".web_readers"))
+    if shutil.which("node") is None or not (root / "node_modules").is_dir():
+        pytest.skip(f"needs node and the web readers in {root} (scripts/web_readers.sh)")
+    return root / "node_modules"
 
 
 @pytest.fixture(scope="session")
