@@ -218,16 +218,21 @@ class PointPrimitive:
         dtype = np.dtype(COMPONENT_TYPES[accessor["componentType"]])
         element = dtype.itemsize * width
         stride = view.get("byteStride") or element
-        start = _natural(view.get("byteOffset", 0), what) + _natural(accessor.get("byteOffset", 0), what)
-        length = _natural(view.get("byteLength"), what)
-        end_of_view = _natural(view.get("byteOffset", 0), what) + length
-        need = start + stride * (self.count - 1) + element
-        if not isinstance(stride, int) or stride < element or need > min(end_of_view, len(data)):
+        view_start, view_length = _natural(view.get("byteOffset", 0), what), _natural(view.get("byteLength"), what)
+        if view_start + view_length > len(data):
             raise InputError(
-                f"{what} reaches byte {need} of buffer {buffer_index}, past its buffer view or the buffer's "
-                f"{len(data)} bytes; the file is truncated or corrupt"
+                f"{what}: its buffer view ends at byte {view_start + view_length} of buffer {buffer_index}, which "
+                f"has {len(data)}; the file is truncated or corrupt"
             )
-        return np.ndarray((self.count, width), dtype, buffer=data, offset=start, strides=(stride, dtype.itemsize))
+        start = _natural(accessor.get("byteOffset", 0), what)
+        end = start + stride * (self.count - 1) + element if isinstance(stride, int) else -1
+        if not element <= stride or end > view_length:
+            raise InputError(
+                f"{what} ends at byte {end} of its buffer view, which has {view_length} (stride {stride}); "
+                "the file is corrupt"
+            )
+        offset = view_start + start
+        return np.ndarray((self.count, width), dtype, buffer=data, offset=offset, strides=(stride, dtype.itemsize))
 
 
 def read_points(path: str | os.PathLike, extension: str) -> PointPrimitive:

@@ -4,7 +4,8 @@ A file holds one ``POINTS`` primitive with the float attributes ``POSITION`` (wi
 ``KHR_gaussian_splatting:ROTATION`` (unit quaternion x, y, z, w), ``:SCALE`` (``exp`` of gsrecon's log scales),
 ``:OPACITY`` (the sigmoid of its logits), ``:SH_DEGREE_l_COEF_n`` (RGB, every coefficient of degrees 0..D), and
 ``COLOR_0`` (linear RGB of the degree-0 colour and the opacity, normalised bytes) for viewers that draw points;
-the extension object says ``kernel: "ellipse"`` and ``colorSpace: "srgb_rec709_display"``.
+the extension object says ``kernel: "ellipse"``, ``colorSpace: "srgb_rec709_display"`` and the defaults of the
+optional ``sortingMethod`` and ``projection``.
 
 Axes: the file holds the scene turned 180 degrees about z, ``(x, y, z) -> (-x, -y, z)``, the turn PlayCanvas's
 splat-transform applies between a 3DGS PLY and its glb: a capture in OpenCV axes (y down, z forward, as COLMAP's
@@ -38,6 +39,7 @@ from gsrecon.sh import MAX_SH_DEGREE, SH_C0, axis_flip_sh_signs
 
 EXTENSION = "KHR_gaussian_splatting"
 KERNEL, COLOR_SPACE = "ellipse", "srgb_rec709_display"
+_DEFAULTS = {"sortingMethod": "cameraDistance", "projection": "perspective"}  # optional; written as PlayCanvas does
 TURN = torch.tensor([-1.0, -1.0, 1.0])  # 180 degrees about z between gsrecon's axes and the file's; its own inverse
 EXACT = {"quats": "_GSRECON_ROTATION", "scales": "_GSRECON_LOG_SCALE", "opacities": "_GSRECON_LOGIT_OPACITY"}
 _FLOAT = {5126: False}  # component type float, not normalised
@@ -106,7 +108,7 @@ def save_gltf(
             Attribute(EXACT["scales"], "<f4", 3, lambda a, b: p["scales"][a:b].numpy()),
             Attribute(EXACT["opacities"], "<f4", 1, lambda a, b: p["opacities"][a:b, None].numpy()),
         ]
-    extension = {EXTENSION: {"kernel": KERNEL, "colorSpace": COLOR_SPACE}}
+    extension = {EXTENSION: {"kernel": KERNEL, "colorSpace": COLOR_SPACE, **_DEFAULTS}}
     return write_points(path, n, attributes, extension, {"antialiased": antialiased})
 
 
