@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import mmap
 import os
 import struct
 import urllib.parse
@@ -158,7 +159,7 @@ class PointPrimitive:
     document: dict[str, Any]
     primitive: dict[str, Any]
     extension: dict[str, Any]
-    buffers: list[bytes | None] = field(repr=False)
+    buffers: list[memoryview | bytes | None] = field(repr=False)
     count: int = 0
 
     @property
@@ -244,7 +245,7 @@ def read_points(path: str | os.PathLike, extension: str) -> PointPrimitive:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
-    raw = path.read_bytes()
+    raw = _mapped(path)
     if raw[:4] == GLB_MAGIC:
         document, chunk = _parse_glb(path, raw)
     else:
@@ -263,7 +264,15 @@ def read_points(path: str | os.PathLike, extension: str) -> PointPrimitive:
     return points
 
 
-def _parse_glb(path: Path, raw: bytes) -> tuple[dict[str, Any], bytes | None]:
+def _mapped(path: Path) -> memoryview:
+    """The bytes of the file ``path``, memory-mapped (read as they are used: no copy of a large scene)."""
+    if path.stat().st_size == 0:
+        raise InputError(f"{path}: the file is empty")
+    with open(path, "rb") as f:
+        return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+
+
+def _parse_glb(path: Path, raw: memoryview) -> tuple[dict[str, Any], memoryview | None]:
     """The JSON and the binary chunk of a GLB file, after checking the header and chunk lengths against the file."""
     if len(raw) < _GLB_HEADER.size + _CHUNK_HEADER.size:
         raise InputError(f"{path}: a GLB file shorter than its headers; the file is truncated")
@@ -287,10 +296,10 @@ def _parse_glb(path: Path, raw: bytes) -> tuple[dict[str, Any], bytes | None]:
     return _parse_json(path, chunks[0][1]), binary
 
 
-def _parse_json(path: Path, text: bytes) -> dict[str, Any]:
+def _parse_json(path: Path, text: memoryview) -> dict[str, Any]:
     """The glTF JSON document, refused unless it is an object whose asset says version 2.x."""
     try:
-        document = json.loads(text.decode("utf-8"))
+        document = json.loads(bytes(text).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise InputError(f"{path}: not a glTF file (its JSON cannot be read: {e})") from e
     version = str((document.get("asset") or {}).get("version", "")) if isinstance(document, dict) else ""
@@ -335,7 +344,7 @@ def _check_untransformed(path: Path, document: dict[str, Any], mesh_index: int) 
             )
 
 
-def _buffer(path: Path, document: dict[str, Any], index: int, chunk: bytes | None) -> bytes | None:
+def _buffer(path: Path, document: dict[str, Any], index: int, chunk: memoryview | None) -> memoryview | bytes | None:
     """The bytes of buffer ``index``: the GLB binary chunk, a base64 ``data:`` URI, or a file beside ``path``."""
     buffer = document["buffers"][index]
     uri = buffer.get("uri")
@@ -353,7 +362,7 @@ def _buffer(path: Path, document: dict[str, Any], index: int, chunk: bytes | Non
             raise InputError(f"{path}: buffer {index} names {uri!r}; gsrecon reads buffers in the file's own folder")
         if not source.is_file():
             raise InputError(f"{path}: buffer {index} names {name}, which is not there")
-        data = source.read_bytes()
+        data = _mapped(source)
     length = buffer.get("byteLength")
     if data is not None and (not isinstance(length, int) or length > len(data)):
         raise InputError(f"{path}: buffer {index} declares {length} bytes but holds {len(data)}; it is truncated")
