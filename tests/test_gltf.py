@@ -269,6 +269,12 @@ BAD_FILES = {
 }
 
 
+def test_glb_export_refuses_another_file_ending_before_writing(tmp_path):
+    with pytest.raises(InputError, match="scene.ply: a glTF file is named .glb .binary. or .gltf"):
+        export_gaussians(_params(n=5), tmp_path / "scene.ply", "glb")
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("case", BAD_FILES)
 def test_bad_glb_is_refused_naming_what(tmp_path, case):
     change, message = BAD_FILES[case]

@@ -29,8 +29,8 @@ _CHUNK_HEADER = struct.Struct("<I4s")  # chunk length, chunk type
 _JSON_CHUNK, _BIN_CHUNK = b"JSON", b"BIN\x00"
 _POINTS = 0  # mesh primitive mode
 _ARRAY_BUFFER = 34962  # bufferView target of vertex attributes
-COMPONENT_TYPES = {5120: "i1", 5121: "u1", 5122: "<i2", 5123: "<u2", 5125: "<u4", 5126: "<f4"}
-COMPONENT_NAMES = {
+_COMPONENT_TYPES = {5120: "i1", 5121: "u1", 5122: "<i2", 5123: "<u2", 5125: "<u4", 5126: "<f4"}
+_COMPONENT_NAMES = {
     5120: "signed byte",
     5121: "unsigned byte",
     5122: "signed short",
@@ -62,11 +62,11 @@ def write_points(
     attributes: Sequence[Attribute],
     primitive_extensions: Mapping[str, Any],
     extras: Mapping[str, Any],
-) -> list[Path]:
+) -> None:
     """Write a glTF asset of one node with one ``POINTS`` primitive of ``count`` points, each attribute in its own
     buffer view; ``primitive_extensions`` are named in ``extensionsUsed``. ``.glb``: one binary file; ``.gltf``: the
     JSON and a ``.bin`` of the same stem beside it. Attributes are converted ``WRITE_CHUNK_ROWS`` rows at a time.
-    Files are written atomically (the ``.gltf`` after its ``.bin``); returns their paths."""
+    Files are written atomically (the ``.gltf`` after its ``.bin``)."""
     path = Path(path)
     views, offset = [], 0
     for attribute in attributes:
@@ -84,16 +84,15 @@ def write_points(
             with open(bin_tmp, "wb") as f:
                 _write_attributes(f, count, attributes)
             tmp.write_text(json.dumps(document, indent=1), encoding="utf-8")
-        return [bin_path, path]
-    text = json.dumps(document, separators=(",", ":")).encode("utf-8")
-    text += b" " * (-len(text) % 4)  # the JSON chunk is padded with spaces to 4 bytes
-    total = _GLB_HEADER.size + 2 * _CHUNK_HEADER.size + len(text) + offset
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        f.write(_GLB_HEADER.pack(GLB_MAGIC, 2, total))
-        f.write(_CHUNK_HEADER.pack(len(text), _JSON_CHUNK) + text)
-        f.write(_CHUNK_HEADER.pack(offset, _BIN_CHUNK))
-        _write_attributes(f, count, attributes)
-    return [path]
+    else:
+        text = json.dumps(document, separators=(",", ":")).encode("utf-8")
+        text += b" " * (-len(text) % 4)  # the JSON chunk is padded with spaces to 4 bytes
+        total = _GLB_HEADER.size + 2 * _CHUNK_HEADER.size + len(text) + offset
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
+            f.write(_GLB_HEADER.pack(GLB_MAGIC, 2, total))
+            f.write(_CHUNK_HEADER.pack(len(text), _JSON_CHUNK) + text)
+            f.write(_CHUNK_HEADER.pack(offset, _BIN_CHUNK))
+            _write_attributes(f, count, attributes)
 
 
 def _document(
@@ -160,7 +159,7 @@ class PointPrimitive:
     primitive: dict[str, Any]
     extension: dict[str, Any]
     buffers: list[memoryview | bytes | None] = field(repr=False)
-    count: int = 0
+    count: int
 
     @property
     def semantics(self) -> set[str]:
@@ -184,9 +183,9 @@ class PointPrimitive:
             raise InputError(f"{what} is {kind!r}; it must be {_TYPES[width]}")
         if ctype not in component_types or component_types[ctype] not in (None, normalized):
             allowed = ", ".join(
-                f"{'normalized ' if norm else ''}{COMPONENT_NAMES[t]}" for t, norm in component_types.items()
+                f"{'normalized ' if norm else ''}{_COMPONENT_NAMES[t]}" for t, norm in component_types.items()
             )
-            got = f"{'normalized ' if normalized else ''}{COMPONENT_NAMES.get(ctype, ctype)}"
+            got = f"{'normalized ' if normalized else ''}{_COMPONENT_NAMES.get(ctype, ctype)}"
             raise InputError(f"{what} has component type {got}; it must be one of: {allowed}")
         count = accessor.get("count")
         if count != self.count:
@@ -216,7 +215,7 @@ class PointPrimitive:
         data = self.buffers[buffer_index] if known else None
         if data is None:
             raise InputError(f"{what}: its buffer view names buffer {buffer_index!r}, which the file does not hold")
-        dtype = np.dtype(COMPONENT_TYPES[accessor["componentType"]])
+        dtype = np.dtype(_COMPONENT_TYPES[accessor["componentType"]])
         element = dtype.itemsize * width
         stride = view.get("byteStride") or element
         view_start, view_length = _natural(view.get("byteOffset", 0), what), _natural(view.get("byteLength"), what)
@@ -253,15 +252,13 @@ def read_points(path: str | os.PathLike, extension: str) -> PointPrimitive:
     primitive, mesh_index = _splat_primitive(path, document, extension)
     _check_untransformed(path, document, mesh_index)
     buffers = [_buffer(path, document, i, chunk) for i in range(len(document.get("buffers") or []))]
-    points = PointPrimitive(path, document, primitive, primitive["extensions"][extension], buffers)
     if "POSITION" not in primitive["attributes"]:
         raise InputError(f"{path}: the splat primitive has no attribute 'POSITION'")
     position = _item(path, document, "accessors", primitive["attributes"]["POSITION"], "POSITION")
     count = position.get("count")
     if not isinstance(count, int) or count < 1:
         raise InputError(f"{path}: attribute 'POSITION' has count {count!r}; there are no Gaussians to load")
-    points.count = count
-    return points
+    return PointPrimitive(path, document, primitive, primitive["extensions"][extension], buffers, count)
 
 
 def _mapped(path: Path) -> memoryview:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -74,9 +73,9 @@ def from_file_quats(quats: Tensor) -> Tensor:
 
 def save_gltf(
     path: str | os.PathLike, params: Mapping[str, Tensor], *, antialiased: bool = False, exact: bool = True
-) -> list[Path]:
+) -> None:
     """Write Gaussians as ``KHR_gaussian_splatting`` (layout and axes in the module docstring), ``.glb`` or
-    ``.gltf`` with a ``.bin`` beside it, atomically; return the files written.
+    ``.gltf`` with a ``.bin`` beside it, atomically.
 
     Raises InputError, before writing, for SH above degree 3 or a Gaussian whose quaternion is zero (it has no
     rotation to write).
@@ -109,7 +108,7 @@ def save_gltf(
             Attribute(EXACT["opacities"], "<f4", 1, lambda a, b: p["opacities"][a:b, None].numpy()),
         ]
     extension = {EXTENSION: {"kernel": KERNEL, "colorSpace": COLOR_SPACE, **_DEFAULTS}}
-    return write_points(path, n, attributes, extension, {"antialiased": antialiased})
+    write_points(path, n, attributes, extension, {"antialiased": antialiased})
 
 
 def load_gltf(path: str | os.PathLike) -> dict[str, Tensor]:
