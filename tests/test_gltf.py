@@ -269,6 +269,31 @@ BAD_FILES = {
 }
 
 
+def test_quantised_attributes_of_other_writers_are_dequantised(tmp_path):
+    """ROTATION as normalised signed shorts and OPACITY as normalised unsigned bytes, as the extension allows."""
+    params = _params(n=6, sh_degree=1)
+    export_gaussians(params, tmp_path / "scene.glb", "glb", options={"exact": False})
+    rotation = np.array([[0, 0, 0, 32767], [32767, 0, 0, 0], [0, -32767, 0, 0]] * 2, "<i2")  # x, y, z, w
+    opacity = np.array([0, 255, 51, 102, 153, 204], "u1")
+
+    def quantise(document: dict, binary: bytearray) -> None:
+        quantised = [(f"{KHR}ROTATION", rotation, 5122, "VEC4"), (f"{KHR}OPACITY", opacity, 5121, "SCALAR")]
+        for name, data, component, kind in quantised:
+            document["bufferViews"].append({"buffer": 0, "byteOffset": len(binary), "byteLength": data.nbytes})
+            binary += data.tobytes() + b"\0" * (-data.nbytes % 4)
+            accessor = {"bufferView": len(document["bufferViews"]) - 1, "componentType": component, "count": 6}
+            document["accessors"].append({**accessor, "type": kind, "normalized": True})
+            document["meshes"][0]["primitives"][0]["attributes"][name] = len(document["accessors"]) - 1
+        document["buffers"][0]["byteLength"] = len(binary)
+
+    loaded = load_gltf(_edit(tmp_path / "scene.glb", quantise))
+    # Turned back into gsrecon's axes, (w, x, y, z): the file's identity, half-turns about x and y become half-turns
+    # about z, y and x.
+    assert torch.equal(loaded["quats"], torch.tensor([[0.0, 0, 0, -1], [0, 0, -1, 0], [0, -1, 0, 0]] * 2))
+    assert torch.allclose(torch.sigmoid(loaded["opacities"]), torch.tensor([0, 1, 0.2, 0.4, 0.6, 0.8]), atol=1e-6)
+    assert torch.equal(loaded["means"], params["means"]) and torch.equal(loaded["shN"], params["shN"])
+
+
 def test_glb_export_refuses_another_file_ending_before_writing(tmp_path):
     with pytest.raises(InputError, match="scene.ply: a glTF file is named .glb .binary. or .gltf"):
         export_gaussians(_params(n=5), tmp_path / "scene.ply", "glb")
