@@ -172,14 +172,12 @@ def test_standard_attributes_win_over_stale_exact_ones(tmp_path):
     """A tool that changes SCALE but keeps gsrecon's exact attribute: the changed scale is what is read."""
     params = _params(n=10)
     export_gaussians(params, tmp_path / "scene.glb", "glb")
-    document, binary = _parse_glb(tmp_path / "scene.glb")
-    view = document["bufferViews"][document["meshes"][0]["primitives"][0]["attributes"][f"{KHR}SCALE"]]
-    scale = np.frombuffer(binary, "<f4", 30, view["byteOffset"]).reshape(10, 3)
-    doubled = scale.copy()
-    doubled[3] *= 2  # Gaussian 3 grows
-    binary = binary[: view["byteOffset"]] + doubled.tobytes() + binary[view["byteOffset"] + 120 :]
-    (tmp_path / "edited.glb").write_bytes(_pack_glb(document, binary))
-    loaded = load_gltf(tmp_path / "edited.glb")
+
+    def grow(document: dict, binary: bytearray) -> None:  # Gaussian 3 doubles in size
+        start = document["bufferViews"][_attribute(document, f"{KHR}SCALE")["bufferView"]]["byteOffset"] + 3 * 12
+        binary[start : start + 12] = (np.frombuffer(binary, "<f4", 3, start) * 2).tobytes()
+
+    loaded = load_gltf(_edit(tmp_path / "scene.glb", grow))
     assert torch.equal(loaded["scales"][[0, 1, 2, 4]], params["scales"][[0, 1, 2, 4]])
     assert torch.allclose(loaded["scales"][3], params["scales"][3] + np.log(2), atol=1e-6)
 
