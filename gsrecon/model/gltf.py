@@ -146,15 +146,18 @@ def load_gltf(path: str | os.PathLike) -> dict[str, Tensor]:
             exact = read(semantic, stored[key].shape[1])
             same = torch.isclose(_ACTIVATIONS[key](exact), stored[key], rtol=1e-6, atol=0.0).all(dim=1, keepdim=True)
             values[key] = torch.where(same, exact, values[key])
-    rest = [read(semantic, 3) for d in range(1, degree + 1) for semantic in sh_semantics(d)]  # K x [N, 3]
-    signs = axis_flip_sh_signs(TURN, len(rest))[:, None]  # [K, 1]
+    semantics = [semantic for d in range(1, degree + 1) for semantic in sh_semantics(d)]  # K, in shN's order
+    signs = axis_flip_sh_signs(TURN, len(semantics))  # [K]
+    shN = torch.empty(points.count, len(semantics), 3)  # [N, K, 3], filled a coefficient at a time
+    for k, semantic in enumerate(semantics):
+        shN[:, k] = read(semantic, 3) * signs[k]
     return {
         "means": read("POSITION", 3) * TURN,
         "scales": values["scales"],
         "quats": from_file_quats(values["quats"]),
         "opacities": values["opacities"][:, 0],
         "sh0": read(attribute("SH_DEGREE_0_COEF_0"), 3)[:, None, :],
-        "shN": torch.stack(rest, dim=1) * signs if rest else torch.zeros(points.count, 0, 3),
+        "shN": shN,
     }
 
 
