@@ -140,7 +140,7 @@ def _add_source_args(p: argparse.ArgumentParser) -> None:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--checkpoint", help="a training checkpoint (.pt)")
     source.add_argument("--exp-dir", help="a training run folder (uses checkpoints/last.pt)")
-    source.add_argument("--ply", help="a 3DGS .ply (needs --config for the dataset)")
+    source.add_argument("--ply", help="a 3DGS .ply or KHR_gaussian_splatting .glb (needs --config for the dataset)")
     p.add_argument("--config", help="YAML config to use instead of the checkpoint's (its imports: are imported)")
     p.add_argument(
         "--imports",

@@ -77,6 +77,14 @@ def sh_basis(degree: int, dirs: Tensor) -> Tensor:
     return torch.stack(out, dim=-1)
 
 
+def axis_flip_sh_signs(flip: Tensor, num_rest: int) -> Tensor:
+    """Sign ``[num_rest]`` each rest SH coefficient takes when the axes are multiplied by ``flip`` [3] (each +-1, an
+    even number of -1: a rotation by 180 degrees about the axis kept): the parity of its basis function."""
+    direction = torch.nn.functional.normalize(torch.tensor([0.2, 0.5, 0.8]), dim=0)  # no basis function is 0 here
+    basis = sh_basis(MAX_SH_DEGREE, direction)[1 : 1 + num_rest]
+    return torch.sign(sh_basis(MAX_SH_DEGREE, direction * flip)[1 : 1 + num_rest] / basis)
+
+
 def spherical_harmonics(degree: int, dirs: Tensor, coeffs: Tensor) -> Tensor:
     """Evaluate SH colour functions in the given directions.
 

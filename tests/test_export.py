@@ -42,7 +42,7 @@ def _unit(quats: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def test_export_refuses_an_unknown_format(tmp_path):
-    message = "^unknown export format 'obj'; known export formats: compressed_ply, mesh, ply, sog, splat, spz$"
+    message = "^unknown export format 'obj'; known export formats: compressed_ply, glb, mesh, ply, sog, splat, spz$"
     with pytest.raises(RegistryError, match=message):
         export_gaussians(_params(), tmp_path / "scene.obj", "obj")
     assert list(tmp_path.iterdir()) == []

@@ -39,7 +39,7 @@ from gsrecon.errors import InputError
 from gsrecon.export import ExportContext, export_gaussians
 from gsrecon.logging.console import Logger, ProgressLogger
 from gsrecon.metrics import describe_metrics, mean_metrics
-from gsrecon.model.ply import load_ply
+from gsrecon.model.scene_file import load_gaussians
 from gsrecon.model.views.base import ViewModules, build_views
 from gsrecon.params import check_params
 from gsrecon.plugins import import_plugins
@@ -104,7 +104,7 @@ def load_trained_scene(
     if ply:
         if not config:
             raise InputError("--ply needs --config: the YAML that says which dataset to evaluate on")
-        raw, source, params, step = load_config(config, overrides), config, load_ply(ply), None
+        raw, source, params, step = load_config(config, overrides), config, load_gaussians(ply), None
         views = {}
     else:
         ckpt = load_checkpoint_file(checkpoint, "cpu") if ckpt is None else ckpt

@@ -51,7 +51,7 @@ from gsrecon.io.ply import WRITE_CHUNK_ROWS
 from gsrecon.model.ply import cpu_params
 from gsrecon.params import check_params
 from gsrecon.registry import EXPORT_REGISTRY
-from gsrecon.sh import MAX_SH_DEGREE, num_sh_bases, sh_basis
+from gsrecon.sh import MAX_SH_DEGREE, axis_flip_sh_signs, num_sh_bases
 
 SPZ_MAGIC = 0x5053474E
 SPZ_VERSIONS = (2, 3)
@@ -75,7 +75,7 @@ def save_spz(
     p = cpu_params(params)
     n, degree = p["means"].shape[0], check_params(p)
     bits = _fractional_bits(p["means"].double() * _RDF_TO_RUB)
-    sh_signs = _rdf_to_rub_sh_signs(p["shN"].shape[1])[:, None]  # [K, 1]
+    sh_signs = axis_flip_sh_signs(_RDF_TO_RUB, p["shN"].shape[1])[:, None]  # [K, 1]
     streams = [  # each attribute's bytes [M, ...] for Gaussians start:stop
         lambda a, b: _pack_positions(p["means"][a:b], bits),
         lambda a, b: round_clamp(torch.sigmoid(p["opacities"][a:b]) * 255, 255),
@@ -152,7 +152,7 @@ def load_spz(path: str | os.PathLike) -> tuple[dict[str, Tensor], bool]:
         "quats": _unpack_rotations(rotations, n, version),
         "opacities": byte_logit(alphas),
         "sh0": ((colors.reshape(n, 1, 3).double() / 255 - 0.5) / _COLOR_SCALE).float(),
-        "shN": (sh.reshape(n, num_rest, 3).float() - 128) / 128 * _rdf_to_rub_sh_signs(num_rest)[:, None],
+        "shN": (sh.reshape(n, num_rest, 3).float() - 128) / 128 * axis_flip_sh_signs(_RDF_TO_RUB, num_rest)[:, None],
     }
     return params, bool(flags & FLAG_ANTIALIASED)
 
@@ -232,10 +232,3 @@ def _quantise_sh(rest: Tensor) -> np.ndarray:
     bucket[:3] = 8.0  # the 3 degree-1 coefficients keep 5 bits, the others 4
     q = torch.floor((q + bucket / 2) / bucket) * bucket  # the bucket's start, as the reference's integer division
     return q.clamp(0, 255).numpy()
-
-
-def _rdf_to_rub_sh_signs(num_rest: int) -> Tensor:
-    """Sign [K] each rest SH coefficient takes when y and z negate: the parity of its basis function in (y, z)."""
-    direction = torch.nn.functional.normalize(torch.tensor([0.2, 0.5, 0.8]), dim=0)  # no basis function is 0 here
-    basis = sh_basis(MAX_SH_DEGREE, direction)[1 : 1 + num_rest]
-    return torch.sign(sh_basis(MAX_SH_DEGREE, direction * _RDF_TO_RUB)[1 : 1 + num_rest] / basis)

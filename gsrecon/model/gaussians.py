@@ -41,7 +41,7 @@ class GaussianModel(torch.nn.Module, RunChecked):
         sh_degree: int = 3  # maximum SH degree (0..3)
         sh_degree_interval: int = run_steps(1000)  # the active degree grows by one every this many steps
         init: str = "auto"  # auto (sfm when the dataset has points, else random) | sfm | random | ply (init_path)
-        init_path: str = ""  # .ply for init: ply
+        init_path: str = ""  # .ply or KHR_gaussian_splatting .glb / .gltf for init: ply
         init_num_points: int = per_device(cpu=10_000, gpu=100_000)  # for init: random (BENCHMARKS.md: CPU)
         init_extent: float = 3.0  # random points: a cube of half-size init_extent × extent where the cameras look
         init_opacity: float = 0.1
@@ -51,7 +51,7 @@ class GaussianModel(torch.nn.Module, RunChecked):
             if self.init not in INITS:
                 raise ValueError(f"model.init must be one of {', '.join(INITS)}; got '{self.init}'")
             if self.init == "ply" and not self.init_path:
-                raise ValueError("model.init is 'ply' but model.init_path is empty; set it to a .ply file")
+                raise ValueError("model.init is 'ply' but model.init_path is empty; set it to a .ply or .glb file")
 
     def __init__(self, cfg: Config, params: dict[str, Tensor], start_sh_degree: int = 0, start: str = "") -> None:
         """``start_sh_degree``: the active SH degree at step 0 (Gaussians from a trained PLY start at its degree);
@@ -73,9 +73,9 @@ class GaussianModel(torch.nn.Module, RunChecked):
         """Initialise from the scene's point cloud, random points in its bounds, or a PLY (``cfg.init``)."""
         generator = torch.Generator().manual_seed(seed)
         if cfg.init == "ply":
-            from gsrecon.model.ply import load_ply
+            from gsrecon.model.scene_file import load_gaussians
 
-            params = load_ply(cfg.init_path)
+            params = load_gaussians(cfg.init_path)
             start = min(check_params(params), cfg.sh_degree)
             return cls(cfg, _with_sh_degree(params, cfg.sh_degree), start_sh_degree=start, start="ply")
         init = cfg.init if cfg.init != "auto" else ("sfm" if scene.points.shape[0] > 0 else "random")
