@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
-import shutil
 import os
+import shutil
 import subprocess
 import sys
 
