@@ -24,7 +24,7 @@ import torch
 
 from gsrecon.atomic import atomic_path
 from gsrecon.cache import cache_dir
-from gsrecon.errors import InputError
+from gsrecon.errors import InputError, last_line
 
 SOURCES = ("bindings.cpp", "project.cpp", "rasterize.cpp")
 _CURRENT = "current"  # the file naming the published build's folder
@@ -114,7 +114,7 @@ def load_kernels(log: Callable[[str], None] | None = None) -> ModuleType:
     try:
         _loaded[name] = _import_library(name, library)
     except Exception as exc:  # a loader's failure, of any type
-        raise KernelsUnavailableError(f"{library} cannot be loaded: {_last_line(exc)}") from None
+        raise KernelsUnavailableError(f"{library} cannot be loaded: {last_line(exc)}") from None
     return _loaded[name]
 
 
@@ -188,7 +188,7 @@ def _build_and_publish(folder: Path, name: str, log: Callable[[str], None] | Non
     except OSError as exc:
         raise KernelsUnavailableError(f"the cache folder {folder} cannot be written: {exc.strerror}") from None
     except Exception as exc:  # a compiler's failure, of any type
-        raise KernelsUnavailableError(f"the build failed: {_last_line(exc)}") from None
+        raise KernelsUnavailableError(f"the build failed: {last_line(exc)}") from None
 
 
 def _compile(name: str, build: Path) -> Path:
@@ -232,9 +232,3 @@ def kernels_unavailable(log: Callable[[str], None] | None = None) -> str | None:
     except KernelsUnavailableError as exc:
         return exc.reason
     return None
-
-
-def _last_line(error: BaseException) -> str:
-    """The last non-empty line of an error's message (a compiler's output ends with what failed)."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return lines[-1] if lines else type(error).__name__
