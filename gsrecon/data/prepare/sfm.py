@@ -17,8 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import re
 import shutil
+import signal
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -41,6 +45,7 @@ STAGES = ("features", "matching", "mapping", "undistortion")  # run_sfm's stages
 MIN_FEATURES = 100  # SIFT features below which a photo is too small, blurred or plain to be matched
 _LISTED = 5  # file names quoted in an error message before "and N more"
 REPLACED = ("images", "sparse", "stereo", "distorted")  # folders under the output folder that a run replaces
+EXIT_SIGTERM = 143  # 128 + SIGTERM, what a shell reports for a process SIGTERM ended
 
 
 @dataclass
@@ -81,12 +86,62 @@ class PycolmapUnavailableError(ImportError, InputError):
 
 
 def import_pycolmap(command: str) -> ModuleType:
-    """The pycolmap module; :class:`PycolmapUnavailableError` saying how to install it for ``command`` if absent."""
+    """The pycolmap module; :class:`PycolmapUnavailableError` saying how to install it for ``command`` if absent.
+
+    Importing it makes its logging library (glog) answer SIGTERM with a native stack trace; what SIGTERM did before
+    (in the main thread: gsrecon's stop at a step boundary, or the system's default) is put back.
+    """
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if main else None
     try:
         import pycolmap
     except ImportError:
         raise PycolmapUnavailableError(f"{command} needs pycolmap: install it with `pip install pycolmap`") from None
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
     return pycolmap
+
+
+@contextlib.contextmanager
+def exit_on_sigterm(what: str, cleanup: Callable[[], None] | None = None) -> Iterator[None]:
+    """Inside the block (native work that may not return to Python for minutes: structure from motion) a SIGTERM
+    ends the process at once: ``cleanup`` (a partial output removed), one line on stderr naming ``what``, exit 143.
+    Outside the main thread it does nothing.
+
+    The system's handler that Python installs writes the signal's number to a pipe whichever thread it lands on;
+    a thread waiting on that pipe acts on it, since the main thread runs no Python until the native call returns.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            if signal.SIGTERM in os.read(read, 512):
+                if cleanup is not None:
+                    cleanup()
+                removed = "; its partial output removed" if cleanup is not None else ""
+                sys.stderr.write(f"stopped by SIGTERM during {what}{removed}\n")
+                sys.stderr.flush()
+                os._exit(EXIT_SIGTERM)
+
+    previous_fd = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)  # the watcher acts on it
+    watcher = threading.Thread(target=watch, name="sigterm-watcher", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        os.write(write, b"\0")
+        watcher.join()
+        signal.signal(signal.SIGTERM, previous)
+        signal.set_wakeup_fd(previous_fd)
+        os.close(read)
+        os.close(write)
 
 
 def run_sfm(
