@@ -37,6 +37,8 @@ def _train(capsys, config: dict, *overrides: str) -> tuple[int, str]:
         ("num_threads=-1", "key 'num_threads': must be 0 (auto) or a number of threads >= 1, got -1"),
         ("pose_opt.lr=1e6", "key 'pose_opt': lr must be a finite number >= 0 and <= 1"),
         ("appearance.shape=big", "key 'appearance.shape': must be a list, got 'big'"),
+        ("appearance.shape={x: 4}", "key 'appearance.shape': must be a list, got {'x': 4}"),
+        ("pose_opt=[se3]", "key 'pose_opt': must be a mapping, got ['se3']"),
     ],
 )
 def test_a_value_taken_quietly_is_one_line_naming_its_key_and_exit_2(capsys, make_config, tmp_path, override, message):
