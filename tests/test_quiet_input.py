@@ -74,8 +74,9 @@ def test_a_focal_length_too_short_for_its_image_is_one_line_naming_the_file_and_
     assert "transforms.json: frame 'images/frame_00000.jpg': 'fl_x' 1e-06 is no focal length for an image" in err
 
 
-def test_exporting_a_ply_with_another_captures_config_warns_in_every_format(make_config, tmp_path, capsys):
-    """The warning existed for a mesh (a format that renders the capture's views); a plain PLY export said nothing."""
+def test_a_ply_with_another_captures_config_warns_in_every_command_and_format(make_config, tmp_path, capsys):
+    """The warning existed for a mesh export (a format that renders the capture's views); a plain PLY export or an
+    eval said nothing."""
     config = write_yaml(tmp_path / "capture.yaml", make_config("capture"))
     elsewhere = _sphere_gaussians(1000)
     elsewhere["means"] += torch.tensor([0.0, 0.0, 500.0])
@@ -84,6 +85,8 @@ def test_exporting_a_ply_with_another_captures_config_warns_in_every_format(make
     assert main(args) == 0
     warning = " ".join(capsys.readouterr().err.split())
     assert f"see only 0% of the 1000 Gaussians of {tmp_path / 'other.ply'}: is the --config that of" in warning
+    assert main(["eval", *args[1:5], "--out", str(tmp_path / "eval")]) == 0  # and eval, render, view alike
+    assert "see only 0% of the 1000 Gaussians" in " ".join(capsys.readouterr().err.split())
 
 
 def test_a_dot_dot_after_a_symbolic_link_is_taken_where_the_system_takes_it(tmp_path, synthetic_cache, capsys):

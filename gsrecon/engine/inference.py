@@ -115,7 +115,10 @@ def load_trained_scene(
     import_plugins(trusted, "--imports" if imports else str(source))
     cfg = parse_structured(RunConfig, raw, source=str(source))
     _check_registered(cfg, [] if config else cfg.imports, str(source))
-    return TrainedScene(cfg, {k: v.float() for k, v in params.items()}, step, str(ply or checkpoint), views)
+    scene = TrainedScene(cfg, {k: v.float() for k, v in params.items()}, step, str(ply or checkpoint), views)
+    if ply:
+        warn_if_unseen(scene, Logger())
+    return scene
 
 
 def scene_views(scene: TrainedScene, pipeline: DataPipeline) -> ViewModules:
@@ -374,20 +377,15 @@ def export(
     Mip-Splatting's compensation.
 
     The training views and the renderer (on ``device``, with the median depth) are loaded only for a format
-    that needs them; for a PLY, in any format, a warning says when the training views of the ``--config``'s capture
-    see too few of its Gaussians (:func:`seen_fraction`: the ``--config`` of another capture?).
+    that needs them.
     """
     logger = logger or Logger()
     context = ExportContext()
-    frames = None
     if EXPORT_REGISTRY.get(fmt).needs:
         torch_device = scene_device(scene, device, logger)
         pipeline = DataPipeline(scene.cfg.data, torch_device, scene.cfg.seed, source=scene.source)
         render = scene_renderer(scene, torch_device, logger, median_depth=True)
         context = ExportContext(train_batches=pipeline.train_batches, render=torch.no_grad()(render))
-        frames = pipeline.scene.train
-    if scene.step is None:
-        warn_if_unseen(scene, frames, logger)
     path = export_gaussians(scene.params, out, fmt, antialiased=scene.antialiased, context=context, options=options)
     if scene.antialiased:
         logger.warning(
@@ -398,16 +396,16 @@ def export(
     return path
 
 
-def warn_if_unseen(scene: TrainedScene, frames: Sequence[Frame] | None, logger: Logger) -> None:
-    """Warn when the training views ``frames`` of the ``--config``'s capture (read from it where None: its poses,
-    not its pixels) see less than :data:`MIN_SEEN` of a PLY's Gaussians; say so where the capture cannot be read."""
+def warn_if_unseen(scene: TrainedScene, logger: Logger) -> None:
+    """Warn when the training views of the ``--config``'s capture of a PLY (read for their poses, not their pixels)
+    see less than :data:`MIN_SEEN` of its Gaussians: the ``--config`` of another capture? Say so where the capture
+    cannot be read."""
     capture = scene.cfg.data.path or scene.cfg.data.dataset
-    if frames is None:
-        try:
-            frames = read_scene(dataclasses.replace(scene.cfg.data, cache="disk")).train
-        except (InputError, OSError) as exc:
-            logger.warning(f"cannot check that {scene.source} belongs to the capture {capture} ({exc})")
-            return
+    try:
+        frames = read_scene(dataclasses.replace(scene.cfg.data, cache="disk")).train
+    except (InputError, OSError) as exc:
+        logger.warning(f"cannot check that {scene.source} belongs to the capture {capture} ({exc})")
+        return
     seen = seen_fraction(scene.params["means"], frames)
     if seen < MIN_SEEN:
         logger.warning(

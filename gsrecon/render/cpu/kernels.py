@@ -29,6 +29,7 @@ from gsrecon.errors import InputError, last_line
 SOURCES = ("bindings.cpp", "project.cpp", "rasterize.cpp")
 _CURRENT = "current"  # the file naming the published build's folder
 _BUILD_PREFIX = "build-"
+_LOCK = "build.lock"  # not torch's "lock", which a build of an older gsrecon in the same folder would wait on
 _loaded: dict[str, ModuleType] = {}
 
 
@@ -134,7 +135,7 @@ def published_library(folder: Path, name: str) -> Path | None:
 def build_lock(folder: Path) -> Iterator[None]:
     """Hold ``folder``'s build lock (one build at a time across processes; the system frees it when its holder dies,
     so a killed build leaves no stale lock)."""
-    with open(folder / "lock", "a") as handle:
+    with open(folder / _LOCK, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
