@@ -35,7 +35,7 @@ def _train(capsys, config: dict, *overrides: str) -> tuple[int, str]:
     ("override", "message"),
     [
         ("num_threads=-1", "key 'num_threads': must be 0 (auto) or a number of threads >= 1, got -1"),
-        ("pose_opt.lr=1e6", "key 'pose_opt': lr must be a finite number >= 0 and <= 1"),
+        ("pose_opt.lr=1e6", "key 'pose_opt': lr must be at most 1 (Adam moves each parameter by about lr a step"),
         ("appearance.shape=big", "key 'appearance.shape': must be a list, got 'big'"),
         ("appearance.shape={x: 4}", "key 'appearance.shape': must be a list, got {'x': 4}"),
         ("pose_opt=[se3]", "key 'pose_opt': must be a mapping, got ['se3']"),

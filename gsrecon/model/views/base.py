@@ -52,9 +52,13 @@ class ViewModule(torch.nn.Module, RunChecked):
         lr: float = 1e-3  # Adam learning rate of the module's parameters
 
         def __post_init__(self) -> None:
-            # Adam moves each parameter by about lr a step: more than 1 is a radian of a pose or a colour's range
-            if not (math.isfinite(self.lr) and 0 <= self.lr <= 1):
-                raise ValueError(f"lr must be a finite number >= 0 and <= 1, got {self.lr!r}")
+            if not (math.isfinite(self.lr) and self.lr >= 0):
+                raise ValueError(f"lr must be a finite number >= 0, got {self.lr!r}")
+            if self.lr > 1:
+                raise ValueError(
+                    f"lr must be at most 1 (Adam moves each parameter by about lr a step: a radian of a pose, a "
+                    f"colour's whole range), got {self.lr!r}"
+                )
 
     def __init__(self, cfg: Any, train_names: list[str]) -> None:
         super().__init__()
