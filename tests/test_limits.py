@@ -38,9 +38,9 @@ def soft_limit(which: int, value: int) -> Iterator[None]:
         resource.setrlimit(which, (soft, hard))
 
 
-def _mapped_bytes() -> int:
+def _mapped_bytes(field: str = "VmSize") -> int:
     status = Path("/proc/self/status").read_text()
-    return int(next(line for line in status.splitlines() if line.startswith("VmSize:")).split()[1]) * 1024
+    return int(next(line for line in status.splitlines() if line.startswith(f"{field}:")).split()[1]) * 1024
 
 
 def _one_error_line(capsys) -> str:
@@ -50,10 +50,17 @@ def _one_error_line(capsys) -> str:
     return lines[0]
 
 
-def test_the_memory_room_is_capped_by_the_process_address_space_limit() -> None:
-    with soft_limit(resource.RLIMIT_AS, _mapped_bytes() + 2**30):
-        room, bound = host_memory_room()
-    assert room <= 2**30 and bound == "the process's address-space limit (ulimit -v)"
+@pytest.mark.parametrize(
+    ("limit", "field", "bound"),
+    [
+        (resource.RLIMIT_AS, "VmSize", "the process's address-space limit (ulimit -v)"),
+        (resource.RLIMIT_DATA, "VmData", "the process's data limit (ulimit -d)"),
+    ],
+)
+def test_the_memory_room_is_capped_by_the_process_limits(limit: int, field: str, bound: str) -> None:
+    with soft_limit(limit, _mapped_bytes(field) + 2**30):
+        room = host_memory_room()
+    assert room[0] <= 2**30 and room[1] == bound
 
 
 def test_a_bilateral_grid_beyond_ulimit_v_is_one_line_naming_the_key_and_the_limit(make_config, tmp_path, capsys):
