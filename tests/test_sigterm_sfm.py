@@ -1,5 +1,5 @@
 """Issue 51: SIGTERM during structure from motion printed pycolmap's native stack trace (its logging library answers
-SIGTERM with one) instead of gsrecon's one line and exit 143."""
+SIGTERM with one) instead of gsrecon's one line and exit 143; Ctrl-C waited for the native stage to end."""
 
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("pycolmap") is None, re
 IN_NATIVE_WORK = """
 import os, shutil, signal, sys
 from pathlib import Path
-from gsrecon.data.prepare.sfm import exit_on_sigterm, import_pycolmap
+from gsrecon.data.prepare.sfm import exit_on_signal, import_pycolmap
 pycolmap = import_pycolmap("a test")
 pycolmap.logging.minloglevel = pycolmap.logging.ERROR
 partial = Path(sys.argv[1])
 partial.mkdir()
-with exit_on_sigterm("structure from motion", cleanup=lambda: shutil.rmtree(partial)):
-    os.kill(os.getpid(), signal.SIGTERM)
+with exit_on_signal("structure from motion", cleanup=lambda: shutil.rmtree(partial)):
+    os.kill(os.getpid(), int(sys.argv[3]))
     pycolmap.extract_features(partial / "database.db", sys.argv[2])  # native work, minutes on a large capture
 print("the block ended")
 """
@@ -41,12 +41,17 @@ def test_sigterm_after_pycolmap_is_imported_gets_no_native_stack_trace() -> None
     assert result.returncode == -signal.SIGTERM and result.stdout == "" and result.stderr == "", result
 
 
-def test_sigterm_during_native_structure_from_motion_is_one_line_exit_143_and_no_partial_output(tmp_path) -> None:
+@pytest.mark.parametrize(
+    ("signum", "code"), [(signal.SIGTERM, 143), pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow)]
+)
+def test_a_signal_during_native_structure_from_motion_is_one_line_its_exit_code_and_no_partial_output(
+    tmp_path, signum: signal.Signals, code: int
+) -> None:
     photos = tmp_path / "photos"
     photos.mkdir()
-    result = _run(IN_NATIVE_WORK, str(tmp_path / "partial"), str(photos))
-    assert result.returncode == 143 and result.stdout == "", result
-    assert result.stderr == "stopped by SIGTERM during structure from motion; its partial output removed\n"
+    result = _run(IN_NATIVE_WORK, str(tmp_path / "partial"), str(photos), str(int(signum)))
+    assert result.returncode == code and result.stdout == "", result
+    assert result.stderr == f"stopped by {signum.name} during structure from motion; its partial output removed\n"
     assert not (tmp_path / "partial").exists()
 
 

@@ -45,7 +45,7 @@ STAGES = ("features", "matching", "mapping", "undistortion")  # run_sfm's stages
 MIN_FEATURES = 100  # SIFT features below which a photo is too small, blurred or plain to be matched
 _LISTED = 5  # file names quoted in an error message before "and N more"
 REPLACED = ("images", "sparse", "stereo", "distorted")  # folders under the output folder that a run replaces
-EXIT_SIGTERM = 143  # 128 + SIGTERM, what a shell reports for a process SIGTERM ended
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # kill, timeout, Slurm, Kubernetes; Ctrl-C
 
 
 @dataclass
@@ -103,10 +103,10 @@ def import_pycolmap(command: str) -> ModuleType:
 
 
 @contextlib.contextmanager
-def exit_on_sigterm(what: str, cleanup: Callable[[], None] | None = None) -> Iterator[None]:
-    """Inside the block (native work that may not return to Python for minutes: structure from motion) a SIGTERM
-    ends the process at once: ``cleanup`` (a partial output removed), one line on stderr naming ``what``, exit 143.
-    Outside the main thread it does nothing.
+def exit_on_signal(what: str, cleanup: Callable[[], None] | None = None) -> Iterator[None]:
+    """Inside the block (native work that may not return to Python for minutes: structure from motion) a SIGTERM or
+    Ctrl-C (SIGINT) ends the process at once: ``cleanup`` (a partial output removed), one line on stderr naming
+    ``what``, exit 143 or 130 (128 + the signal). Outside the main thread it does nothing.
 
     The system's handler that Python installs writes the signal's number to a pipe whichever thread it lands on;
     a thread waiting on that pipe acts on it, since the main thread runs no Python until the native call returns.
@@ -120,17 +120,19 @@ def exit_on_sigterm(what: str, cleanup: Callable[[], None] | None = None) -> Ite
 
     def watch() -> None:
         while not done.is_set():
-            if signal.SIGTERM in os.read(read, 512):
+            numbers = os.read(read, 512)
+            received = [signum for signum in STOP_SIGNALS if signum in numbers]
+            if received:
                 if cleanup is not None:
                     cleanup()
                 removed = "; its partial output removed" if cleanup is not None else ""
-                sys.stderr.write(f"stopped by SIGTERM during {what}{removed}\n")
+                sys.stderr.write(f"stopped by {received[0].name} during {what}{removed}\n")
                 sys.stderr.flush()
-                os._exit(EXIT_SIGTERM)
+                os._exit(128 + received[0])
 
     previous_fd = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)  # the watcher acts on it
-    watcher = threading.Thread(target=watch, name="sigterm-watcher", daemon=True)
+    previous = {signum: signal.signal(signum, lambda signum, frame: None) for signum in STOP_SIGNALS}  # the watcher's
+    watcher = threading.Thread(target=watch, name="signal-watcher", daemon=True)
     watcher.start()
     try:
         yield
@@ -138,7 +140,8 @@ def exit_on_sigterm(what: str, cleanup: Callable[[], None] | None = None) -> Ite
         done.set()
         os.write(write, b"\0")
         watcher.join()
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
         signal.set_wakeup_fd(previous_fd)
         os.close(read)
         os.close(write)

@@ -18,7 +18,7 @@ from gsrecon.data.prepare.sfm import (
     MIN_REGISTERED,
     STAGES,
     SfmReport,
-    exit_on_sigterm,
+    exit_on_signal,
     image_names,
     import_pycolmap,
     listing,
@@ -130,7 +130,7 @@ def sfm_scene(unposed: Unposed, announcer: StageAnnouncer, log: Callable[[str], 
     shutil.rmtree(partial, ignore_errors=True)
     partial.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with exit_on_sigterm("structure from motion", cleanup=lambda: shutil.rmtree(partial, ignore_errors=True)):
+        with exit_on_signal("structure from motion", cleanup=lambda: shutil.rmtree(partial, ignore_errors=True)):
             if unposed.photos_dir is not None:
                 report = capture_sfm(partial, announcer, photos=unposed.photos_dir)
             else:
