@@ -2,7 +2,8 @@
 
 Exit codes: 0 done; 2 bad input a user can fix, printed as one red line: an :class:`InputError` gsrecon
 raises on purpose (bad config, malformed files, bad values, a locked run folder, a run that diverged)
-or an ``OSError`` (a missing file, no permission, a full disk); 1 any other error, a bug in gsrecon or
+or an ``OSError`` (a missing file, no permission, a full disk), or an allocation that failed (one line with the
+room the process had: the machine's, its cgroup's or its ``ulimit``); 1 any other error, a bug in gsrecon or
 in a plugin, printed as one line naming where it happened (e.g. the hook and hook point) and its type,
 ``--debug`` for the traceback; 130 training stopped by Ctrl-C and 143 by SIGTERM, both at a step
 boundary after writing a checkpoint.
@@ -18,7 +19,7 @@ from collections.abc import Callable, Sequence
 from rich.console import Console
 from rich.markup import escape
 
-from gsrecon.errors import InputError
+from gsrecon.errors import InputError, is_out_of_memory, last_line
 from gsrecon.heap import describe_heap_setting, unmap_large_blocks
 
 EXIT_BUG = 1  # an error gsrecon did not raise on purpose: a bug in gsrecon or a plugin
@@ -411,6 +412,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if _is_user_error(exc):
             _console.print(f"[bold red]error:[/bold red] {_message(exc)}", highlight=False, markup=True)
             return EXIT_USAGE
+        if any(is_out_of_memory(e) for e in (exc, exc.__cause__) if e is not None):
+            _console.print(f"[bold red]error:[/bold red] {_out_of_memory(exc)}", highlight=False, markup=True)
+            return EXIT_USAGE
         kind = type(exc.__cause__ or exc).__name__
         _console.print(
             f"[bold red]error:[/bold red] {_message(exc)} ({kind}: a bug in gsrecon or a plugin; --debug shows the "
@@ -425,6 +429,15 @@ def _is_user_error(exc: BaseException) -> bool:
     """Whether ``exc``, or the exception it wraps (a hook's, in a ``HookError``), is input the user can fix:
     an :class:`InputError` gsrecon raised on purpose, or an ``OSError`` (missing file, permissions, full disk)."""
     return any(isinstance(e, (InputError, OSError)) for e in (exc, exc.__cause__))
+
+
+def _out_of_memory(exc: BaseException) -> str:
+    """One line for an allocation that failed past gsrecon's checks: what failed and the room the process had."""
+    from gsrecon.data.prefetch import host_memory_room
+
+    free, bound = host_memory_room()
+    what = str(exc) if str(exc).startswith("out of memory") else f"out of memory ({last_line(exc)})"
+    return escape(f"{what}; this process may take {free / 2**30:.1f} GiB more ({bound})")
 
 
 def _message(exc: BaseException) -> str:

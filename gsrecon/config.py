@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -79,6 +80,29 @@ def named_section(selector: str, siblings: Callable[[], list[str]] | None = None
     ``siblings()`` lists the names of the other entries: their sections (a base config's reader, before a child
     or the command line chose another) are left out, not refused as unknown keys."""
     return dataclasses.field(default_factory=dict, metadata={"named_by": selector, "siblings": siblings})
+
+
+def _check_containers(schema: Any, data: Any, source: str, prefix: str) -> None:
+    """A ConfigError naming the key where ``data`` gives a single value or a mapping for a list field of the
+    dataclass ``schema`` (or a single value or a list for a mapping field), which OmegaConf words in its own terms
+    ("AnyNode is not a ListConfig") or fails on."""
+    if not isinstance(data, Mapping) or not dataclasses.is_dataclass(schema):
+        return
+    try:
+        hints = typing.get_type_hints(schema)
+    except (NameError, TypeError):  # an annotation this module cannot resolve: OmegaConf checks it
+        return
+    for f in dataclasses.fields(schema):
+        if f.name not in data:
+            continue
+        value, hint = data[f.name], hints[f.name]
+        origin = typing.get_origin(hint) or hint
+        wanted = "a list" if origin in (list, tuple) else "a mapping" if origin is dict else None
+        key = ".".join(p for p in (prefix, f.name) if p)
+        if wanted and not isinstance(value, (list, tuple) if wanted == "a list" else Mapping):
+            raise ConfigError(f"{source}: key '{key}': must be {wanted}, got {value!r}")
+        if dataclasses.is_dataclass(hint):
+            _check_containers(hint, value, source, key)
 
 
 def _gathered_sections(schema: Any, data: Any) -> Any:
@@ -359,8 +383,10 @@ def parse_structured(schema: type[T], cfg: Mapping[str, Any] | None, source: str
     (``prefix`` is prepended, e.g. ``hooks.0``) and ``source`` (usually the YAML file).
     """
     check_config_data(cfg, source)
+    gathered = _gathered_sections(schema, cfg or {})
+    _check_containers(schema, gathered, source, prefix)
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(schema), _gathered_sections(schema, cfg or {}))
+        merged = OmegaConf.merge(OmegaConf.structured(schema), gathered)
         return OmegaConf.to_object(merged)  # type: ignore[return-value]
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", "") or ""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -19,7 +20,7 @@ from gsrecon.cli import main
 from gsrecon.config import ConfigError
 from gsrecon.distributed import DistributedContext
 from gsrecon.engine.builder import resolve_device, set_cpu_threads
-from gsrecon.render.cpu.kernels import KernelsUnavailableError, load_kernels
+from gsrecon.render.cpu.kernels import KernelsUnavailableError, build_dir, load_kernels
 from gsrecon.render.cpu.renderer import CpuRenderer
 from gsrecon.render.torch_renderer import TorchRenderer
 
@@ -286,10 +287,31 @@ def test_a_corrupted_kernel_cache_is_built_again(tmp_path):
     env = {**os.environ, "GSRECON_CACHE": str(tmp_path)}
     first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0 and "compiling its C++ kernels on first use" in first.stdout, first.stderr
-    (library,) = tmp_path.glob("cpu_kernels/*/*.so")
+    (library,) = tmp_path.glob("cpu_kernels/*/build-*/*.so")
     library.write_bytes(library.read_bytes()[:1000])
     again = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "are damaged; building them again" in again.stdout, again.stderr
+
+
+def test_a_read_only_cache_copied_without_its_times_loads_as_it_is_with_no_compiler(tmp_path):
+    """Issue 51: a shared install's cache (read-only) fell back to torch ("Permission denied .../lock") and one
+    copied without its files' times needed a compiler again. Now the published library loads as it is: nothing
+    in the cache is written, no compiler on the PATH is needed."""
+    cache = tmp_path / "cache"
+    shutil.copytree(build_dir(), cache / "cpu_kernels" / build_dir().name, copy_function=shutil.copyfile)
+    for path in [cache, *cache.rglob("*")]:
+        path.chmod(0o555 if path.is_dir() else 0o444)
+    listing = sorted((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in cache.rglob("*"))
+    script = "from gsrecon.render.cpu.kernels import load_kernels; print(load_kernels(print).__file__)"
+    env = {**os.environ, "GSRECON_CACHE": str(cache), "PATH": str(tmp_path)}  # no compiler, no ninja
+    try:
+        result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith(str(cache)) and len(result.stdout.splitlines()) == 1  # nothing compiled
+        assert sorted((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in cache.rglob("*")) == listing
+    finally:
+        for path in [cache, *cache.rglob("*")]:
+            path.chmod(0o755)
 
 
 def test_absgrad_densification_reads_the_cpu_renderers_absolute_gradients(make_trainer):

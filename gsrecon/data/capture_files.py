@@ -14,8 +14,14 @@ OUTSIDE_KEY = "data.outside_capture"
 
 def leaves(root: Path, value: str) -> bool:
     """Whether the path ``value``, relative to the folder ``root``, leads out of it: an absolute path, or ``..`` past
-    it (symbolic links inside the folder are the user's own, and followed)."""
-    return not Path(os.path.abspath(root / value)).is_relative_to(os.path.abspath(root))
+    it. Symbolic links inside the folder are the user's own, and followed; a ``..`` is taken where the system takes
+    it, after the links before it (``link/..`` is the folder above the link's target, not the capture folder)."""
+    parts = Path(value).parts
+    if Path(value).is_absolute() or ".." not in parts:
+        return not Path(os.path.abspath(root / value)).is_relative_to(os.path.abspath(root))
+    last = len(parts) - 1 - parts[::-1].index("..")
+    climbed = os.path.realpath(root.joinpath(*parts[: last + 1]))  # what follows the last '..' climbs no further
+    return not Path(climbed).is_relative_to(os.path.realpath(root))
 
 
 def capture_file(root: Path, value: str, what: str, where: str, outside: bool = False) -> Path:

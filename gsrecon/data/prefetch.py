@@ -10,6 +10,7 @@ image cache once made (:func:`gsrecon.data.formats.images.load_transformed`) ins
 from __future__ import annotations
 
 import os
+import resource
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -25,6 +26,11 @@ MAX_DECODE_THREADS = 4
 MEMORY_SHARE = 0.5  # ``auto`` keeps decoded images in memory only where they take at most this share of what is free
 BYTES_PER_PIXEL = 4  # ``auto``'s estimate: RGBA, the most a decoded frame holds per pixel
 _GIB = 2**30
+# controllers in /proc/self/cgroup -> (their mount, the limit's file, the usage's file): cgroup v2, v1's memory
+_CGROUP_FILES = {
+    "": (Path("/sys/fs/cgroup"), "memory.max", "memory.current"),
+    "memory": (Path("/sys/fs/cgroup/memory"), "memory.limit_in_bytes", "memory.usage_in_bytes"),
+}
 
 
 def decode_threads(prefetch: int, batch_size: int) -> int:
@@ -116,12 +122,61 @@ def decoded_bytes(frames: Sequence[Frame]) -> int:
 
 
 def available_host_bytes() -> int:
-    """Memory this process may still take: ``MemAvailable``, capped by a cgroup v2 limit where one is set."""
-    available = _meminfo_available()
-    limit, used = _read_int(Path("/sys/fs/cgroup/memory.max")), _read_int(Path("/sys/fs/cgroup/memory.current"))
-    if limit is not None and used is not None:
-        available = min(available, max(0, limit - used))
-    return available
+    """Memory this process may still take (see :func:`host_memory_room`)."""
+    return host_memory_room()[0]
+
+
+def host_memory_room() -> tuple[int, str]:
+    """(bytes this process may still take, what sets that bound): ``MemAvailable``, capped by its cgroups' limits
+    (v2's ``memory.max``, v1's ``memory.limit_in_bytes``, less what they use) and by its own limits on address space
+    and data (``ulimit -v``, ``RLIMIT_DATA``, less what it has mapped)."""
+    rooms = [(_meminfo_available(), "available RAM")]
+    rooms += [(room, "the cgroup's memory limit") for room in _cgroup_rooms()]
+    status = _proc_status_bytes()
+    for limit, used, what in (
+        (resource.RLIMIT_AS, "VmSize", "the process's address-space limit (ulimit -v)"),
+        (resource.RLIMIT_DATA, "VmData", "the process's data limit (ulimit -d)"),
+    ):
+        soft = resource.getrlimit(limit)[0]
+        if soft != resource.RLIM_INFINITY and used in status:
+            rooms.append((max(0, soft - status[used]), what))
+    return min(rooms, key=lambda room: room[0])
+
+
+def _cgroup_rooms() -> list[int]:
+    """What this process's cgroup and those above it leave below their memory limits (cgroup v2, or v1's memory
+    controller); a container sees its own cgroup as the root of the mount, so the path is walked up to it."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return []
+    rooms = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers not in _CGROUP_FILES:
+            continue
+        mount, limit_name, usage_name = _CGROUP_FILES[controllers]
+        folder = mount / path.lstrip("/")
+        for cgroup in [folder, *folder.parents]:
+            if not cgroup.is_relative_to(mount):
+                break
+            limit, used = _read_int(cgroup / limit_name), _read_int(cgroup / usage_name)
+            if limit is not None and used is not None:
+                rooms.append(max(0, limit - used))
+    return rooms
+
+
+def _proc_status_bytes() -> dict[str, int]:
+    """This process's ``/proc/self/status`` sizes (``VmSize``, ``VmData``, ...) in bytes; empty where unreadable."""
+    sizes = {}
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if value.strip().endswith(" kB"):
+                sizes[key] = int(value.split()[0]) * 1024
+    except (OSError, ValueError):
+        return {}
+    return sizes
 
 
 def _meminfo_available() -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -90,6 +90,8 @@ class RunConfig:
             raise ValueError(f"key 'max_steps': must be >= 1, got {self.max_steps}")
         if self.val_interval < 1:
             raise ValueError(f"key 'val_interval': must be >= 1, got {self.val_interval}")
+        if self.num_threads < 0:
+            raise ValueError(f"key 'num_threads': must be 0 (auto) or a number of threads >= 1, got {self.num_threads}")
         if not (self.resume is None or isinstance(self.resume, (bool, str))):
             raise ValueError(f"key 'resume': must be true, false or a checkpoint path, got {self.resume!r}")
         if self.metrics.lpips_net not in (*LPIPS_NETS, "none"):
@@ -386,6 +388,7 @@ def resolve_view_section(section: dict[str, Any], source: str, key: str, max_ste
         raise ConfigError(f"{source}: key '{key}.mode': an alias of {key}.name; give one of them")
     name = options.pop(written, "none")
     if name == "none":
+        check_off_section(options, source, key, max_steps)
         return {"name": "none", **options}
     try:
         cls = VIEW_REGISTRY.get(name)
@@ -400,6 +403,25 @@ def resolve_view_section(section: dict[str, Any], source: str, key: str, max_ste
             f"({', '.join(fitting)}) or none"
         )
     return resolve_entry(VIEW_REGISTRY, {"name": name, **options}, source, key, max_steps=max_steps)
+
+
+def check_off_section(options: dict[str, Any], source: str, key: str, max_steps: int) -> None:
+    """A ConfigError where the options a section that is off keeps (for a config that turns it on again) fit none of
+    the modules of its kind; the error is that of a module that knows every option given, if one does."""
+    kind = VIEW_SECTIONS[key]
+    errors = []
+    for name in VIEW_REGISTRY.names():
+        cls = VIEW_REGISTRY.get(name)
+        if cls.kind != kind or not options:
+            continue
+        try:
+            resolve_entry(VIEW_REGISTRY, {"name": name, **options}, source, key, max_steps=max_steps)
+            return
+        except ConfigError as exc:
+            known = {f.name for f in fields(cls.Config)}
+            errors.append((not set(options) <= known, exc))
+    if errors:
+        raise min(errors, key=lambda error: error[0])[1]
 
 
 def _article(word: str) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import pickle
 import random
+import resource
 import shutil
 import warnings
 import zipfile
@@ -255,11 +256,26 @@ def write_checkpoint(checkpoint: dict[str, Any], tmp: Path, path: Path) -> None:
             raise
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "the write failed"
         needed = sum(t.numel() * t.element_size() for t in _tensors(checkpoint)) / 2**20
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        # Python ignores SIGXFSZ, so a write past ``ulimit -f`` fails with EFBIG, which torch's writer does not pass on
+        if limit != resource.RLIM_INFINITY and (needed * 2**20 >= limit or _size(tmp) >= limit):
+            raise CheckpointWriteError(
+                f"cannot write {path}: File too large: it needs about {needed:.1f} MiB and the process's file-size "
+                f"limit (ulimit -f) is {limit / 2**20:.1f} MiB; raise the limit (ulimit -f unlimited) and resume"
+            ) from None
         free = shutil.disk_usage(path.parent).free / 2**20
         raise CheckpointWriteError(
             f"cannot write {path}: {reason} (it needs about {needed:.1f} MiB; {free:.1f} MiB free there); "
             f"free some space (or lower CheckPointHook max_keep) and resume"
         ) from None
+
+
+def _size(path: Path) -> int:
+    """``path``'s size in bytes; 0 where it does not exist."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _tensors(value: Any) -> Iterator[torch.Tensor]:

@@ -22,7 +22,7 @@ from gsrecon.cameras.lens import pinhole_project
 from gsrecon.cameras.paths import CAMERA_PATHS, focus_point, interp_path
 from gsrecon.config import ConfigError, apply_overrides, load_config, parse_structured
 from gsrecon.data.formats.images import to_uint8, write_png
-from gsrecon.data.pipeline import Batch, DataPipeline
+from gsrecon.data.pipeline import Batch, DataPipeline, read_scene
 from gsrecon.data.scene import Frame
 from gsrecon.distributed import DistributedContext
 from gsrecon.engine.builder import (
@@ -115,7 +115,10 @@ def load_trained_scene(
     import_plugins(trusted, "--imports" if imports else str(source))
     cfg = parse_structured(RunConfig, raw, source=str(source))
     _check_registered(cfg, [] if config else cfg.imports, str(source))
-    return TrainedScene(cfg, {k: v.float() for k, v in params.items()}, step, str(ply or checkpoint), views)
+    scene = TrainedScene(cfg, {k: v.float() for k, v in params.items()}, step, str(ply or checkpoint), views)
+    if ply:
+        warn_if_unseen(scene, Logger())
+    return scene
 
 
 def scene_views(scene: TrainedScene, pipeline: DataPipeline) -> ViewModules:
@@ -374,8 +377,7 @@ def export(
     Mip-Splatting's compensation.
 
     The training views and the renderer (on ``device``, with the median depth) are loaded only for a format
-    that needs them; for a PLY, a warning says when those views see too few of its Gaussians (:func:`seen_fraction`:
-    the ``--config`` of another capture?).
+    that needs them.
     """
     logger = logger or Logger()
     context = ExportContext()
@@ -384,13 +386,6 @@ def export(
         pipeline = DataPipeline(scene.cfg.data, torch_device, scene.cfg.seed, source=scene.source)
         render = scene_renderer(scene, torch_device, logger, median_depth=True)
         context = ExportContext(train_batches=pipeline.train_batches, render=torch.no_grad()(render))
-        seen = seen_fraction(scene.params["means"], pipeline.scene.train) if scene.step is None else 1.0
-        if seen < MIN_SEEN:
-            logger.warning(
-                f"the training views of the capture {scene.cfg.data.path or scene.cfg.data.dataset} see only "
-                f"{seen:.0%} of the {len(scene.params['means'])} Gaussians of {scene.source}: is the --config that "
-                f"of the capture they were trained on?"
-            )
     path = export_gaussians(scene.params, out, fmt, antialiased=scene.antialiased, context=context, options=options)
     if scene.antialiased:
         logger.warning(
@@ -399,6 +394,24 @@ def export(
             f"renderer.antialiased=false"
         )
     return path
+
+
+def warn_if_unseen(scene: TrainedScene, logger: Logger) -> None:
+    """Warn when the training views of the ``--config``'s capture of a PLY (read for their poses, not their pixels)
+    see less than :data:`MIN_SEEN` of its Gaussians: the ``--config`` of another capture? Say so where the capture
+    cannot be read."""
+    capture = scene.cfg.data.path or scene.cfg.data.dataset
+    try:
+        frames = read_scene(dataclasses.replace(scene.cfg.data, cache="disk")).train
+    except (InputError, OSError) as exc:
+        logger.warning(f"cannot check that {scene.source} belongs to the capture {capture} ({exc})")
+        return
+    seen = seen_fraction(scene.params["means"], frames)
+    if seen < MIN_SEEN:
+        logger.warning(
+            f"the training views of the capture {capture} see only {seen:.0%} of the {len(scene.params['means'])} "
+            f"Gaussians of {scene.source}: is the --config that of the capture they were trained on?"
+        )
 
 
 def seen_fraction(means: Tensor, frames: Sequence[Frame]) -> float:

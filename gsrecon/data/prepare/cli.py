@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from gsrecon.data.formats.images import FACTORS
 from gsrecon.data.prepare.posed_sfm import MAX_SIDE, STAGES
-from gsrecon.data.prepare.sfm import AUTO_MATCHER, CAMERA_MODEL, CAMERA_MODES, MATCHERS
+from gsrecon.data.prepare.sfm import AUTO_MATCHER, CAMERA_MODEL, CAMERA_MODES, MATCHERS, exit_on_signal
 from gsrecon.data.prepare.triangulate import triangulate_scene
 from gsrecon.data.prepare.unposed import announce_stages, capture_sfm
 from gsrecon.data.prepare.video import DEFAULT_FRAMES, OVERSAMPLE
@@ -22,12 +22,13 @@ Command = Callable[[argparse._SubParsersAction, str, str, str], argparse.Argumen
 def colmap(args: argparse.Namespace) -> int:
     """``gsrecon data colmap``: structure from motion on photos or videos; prints its report."""
     log = Logger().info
-    report = capture_sfm(
-        args.out, announce_stages(log), photos=args.images, videos=args.video or (), frames=args.frames,
-        fps=args.fps, oversample=args.oversample, on_video=lambda video: log(f"  {video.describe()}"),
-        camera_model=args.camera_model, camera_mode=args.camera_mode, matcher=args.matcher, use_gpu=not args.cpu,
-        verbose=args.verbose,
-    )  # fmt: skip
+    with exit_on_signal("structure from motion"):
+        report = capture_sfm(
+            args.out, announce_stages(log), photos=args.images, videos=args.video or (), frames=args.frames,
+            fps=args.fps, oversample=args.oversample, on_video=lambda video: log(f"  {video.describe()}"),
+            camera_model=args.camera_model, camera_mode=args.camera_mode, matcher=args.matcher, use_gpu=not args.cpu,
+            verbose=args.verbose,
+        )  # fmt: skip
     print("\n".join(report.lines()))
     return 0
 

@@ -38,6 +38,7 @@ from gsrecon.data.prepare.sfm import (
     MATCHERS,
     MIN_FEATURES,
     database_counts,
+    exit_on_signal,
     import_pycolmap,
     listing,
     match_features,
@@ -195,7 +196,7 @@ def training_points(
         log(f"SfM points: {len(triangulation.points)} triangulated points of this capture from the cache ({path})")
         return triangulation
     started = time.perf_counter()
-    with _work_dir() as work:
+    with _work_dir() as work, exit_on_signal("triangulation", cleanup=lambda: shutil.rmtree(work, ignore_errors=True)):
         triangulation = triangulate_frames(
             root,
             frames_at,

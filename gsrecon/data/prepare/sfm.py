@@ -17,8 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import re
 import shutil
+import signal
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -41,6 +45,7 @@ STAGES = ("features", "matching", "mapping", "undistortion")  # run_sfm's stages
 MIN_FEATURES = 100  # SIFT features below which a photo is too small, blurred or plain to be matched
 _LISTED = 5  # file names quoted in an error message before "and N more"
 REPLACED = ("images", "sparse", "stereo", "distorted")  # folders under the output folder that a run replaces
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # kill, timeout, Slurm, Kubernetes; Ctrl-C
 
 
 @dataclass
@@ -81,12 +86,65 @@ class PycolmapUnavailableError(ImportError, InputError):
 
 
 def import_pycolmap(command: str) -> ModuleType:
-    """The pycolmap module; :class:`PycolmapUnavailableError` saying how to install it for ``command`` if absent."""
+    """The pycolmap module; :class:`PycolmapUnavailableError` saying how to install it for ``command`` if absent.
+
+    Importing it makes its logging library (glog) answer SIGTERM with a native stack trace; what SIGTERM did before
+    (in the main thread: gsrecon's stop at a step boundary, or the system's default) is put back.
+    """
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if main else None
     try:
         import pycolmap
     except ImportError:
         raise PycolmapUnavailableError(f"{command} needs pycolmap: install it with `pip install pycolmap`") from None
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
     return pycolmap
+
+
+@contextlib.contextmanager
+def exit_on_signal(what: str, cleanup: Callable[[], None] | None = None) -> Iterator[None]:
+    """Inside the block (native work that may not return to Python for minutes: structure from motion) a SIGTERM or
+    Ctrl-C (SIGINT) ends the process at once: ``cleanup`` (a partial output removed), one line on stderr naming
+    ``what``, exit 143 or 130 (128 + the signal). Outside the main thread it does nothing.
+
+    The system's handler that Python installs writes the signal's number to a pipe whichever thread it lands on;
+    a thread waiting on that pipe acts on it, since the main thread runs no Python until the native call returns.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            numbers = os.read(read, 512)
+            received = [signum for signum in STOP_SIGNALS if signum in numbers]
+            if received:
+                if cleanup is not None:
+                    cleanup()
+                removed = "; its partial output removed" if cleanup is not None else ""
+                sys.stderr.write(f"stopped by {received[0].name} during {what}{removed}\n")
+                sys.stderr.flush()
+                os._exit(128 + received[0])
+
+    previous_fd = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    previous = {signum: signal.signal(signum, lambda signum, frame: None) for signum in STOP_SIGNALS}  # the watcher's
+    watcher = threading.Thread(target=watch, name="signal-watcher", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        os.write(write, b"\0")
+        watcher.join()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        signal.set_wakeup_fd(previous_fd)
+        os.close(read)
+        os.close(write)
 
 
 def run_sfm(

@@ -18,6 +18,7 @@ from gsrecon.data.prepare.sfm import (
     MIN_REGISTERED,
     STAGES,
     SfmReport,
+    exit_on_signal,
     image_names,
     import_pycolmap,
     listing,
@@ -129,11 +130,12 @@ def sfm_scene(unposed: Unposed, announcer: StageAnnouncer, log: Callable[[str], 
     shutil.rmtree(partial, ignore_errors=True)
     partial.parent.mkdir(parents=True, exist_ok=True)
     try:
-        if unposed.photos_dir is not None:
-            report = capture_sfm(partial, announcer, photos=unposed.photos_dir)
-        else:
-            report = capture_sfm(partial, announcer, videos=[video.path for video in unposed.videos])
-        os.replace(partial, scene)
+        with exit_on_signal("structure from motion", cleanup=lambda: shutil.rmtree(partial, ignore_errors=True)):
+            if unposed.photos_dir is not None:
+                report = capture_sfm(partial, announcer, photos=unposed.photos_dir)
+            else:
+                report = capture_sfm(partial, announcer, videos=[video.path for video in unposed.videos])
+            os.replace(partial, scene)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     log(report.summary())

@@ -60,6 +60,8 @@ from gsrecon.io.ply import read_ply
 from gsrecon.registry import DATASET_REGISTRY
 
 OPENGL_TO_OPENCV = np.diag([1.0, -1.0, -1.0, 1.0])  # flips the camera's y and z axes
+MIN_FOCAL_SHARE = 100  # a focal length under an image's side / this (a pinhole's view of 178 degrees) is a typo
+_MAX_VIEW_DEGREES = 2 * math.degrees(math.atan(MIN_FOCAL_SHARE / 2))
 _INTRINSIC_KEYS = ("fl_x", "fl_y", "cx", "cy", "w", "h", "camera_angle_x", "camera_angle_y")
 _POSITIVE_KEYS = (*_INTRINSIC_KEYS, "depth_unit_scale_factor")
 _DISTORTION_KEYS = ("k1", "k2", "k3", "p1", "p2")
@@ -397,6 +399,12 @@ def _camera(fields: dict, path: Path, json_path: Path, where: str) -> tuple[tupl
     if fy is None and values["camera_angle_y"] is not None:
         fy = fov_to_focal(values["camera_angle_y"], size[1])
     fy = fx if fy is None else fy
+    for key, focal, side in (("fl_x", fx, size[0]), ("fl_y", fy, size[1])):
+        if focal < side / MIN_FOCAL_SHARE:
+            raise DatasetError(
+                f"{json_path}: {where}: '{key}' {focal:g} is no focal length for an image {side} pixels across (at "
+                f"least {side / MIN_FOCAL_SHARE:g} pixels: a view under {_MAX_VIEW_DEGREES:.0f} degrees)"
+            )
     cx = size[0] / 2 if values["cx"] is None else values["cx"]
     cy = size[1] / 2 if values["cy"] is None else values["cy"]
     dist = Distortion(

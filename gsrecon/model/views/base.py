@@ -26,7 +26,7 @@ from torch import Tensor
 
 from gsrecon.config import ConfigError
 from gsrecon.distributed import DistributedContext
-from gsrecon.errors import InputError
+from gsrecon.errors import InputError, is_out_of_memory, last_line
 from gsrecon.model.views.optim import VisitedRowsAdam
 from gsrecon.registry import VIEW_REGISTRY, RunChecked
 
@@ -54,6 +54,11 @@ class ViewModule(torch.nn.Module, RunChecked):
         def __post_init__(self) -> None:
             if not (math.isfinite(self.lr) and self.lr >= 0):
                 raise ValueError(f"lr must be a finite number >= 0, got {self.lr!r}")
+            if self.lr > 1:
+                raise ValueError(
+                    f"lr must be at most 1 (Adam moves each parameter by about lr a step: a radian of a pose, a "
+                    f"colour's whole range), got {self.lr!r}"
+                )
 
     def __init__(self, cfg: Any, train_names: list[str]) -> None:
         super().__init__()
@@ -248,8 +253,14 @@ def build_views(
     modules = {}
     for key, entry in view_entries(resolved).items():
         try:
-            module = VIEW_REGISTRY.build(entry, train_names=train_names)
+            modules[key] = VIEW_REGISTRY.build(entry, train_names=train_names).to(device)
         except ValueError as exc:
             raise ConfigError(f"{source}: key '{key}': {exc}") from exc
-        modules[key] = module.to(device)
+        except (MemoryError, RuntimeError) as exc:
+            if not is_out_of_memory(exc):
+                raise
+            raise ConfigError(
+                f"{source}: key '{key}': out of memory for its {len(train_names)} training images ({last_line(exc)}); "
+                f"give it fewer cells or parameters, or turn it off ({key}.name=none)"
+            ) from None
     return ViewModules(modules)

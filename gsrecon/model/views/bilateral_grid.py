@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gsrecon.data.prefetch import available_host_bytes
+from gsrecon.data.prefetch import host_memory_room
 from gsrecon.model.views.affine import AppearanceConfig, AppearanceModule
 from gsrecon.registry import VIEW_REGISTRY
 
@@ -93,17 +93,17 @@ class BilateralGridAppearance(AppearanceModule):
 
 
 def check_grid_memory(shape: list[int], images: int) -> None:
-    """A ValueError naming ``shape`` when the grids of ``images`` training images need more memory than the machine
-    has free (before anything is allocated)."""
+    """A ValueError naming ``shape`` when the grids of ``images`` training images need more memory than this process
+    may still take (the machine's, its cgroup's and its own limits; before anything is allocated)."""
     # float32 offsets, their gradient, Adam's two moments, the centred copy and its gradient, the smoothness terms
     needed = images * 12 * math.prod(shape) * 4 * GRID_COPIES
-    free = available_host_bytes()
+    free, bound = host_memory_room()
     if needed > free:
         cells = math.prod(shape) * free / needed
         raise ValueError(
             f"shape {shape} needs about {needed / 2**30:.1f} GiB for {images} training images (grids, "
-            f"gradients, Adam's moments); {free / 2**30:.1f} GiB are free: give fewer cells (at most about "
-            f"{int(cells):,} per image, e.g. [4, 4, 8])"
+            f"gradients, Adam's moments); {free / 2**30:.1f} GiB are free ({bound}): give fewer cells (at most "
+            f"about {int(cells):,} per image, e.g. [4, 4, 8])"
         )
 
 

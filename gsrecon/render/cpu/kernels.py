@@ -6,23 +6,30 @@ built again."""
 
 from __future__ import annotations
 
+import fcntl
+import functools
 import hashlib
+import importlib.util
 import logging
 import os
 import shutil
 import sys
-import time
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
 import torch
 
+from gsrecon.atomic import atomic_path
 from gsrecon.cache import cache_dir
-from gsrecon.errors import InputError
+from gsrecon.errors import InputError, last_line
 
 SOURCES = ("bindings.cpp", "project.cpp", "rasterize.cpp")
-_STALE_LOCK_S = 600.0  # a build lock older than this was left by a killed build
+_CURRENT = "current"  # the file naming the published build's folder
+_BUILD_PREFIX = "build-"
+_LOCK = "build.lock"  # not torch's "lock", which a build of an older gsrecon in the same folder would wait on
 _loaded: dict[str, ModuleType] = {}
 
 
@@ -52,12 +59,12 @@ def compile_flags() -> list[str]:
 
 
 def kernel_name() -> str:
-    """The extension's name: ``gsrecon_cpu_`` and a digest of the sources, torch's and Python's versions, the
-    compiler (``$CXX``) and its flags (a library built for one CPU's vector instructions is never loaded on a CPU
-    without them)."""
+    """The extension's name: ``gsrecon_cpu_`` and a digest of the sources and headers (their bytes, not their
+    times), torch's and Python's versions, the compiler (``$CXX``) and its flags (a library built for one CPU's
+    vector instructions is never loaded on a CPU without them)."""
     digest = hashlib.sha256()
-    for name in SOURCES:
-        digest.update((_source_dir() / name).read_bytes())
+    for path in [*(_source_dir() / name for name in SOURCES), *sorted(_source_dir().glob("*.h"))]:
+        digest.update(path.read_bytes())
     toolchain = f"{torch.__version__} {sys.version_info[:2]} {os.environ.get('CXX', 'c++')} {compile_flags()}"
     digest.update(toolchain.encode())
     return f"gsrecon_cpu_{digest.hexdigest()[:16]}"
@@ -93,8 +100,8 @@ def missing_toolchain() -> str | None:
 
 
 def load_kernels(log: Callable[[str], None] | None = None) -> ModuleType:
-    """The compiled kernels, built first if they are not cached or the cached library is damaged (saying so
-    through ``log``).
+    """The compiled kernels: the cache's published build as it is (a read-only cache, one copied without its files'
+    times), else built first and published (saying so through ``log``).
 
     Raises KernelsUnavailableError with the reason when they cannot be built or loaded.
     """
@@ -102,41 +109,120 @@ def load_kernels(log: Callable[[str], None] | None = None) -> ModuleType:
     if name in _loaded:
         return _loaded[name]
     folder = build_dir()
-    libraries = sorted(folder.glob(f"{name}*.so")) + sorted(folder.glob(f"{name}*.pyd"))
-    if libraries and not _intact(libraries[0]):
-        if log is not None:
-            log(f"cpu renderer: the cached kernels in {folder} are damaged; building them again")
-        shutil.rmtree(folder, ignore_errors=True)
-        libraries = []
-    if not libraries:
-        reason = missing_toolchain()
-        if reason is not None:
-            raise KernelsUnavailableError(reason)
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise KernelsUnavailableError(f"the cache folder {folder} cannot be created: {exc.strerror}") from None
-        if log is not None:
-            log(f"cpu renderer: compiling its C++ kernels on first use (half a minute on one core; cached in {folder})")
+    library = published_library(folder, name)
+    if library is None:
+        library = _build_and_publish(folder, name, log)
     try:
-        module = _build(name, folder)
-    except Exception as exc:  # a compiler's or loader's failure, of any type
-        raise KernelsUnavailableError(f"the build failed: {_last_line(exc)}") from None
-    library = Path(module.__file__)
-    library.with_suffix(".sha256").write_text(_digest(library))
-    _loaded[name] = module
+        _loaded[name] = _import_library(name, library)
+    except Exception as exc:  # a loader's failure, of any type
+        raise KernelsUnavailableError(f"{library} cannot be loaded: {last_line(exc)}") from None
+    return _loaded[name]
+
+
+def published_library(folder: Path, name: str) -> Path | None:
+    """The library of the build that ``folder``'s ``current`` names, or None where there is none or it is not the one
+    its build recorded (truncated, overwritten). Reads only: nothing in ``folder`` changes."""
+    try:
+        build = folder / (folder / _CURRENT).read_text().strip()
+        library = next(path for path in sorted(build.iterdir()) if path.name.startswith(name) and _is_library(path))
+        recorded = library.with_suffix(".sha256").read_text()
+    except (OSError, StopIteration):
+        return None
+    return library if recorded == _digest(library) else None
+
+
+@contextmanager
+def build_lock(folder: Path) -> Iterator[None]:
+    """Hold ``folder``'s build lock (one build at a time across processes; the system frees it when its holder dies,
+    so a killed build leaves no stale lock)."""
+    with open(folder / _LOCK, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def publish_build(folder: Path, name: str, compile_into: Callable[[Path], Path]) -> Path:
+    """Build into a new folder inside ``folder`` with ``compile_into`` (which returns the library it wrote there),
+    write the library's checksum beside it, then name that folder in ``current`` atomically; returns the library.
+    The caller holds :func:`build_lock`. Earlier builds stay as they are (a run may still be loading one); folders of
+    builds killed half-way (never published, no checksum) go."""
+    for stale in folder.glob(f"{_BUILD_PREFIX}*"):
+        if not any(stale.glob("*.sha256")):
+            shutil.rmtree(stale, ignore_errors=True)
+    build = Path(tempfile.mkdtemp(prefix=_BUILD_PREFIX, dir=folder))
+    library = compile_into(build)
+    with atomic_path(library.with_suffix(".sha256")) as tmp:
+        tmp.write_text(_digest(library))
+    with atomic_path(folder / _CURRENT) as tmp:
+        tmp.write_text(build.name)
+    return library
+
+
+def _build_and_publish(folder: Path, name: str, log: Callable[[str], None] | None) -> Path:
+    """Build the kernels into ``folder`` and publish them, unless another process published them while this one
+    waited for the build lock; returns the library."""
+    reason = missing_toolchain()
+    if reason is not None:
+        raise KernelsUnavailableError(reason)
+    damaged = (folder / _CURRENT).is_file()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise KernelsUnavailableError(f"the cache folder {folder} cannot be created: {exc.strerror}") from None
+    try:
+        with build_lock(folder):
+            library = published_library(folder, name)
+            if library is not None:
+                return library
+            if log is not None:
+                log(
+                    f"cpu renderer: the cached kernels in {folder} are damaged; building them again"
+                    if damaged
+                    else f"cpu renderer: compiling its C++ kernels on first use (half a minute on one core; cached "
+                    f"in {folder})"
+                )
+            return publish_build(folder, name, functools.partial(_compile, name))
+    except KernelsUnavailableError:
+        raise
+    except OSError as exc:
+        raise KernelsUnavailableError(f"the cache folder {folder} cannot be written: {exc.strerror}") from None
+    except Exception as exc:  # a compiler's failure, of any type
+        raise KernelsUnavailableError(f"the build failed: {last_line(exc)}") from None
+
+
+def _compile(name: str, build: Path) -> Path:
+    """Compile the kernels into the empty folder ``build``; returns the library."""
+    library = _cpp_extension().load(
+        name,
+        [str(_source_dir() / source) for source in SOURCES],
+        extra_cflags=compile_flags(),
+        extra_ldflags=["-fopenmp"],
+        build_directory=str(build),
+        verbose=False,
+        is_python_module=False,  # loaded (once) by _import_library
+    )
+    return Path(library)
+
+
+def _import_library(name: str, library: Path) -> ModuleType:
+    """The extension module ``name`` in ``library``, loaded as it is (no build tool, nothing written)."""
+    spec = importlib.util.spec_from_file_location(name, library)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{library} is not a Python extension")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
     return module
+
+
+def _is_library(path: Path) -> bool:
+    return path.suffix in (".so", ".pyd")
 
 
 def _digest(path: Path) -> str:
     """The SHA-256 of a file's bytes, in hex."""
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _intact(library: Path) -> bool:
-    """Whether ``library`` is the one its build recorded (a truncated or overwritten library would crash on load)."""
-    checksum = library.with_suffix(".sha256")
-    return checksum.is_file() and checksum.read_text() == _digest(library)
 
 
 def kernels_unavailable(log: Callable[[str], None] | None = None) -> str | None:
@@ -147,25 +233,3 @@ def kernels_unavailable(log: Callable[[str], None] | None = None) -> str | None:
     except KernelsUnavailableError as exc:
         return exc.reason
     return None
-
-
-def _build(name: str, folder: Path) -> ModuleType:
-    load = _cpp_extension().load
-    folder.mkdir(parents=True, exist_ok=True)
-    lock = folder / "lock"
-    if lock.exists() and time.time() - lock.stat().st_mtime > _STALE_LOCK_S:
-        lock.unlink(missing_ok=True)
-    return load(
-        name,
-        [str(_source_dir() / source) for source in SOURCES],
-        extra_cflags=compile_flags(),
-        extra_ldflags=["-fopenmp"],
-        build_directory=str(folder),
-        verbose=False,
-    )
-
-
-def _last_line(error: BaseException) -> str:
-    """The last non-empty line of an error's message (a compiler's output ends with what failed)."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return lines[-1] if lines else type(error).__name__
