@@ -30,7 +30,7 @@ _console = Console(stderr=True, soft_wrap=True)
 
 
 def _train(args: argparse.Namespace) -> int:
-    from gsrecon.engine.builder import load_run_config
+    from gsrecon.engine.resolve import load_run_config
     from gsrecon.engine.trainer import DefaultTrainer
 
     config, overrides = args.config, args.overrides
@@ -96,8 +96,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 def _hooks(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from gsrecon.engine.builder import load_run_config, resolve_hooks
     from gsrecon.engine.hook import describe_hooks
+    from gsrecon.engine.resolve import load_run_config, resolve_hooks
     from gsrecon.plugins import import_plugins
 
     cfg, source = load_run_config(args.config, args.overrides)

@@ -25,16 +25,11 @@ from gsrecon.data.formats.images import to_uint8, write_png
 from gsrecon.data.pipeline import Batch, DataPipeline
 from gsrecon.data.scene import Frame
 from gsrecon.distributed import DistributedContext
-from gsrecon.engine.builder import (
-    RunConfig,
-    resolve_device,
-    resolve_renderer_entry,
-    resolve_views_config,
-    set_cpu_threads,
-)
 from gsrecon.engine.checkpoints import first_readable, load_checkpoint_file
 from gsrecon.engine.evaluator import build_metrics, evaluate_views
+from gsrecon.engine.resolve import RunConfig, resolve_renderer_entry, resolve_views_config
 from gsrecon.engine.run_dir import RunDir
+from gsrecon.engine.runtime import resolve_device, set_cpu_threads
 from gsrecon.errors import InputError
 from gsrecon.export import ExportContext, export_gaussians
 from gsrecon.logging.console import Logger, ProgressLogger

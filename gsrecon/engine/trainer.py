@@ -1,6 +1,6 @@
 """DefaultTrainer: the training loop, validation driving and the hook points around them.
 
-Everything else lives where it belongs: the config and the components in ``engine/builder.py``,
+Everything else lives where it belongs: the config in ``engine/resolve.py``, the components in ``engine/build.py``,
 the run folder in ``engine/run_dir.py``, what a checkpoint holds in ``engine/checkpoints.py``,
 scoring views in ``engine/evaluator.py``, and logging, checkpoints, exports, timing and anomaly
 checks in hooks.
@@ -18,7 +18,7 @@ from rich.console import Console
 
 from gsrecon.data.pipeline import Batch
 from gsrecon.distributed import DistributedContext
-from gsrecon.engine import builder, checkpoints
+from gsrecon.engine import build, checkpoints, resolve, runtime
 from gsrecon.engine.evaluator import build_metrics, evaluate_views
 from gsrecon.engine.run_dir import RunDir
 from gsrecon.engine.signals import stop_at_step_boundary
@@ -44,10 +44,10 @@ class DefaultTrainer:
     Hooks see it as a :class:`~gsrecon.engine.hook.TrainerView`: what they may read and ask of it.
     """
 
-    Config = builder.RunConfig
+    Config = resolve.RunConfig
 
     def __init__(
-        self, cfg: builder.RunConfig, source: str = "config", overwrite: bool = False, logger: Logger | None = None,
+        self, cfg: resolve.RunConfig, source: str = "config", overwrite: bool = False, logger: Logger | None = None,
         dist: DistributedContext | None = None,
     ) -> None:  # fmt: skip
         import_plugins(cfg.imports, source)
@@ -55,8 +55,8 @@ class DefaultTrainer:
         self.source = source
         self.dist = dist or DistributedContext.from_env()
         self.logger = logger or Logger(console=None if self.is_main else Console(quiet=True))
-        self.device = builder.resolve_device(cfg.device, self.dist)
-        threads = builder.set_cpu_threads(cfg.num_threads)
+        self.device = runtime.resolve_device(cfg.device, self.dist)
+        threads = runtime.set_cpu_threads(cfg.num_threads)
         self.max_steps = cfg.max_steps
         self.step = 0
         self.outputs: dict[str, Any] = {}
@@ -69,21 +69,21 @@ class DefaultTrainer:
         self._metrics: ImageMetrics | None = None
 
         # Every registry entry is resolved first: unknown names and bad arguments fail before any work.
-        self.resolved_config = builder.resolve_run_config(cfg, self.device, source, self.logger.info)
-        self.hooks = builder.build_hooks(self.resolved_config["hooks"], source)
+        self.resolved_config = resolve.resolve_run_config(cfg, self.device, source, self.logger.info)
+        self.hooks = build.build_hooks(self.resolved_config["hooks"], source)
         self.run_dir = RunDir(cfg.exp_dir, source)
         resume = cfg.resume is not False and cfg.resume is not None
         if self.is_main:
             self.run_dir.check(overwrite, resume)
         model = self.resolved_config["model"]
         self._resume_from = checkpoints.find_resume(
-            cfg.resume, self.run_dir, model, builder.structural_keys(model), source, self.logger.warning
+            cfg.resume, self.run_dir, model, resolve.structural_keys(model), source, self.logger.warning
         )
 
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
-        self.datapipeline = builder.build_datapipeline(cfg, self.device, self.dist, source)
-        self.model = builder.build_model(
+        self.datapipeline = build.build_datapipeline(cfg, self.device, self.dist, source)
+        self.model = build.build_model(
             self.resolved_config["model"], self.datapipeline.scene, cfg.seed, source, self.logger
         )
         self.model.to(self.device)
@@ -94,10 +94,10 @@ class DefaultTrainer:
         self.views = build_views(self.resolved_config, train_names, self.device, source)
         self.views.setup(self.datapipeline, self.logger.info)
         self._build_optimizers()
-        self.strategy = builder.build_strategy(cfg, self.resolved_config, self.model, source)
-        facts = builder.run_facts(self.resolved_config, self.model, self.datapipeline.scene)
-        components = builder.run_components(self.model, self.renderer, self.strategy, self.loss, self.views, self.hooks)
-        builder.check_run(components, facts, source)
+        self.strategy = build.build_strategy(cfg, self.resolved_config, self.model, source)
+        facts = build.run_facts(self.resolved_config, self.model, self.datapipeline.scene)
+        components = build.run_components(self.model, self.renderer, self.strategy, self.loss, self.views, self.hooks)
+        build.check_run(components, facts, source)
         self.loss.setup(self.datapipeline)
         self.renderer.setup(self.logger)
         self.strategy_state = self.strategy.initialize_state(self.scene_extent)
@@ -106,7 +106,7 @@ class DefaultTrainer:
         if self.is_main:
             self.run_dir.open_log(overwrite, resume, self.logger)
             notes = self.datapipeline.notes
-            self.logger.info(builder.describe_run(cfg, self.resolved_config, source, threads, self.device, notes))
+            self.logger.info(build.describe_run(cfg, self.resolved_config, source, threads, self.device, notes))
             hook_outputs = [path for hook in self.hooks.values() for path in hook.outputs()]
             self.writers = self.run_dir.open_writers(self.resolved_config, hook_outputs)
         self.dist.barrier()
@@ -168,7 +168,7 @@ class DefaultTrainer:
             self.logger.error(self.stop_reason, echo=False)
             self._finish(raising=True)
             if isinstance(exc, torch.OutOfMemoryError):
-                raise builder.out_of_memory(self.step, self.model.num_gaussians) from exc
+                raise runtime.out_of_memory(self.step, self.model.num_gaussians) from exc
             raise
         self._finish(raising=False)
 

@@ -23,7 +23,9 @@ from gsrecon.atomic import atomic_path
 from gsrecon.data.errors import DatasetError
 from gsrecon.data.formats.transforms_json import read_transforms, transforms_file
 from gsrecon.data.prepare.posed_sfm import Triangulation, triangulate_frames
+from gsrecon.data.prepare.sfm import PycolmapUnavailableError
 from gsrecon.data.readers.transforms import every_frame
+from gsrecon.data.scene import Scene
 from gsrecon.io.ply import write_points_ply
 
 PLY_NAME = "sparse_pc.ply"  # nerfstudio's name for the point cloud beside transforms.json
@@ -148,3 +150,19 @@ def _name_point_cloud(json_path: Path, text: str, content: dict) -> str:
         tmp.write_text(new_text, encoding="utf-8")
         shutil.copymode(json_path, tmp)
     return change
+
+
+def points_from_poses(scene: Scene, log: Callable[[str], None]) -> None:
+    """Fill ``scene.points`` / ``colors`` (and the tracks) with ``scene.triangulate`` (its progress lines to ``log``);
+    where it cannot, say why in ``points_hint``."""
+    try:
+        sfm = scene.sfm_tracks(log)
+        scene.points, scene.colors = sfm.points, sfm.colors
+        scene.observed, scene.keypoints, scene.keypoint_scale = sfm.observed, sfm.keypoints, sfm.keypoint_scale
+    except PycolmapUnavailableError:
+        scene.points_hint = (
+            "with pycolmap installed (`pip install pycolmap`) training triangulates them from the images and their "
+            "known poses"
+        )
+    except DatasetError as err:
+        scene.points_hint = f"triangulating them from the known poses failed: {err}"
