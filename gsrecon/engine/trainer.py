@@ -8,7 +8,6 @@ checks in hooks.
 
 from __future__ import annotations
 
-import random
 import time
 from pathlib import Path
 from typing import Any
@@ -24,13 +23,11 @@ from gsrecon.engine.run_dir import RunDir
 from gsrecon.engine.signals import stop_at_step_boundary
 from gsrecon.logging.console import Logger
 from gsrecon.logging.writers import Writers
-from gsrecon.losses.base import LossInputs, build_loss
+from gsrecon.losses.base import LossInputs
 from gsrecon.metrics import ImageMetrics, describe_metrics, mean_metrics
 from gsrecon.model.optim import build_optimizers, build_schedulers
-from gsrecon.model.views.base import build_views
 from gsrecon.params import PARAM_NAMES
 from gsrecon.plugins import import_plugins
-from gsrecon.registry import RENDERER_REGISTRY
 from gsrecon.render.base import RenderOutput
 
 
@@ -55,8 +52,6 @@ class DefaultTrainer:
         self.source = source
         self.dist = dist or DistributedContext.from_env()
         self.logger = logger or Logger(console=None if self.is_main else Console(quiet=True))
-        self.device = runtime.resolve_device(cfg.device, self.dist)
-        threads = runtime.set_cpu_threads(cfg.num_threads)
         self.max_steps = cfg.max_steps
         self.step = 0
         self.outputs: dict[str, Any] = {}
@@ -67,46 +62,29 @@ class DefaultTrainer:
         self.failed = False  # True when training ended with an exception (nothing more is saved)
         self._stop_requested = False
         self._metrics: ImageMetrics | None = None
-
-        # Every registry entry is resolved first: unknown names and bad arguments fail before any work.
-        self.resolved_config = resolve.resolve_run_config(cfg, self.device, source, self.logger.info)
-        self.hooks = build.build_hooks(self.resolved_config["hooks"], source)
         self.run_dir = RunDir(cfg.exp_dir, source)
         resume = cfg.resume is not False and cfg.resume is not None
-        if self.is_main:
-            self.run_dir.check(overwrite, resume)
-        model = self.resolved_config["model"]
-        self._resume_from = checkpoints.find_resume(
-            cfg.resume, self.run_dir, model, resolve.structural_keys(model), source, self.logger.warning
-        )
 
-        torch.manual_seed(cfg.seed)
-        random.seed(cfg.seed)
-        self.datapipeline = build.build_datapipeline(cfg, self.device, self.dist, source)
-        self.model = build.build_model(
-            self.resolved_config["model"], self.datapipeline.scene, cfg.seed, source, self.logger
-        )
-        self.model.to(self.device)
-        self.dist.broadcast_params(self.model.params)
-        self.loss = build_loss(self.resolved_config["loss"], source)
-        self.renderer = RENDERER_REGISTRY.build(self.resolved_config["renderer"])
-        train_names = [frame.name for frame in self.datapipeline.scene.train]
-        self.views = build_views(self.resolved_config, train_names, self.device, source)
-        self.views.setup(self.datapipeline, self.logger.info)
+        def claim(resolved: dict[str, Any]) -> None:  # the config is resolved: check the folder before any work
+            if self.is_main:
+                self.run_dir.check(overwrite, resume)
+            model = resolved["model"]
+            self._resume_from = checkpoints.find_resume(
+                cfg.resume, self.run_dir, model, resolve.structural_keys(model), source, self.logger.warning
+            )
+
+        run = build.build_run(cfg, "train", source, self.logger, self.dist, claim=claim)
+        self.device, self.resolved_config, self.hooks = run.device, run.resolved, run.hooks
+        self.datapipeline, self.model, self.loss, self.renderer = run.datapipeline, run.model, run.loss, run.renderer
+        self.views, self.strategy = run.views, run.strategy
         self._build_optimizers()
-        self.strategy = build.build_strategy(cfg, self.resolved_config, self.model, source)
-        facts = build.run_facts(self.resolved_config, self.model, self.datapipeline.scene)
-        components = build.run_components(self.model, self.renderer, self.strategy, self.loss, self.views, self.hooks)
-        build.check_run(components, facts, source)
-        self.loss.setup(self.datapipeline)
-        self.renderer.setup(self.logger)
         self.strategy_state = self.strategy.initialize_state(self.scene_extent)
         # Everything is built: only now may a previous run be replaced and outputs be written.
         self.writers = Writers([])
         if self.is_main:
             self.run_dir.open_log(overwrite, resume, self.logger)
             notes = self.datapipeline.notes
-            self.logger.info(build.describe_run(cfg, self.resolved_config, source, threads, self.device, notes))
+            self.logger.info(build.describe_run(cfg, self.resolved_config, source, run.threads, self.device, notes))
             hook_outputs = [path for hook in self.hooks.values() for path in hook.outputs()]
             self.writers = self.run_dir.open_writers(self.resolved_config, hook_outputs)
         self.dist.barrier()

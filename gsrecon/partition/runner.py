@@ -28,7 +28,7 @@ from gsrecon.config import ConfigError, load_config, save_yaml, to_container
 from gsrecon.data.blocks import Partition, plan_partition
 from gsrecon.data.pipeline import DataPipeline, read_scene
 from gsrecon.distributed import DistributedContext
-from gsrecon.engine import resolve, runtime
+from gsrecon.engine import build, resolve
 from gsrecon.engine.checkpoints import changed_settings
 from gsrecon.engine.run_dir import RUN_MARKER, RunDir, resume_command
 from gsrecon.engine.trainer import DefaultTrainer
@@ -102,8 +102,8 @@ def train_blocks(cfg: resolve.RunConfig, source: str, overwrite: bool = False) -
     logger = Logger(console=None if dist.rank == 0 else Console(quiet=True))
     resume = bool(cfg.resume)
     run_dir = RunDir(cfg.exp_dir, source)
-    device = runtime.resolve_device(cfg.device, dist)
-    resolved = resolve.resolve_run_config(cfg, device, source)
+    block_run = build.build_run(cfg, "block", source, logger, dist)
+    device, resolved = block_run.device, block_run.resolved
     group = _wait_group(dist)
     partition, error = None, None
     try:
@@ -182,8 +182,8 @@ def merge_run(exp_dir: str | Path, device: str = "auto", overrides: Sequence[str
     machine = [f"exp_dir={exp_dir}", *([f"device={device}"] if device != "auto" else [])]
     cfg, source = resolve.load_run_config(str(config), [*machine, *overrides])
     import_plugins(cfg.imports, source)
-    torch_device = runtime.resolve_device(cfg.device, DistributedContext())
-    resolved = resolve.resolve_run_config(cfg, torch_device, source)
+    run = build.build_run(cfg, "block", source)
+    torch_device, resolved = run.device, run.resolved
     pipeline = DataPipeline(dataclasses.replace(cfg.data, cache="disk"), torch_device, cfg.seed, source=source)
     partition = plan_partition(pipeline.scene, cfg.partition)
     _check_plan(exp_dir / PLAN_FILE, partition)
