@@ -26,6 +26,7 @@ from gsrecon.model.optim import OptimizerConfig, SchedulerConfig
 from gsrecon.model.views.base import VIEW_SECTIONS, view_entries
 from gsrecon.registry import (
     DATASET_REGISTRY,
+    EXPORT_REGISTRY,
     HOOK_REGISTRY,
     LOSS_REGISTRY,
     MODEL_REGISTRY,
@@ -103,18 +104,40 @@ def load_run_config(path: str, overrides: Sequence[str] = ()) -> tuple[RunConfig
 
 
 def check_rules(resolved: dict[str, Any], source: str) -> None:
-    """Refuse a resolved run config that breaks a rule between two of its components, before anything is built (the
-    strategy's ``absgrad`` and the renderer: :func:`with_strategy_absgrad`)."""
-    if resolved["renderer"]["name"] == "gsplat" and resolved["data"]["fisheye"] == "lens":
-        for key, entry in view_entries(resolved).items():
-            if VIEW_REGISTRY.get(entry["name"]).moves_cameras:
-                where, off = (
-                    (key, f"{key}.name=none") if key in VIEW_SECTIONS else (f"views.{key}", f"views.{key}=null")
-                )
-                raise ConfigError(
-                    f"{source}: key '{where}': needs gradients of the camera poses, which gsplat does not give through "
-                    f"a fisheye lens (data.fisheye: lens): use data.fisheye=undistort, renderer.name=torch or {off}"
-                )
+    """Refuse a resolved run config that breaks a rule between two of its components, before anything is built: one
+    ConfigError naming both keys (the strategy's ``absgrad`` and the renderer: :func:`with_strategy_absgrad`).
+
+    gsplat renders a fisheye lens (``data.fisheye: lens``) through its unscented transform, which has no packed
+    mode, no median depth, and no gradients of the Gaussians' screen-space centres or of the camera poses.
+    """
+    if resolved["renderer"]["name"] != "gsplat" or resolved["data"]["fisheye"] != "lens":
+        return
+    lens = "gsplat renders a fisheye lens (data.fisheye: lens) through its unscented transform, which has"
+    instead = "data.fisheye=undistort or renderer.name=torch"
+    for key, what in (("packed", "no packed mode"), ("median_depth", "no median depth")):
+        if resolved["renderer"].get(key):
+            raise ConfigError(f"{source}: key 'renderer.{key}': {lens} {what}: set renderer.{key}=false, {instead}")
+    strategy = resolved["strategy"]["name"]
+    if STRATEGY_REGISTRY.get(strategy).screen_gradients:
+        raise ConfigError(
+            f"{source}: key 'strategy.name': '{strategy}' densifies from the screen-space gradients of the Gaussians' "
+            f"centres; {lens} none (renderer.name: gsplat): use strategy.name=mcmc, {instead}"
+        )
+    for key, entry in (resolved.get("hooks") or {}).items():
+        name = entry.get("name", key) if entry is not None else None
+        fmt = entry.get("format") if name == "ExportHook" else None
+        if fmt in EXPORT_REGISTRY and "render" in EXPORT_REGISTRY.get(fmt).needs:
+            raise ConfigError(
+                f"{source}: key 'hooks.{key}.format': '{fmt}' is made from renders with the median depth; {lens} "
+                f"none (renderer.name: gsplat): use hooks.{key}.format=ply, {instead}"
+            )
+    for key, entry in view_entries(resolved).items():
+        if VIEW_REGISTRY.get(entry["name"]).moves_cameras:
+            where, off = (key, f"{key}.name=none") if key in VIEW_SECTIONS else (f"views.{key}", f"views.{key}=null")
+            raise ConfigError(
+                f"{source}: key '{where}': needs gradients of the camera poses, which gsplat does not give through "
+                f"a fisheye lens (data.fisheye: lens): use data.fisheye=undistort, renderer.name=torch or {off}"
+            )
 
 
 def resolve_entry(
