@@ -25,6 +25,7 @@ from gsrecon.logging.console import Logger
 from gsrecon.logging.writers import Writers
 from gsrecon.losses.base import LossInputs
 from gsrecon.metrics import ImageMetrics, describe_metrics, mean_metrics
+from gsrecon.model.ops import GaussianEditor
 from gsrecon.model.optim import build_optimizers, build_schedulers
 from gsrecon.params import PARAM_NAMES
 from gsrecon.plugins import import_plugins
@@ -171,6 +172,11 @@ class DefaultTrainer:
         """Render the model from ``batch``'s cameras at the current SH degree (or ``sh_degree``)."""
         degree = self.model.active_sh_degree(self.step) if sh_degree is None else sh_degree
         return self.renderer.render_batch(self.model.params, batch, degree)
+
+    def edit_gaussians(self) -> GaussianEditor:
+        """The one door through which a hook changes the set of Gaussians (:class:`~gsrecon.model.ops.GaussianEditor`:
+        parameters, optimiser moments and the strategy's per-Gaussian state stay row-aligned)."""
+        return GaussianEditor(self.model.params, self.optimizers, self.strategy_state, self.strategy.per_gaussian_state)
 
     def run_step(self) -> None:
         """One optimisation step; afterwards ``self.step`` counts it and ``self.outputs`` describes it:
