@@ -57,3 +57,64 @@ def test_a_scene_purpose_builds_data_renderer_and_views_only(make_config) -> Non
     with pytest.raises(ValueError, match="unknown purpose 'paint'"):
         build_run(cfg, "paint")
     assert {"train", "eval", "export", "render", "view", "lod", "block"} == set(PURPOSES)
+
+
+def _views(raw: dict, notices: list[str] | None = None) -> dict:
+    from gsrecon.engine.resolve import old_views_notice, resolve_views_config
+
+    cfg = parse_structured(RunConfig, raw)
+    if notices is not None and old_views_notice(cfg, "c.yaml") is not None:
+        notices.append(old_views_notice(cfg, "c.yaml"))
+    return resolve_views_config(cfg, "c.yaml")["views"]
+
+
+def test_per_view_modules_have_one_shape_under_views_and_the_old_keys_read_with_a_notice(make_config) -> None:
+    new = _views(make_config(views={"appearance": {"name": "affine", "lr": 0.01}, "pose_opt": {"name": "se3"}}))
+    notices: list[str] = []
+    old = _views(make_config(appearance={"mode": "affine", "lr": 0.01}, pose_opt={"name": "se3"}), notices)
+    assert old == new and new["appearance"]["name"] == "affine" and new["appearance"]["lr"] == 0.01
+    assert len(notices) == 1 and "'appearance:' as views.appearance" in notices[0] and "views:" in notices[0]
+    # the old keys, as a later layer, still switch a module by name or its alias mode, or change its options
+    layered = make_config(views={"appearance": {"name": "affine", "lr": 0.01}}, appearance={"mode": "bilateral_grid"})
+    assert _views(layered)["appearance"]["name"] == "bilateral_grid" and "lr" not in layered["appearance"]
+    merged = _views(make_config(views={"appearance": {"name": "affine", "lr": 0.01}}, appearance={"lr": 0.5}))
+    assert merged["appearance"]["name"] == "affine" and merged["appearance"]["lr"] == 0.5
+    assert _views(make_config())["pose_opt"] == {"name": "none"}  # off unless named
+
+
+def test_a_view_section_takes_a_module_of_its_kind_named_by_the_key_written(make_config) -> None:
+    from gsrecon.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"key 'views.pose_opt.name': 'affine' is an appearance module"):
+        _views(make_config(views={"pose_opt": {"name": "affine"}}))
+    with pytest.raises(ConfigError, match=r"key 'pose_opt.mode': 'affine' is an appearance module"):
+        _views(make_config(pose_opt={"mode": "affine"}))
+
+
+def test_a_checkpoint_of_the_old_views_shape_resumes_exactly(make_config, make_trainer) -> None:
+    from gsrecon.engine.checkpoints import load_checkpoint_file
+
+    full = make_trainer("full", appearance={"mode": "affine"})
+    full.train()
+    assert "read 'appearance:' as views.appearance" in (full.exp_dir / "train.log").read_text()
+    step_3 = full.exp_dir / "checkpoints" / "step_000003.pt"
+    checkpoint = load_checkpoint_file(step_3)
+    assert "appearance" not in checkpoint["config"] and checkpoint["config"]["views"]["appearance"]["name"] == "affine"
+    config = dict(checkpoint["config"])  # as written before views: held every module
+    views = dict(config.pop("views"))
+    config.update(appearance=views.pop("appearance"), pose_opt=views.pop("pose_opt"), views=views)
+    old = full.exp_dir / "old_shape.pt"
+    torch.save({**checkpoint, "config": config}, old)
+    resumed = make_trainer("resumed", views={"appearance": {"name": "affine"}}, resume=str(old))
+    resumed.train()
+    log = (resumed.exp_dir / "train.log").read_text()
+    changed = [line for line in log.splitlines() if "resuming with changed settings" in line]
+    assert (
+        len(changed) == 1 and "exp_dir" in changed[0] and "appearance" not in changed[0] and "views" not in changed[0]
+    )
+    reference, again = (load_checkpoint_file(run.exp_dir / "checkpoints" / "last.pt") for run in (full, resumed))
+    for name, value in reference["params"].items():
+        assert torch.equal(again["params"][name], value), name
+    modules = [c["views"]["appearance"] for c in (reference, again)]
+    assert modules[0].keys() == modules[1].keys()
+    assert all(torch.equal(modules[0][k], modules[1][k]) for k in modules[0] if torch.is_tensor(modules[0][k]))

@@ -23,15 +23,17 @@ from gsrecon.distributed import DistributedContext
 from gsrecon.engine.hook import Hook
 from gsrecon.engine.resolve import (
     RunConfig,
+    old_views_notice,
     resolve_renderer_entry,
     resolve_run_config,
     resolve_strategy_entry,
     resolve_views_config,
+    view_key,
 )
 from gsrecon.engine.runtime import resolve_device, set_cpu_threads
 from gsrecon.logging.console import Logger
 from gsrecon.losses.base import Loss, build_loss
-from gsrecon.model.views.base import VIEW_SECTIONS, ViewModules, build_views
+from gsrecon.model.views.base import ViewModules, build_views
 from gsrecon.registry import (
     HOOK_REGISTRY,
     MODEL_REGISTRY,
@@ -66,6 +68,7 @@ class Run:
     loss: Loss | None = None
     strategy: Any = None
     hooks: dict[str, Hook] = field(default_factory=dict)
+    notices: list[str] = field(default_factory=list)  # warnings for the run's log once it is open (old config keys)
 
 
 def build_run(
@@ -118,9 +121,11 @@ def build_run(
     run.views.setup(run.datapipeline, logger.info)
     run.strategy = build_strategy(cfg, run.resolved, run.model, source)
     facts = run_facts(run.resolved, run.model, run.datapipeline.scene)
-    check_run(run_components(run.model, run.renderer, run.strategy, run.loss, run.views, run.hooks), facts, source)
+    components = run_components(cfg, run.model, run.renderer, run.strategy, run.loss, run.views, run.hooks)
+    check_run(components, facts, source)
     run.loss.setup(run.datapipeline)
     run.renderer.setup(logger)
+    run.notices = [notice for notice in (old_views_notice(cfg, source),) if notice is not None]
     return run
 
 
@@ -170,6 +175,7 @@ def run_facts(resolved: dict[str, Any], model: torch.nn.Module, scene: Scene) ->
 
 
 def run_components(
+    cfg: RunConfig,
     model: RunChecked,
     renderer: RunChecked,
     strategy: RunChecked,
@@ -178,13 +184,12 @@ def run_components(
     hooks: Mapping[str, RunChecked],
 ) -> dict[str, RunChecked]:
     """A built run's components by the config key that configures each (what :func:`check_run` names)."""
-    view_keys = {key: key if key in VIEW_SECTIONS else f"views.{key}" for key in views.modules}
     return {
         "model": model,
         "renderer": renderer,
         "strategy": strategy,
         **{f"loss.{key}": term for key, term in loss.terms.items()},
-        **{view_keys[key]: module for key, module in views.modules.items()},
+        **{view_key(cfg, key): module for key, module in views.modules.items()},
         **{f"hooks.{key}": hook for key, hook in hooks.items()},
     }
 

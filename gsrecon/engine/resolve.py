@@ -23,7 +23,7 @@ from gsrecon.losses.base import DEFAULT_LOSS
 from gsrecon.lpips_weights import LPIPS_NETS
 from gsrecon.metrics import MetricsConfig
 from gsrecon.model.optim import OptimizerConfig, SchedulerConfig
-from gsrecon.model.views.base import VIEW_SECTIONS, view_entries
+from gsrecon.model.views.base import VIEW_SECTIONS, fold_view_section, view_entries
 from gsrecon.registry import (
     DATASET_REGISTRY,
     EXPORT_REGISTRY,
@@ -69,11 +69,13 @@ class RunConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     strategy: dict[str, Any] = field(default_factory=lambda: {"name": "none"})
     loss: Any = None  # {term key: {weight, ...options}} (see gsrecon.losses.base); None: DEFAULT_LOSS
-    # One per-view module each: {name, ...options} (see gsrecon.model.views.base; `mode` is an alias of `name`, and
-    # no name is none)
-    appearance: dict[str, Any] = field(default_factory=dict)  # none | affine | bilateral_grid
-    pose_opt: dict[str, Any] = field(default_factory=dict)  # camera pose refinement: none | se3
-    views: Any = None  # further per-view modules, {key: {name, ...options}} (see gsrecon.model.views.base)
+    # The per-view modules, {key: {name, ...options}} (see gsrecon.model.views.base): views.appearance (none | affine |
+    # bilateral_grid) and views.pose_opt (camera pose refinement: none | se3), and any more
+    views: Any = None
+    # The old shape of views.appearance and views.pose_opt ({name or its alias mode, ...options}): read for one
+    # release, with a notice
+    appearance: dict[str, Any] = field(default_factory=dict)
+    pose_opt: dict[str, Any] = field(default_factory=dict)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     writers: list[dict[str, Any]] = field(default_factory=lambda: [{"name": "TensorboardWriter"}])
     hooks: Any = None  # {entry key: arguments} (see gsrecon.config); None: DEFAULT_HOOKS
@@ -103,12 +105,13 @@ def load_run_config(path: str, overrides: Sequence[str] = ()) -> tuple[RunConfig
     return parse_structured(RunConfig, raw, source=source), source
 
 
-def check_rules(resolved: dict[str, Any], source: str) -> None:
+def check_rules(resolved: dict[str, Any], source: str, cfg: RunConfig) -> None:
     """Refuse a resolved run config that breaks a rule between two of its components, before anything is built: one
     ConfigError naming both keys (the strategy's ``absgrad`` and the renderer: :func:`with_strategy_absgrad`).
 
     gsplat renders a fisheye lens (``data.fisheye: lens``) through its unscented transform, which has no packed
-    mode, no median depth, and no gradients of the Gaussians' screen-space centres or of the camera poses.
+    mode, no median depth, and no gradients of the Gaussians' screen-space centres or of the camera poses. A
+    per-view module is named by the key ``cfg`` wrote it under (:func:`view_key`).
     """
     if resolved["renderer"]["name"] != "gsplat" or resolved["data"]["fisheye"] != "lens":
         return
@@ -133,7 +136,8 @@ def check_rules(resolved: dict[str, Any], source: str) -> None:
             )
     for key, entry in view_entries(resolved).items():
         if VIEW_REGISTRY.get(entry["name"]).moves_cameras:
-            where, off = (key, f"{key}.name=none") if key in VIEW_SECTIONS else (f"views.{key}", f"views.{key}=null")
+            where = view_key(cfg, key)
+            off = f"{where}.name=none" if key in VIEW_SECTIONS else f"{where}=null"
             raise ConfigError(
                 f"{source}: key '{where}': needs gradients of the camera poses, which gsplat does not give through "
                 f"a fisheye lens (data.fisheye: lens): use data.fisheye=undistort, renderer.name=torch or {off}"
@@ -220,7 +224,8 @@ def resolve_run_config(
     """The run's config as plain data with every registry entry resolved: what ``config.yaml`` holds (``log``
     hears how ``renderer.name: auto`` was resolved where that needs saying)."""
     resolved = to_container(cfg)
-    resolved.pop("resume")
+    for key in ("resume", *VIEW_SECTIONS):  # the old shape's sections: read into views
+        resolved.pop(key)
     resolved["data"] = resolve_data_config(cfg.data, source)
     resolved["model"] = resolve_entry(
         MODEL_REGISTRY, cfg.model, source, "model", max_steps=cfg.max_steps, device=device
@@ -232,18 +237,41 @@ def resolve_run_config(
     resolved["hooks"] = resolve_hooks(cfg.hooks, source, cfg.max_steps)
     resolved["loss"] = resolve_entry_map(LOSS_REGISTRY, cfg.loss, DEFAULT_LOSS, source, "loss", cfg.max_steps)
     resolved.update(resolve_views_config(cfg, source))
-    check_rules(resolved, source)
+    check_rules(resolved, source, cfg)
     return resolved
 
 
 def resolve_views_config(cfg: RunConfig, source: str) -> dict[str, Any]:
-    """The per-view modules' part of the resolved config: the sections of :data:`VIEW_SECTIONS` and ``views:``."""
-    resolved = {
-        section: resolve_view_section(getattr(cfg, section), source, section, cfg.max_steps)
-        for section in VIEW_SECTIONS
-    }
-    resolved["views"] = resolve_entry_map(VIEW_REGISTRY, cfg.views, {}, source, "views", cfg.max_steps)
-    return resolved
+    """The per-view modules' part of the resolved config: ``{"views": {key: entry}}``, where the keys of
+    :data:`VIEW_SECTIONS` (``appearance``, ``pose_opt``) always appear (``name: none`` when off) and take a module of
+    their kind. The old shape's top-level sections of those names are read for one release (``mode``: ``name``'s
+    alias), on top of the ``views:`` entry of the same key (:func:`old_views_notice`)."""
+    views = entry_map(cfg.views, "views") if cfg.views is not None else {}
+    old = [section for section in VIEW_SECTIONS if getattr(cfg, section)]
+    resolved = {}
+    for section, kind in VIEW_SECTIONS.items():
+        written, entry = f"views.{section}", dict(views.get(section) or {})
+        if section in old:
+            written, entry = section, fold_view_section(entry, getattr(cfg, section))
+        resolved[section] = resolve_view_section(entry, source, written, kind, cfg.max_steps)
+    others = {key: value for key, value in views.items() if key not in VIEW_SECTIONS}
+    resolved.update(resolve_entry_map(VIEW_REGISTRY, others, {}, source, "views", cfg.max_steps))
+    return {"views": resolved}
+
+
+def view_key(cfg: RunConfig, key: str) -> str:
+    """The config key that configures the per-view module ``key``, as ``cfg`` wrote it (``views.<key>``, or the old
+    shape's section)."""
+    return key if key in VIEW_SECTIONS and getattr(cfg, key) else f"views.{key}"
+
+
+def old_views_notice(cfg: RunConfig, source: str) -> str | None:
+    """The one-line notice of a config that uses the old shape's per-view sections (None: it does not)."""
+    old = [section for section in VIEW_SECTIONS if getattr(cfg, section)]
+    if not old:
+        return None
+    keys = ", ".join(f"'{section}:' as views.{section}" for section in old)
+    return f"{source}: read {keys} (the old keys are read until the next release; write them under views:)"
 
 
 def resolve_entry_map(
@@ -269,10 +297,11 @@ def resolve_entry_map(
     return {**resolved, **{k: None for k in defaults if k not in resolved}}
 
 
-def resolve_view_section(section: dict[str, Any], source: str, key: str, max_steps: int) -> dict[str, Any]:
-    """A per-view section (``appearance:``), an entry ``{name, ...options}`` (``mode``: the alias of ``name``) naming
-    a VIEW_REGISTRY module of the section's kind (:data:`VIEW_SECTIONS`) whose options fill in the rest; ``none``
-    turns it off (its other keys are kept as written, for a config that turns it on again)."""
+def resolve_view_section(section: dict[str, Any], source: str, key: str, kind: str, max_steps: int) -> dict[str, Any]:
+    """A per-view section (``views.appearance``, or the old shape's ``appearance:``, written ``key``), an entry
+    ``{name, ...options}`` (``mode``: the alias of ``name``) naming a VIEW_REGISTRY module of ``kind`` whose options
+    fill in the rest; ``none`` turns it off (its other keys are kept as written, for a config that turns it on
+    again)."""
     options = dict(section)
     written = "mode" if "mode" in options else "name"
     if "mode" in options and "name" in options:
@@ -284,7 +313,6 @@ def resolve_view_section(section: dict[str, Any], source: str, key: str, max_ste
         cls = VIEW_REGISTRY.get(name)
     except RegistryError as exc:
         raise ConfigError(f"{source}: key '{key}.{written}': {exc} (or none)") from None
-    kind = VIEW_SECTIONS[key]
     if cls.kind != kind:
         fitting = [n for n in VIEW_REGISTRY.names() if VIEW_REGISTRY.get(n).kind == kind]
         what = f"{_article(cls.kind)} {cls.kind} module" if cls.kind else "a module for views: entries"

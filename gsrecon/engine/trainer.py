@@ -86,6 +86,8 @@ class DefaultTrainer:
             self.run_dir.open_log(overwrite, resume, self.logger)
             notes = self.datapipeline.notes
             self.logger.info(build.describe_run(cfg, self.resolved_config, source, run.threads, self.device, notes))
+            for notice in run.notices:
+                self.logger.warning(notice)
             hook_outputs = [path for hook in self.hooks.values() for path in hook.outputs()]
             self.writers = self.run_dir.open_writers(self.resolved_config, hook_outputs)
         self.dist.barrier()
