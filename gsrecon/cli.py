@@ -150,7 +150,7 @@ def _add_source_args(p: argparse.ArgumentParser) -> None:
         help="a plugin to import first (a dataset, renderer or export format of your own; repeat for more); "
         "code named in a checkpoint is never imported",
     )
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
     p.add_argument("overrides", nargs="*", help="key=value overrides of the config, e.g. data.path=...")
 
 
@@ -296,7 +296,7 @@ def _add_merge(sub: argparse._SubParsersAction) -> None:
         "whose blocks have not all finished, naming them.",
     )  # fmt: skip
     p.add_argument("--exp-dir", required=True, help="the block-training run folder (holds partition.json)")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
     p.add_argument("overrides", nargs="*", help="key=value changes of the run's config.yaml: partition.merge_steps=500")
     p.set_defaults(func=_merge)
 

@@ -113,7 +113,7 @@ class Scene:
     # refinement where ``keypoints`` is); None otherwise.
     triangulate: Callable[[Callable[[str], None]], SfmPoints] | None = None
     # The SfM tracks: frame name -> [P_i] int64 rows of ``points`` that photo observed; empty where unknown (random
-    # points, a PLY). The depth prior (``loss.depth_lambda``) reads them.
+    # points, a PLY). The depth prior (``loss.depth_prior``) reads them.
     observed: dict[str, Tensor] = field(default_factory=dict)
     # Where each photo saw its ``observed`` points: frame name -> [P_i, 2] float32 pixel x, y in the frame's image
     # (centres at +0.5), row for row; absent where unknown. Pose refinement (``pose_opt.trust_px``) reads them.
