@@ -17,7 +17,6 @@ import torch
 from gsrecon.config import ConfigError, parse_structured
 from gsrecon.data.blocks import block_scene, plan_partition
 from gsrecon.data.pipeline import DataPipeline
-from gsrecon.data.prepare.triangulate import points_from_poses
 from gsrecon.data.scene import Scene
 from gsrecon.distributed import DistributedContext
 from gsrecon.engine.hook import Hook
@@ -111,6 +110,9 @@ def build_run(
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     run.datapipeline = build_datapipeline(cfg, torch_device, dist, source)
+    from gsrecon.data.prepare.triangulate import attach_triangulation  # training only: inference stays light
+
+    attach_triangulation(run.datapipeline.scene)
     run.model = build_model(run.resolved["model"], run.datapipeline.scene, cfg.seed, source, logger)
     run.model.to(torch_device)
     dist.broadcast_params(run.model.params)
@@ -262,5 +264,7 @@ def build_model(
     cls = MODEL_REGISTRY.get(args.pop("name"))
     cfg = parse_structured(cls.Config, args, source, "model")
     if getattr(cfg, "init", None) == "auto" and len(scene.points) == 0 and scene.triangulate is not None:
+        from gsrecon.data.prepare.triangulate import points_from_poses  # training only: inference stays light
+
         points_from_poses(scene, (logger or Logger()).info)
     return cls.from_scene(cfg, scene, seed)
