@@ -94,7 +94,7 @@ def test_a_view_section_takes_a_module_of_its_kind_named_by_the_key_written(make
 def test_a_checkpoint_of_the_old_views_shape_resumes_exactly(make_config, make_trainer) -> None:
     from gsrecon.engine.checkpoints import load_checkpoint_file
 
-    full = make_trainer("full", appearance={"mode": "affine"})
+    full = make_trainer("full", appearance={"mode": "affine", "eval": "fit_left", "eval_steps": 2})
     full.train()
     assert "read 'appearance:' as views.appearance" in (full.exp_dir / "train.log").read_text()
     step_3 = full.exp_dir / "checkpoints" / "step_000003.pt"
@@ -105,7 +105,16 @@ def test_a_checkpoint_of_the_old_views_shape_resumes_exactly(make_config, make_t
     config.update(appearance=views.pop("appearance"), pose_opt=views.pop("pose_opt"), views=views)
     old = full.exp_dir / "old_shape.pt"
     torch.save({**checkpoint, "config": config}, old)
-    resumed = make_trainer("resumed", views={"appearance": {"name": "affine"}}, resume=str(old))
+    from gsrecon.engine.inference import load_trained_scene
+    from gsrecon.engine.resolve import resolve_views_config
+
+    stored = load_trained_scene(checkpoint=str(old))
+    assert resolve_views_config(stored.cfg, "c")["views"]["appearance"]["eval"] == "fit_left"
+    for override in ("views.appearance.eval=identity", "appearance.eval=identity"):  # either shape's key
+        scene = load_trained_scene(checkpoint=str(old), overrides=[override])
+        assert resolve_views_config(scene.cfg, "c")["views"]["appearance"]["eval"] == "identity"
+    same = {"name": "affine", "eval": "fit_left", "eval_steps": 2}
+    resumed = make_trainer("resumed", views={"appearance": same}, resume=str(old))
     resumed.train()
     log = (resumed.exp_dir / "train.log").read_text()
     changed = [line for line in log.splitlines() if "resuming with changed settings" in line]

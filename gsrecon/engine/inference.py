@@ -33,6 +33,7 @@ from gsrecon.export import ExportContext, export_gaussians
 from gsrecon.logging.console import Logger, ProgressLogger
 from gsrecon.metrics import describe_metrics, mean_metrics
 from gsrecon.model.ply import load_ply
+from gsrecon.model.views.base import current_shape
 from gsrecon.params import check_params
 from gsrecon.plugins import import_plugins
 from gsrecon.registry import DATASET_REGISTRY, EXPORT_REGISTRY, MODEL_REGISTRY, RENDERER_REGISTRY
@@ -97,7 +98,8 @@ def load_trained_scene(
         views = {}
     else:
         ckpt = load_checkpoint_file(checkpoint, "cpu") if ckpt is None else ckpt
-        raw = load_config(config, overrides) if config else apply_overrides(copy.deepcopy(ckpt["config"]), overrides)
+        stored = current_shape(copy.deepcopy(ckpt["config"]))  # a checkpoint of the old views shape, in the new
+        raw = load_config(config, overrides) if config else apply_overrides(stored, overrides)
         source, params, step = config or checkpoint, ckpt["params"], int(ckpt["step"])
         views = ckpt.get("views", {})
     trusted = [*imports, *(raw.get("imports") or [] if config else [])]
