@@ -31,7 +31,7 @@ _console = Console(stderr=True, soft_wrap=True)
 
 
 def _train(args: argparse.Namespace) -> int:
-    from gsrecon.engine.builder import load_run_config
+    from gsrecon.engine.resolve import load_run_config
     from gsrecon.engine.trainer import DefaultTrainer
 
     config, overrides = args.config, args.overrides
@@ -97,8 +97,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 def _hooks(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from gsrecon.engine.builder import load_run_config, resolve_hooks
     from gsrecon.engine.hook import describe_hooks
+    from gsrecon.engine.resolve import load_run_config, resolve_hooks
     from gsrecon.plugins import import_plugins
 
     cfg, source = load_run_config(args.config, args.overrides)
@@ -151,7 +151,7 @@ def _add_source_args(p: argparse.ArgumentParser) -> None:
         help="a plugin to import first (a dataset, renderer or export format of your own; repeat for more); "
         "code named in a checkpoint is never imported",
     )
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
     p.add_argument("overrides", nargs="*", help="key=value overrides of the config, e.g. data.path=...")
 
 
@@ -297,7 +297,7 @@ def _add_merge(sub: argparse._SubParsersAction) -> None:
         "whose blocks have not all finished, naming them.",
     )  # fmt: skip
     p.add_argument("--exp-dir", required=True, help="the block-training run folder (holds partition.json)")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
     p.add_argument("overrides", nargs="*", help="key=value changes of the run's config.yaml: partition.merge_steps=500")
     p.set_defaults(func=_merge)
 

@@ -8,7 +8,7 @@ and ``gsrecon eval`` never imports hooks or strategies. Users add entries from t
 (loaded through the YAML ``imports:`` list).
 
 Every built component may refuse the run it is part of through one method, :meth:`RunChecked.check`, given the
-:class:`RunFacts`; the builder turns a refusal into one line naming the component's key and the config file.
+:class:`RunFacts`; ``build_run`` turns a refusal into one line naming the component's key and the config file.
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ class RunChecked:
     """A registry class whose objects may refuse the run they are part of."""
 
     def check(self, run: RunFacts) -> None:
-        """Refuse a run this component cannot work with: raise ValueError with one line saying what to change (the
-        builder names the component's key and the file). The default accepts every run."""
+        """Refuse a run this component cannot work with: raise ValueError with one line saying what to change
+        (``build_run`` names the component's key and the file). The default accepts every run."""
 
 
 class Registry(Generic[T]):

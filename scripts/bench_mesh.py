@@ -215,7 +215,7 @@ def main() -> None:
 
 
 def _config_steps(config: str, overrides: list[str]) -> int:
-    from gsrecon.engine.builder import load_run_config
+    from gsrecon.engine.resolve import load_run_config
 
     return load_run_config(config, overrides)[0].max_steps
 

@@ -33,7 +33,7 @@ from PIL import Image, ImageDraw
 
 from gsrecon.config import entry_map
 from gsrecon.data.formats.images import write_png
-from gsrecon.engine.builder import DEFAULT_HOOKS, load_run_config
+from gsrecon.engine.resolve import DEFAULT_HOOKS, load_run_config
 from gsrecon.engine.trainer import DefaultTrainer
 from gsrecon.hooks import Hook
 from gsrecon.registry import HOOK_REGISTRY

@@ -22,8 +22,8 @@ import torch
 
 from gsrecon.cameras import Cameras
 from gsrecon.data.pipeline import DataPipeline
-from gsrecon.engine.builder import resolve_renderer_entry
 from gsrecon.engine.inference import load_trained_scene
+from gsrecon.engine.resolve import resolve_renderer_entry
 from gsrecon.logging.console import Logger
 from gsrecon.model.optim import FUSED_ADAM_DEVICES
 from gsrecon.registry import RENDERER_REGISTRY

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from gsrecon.engine.builder import load_run_config
+from gsrecon.engine.resolve import load_run_config
 from gsrecon.engine.trainer import DefaultTrainer
 from gsrecon.hooks import Hook
 from gsrecon.registry import HOOK_REGISTRY

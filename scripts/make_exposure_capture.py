@@ -3,7 +3,7 @@ have their own exposure, white balance and black level (as ``scripts/perturb_col
 views (every 8th, ``data.eval_split: every_8``) keep the true colours.
 
     python scripts/make_exposure_capture.py /tmp/exposure_capture --seed 0
-    gsrecon train --config configs/phone.yaml data.path=/tmp/exposure_capture data.factor=1 appearance.name=affine
+    gsrecon train --config configs/phone.yaml data.path=/tmp/exposure_capture data.factor=1 views.appearance.name=affine
 
 The capture holds ``transforms.json``, ``images/`` and the scene's points (``ply_file_path``); 64x48 px, 24 views.
 """

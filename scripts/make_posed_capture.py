@@ -9,7 +9,7 @@ their true poses.
 
     python scripts/make_posed_capture.py /work/shared/data/statuette_colmap /tmp/statuette_1deg --factor 2 \\
         --rotation-deg 1 --translation 0.01
-    gsrecon train --config configs/phone.yaml data.path=/tmp/statuette_1deg data.factor=4 pose_opt.name=se3
+    gsrecon train --config configs/phone.yaml data.path=/tmp/statuette_1deg data.factor=4 views.pose_opt.name=se3
 """
 
 from __future__ import annotations

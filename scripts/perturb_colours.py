@@ -7,7 +7,7 @@ the training views, as phone photos under automatic exposure come. Test views ke
 scored. It changes the pixels the data pipeline holds (``data.cache: device`` or ``cpu``).
 
     python scripts/bench_sweep.py ... --variant "colours=imports=[scripts/perturb_colours.py] \\
-        hooks.PerturbTrainingColours.seed=0 appearance.name=affine"
+        hooks.PerturbTrainingColours.seed=0 views.appearance.name=affine"
 """
 
 from __future__ import annotations

@@ -131,7 +131,7 @@ def test_fit_left_half_recovers_a_colour_change() -> None:
 def test_appearance_is_off_by_default(make_trainer) -> None:
     default = make_trainer("default")
     assert not default.views
-    assert default.resolved_config["appearance"]["name"] == "none"
+    assert default.resolved_config["views"]["appearance"]["name"] == "none"
     default.train()
     explicit = make_trainer("explicit", appearance={"mode": "none", "eval": "fit_left"})
     explicit.train()

@@ -181,7 +181,7 @@ def test_a_plugin_reader_takes_its_own_options_from_its_section(tmp_path: Path) 
     from gsrecon.config import to_container
     from gsrecon.data.pipeline import DataPipeline
     from gsrecon.data.readers.synthetic import SyntheticConfig, load_synthetic
-    from gsrecon.engine.builder import resolve_data_config
+    from gsrecon.engine.resolve import resolve_data_config
     from gsrecon.registry import DATASET_REGISTRY
 
     with DATASET_REGISTRY.scoped():

@@ -19,7 +19,7 @@ from gsrecon.cameras import CameraModel, Cameras
 from gsrecon.cli import main
 from gsrecon.config import ConfigError
 from gsrecon.distributed import DistributedContext
-from gsrecon.engine.builder import resolve_device, set_cpu_threads
+from gsrecon.engine.runtime import resolve_device, set_cpu_threads
 from gsrecon.render.cpu.kernels import KernelsUnavailableError, build_dir, load_kernels
 from gsrecon.render.cpu.renderer import CpuRenderer
 from gsrecon.render.torch_renderer import TorchRenderer
@@ -338,7 +338,7 @@ def test_a_cache_folder_that_cannot_be_written_makes_auto_fall_back_to_torch(tmp
     blocker = tmp_path / "not_a_folder"
     blocker.write_text("")
     script = (
-        "import torch; from gsrecon.engine.builder import auto_renderer; "
+        "import torch; from gsrecon.render.choice import auto_renderer; "
         "print(auto_renderer(torch.device('cpu'), print))"
     )
     env = {**os.environ, "GSRECON_CACHE": str(blocker)}

@@ -11,8 +11,8 @@ import torch
 from conftest import read_scalars
 
 from gsrecon.cli import main
-from gsrecon.engine.builder import load_run_config, resolve_entry_map
 from gsrecon.engine.checkpoints import load_checkpoint_file
+from gsrecon.engine.resolve import load_run_config, resolve_entry_map
 from gsrecon.losses.base import DEFAULT_LOSS
 from gsrecon.registry import LOSS_REGISTRY
 
@@ -188,7 +188,7 @@ def test_a_plugin_strategy_changes_the_gaussians_through_the_model_ops_and_resum
 def test_a_plugin_renderer_is_chosen_by_name_and_trains(
     examples: Path, tmp_path: Path, synthetic_cache: Path, capsys
 ) -> None:
-    from gsrecon.engine.builder import load_run_config
+    from gsrecon.engine.resolve import load_run_config
     from gsrecon.engine.trainer import DefaultTrainer
 
     tiny = [o for o in _tiny(tmp_path / "run", synthetic_cache) if not o.startswith("renderer.")]

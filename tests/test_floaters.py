@@ -13,6 +13,8 @@ from gsrecon.cameras import Cameras
 from gsrecon.cli import main
 from gsrecon.data.pipeline import Batch
 from gsrecon.engine.checkpoints import load_checkpoint_file
+from gsrecon.hooks import Hook
+from gsrecon.model.ops import row_counts
 from gsrecon.registry import RENDERER_REGISTRY
 from gsrecon.strategy.floaters import find_floaters
 
@@ -108,3 +110,40 @@ def test_bad_arguments_are_one_line_and_exit_2(tmp_path, make_config, capsys, ke
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "key 'hooks.PruneFloatersHook'" in err[0] and message in err[0], err
     assert not (tmp_path / "run").exists()
+
+
+class _RowCheck(Hook):
+    """After every step (after the other hooks, pruning included): the rows of everything per Gaussian."""
+
+    def __init__(self) -> None:
+        self.counts: list[int] = []
+
+    def after_train_iter(self, trainer) -> None:
+        rows = row_counts(
+            trainer.model.params, trainer.optimizers, trainer.strategy_state, trainer.strategy.per_gaussian_state
+        )
+        assert len(set(rows.values())) == 1, rows
+        assert any(key.startswith("state.") for key in rows) or trainer.strategy.per_gaussian_state == ()
+        self.counts.append(trainer.model.num_gaussians)
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        {**STRATEGY, "reset_every": 4},  # grow, split, prune and reset opacities
+        {"name": "mcmc", "refine_start": 1, "refine_every": 2, "refine_stop": 6, "grow_rate": 1.5},  # relocate, add
+    ],
+    ids=["default", "mcmc"],
+)
+def test_every_row_changing_path_keeps_parameters_moments_and_state_aligned(make_config, make_trainer, strategy):
+    trainer = make_trainer(strategy=strategy, hooks={**make_config()["hooks"], "PruneFloatersHook": PRUNE})
+    check = trainer.hooks["RowCheck"] = _RowCheck()
+    trainer.train()
+    assert len(check.counts) == 6 and len(set(check.counts)) > 1  # the set of Gaussians changed, and stayed aligned
+    assert trainer.hooks["PruneFloatersHook"].pruned > 0
+
+
+def test_the_editor_refuses_a_mask_of_another_length(make_trainer) -> None:
+    editor = make_trainer().edit_gaussians()
+    with pytest.raises(ValueError, match="bool mask of shape"):
+        editor.remove(torch.zeros(editor.num_gaussians + 1, dtype=torch.bool))

@@ -12,7 +12,7 @@ from conftest import write_yaml
 
 from gsrecon.cli import main
 from gsrecon.config import ConfigError
-from gsrecon.engine.builder import DEFAULT_HOOKS, load_run_config, resolve_hooks
+from gsrecon.engine.resolve import DEFAULT_HOOKS, load_run_config, resolve_hooks
 
 REPO = Path(__file__).resolve().parents[1]
 

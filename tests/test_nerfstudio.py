@@ -154,7 +154,7 @@ def test_without_ply_file_path_the_colmap_points_are_moved_by_applied_transform(
     torch.testing.assert_close(scene.colors, torch.from_numpy(model.points.rgb.astype(np.float32) / 255.0))
     # Training starts from these points (it triangulates only a scene without any); triangulation stays on offer for
     # the keypoints the model's file does not give pose refinement.
-    assert scene.points_hint == "" and scene.triangulate is not None
+    assert scene.points_hint == "" and scene.posed_capture is not None
 
 
 @pytest.mark.parametrize("value", [[[1, 0, 0], [0, 1, 0], [0, 0, 1]], "identity", [[1, 0, 0, float("nan")]] * 3])

@@ -149,7 +149,7 @@ def _single_process():
 
 def test_pose_opt_is_off_by_default_and_a_frozen_correction_changes_nothing(make_trainer) -> None:
     default = make_trainer("default")
-    assert not default.views and default.resolved_config["pose_opt"] == {"name": "none"}
+    assert not default.views and default.resolved_config["views"]["pose_opt"] == {"name": "none"}
     default.train()
     frozen = make_trainer("frozen", pose_opt={"mode": "se3", "lr": 0.0, "reg": 0.0})
     assert set(frozen.views.modules) == {"pose_opt"}
@@ -164,7 +164,7 @@ def test_pose_opt_is_off_by_default_and_a_frozen_correction_changes_nothing(make
 
 def test_se3_learns_a_correction_per_training_view_with_its_schedule(make_trainer) -> None:
     trainer = make_trainer("se3", pose_opt={**SE3_ALL, "lr_final_factor": 0.1})
-    resolved = trainer.resolved_config["pose_opt"]
+    resolved = trainer.resolved_config["views"]["pose_opt"]
     assert resolved["decay_steps"] == 6 and resolved["eval"] == "given"  # the schedule follows max_steps
     trainer.train()
     twists = trainer.views.modules["pose_opt"].twists.detach()
@@ -285,8 +285,8 @@ def test_a_section_and_a_views_entry_are_one_shape(make_trainer) -> None:
     by_section = make_trainer("section", pose_opt={"name": "se3", "lr": 1e-3})
     by_alias = make_trainer("alias", pose_opt={"mode": "se3", "lr": 1e-3})
     by_entry = make_trainer("entry", views={"refine": {"name": "se3", "lr": 1e-3}})
-    assert by_section.resolved_config["pose_opt"] == by_alias.resolved_config["pose_opt"]
-    assert {k: v for k, v in by_section.resolved_config["pose_opt"].items()} == {
+    assert by_section.resolved_config["views"]["pose_opt"] == by_alias.resolved_config["views"]["pose_opt"]
+    assert {k: v for k, v in by_section.resolved_config["views"]["pose_opt"].items()} == {
         "name": "se3",
         **by_entry.resolved_config["views"]["refine"],
     }

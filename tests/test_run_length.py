@@ -12,7 +12,8 @@ from conftest import write_yaml
 
 from gsrecon.data.readers.synthetic import SyntheticConfig, load_synthetic
 from gsrecon.data.scene import Frame, Scene
-from gsrecon.engine.builder import load_run_config, resolve_run_config, set_cpu_threads
+from gsrecon.engine.resolve import load_run_config, resolve_run_config
+from gsrecon.engine.runtime import set_cpu_threads
 from gsrecon.model.gaussians import GaussianModel, random_start_center
 
 REPO = Path(__file__).resolve().parents[1]

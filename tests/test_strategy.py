@@ -11,8 +11,8 @@ from conftest import read_scalars
 from gsplat.strategy import DefaultStrategy as GsplatDefaultStrategy
 
 from gsrecon.config import ConfigError, parse_structured
-from gsrecon.engine.builder import RunConfig, resolve_run_config
 from gsrecon.engine.checkpoints import load_checkpoint_file
+from gsrecon.engine.resolve import RunConfig, resolve_run_config
 from gsrecon.hooks import Hook
 from gsrecon.model.optim import OptimizerConfig, build_optimizers
 from gsrecon.params import PARAM_NAMES

@@ -157,8 +157,8 @@ def test_the_per_view_modules_of_phone_yaml_are_switched_by_name_or_mode(
     code, _, err = _train(capsys, *config, *TINY_RUN, *keys)
     assert code == 0, err
     resolved = _resolved(tmp_path / "run")
-    assert resolved["appearance"]["name"] == appearance and resolved["pose_opt"]["name"] == pose_opt
-    assert resolved["pose_opt"].get("without_keypoints", "keep") == "keep"
+    assert resolved["views"]["appearance"]["name"] == appearance and resolved["views"]["pose_opt"]["name"] == pose_opt
+    assert resolved["views"]["pose_opt"].get("without_keypoints", "keep") == "keep"
 
 
 def test_the_readme_capture_table_matches_the_detection() -> None:
@@ -200,7 +200,10 @@ def test_phone_config_trains_the_nerfstudio_capture_with_its_masks_and_points(
     assert code == 0, err
     resolved = _resolved(tmp_path / "run")
     assert resolved["data"]["eval_split"] == "every_8" and resolved["data"]["factor"] == 2
-    assert resolved["appearance"]["name"] == "affine" and resolved["appearance"]["without_keypoints"] == "keep"
+    assert (
+        resolved["views"]["appearance"]["name"] == "affine"
+        and resolved["views"]["appearance"]["without_keypoints"] == "keep"
+    )
     log = (tmp_path / "run" / "train.log").read_text()
     assert "masks: 9 of 9 images have one; the loss and the test-view metrics" in log
     # Its ply_file_path points; the cropped frame's own size; images_2/.

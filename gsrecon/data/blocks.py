@@ -286,6 +286,7 @@ def block_scene(scene: Scene, block: Block) -> Scene:
         observed=observed,
         keypoints=keypoints,
         triangulate=None,
+        posed_capture=None,
         points_hint=scene.points_hint if len(scene.points) else hint,
     )
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -98,6 +99,17 @@ class SfmPoints:
     keypoint_scale: dict[str, float] = field(default_factory=dict)  # see Scene.keypoint_scale
 
 
+@dataclass(frozen=True)
+class PosedCapture:
+    """A capture whose known poses its SfM points can be triangulated from: a transforms.json folder ``root`` (its
+    images may lie outside it with ``outside``), and the size (width, height) of each of its pinhole frames as the
+    run reads them (triangulation saw them undistorted; keypoints are placed in these frames)."""
+
+    root: Path
+    outside: bool
+    sizes: dict[str, tuple[int, int]]
+
+
 @dataclass
 class Scene:
     """What a dataset reader returns: the split frames and an initial point cloud."""
@@ -108,12 +120,14 @@ class Scene:
     colors: Tensor  # [P, 3] float32 in [0, 1]
     extent: float = field(default=0.0)  # scene radius; filled by `scene_extent` when 0
     points_hint: str = ""  # where ``points`` is empty: how to make them (said when training starts without them)
-    # Where the reader can make SfM points with their tracks from the images and known poses: a function that does,
-    # given a function to log progress lines to (``model.init: auto`` calls it where ``points`` is empty, pose
-    # refinement where ``keypoints`` is); None otherwise.
+    # Where SfM points with their tracks can be made from the images and known poses: a function that does, given a
+    # function to log progress lines to (``model.init: auto`` calls it where ``points`` is empty, pose refinement
+    # where ``keypoints`` is); None otherwise. A reader says what can be triangulated (``posed_capture``); preparation
+    # sets this for it (gsrecon.data.prepare.triangulate.attach_triangulation), so that no reader imports it.
     triangulate: Callable[[Callable[[str], None]], SfmPoints] | None = None
+    posed_capture: PosedCapture | None = None
     # The SfM tracks: frame name -> [P_i] int64 rows of ``points`` that photo observed; empty where unknown (random
-    # points, a PLY). The depth prior (``loss.depth_lambda``) reads them.
+    # points, a PLY). The depth prior (``loss.depth_prior``) reads them.
     observed: dict[str, Tensor] = field(default_factory=dict)
     # Where each photo saw its ``observed`` points: frame name -> [P_i, 2] float32 pixel x, y in the frame's image
     # (centres at +0.5), row for row; absent where unknown. Pose refinement (``pose_opt.trust_px``) reads them.

@@ -26,6 +26,7 @@ from gsrecon.atomic import atomic_path
 from gsrecon.config import ConfigError, check_config_data
 from gsrecon.engine.run_dir import RunDir
 from gsrecon.errors import InputError
+from gsrecon.model.views.base import current_shape
 
 if TYPE_CHECKING:
     from gsrecon.engine.hook import Hook, TrainerView
@@ -204,7 +205,8 @@ def check_resumable(
 def resume_notes(path: Path, checkpoint: dict[str, Any], config: dict[str, Any], max_steps: int) -> list[str]:
     """The log lines of a resume from ``path``: where it goes on, what changed since, whether steps are left."""
     step = int(checkpoint["step"])
-    lines = [f"resumed from {path} at step {step}", *describe_changes(checkpoint.get("config", {}), config)]
+    old = current_shape(checkpoint.get("config", {}))  # a checkpoint of the old views shape compares as the new
+    lines = [f"resumed from {path} at step {step}", *describe_changes(old, config)]
     if step >= max_steps:
         lines.append(f"the checkpoint is already at max_steps ({max_steps}); raise max_steps to go on")
     return lines

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from gsrecon.losses.base import Loss
     from gsrecon.metrics import ImageMetrics
     from gsrecon.model.gaussians import GaussianModel
+    from gsrecon.model.ops import GaussianEditor
     from gsrecon.model.views.base import ViewModules
     from gsrecon.render.base import Renderer, RenderOutput
     from gsrecon.strategy.base import Strategy
@@ -76,7 +77,13 @@ def get_priority(priority: int | str | Priority) -> int:
 
 class TrainerView(Protocol):
     """What a hook may read of the trainer, and the few things it may ask of it (the engine's
-    :class:`~gsrecon.engine.trainer.DefaultTrainer` is one). A hook writes only its own outputs and state."""
+    :class:`~gsrecon.engine.trainer.DefaultTrainer` is one).
+
+    A hook writes only its own outputs and state (files under the run folder it lists in ``outputs``, its
+    ``state_dict``, what it adds to a checkpoint in ``before_save_checkpoint``). It reads everything else and changes
+    none of it, with one exception: the set of Gaussians, which it changes only through :meth:`edit_gaussians` (rows
+    removed, appended or replaced, opacities reset; the optimisers' moments and the strategy's per-Gaussian state
+    follow), and only in ``after_train_iter`` (between steps, before checkpoints are written)."""
 
     resolved_config: dict[str, Any]  # the run's config, every registry entry resolved (what config.yaml holds)
     run_dir: RunDir  # the run folder (exp_dir, checkpoints/)
@@ -130,6 +137,9 @@ class TrainerView(Protocol):
 
     def checkpoint(self) -> dict[str, Any]:
         """Everything needed to resume exactly (hooks may add to it)."""
+
+    def edit_gaussians(self) -> GaussianEditor:
+        """The one door to change the set of Gaussians (see the class's docstring)."""
 
 
 class Hook(RunChecked):

@@ -4,11 +4,10 @@ videos and export it in any registered format (with that format's options)."""
 from __future__ import annotations
 
 import copy
-import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,33 +21,24 @@ from gsrecon.cameras.lens import pinhole_project
 from gsrecon.cameras.paths import CAMERA_PATHS, focus_point, interp_path
 from gsrecon.config import ConfigError, apply_overrides, load_config, parse_structured
 from gsrecon.data.formats.images import to_uint8, write_png
-from gsrecon.data.pipeline import Batch, DataPipeline, read_scene
+from gsrecon.data.pipeline import Batch, read_scene
 from gsrecon.data.scene import Frame
-from gsrecon.distributed import DistributedContext
-from gsrecon.engine.builder import (
-    RunConfig,
-    resolve_device,
-    resolve_renderer_entry,
-    resolve_views_config,
-    set_cpu_threads,
-)
+from gsrecon.engine.build import Run, build_renderer, build_run, scene_renderer_entry
 from gsrecon.engine.checkpoints import first_readable, load_checkpoint_file
 from gsrecon.engine.evaluator import build_metrics, evaluate_views
+from gsrecon.engine.resolve import RunConfig
 from gsrecon.engine.run_dir import RunDir
 from gsrecon.errors import InputError
 from gsrecon.export import ExportContext, export_gaussians
 from gsrecon.logging.console import Logger, ProgressLogger
 from gsrecon.metrics import describe_metrics, mean_metrics
 from gsrecon.model.scene_file import load_gaussians
-from gsrecon.model.views.base import ViewModules, build_views
+from gsrecon.model.views.base import current_shape
 from gsrecon.params import check_params
 from gsrecon.plugins import import_plugins
 from gsrecon.registry import DATASET_REGISTRY, EXPORT_REGISTRY, MODEL_REGISTRY, RENDERER_REGISTRY
-from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
+from gsrecon.render.base import Renderer, RenderOutput
 from gsrecon.render.colormap import DEPTH_KINDS, depth_image
-from gsrecon.render.cpu.kernels import kernels_unavailable
-from gsrecon.render.cpu.renderer import CpuRenderer
-from gsrecon.render.gsplat_renderer import GSPLAT_ALPHA_MAX
 from gsrecon.render.video import VideoWriter
 
 MIN_SEEN = 0.5  # a PLY whose Gaussians a capture's training views see less of was likely trained on another one
@@ -108,7 +98,8 @@ def load_trained_scene(
         views = {}
     else:
         ckpt = load_checkpoint_file(checkpoint, "cpu") if ckpt is None else ckpt
-        raw = load_config(config, overrides) if config else apply_overrides(copy.deepcopy(ckpt["config"]), overrides)
+        stored = current_shape(copy.deepcopy(ckpt["config"]))  # a checkpoint of the old views shape, in the new
+        raw = load_config(config, overrides) if config else apply_overrides(stored, overrides)
         source, params, step = config or checkpoint, ckpt["params"], int(ckpt["step"])
         views = ckpt.get("views", {})
     trusted = [*imports, *(raw.get("imports") or [] if config else [])]
@@ -121,27 +112,27 @@ def load_trained_scene(
     return scene
 
 
-def scene_views(scene: TrainedScene, pipeline: DataPipeline) -> ViewModules:
-    """The per-view modules of the scene's config for ``pipeline``'s training views, holding the checkpoint's state.
+def scene_run(scene: TrainedScene, purpose: str, device: str, logger: Logger, median_depth: bool = False) -> Run:
+    """``scene``'s run built for ``purpose`` on ``device`` (:func:`~gsrecon.engine.build.build_run`): its capture's
+    data pipeline, the renderer that draws it there (the median depth too with ``median_depth``) and its per-view
+    modules holding the checkpoint's state.
 
     A PLY has no such state: its modules start untrained (training cameras at their given poses), and their
     test-view policies (``appearance.eval``, ``pose_opt.eval``), which fit each test view afresh, apply as configured.
     """
-    names = [frame.name for frame in pipeline.scene.train]
-    views = build_views(resolve_views_config(scene.cfg, scene.source), names, torch.device("cpu"), scene.source)
-    views.load_state_dict(scene.views)
-    return views
+    return build_run(
+        scene.cfg, purpose, scene.source, logger, device=device, views_state=scene.views, median_depth=median_depth
+    )
 
 
-def training_cameras(scene: TrainedScene, pipeline: DataPipeline, views: ViewModules | None = None) -> Tensor:
-    """The training cameras [F, 4, 4] (world-to-camera, in ``pipeline.scene.train`` order) where the trained scene
-    places them: their given poses, moved by the per-view modules that correct them (``pose_opt``); ``views``: the
-    scene's modules (:func:`scene_views`) where the caller has them."""
-    frames = pipeline.scene.train
+def training_cameras(run: Run) -> Tensor:
+    """The training cameras [F, 4, 4] (world-to-camera, in ``run.datapipeline.scene.train`` order) where a trained
+    scene's run (:func:`scene_run`) places them: their given poses, moved by the per-view modules that correct them
+    (``pose_opt``)."""
+    frames = run.datapipeline.scene.train
     given = torch.stack([frame.viewmat.float().cpu() for frame in frames])  # [F, 4, 4]
-    views = scene_views(scene, pipeline) if views is None else views
     with torch.no_grad():
-        return views.camera_poses(given, [frame.name for frame in frames])
+        return run.views.camera_poses(given, [frame.name for frame in frames])
 
 
 def _check_registered(cfg: RunConfig, stored_imports: list[str], source: str) -> None:
@@ -162,38 +153,17 @@ def _check_registered(cfg: RunConfig, stored_imports: list[str], source: str) ->
             raise ConfigError(f"{source}: key '{key}': unknown {registry.name} '{name}'{hint}")
 
 
-def build_renderer(scene: TrainedScene, device: torch.device, logger: Logger, median_depth: bool = False) -> Renderer:
-    """The renderer the scene was trained with (``auto`` resolved for ``device``), rendering the median depth too
-    with ``median_depth``.
-
-    A scene trained with gsplat renders on a machine without CUDA with the torch renderer, given the
-    same shared settings (`RendererConfig`) and gsplat's alpha clamp, so that it sees the same image; so does a
-    scene trained with the ``cpu`` renderer on another device or where its kernels cannot be built.
-    """
-    entry = resolve_renderer_entry(scene.cfg.renderer, device, "config", logger.info)
-    shared = {f.name for f in dataclasses.fields(RendererConfig)}
-    shared.discard("tile_size")  # the torch renderer's own tiling gives the same image
-    if entry["name"] == "gsplat" and device.type != "cuda":
-        entry = {"name": "torch", **{k: v for k, v in entry.items() if k in shared}, "alpha_max": GSPLAT_ALPHA_MAX}
-        logger.info("trained with renderer gsplat, which needs CUDA: rendering with the torch renderer (same settings)")
-    elif entry["name"] == "cpu":
-        why = f"renders on the CPU, not on {device}" if device.type != "cpu" else kernels_unavailable(logger.info)
-        if why is not None:
-            alpha_max = entry.get("alpha_max", CpuRenderer.Config.alpha_max)
-            entry = {"name": "torch", **{k: v for k, v in entry.items() if k in shared}, "alpha_max": alpha_max}
-            logger.info(f"trained with renderer cpu ({why}): rendering with the torch renderer (same settings)")
-    if median_depth:
-        entry = {**entry, "median_depth": True}
-    renderer = RENDERER_REGISTRY.build(entry)
-    renderer.setup(logger)
-    return renderer
-
-
 def scene_renderer(
     scene: TrainedScene, device: torch.device, logger: Logger, median_depth: bool = False
 ) -> Callable[[Batch], RenderOutput]:
-    """A function rendering the scene on ``device`` from a batch's cameras (see :func:`build_renderer`)."""
-    renderer = build_renderer(scene, device, logger, median_depth)
+    """A function rendering the scene on ``device`` from a batch's cameras, with the renderer a run built for it
+    draws with (:func:`~gsrecon.engine.build.scene_renderer_entry`)."""
+    renderer = build_renderer(scene_renderer_entry(scene.cfg, device, logger, median_depth), logger)
+    return batch_renderer(scene, renderer, device)
+
+
+def batch_renderer(scene: TrainedScene, renderer: Renderer, device: torch.device) -> Callable[[Batch], RenderOutput]:
+    """A function rendering the scene with ``renderer`` on ``device`` from a batch's cameras."""
     params = {k: v.to(device) for k, v in scene.params.items()}
 
     def render(batch: Batch) -> RenderOutput:
@@ -224,14 +194,14 @@ def evaluate(
     """
     logger = logger or Logger()
     out_dir = Path(out_dir)
-    torch_device = scene_device(scene, device, logger)
-    pipeline = DataPipeline(scene.cfg.data, torch_device, scene.cfg.seed, source=scene.source)
+    run = scene_run(scene, "eval", device, logger)
+    pipeline, torch_device, view_modules = run.datapipeline, run.device, run.views
     if pipeline.num_val == 0:
         raise InputError(
             f"{scene.source}: the dataset has no test views (data.eval_split is "
             f"'{scene.cfg.data.eval_split}'); set data.eval_split=every_8"
         )
-    render = scene_renderer(scene, torch_device, logger)
+    render = batch_renderer(scene, run.renderer, torch_device)
     metrics = build_metrics(scene.cfg.metrics.lpips_net, torch_device, logger)
     batches = list(pipeline.val_batches())
 
@@ -239,7 +209,6 @@ def evaluate(
         write_png(out_dir / "renders" / "test" / f"{outputs['name']}.png", outputs["render"])
         write_png(out_dir / "gt" / f"{outputs['name']}.png", outputs["gt"])
 
-    view_modules = scene_views(scene, pipeline)
     images = evaluate_views(
         render,
         batches,
@@ -249,7 +218,7 @@ def evaluate(
         fit_cameras=view_modules.eval_cameras,
     )
     test_cameras = [_camera_entry("test", frame) for frame in pipeline.scene.test]
-    placed = training_cameras(scene, pipeline, view_modules)  # [F, 4, 4]
+    placed = training_cameras(run)  # [F, 4, 4]
     train_cameras = [_camera_entry("train", frame, viewmat) for frame, viewmat in zip(pipeline.scene.train, placed)]
     write_json(out_dir / "cameras.json", test_cameras + train_cameras)
     with torch.no_grad():
@@ -328,8 +297,8 @@ def render_path_video(
     if Path(out).suffix.lower() != ".mp4":
         raise InputError(f"--out must be an .mp4 file, got {out}")
     logger = logger or Logger()
-    torch_device = scene_device(scene, device, logger)
-    pipeline = DataPipeline(scene.cfg.data, torch_device, scene.cfg.seed, source=scene.source)
+    run = scene_run(scene, "render", device, logger, median_depth=depth == "median")
+    pipeline, torch_device, renderer = run.datapipeline, run.device, run.renderer
     train = pipeline.scene.train
     train_viewmats = torch.stack([f.viewmat for f in train]).float()  # [N, 4, 4]
     if path == "interp":
@@ -339,7 +308,6 @@ def render_path_video(
         viewmats = CAMERA_PATHS[path](train_viewmats, frames, focus=focus)
     viewmats = viewmats.to(torch_device)
     K, width, height = train[0].K.float().to(torch_device), train[0].width, train[0].height  # [3, 3]
-    renderer = build_renderer(scene, torch_device, logger, median_depth=depth == "median")
     params = {k: v.to(torch_device) for k, v in scene.params.items()}
     background = pipeline.fixed_background().to(torch_device)[None]
 
@@ -382,9 +350,9 @@ def export(
     logger = logger or Logger()
     context = ExportContext()
     if EXPORT_REGISTRY.get(fmt).needs:
-        torch_device = scene_device(scene, device, logger)
-        pipeline = DataPipeline(scene.cfg.data, torch_device, scene.cfg.seed, source=scene.source)
-        render = scene_renderer(scene, torch_device, logger, median_depth=True)
+        run = scene_run(scene, "export", device, logger, median_depth=True)
+        pipeline = run.datapipeline
+        render = batch_renderer(scene, run.renderer, run.device)
         context = ExportContext(train_batches=pipeline.train_batches, render=torch.no_grad()(render))
     path = export_gaussians(scene.params, out, fmt, antialiased=scene.antialiased, context=context, options=options)
     if scene.antialiased:
@@ -402,7 +370,7 @@ def warn_if_unseen(scene: TrainedScene, logger: Logger) -> None:
     cannot be read."""
     capture = scene.cfg.data.path or scene.cfg.data.dataset
     try:
-        frames = read_scene(dataclasses.replace(scene.cfg.data, cache="disk")).train
+        frames = read_scene(replace(scene.cfg.data, cache="disk")).train
     except (InputError, OSError) as exc:
         logger.warning(f"cannot check that {scene.source} belongs to the capture {capture} ({exc})")
         return
@@ -425,12 +393,6 @@ def seen_fraction(means: Tensor, frames: Sequence[Frame]) -> float:
         inside = (pixels.pixel_x >= 0) & (pixels.pixel_x < frame.width) & (pixels.pixel_y >= 0)
         seen |= (z > 0) & inside & (pixels.pixel_y < frame.height)
     return float(seen.float().mean()) if len(means) else 1.0
-
-
-def scene_device(scene: TrainedScene, device: str, logger: Logger) -> torch.device:
-    """``device`` (``auto``: the run's), with the run's ``num_threads`` applied as in training."""
-    logger.info(set_cpu_threads(scene.cfg.num_threads))
-    return resolve_device(device if device != "auto" else scene.cfg.device, DistributedContext())
 
 
 def _measure_fps(

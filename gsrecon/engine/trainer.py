@@ -1,6 +1,6 @@
 """DefaultTrainer: the training loop, validation driving and the hook points around them.
 
-Everything else lives where it belongs: the config and the components in ``engine/builder.py``,
+Everything else lives where it belongs: the config in ``engine/resolve.py``, the components in ``engine/build.py``,
 the run folder in ``engine/run_dir.py``, what a checkpoint holds in ``engine/checkpoints.py``,
 scoring views in ``engine/evaluator.py``, and logging, checkpoints, exports, timing and anomaly
 checks in hooks.
@@ -8,7 +8,6 @@ checks in hooks.
 
 from __future__ import annotations
 
-import random
 import time
 from pathlib import Path
 from typing import Any
@@ -18,19 +17,18 @@ from rich.console import Console
 
 from gsrecon.data.pipeline import Batch
 from gsrecon.distributed import DistributedContext
-from gsrecon.engine import builder, checkpoints
+from gsrecon.engine import build, checkpoints, resolve, runtime
 from gsrecon.engine.evaluator import build_metrics, evaluate_views
 from gsrecon.engine.run_dir import RunDir
 from gsrecon.engine.signals import stop_at_step_boundary
 from gsrecon.logging.console import Logger
 from gsrecon.logging.writers import Writers
-from gsrecon.losses.base import LossInputs, build_loss
+from gsrecon.losses.base import LossInputs
 from gsrecon.metrics import ImageMetrics, describe_metrics, mean_metrics
+from gsrecon.model.ops import GaussianEditor
 from gsrecon.model.optim import build_optimizers, build_schedulers
-from gsrecon.model.views.base import build_views
 from gsrecon.params import PARAM_NAMES
 from gsrecon.plugins import import_plugins
-from gsrecon.registry import RENDERER_REGISTRY
 from gsrecon.render.base import RenderOutput
 
 
@@ -44,10 +42,10 @@ class DefaultTrainer:
     Hooks see it as a :class:`~gsrecon.engine.hook.TrainerView`: what they may read and ask of it.
     """
 
-    Config = builder.RunConfig
+    Config = resolve.RunConfig
 
     def __init__(
-        self, cfg: builder.RunConfig, source: str = "config", overwrite: bool = False, logger: Logger | None = None,
+        self, cfg: resolve.RunConfig, source: str = "config", overwrite: bool = False, logger: Logger | None = None,
         dist: DistributedContext | None = None,
     ) -> None:  # fmt: skip
         import_plugins(cfg.imports, source)
@@ -55,8 +53,6 @@ class DefaultTrainer:
         self.source = source
         self.dist = dist or DistributedContext.from_env()
         self.logger = logger or Logger(console=None if self.is_main else Console(quiet=True))
-        self.device = builder.resolve_device(cfg.device, self.dist)
-        threads = builder.set_cpu_threads(cfg.num_threads)
         self.max_steps = cfg.max_steps
         self.step = 0
         self.outputs: dict[str, Any] = {}
@@ -67,46 +63,31 @@ class DefaultTrainer:
         self.failed = False  # True when training ended with an exception (nothing more is saved)
         self._stop_requested = False
         self._metrics: ImageMetrics | None = None
-
-        # Every registry entry is resolved first: unknown names and bad arguments fail before any work.
-        self.resolved_config = builder.resolve_run_config(cfg, self.device, source, self.logger.info)
-        self.hooks = builder.build_hooks(self.resolved_config["hooks"], source)
         self.run_dir = RunDir(cfg.exp_dir, source)
         resume = cfg.resume is not False and cfg.resume is not None
-        if self.is_main:
-            self.run_dir.check(overwrite, resume)
-        model = self.resolved_config["model"]
-        self._resume_from = checkpoints.find_resume(
-            cfg.resume, self.run_dir, model, builder.structural_keys(model), source, self.logger.warning
-        )
 
-        torch.manual_seed(cfg.seed)
-        random.seed(cfg.seed)
-        self.datapipeline = builder.build_datapipeline(cfg, self.device, self.dist, source)
-        self.model = builder.build_model(
-            self.resolved_config["model"], self.datapipeline.scene, cfg.seed, source, self.logger
-        )
-        self.model.to(self.device)
-        self.dist.broadcast_params(self.model.params)
-        self.loss = build_loss(self.resolved_config["loss"], source)
-        self.renderer = RENDERER_REGISTRY.build(self.resolved_config["renderer"])
-        train_names = [frame.name for frame in self.datapipeline.scene.train]
-        self.views = build_views(self.resolved_config, train_names, self.device, source)
-        self.views.setup(self.datapipeline, self.logger.info)
+        def claim(resolved: dict[str, Any]) -> None:  # the config is resolved: check the folder before any work
+            if self.is_main:
+                self.run_dir.check(overwrite, resume)
+            model = resolved["model"]
+            self._resume_from = checkpoints.find_resume(
+                cfg.resume, self.run_dir, model, resolve.structural_keys(model), source, self.logger.warning
+            )
+
+        run = build.build_run(cfg, "train", source, self.logger, self.dist, claim=claim)
+        self.device, self.resolved_config, self.hooks = run.device, run.resolved, run.hooks
+        self.datapipeline, self.model, self.loss, self.renderer = run.datapipeline, run.model, run.loss, run.renderer
+        self.views, self.strategy = run.views, run.strategy
         self._build_optimizers()
-        self.strategy = builder.build_strategy(cfg, self.resolved_config, self.model, source)
-        facts = builder.run_facts(self.resolved_config, self.model, self.datapipeline.scene)
-        components = builder.run_components(self.model, self.renderer, self.strategy, self.loss, self.views, self.hooks)
-        builder.check_run(components, facts, source)
-        self.loss.setup(self.datapipeline)
-        self.renderer.setup(self.logger)
         self.strategy_state = self.strategy.initialize_state(self.scene_extent)
         # Everything is built: only now may a previous run be replaced and outputs be written.
         self.writers = Writers([])
         if self.is_main:
             self.run_dir.open_log(overwrite, resume, self.logger)
             notes = self.datapipeline.notes
-            self.logger.info(builder.describe_run(cfg, self.resolved_config, source, threads, self.device, notes))
+            self.logger.info(build.describe_run(cfg, self.resolved_config, source, run.threads, self.device, notes))
+            for notice in run.notices:
+                self.logger.warning(notice)
             hook_outputs = [path for hook in self.hooks.values() for path in hook.outputs()]
             self.writers = self.run_dir.open_writers(self.resolved_config, hook_outputs)
         self.dist.barrier()
@@ -168,7 +149,7 @@ class DefaultTrainer:
             self.logger.error(self.stop_reason, echo=False)
             self._finish(raising=True)
             if isinstance(exc, torch.OutOfMemoryError):
-                raise builder.out_of_memory(self.step, self.model.num_gaussians) from exc
+                raise runtime.out_of_memory(self.step, self.model.num_gaussians) from exc
             raise
         self._finish(raising=False)
 
@@ -193,6 +174,11 @@ class DefaultTrainer:
         """Render the model from ``batch``'s cameras at the current SH degree (or ``sh_degree``)."""
         degree = self.model.active_sh_degree(self.step) if sh_degree is None else sh_degree
         return self.renderer.render_batch(self.model.params, batch, degree)
+
+    def edit_gaussians(self) -> GaussianEditor:
+        """The one door through which a hook changes the set of Gaussians (:class:`~gsrecon.model.ops.GaussianEditor`:
+        parameters, optimiser moments and the strategy's per-Gaussian state stay row-aligned)."""
+        return GaussianEditor(self.model.params, self.optimizers, self.strategy_state, self.strategy.per_gaussian_state)
 
     def run_step(self) -> None:
         """One optimisation step; afterwards ``self.step`` counts it and ``self.outputs`` describes it:

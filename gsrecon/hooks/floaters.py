@@ -18,8 +18,8 @@ class PruneFloatersHook(Hook):
     and removes the Gaussians in front of what every view that sees them shows (:class:`FloaterPruner`).
 
     Runs before checkpoints are written (a checkpoint of a step holds that step's pruning), and works with any
-    strategy: the rows go through :mod:`gsrecon.model.ops` with those of the state the strategy declares per
-    Gaussian.
+    strategy: the rows go through the trainer's one door, ``trainer.edit_gaussians()``, with those of the optimiser
+    moments and of the state the strategy declares per Gaussian.
     """
 
     priority = Priority.HIGH
@@ -34,10 +34,7 @@ class PruneFloatersHook(Hook):
         if not self.pruner.due(step):
             return
         n = trainer.model.num_gaussians
-        count = self.pruner.prune(
-            trainer.model.params, trainer.optimizers, trainer.strategy_state, trainer.strategy.per_gaussian_state,
-            trainer.render, trainer.datapipeline.train_batches(),
-        )  # fmt: skip
+        count = self.pruner.prune(trainer.edit_gaussians(), trainer.render, trainer.datapipeline.train_batches())
         if count == 0:
             return
         self.pruned += count

@@ -5,6 +5,11 @@ parameter's optimiser state (Adam's moments: kept rows keep theirs, new and repl
 the step count is shared by all rows and stays), and the entries of a strategy's state that hold one row per
 Gaussian, which the strategy names (:attr:`gsrecon.strategy.base.Strategy.per_gaussian_state`; an entry still
 None has no rows yet). Densification, pruning in front of the views and merging trained blocks go through here.
+
+A strategy calls the functions with its own state; anything else that changes the Gaussians during training (a hook,
+a plugin) goes through the trainer's one door, :class:`GaussianEditor` (``trainer.edit_gaussians()``), which holds
+the run's parameters, optimisers and strategy state together, so that none of them can be left out. (Per-view
+modules hold rows per training view, none per Gaussian: an edit leaves them as they are.)
 """
 
 from __future__ import annotations
@@ -17,6 +22,57 @@ from torch import Tensor
 
 Params = torch.nn.ParameterDict  # pre-activation Gaussian parameters keyed by gsrecon.params.PARAM_NAMES
 Optimizers = Mapping[str, torch.optim.Optimizer]  # one optimiser per parameter name
+
+
+class GaussianEditor:
+    """The one way to change the set of Gaussians of a training run from outside its strategy: remove, append or
+    replace rows, or reset opacities, each keeping every parameter, its optimiser moments and the strategy state's
+    per-Gaussian entries row-aligned (the functions of this module, on the run's own pieces)."""
+
+    def __init__(self, params: Params, optimizers: Optimizers, state: dict[str, Any], per_gaussian: Iterable[str]):
+        self.params, self.optimizers, self.state, self.per_gaussian = params, optimizers, state, tuple(per_gaussian)
+
+    @property
+    def num_gaussians(self) -> int:
+        return len(self.params["means"])
+
+    def remove(self, mask: Tensor) -> int:
+        """Remove the Gaussians where ``mask`` [N] (bool) is True; the number removed."""
+        if mask.shape != (self.num_gaussians,) or mask.dtype != torch.bool:
+            raise ValueError(
+                f"remove needs a bool mask of shape [{self.num_gaussians}], got {mask.dtype} {tuple(mask.shape)}"
+            )
+        count = int(mask.sum())
+        if count:
+            remove_rows(self.params, self.optimizers, self.state, self.per_gaussian, mask)
+        return count
+
+    def append(self, rows: Mapping[str, Tensor], state_rows: Mapping[str, Tensor] | None = None) -> None:
+        """Append Gaussians (:func:`append_rows`)."""
+        append_rows(self.params, self.optimizers, self.state, self.per_gaussian, rows, state_rows)
+
+    def replace(self, index: Tensor, rows: Mapping[str, Tensor]) -> None:
+        """Make the Gaussians at ``index`` new ones (:func:`replace_rows`)."""
+        replace_rows(self.params, self.optimizers, self.state, self.per_gaussian, index, rows)
+
+    def reset_opacities(self, value: float) -> None:
+        """Lower every opacity above ``value`` to it (:func:`reset_opacities`)."""
+        reset_opacities(self.params, self.optimizers, value)
+
+
+def row_counts(
+    params: Params, optimizers: Optimizers, state: Mapping[str, Any], per_gaussian: Iterable[str]
+) -> dict[str, int]:
+    """The number of rows of everything that holds one per Gaussian, by name (``means``, ``means.exp_avg``,
+    ``state.grad2d``): all equal in a consistent run."""
+    counts = {name: len(param) for name, param in params.items()}
+    for name, param in params.items():
+        optimizer = optimizers.get(name)
+        for key, value in (optimizer.state.get(param, {}) if optimizer is not None else {}).items():
+            if _is_moment(key, value):
+                counts[f"{name}.{key}"] = len(value)
+    counts.update({f"state.{key}": len(state[key]) for key in per_gaussian if state.get(key) is not None})
+    return counts
 
 
 @torch.no_grad()

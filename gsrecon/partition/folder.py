@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from gsrecon.config import ConfigError
 
 if TYPE_CHECKING:
-    from gsrecon.engine.builder import RunConfig
+    from gsrecon.engine.resolve import RunConfig
 
 PLAN_FILE = "partition.json"  # in exp_dir: the plan the blocks were trained on
 

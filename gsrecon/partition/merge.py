@@ -20,7 +20,6 @@ from torch import Tensor
 from gsrecon.atomic import atomic_path, atomic_paths
 from gsrecon.data.blocks import Partition, PartitionConfig, cell_box, image_coverage
 from gsrecon.distributed import DistributedContext
-from gsrecon.engine.builder import structural_keys
 from gsrecon.engine.checkpoints import (
     load_checkpoint_file,
     non_finite,
@@ -30,6 +29,7 @@ from gsrecon.engine.checkpoints import (
 )
 from gsrecon.engine.evaluator import build_metrics, evaluate_views
 from gsrecon.engine.inference import TrainedScene, scene_renderer
+from gsrecon.engine.resolve import structural_keys
 from gsrecon.engine.run_dir import RunDir
 from gsrecon.engine.signals import stop_at_step_boundary
 from gsrecon.errors import InputError
@@ -43,7 +43,7 @@ from gsrecon.partition.folder import PLAN_FILE
 if TYPE_CHECKING:
     from gsrecon.data.pipeline import DataPipeline
     from gsrecon.data.scene import Frame
-    from gsrecon.engine.builder import RunConfig
+    from gsrecon.engine.resolve import RunConfig
 
 BLOCKS_DIR = "blocks"  # <exp_dir>/blocks/<i>/: one run per block
 BLOCK_RESULT = "block.pt"  # in a block's folder: its trained Gaussians, written when the block has finished

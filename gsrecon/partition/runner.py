@@ -28,7 +28,7 @@ from gsrecon.config import ConfigError, load_config, save_yaml, to_container
 from gsrecon.data.blocks import Partition, plan_partition
 from gsrecon.data.pipeline import DataPipeline, read_scene
 from gsrecon.distributed import DistributedContext
-from gsrecon.engine import builder
+from gsrecon.engine import build, resolve
 from gsrecon.engine.checkpoints import changed_settings
 from gsrecon.engine.run_dir import RUN_MARKER, RunDir, resume_command
 from gsrecon.engine.trainer import DefaultTrainer
@@ -63,7 +63,7 @@ class BlocksOutcome:
     stop_signal: int | None = None
     merged: MergeResult | None = None
 
-    def report(self, cfg: builder.RunConfig) -> list[str]:
+    def report(self, cfg: resolve.RunConfig) -> list[str]:
         """What the command line says when ``cfg``'s blocks stopped: why it stopped early and how to continue, or
         the blocks trained, the merge and where the outputs are."""
         if self.stop_reason:
@@ -90,7 +90,7 @@ def merge_report(merged: MergeResult, exp_dir: str | Path) -> list[str]:
     return [describe_merge(merged), f"outputs: {exp_dir} (checkpoints/last.pt, point_cloud.ply, metrics.json)"]
 
 
-def train_blocks(cfg: builder.RunConfig, source: str, overwrite: bool = False) -> BlocksOutcome:
+def train_blocks(cfg: resolve.RunConfig, source: str, overwrite: bool = False) -> BlocksOutcome:
     """Train the blocks of ``cfg.partition`` this process has (all, its torchrun rank's share, or
     ``partition.only``) and, unless ``only`` is set, merge them into ``cfg.exp_dir`` (rank 0, after every rank has
     trained its share). Bad input (a partition that leaves a block with nothing to train, ranks whose configs
@@ -102,8 +102,8 @@ def train_blocks(cfg: builder.RunConfig, source: str, overwrite: bool = False) -
     logger = Logger(console=None if dist.rank == 0 else Console(quiet=True))
     resume = bool(cfg.resume)
     run_dir = RunDir(cfg.exp_dir, source)
-    device = builder.resolve_device(cfg.device, dist)
-    resolved = builder.resolve_run_config(cfg, device, source)
+    block_run = build.build_run(cfg, "block", source, logger, dist)
+    device, resolved = block_run.device, block_run.resolved
     group = _wait_group(dist)
     partition, error = None, None
     try:
@@ -134,7 +134,7 @@ def train_blocks(cfg: builder.RunConfig, source: str, overwrite: bool = False) -
 
 
 def _train_own_blocks(
-    cfg: builder.RunConfig,
+    cfg: resolve.RunConfig,
     source: str,
     overwrite: bool,
     partition: Partition,
@@ -180,10 +180,10 @@ def merge_run(exp_dir: str | Path, device: str = "auto", overrides: Sequence[str
     if not (exp_dir / PLAN_FILE).is_file() or not config.is_file():
         raise InputError(f"{exp_dir} is not a block-training run (no {PLAN_FILE} and config.yaml)")
     machine = [f"exp_dir={exp_dir}", *([f"device={device}"] if device != "auto" else [])]
-    cfg, source = builder.load_run_config(str(config), [*machine, *overrides])
+    cfg, source = resolve.load_run_config(str(config), [*machine, *overrides])
     import_plugins(cfg.imports, source)
-    torch_device = builder.resolve_device(cfg.device, DistributedContext())
-    resolved = builder.resolve_run_config(cfg, torch_device, source)
+    run = build.build_run(cfg, "block", source)
+    torch_device, resolved = run.device, run.resolved
     pipeline = DataPipeline(dataclasses.replace(cfg.data, cache="disk"), torch_device, cfg.seed, source=source)
     partition = plan_partition(pipeline.scene, cfg.partition)
     _check_plan(exp_dir / PLAN_FILE, partition)
@@ -267,7 +267,7 @@ def _check_same_run(path: Path, config: dict[str, Any]) -> None:
 
 
 def _block_trainer(
-    cfg: builder.RunConfig, source: str, index: int, overwrite: bool, dist: DistributedContext, logger: Logger
+    cfg: resolve.RunConfig, source: str, index: int, overwrite: bool, dist: DistributedContext, logger: Logger
 ) -> DefaultTrainer:
     """The trainer of block ``index``: the run's config for ``blocks/<index>/``, resuming where it has a
     checkpoint and ``cfg.resume`` asks, alone in its process (on this rank's device)."""

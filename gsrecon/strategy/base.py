@@ -40,6 +40,9 @@ class Strategy(RunChecked):
     # The state entries (of initialize_state's dict) holding one row per Gaussian, [N, ...] or None until first
     # filled: whatever adds or removes Gaussians (gsrecon.model.ops) adds or removes their rows too.
     per_gaussian_state: tuple[str, ...] = ()
+    # Whether the strategy reads the screen-space gradients of the Gaussians' centres (``info["means2d"].grad``),
+    # which gsplat does not give through a fisheye lens (a rule checked before a run is built).
+    screen_gradients: bool = False
 
     @dataclass
     class Config:

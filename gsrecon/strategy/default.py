@@ -38,6 +38,8 @@ class DefaultStrategy(Strategy):
     candidates with the highest gradients.
     """
 
+    screen_gradients = True
+
     @dataclass
     class Config:
         prune_opa: float = 0.005

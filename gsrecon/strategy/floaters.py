@@ -1,13 +1,13 @@
 """Floater pruning: the Gaussians in front of the surface in every training view that sees them go.
 
 A pruner a run composes with its strategy (``hooks.PruneFloatersHook`` runs it on its schedule): it renders the
-training views and removes rows through :func:`gsrecon.model.ops.remove_rows`, so the optimiser moments and the
-state entries the strategy declares per Gaussian lose the same rows, whatever the strategy.
+training views and removes rows through the run's :class:`~gsrecon.model.ops.GaussianEditor`, so the optimiser
+moments and the state entries the strategy declares per Gaussian lose the same rows, whatever the strategy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +16,7 @@ from torch import Tensor
 
 from gsrecon.config import run_steps
 from gsrecon.data.pipeline import Batch
-from gsrecon.model.ops import Optimizers, Params, remove_rows
+from gsrecon.model.ops import GaussianEditor
 from gsrecon.render.base import RenderOutput
 
 
@@ -48,22 +48,9 @@ class FloaterPruner:
         cfg = self.cfg
         return cfg.start <= step <= cfg.stop and step % cfg.every == 0
 
-    def prune(
-        self,
-        params: Params,
-        optimizers: Optimizers,
-        state: dict[str, Any],
-        per_gaussian: Sequence[str],
-        render: Callable[[Batch], RenderOutput],
-        views: Iterable[Batch],
-    ) -> int:
-        """Remove the floaters of ``views`` rendered by ``render``, with their rows of the optimiser moments and of the
-        ``per_gaussian`` entries of the strategy ``state``; the number removed."""
-        floaters = find_floaters(render, views, len(params["means"]), self.cfg.margin, self.cfg.min_alpha)
-        count = int(floaters.sum())
-        if count:
-            remove_rows(params, optimizers, state, per_gaussian, floaters)
-        return count
+    def prune(self, editor: GaussianEditor, render: Callable[[Batch], RenderOutput], views: Iterable[Batch]) -> int:
+        """Remove the floaters of ``views`` rendered by ``render`` through ``editor``; the number removed."""
+        return editor.remove(find_floaters(render, views, editor.num_gaussians, self.cfg.margin, self.cfg.min_alpha))
 
 
 @torch.no_grad()

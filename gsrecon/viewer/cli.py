@@ -10,8 +10,7 @@ def view(args: argparse.Namespace) -> int:
     from gsrecon.viewer import require_viser
 
     require_viser()
-    from gsrecon.data.pipeline import DataPipeline
-    from gsrecon.engine.inference import build_renderer, load_trained_scene, scene_device, training_cameras
+    from gsrecon.engine.inference import load_trained_scene, scene_run, training_cameras
     from gsrecon.logging.console import Logger
     from gsrecon.viewer.server import SceneViewer
 
@@ -24,11 +23,10 @@ def view(args: argparse.Namespace) -> int:
         imports=args.imports,
     )
     logger = Logger()
-    device = scene_device(scene, args.device, logger)
-    pipeline = DataPipeline(scene.cfg.data, device, scene.cfg.seed, source=scene.source)
-    renderer = build_renderer(scene, device, logger, median_depth=True)
+    run = scene_run(scene, "view", args.device, logger, median_depth=True)
+    pipeline, device = run.datapipeline, run.device
     viewer = SceneViewer(
-        renderer,
+        run.renderer,
         pipeline.scene,
         pipeline.fixed_background(),
         host=args.host,
@@ -38,7 +36,7 @@ def view(args: argparse.Namespace) -> int:
         median_depth=True,
     )
     try:
-        viewer.set_camera_poses(training_cameras(scene, pipeline))
+        viewer.set_camera_poses(training_cameras(run))
         viewer.set_scene({k: v.to(device) for k, v in scene.params.items()}, scene.sh_degree, scene.step)
         print(f"viewer of {scene.source}: {viewer.url} (Ctrl-C to stop)", flush=True)
         viewer.serve_forever()

@@ -19,11 +19,16 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+import numpy as np
+import torch
+
 from gsrecon.atomic import atomic_path
 from gsrecon.data.errors import DatasetError
 from gsrecon.data.formats.transforms_json import read_transforms, transforms_file
-from gsrecon.data.prepare.posed_sfm import Triangulation, triangulate_frames
+from gsrecon.data.prepare.posed_sfm import Triangulation, training_points, triangulate_frames
+from gsrecon.data.prepare.sfm import PycolmapUnavailableError
 from gsrecon.data.readers.transforms import every_frame
+from gsrecon.data.scene import PosedCapture, Scene, SfmPoints
 from gsrecon.io.ply import write_points_ply
 
 PLY_NAME = "sparse_pc.ply"  # nerfstudio's name for the point cloud beside transforms.json
@@ -148,3 +153,46 @@ def _name_point_cloud(json_path: Path, text: str, content: dict) -> str:
         tmp.write_text(new_text, encoding="utf-8")
         shutil.copymode(json_path, tmp)
     return change
+
+
+def points_from_poses(scene: Scene, log: Callable[[str], None]) -> None:
+    """Fill ``scene.points`` / ``colors`` (and the tracks) with ``scene.triangulate`` (its progress lines to ``log``);
+    where it cannot, say why in ``points_hint``."""
+    try:
+        sfm = scene.sfm_tracks(log)
+        scene.points, scene.colors = sfm.points, sfm.colors
+        scene.observed, scene.keypoints, scene.keypoint_scale = sfm.observed, sfm.keypoints, sfm.keypoint_scale
+    except PycolmapUnavailableError:
+        scene.points_hint = (
+            "with pycolmap installed (`pip install pycolmap`) training triangulates them from the images and their "
+            "known poses"
+        )
+    except DatasetError as err:
+        scene.points_hint = f"triangulating them from the known poses failed: {err}"
+
+
+def attach_triangulation(scene: Scene) -> None:
+    """Let ``scene`` triangulate its SfM points (``Scene.triangulate``) where its reader says it can
+    (``Scene.posed_capture``)."""
+    if scene.triangulate is None and scene.posed_capture is not None:
+        scene.triangulate = partial(posed_tracks, scene.posed_capture)
+
+
+def posed_tracks(capture: PosedCapture, log: Callable[[str], None]) -> SfmPoints:
+    """The points triangulated from ``capture``'s images and poses (cached: :func:`training_points`), and where each
+    was seen, the keypoints placed in the frames of ``capture.sizes``."""
+    root, sizes = capture.root, capture.sizes
+    triangulation = training_points(root, partial(every_frame, root, outside=capture.outside), log, capture.outside)
+    return SfmPoints(
+        points=torch.from_numpy(triangulation.points),
+        colors=torch.from_numpy(triangulation.colors.astype(np.float32) / 255.0),
+        observed={name: torch.from_numpy(rows) for name, rows in triangulation.observed.items()},
+        keypoints={
+            name: torch.from_numpy(keypoints) * torch.tensor(sizes[name]) / torch.tensor(triangulation.sizes[name])
+            for name, keypoints in triangulation.keypoints.items()
+            if name in sizes
+        },
+        keypoint_scale={
+            name: triangulation.sizes[name][0] / sizes[name][0] for name in triangulation.sizes if name in sizes
+        },
+    )

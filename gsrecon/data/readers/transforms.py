@@ -17,20 +17,19 @@ nerfstudio's ``applied_transform`` (3x4) is the transform it applied to the pose
 converted; its ``ply_file_path`` points were transformed alike, so both are read as they are, and only the
 points of a ``colmap/sparse/0/`` model beside the file (older ``ns-process-data`` output, no
 ``ply_file_path``) are moved by it (by nerfstudio's former fixed transform where the field is absent).
-Without either the point cloud is empty, and ``Scene.triangulate`` makes one from the images and their known
-poses when ``model.init: auto`` asks (pycolmap, cached; ``gsrecon data triangulate`` writes it into the
-folder instead: :mod:`gsrecon.data.prepare.triangulate`); pose refinement asks it for the keypoints a point cloud
-file does not carry. A frame's mask (:mod:`gsrecon.data.formats.masks`) is its
-``mask_path``, else the file of its name in ``masks/`` beside ``images/``; its depth map
-(:mod:`gsrecon.data.formats.depths`) is its ``depth_file_path`` (in ``depth_unit_scale_factor``, global or per
-frame), else the file of its name in ``depths/``.
+Without either the point cloud is empty, and the scene's ``posed_capture`` says that one can be triangulated
+from the images and their known poses when ``model.init: auto`` asks (pycolmap, cached:
+:mod:`gsrecon.data.prepare.triangulate`, whose ``gsrecon data triangulate`` writes it into the folder instead);
+pose refinement asks it for the keypoints a point cloud file does not carry. A frame's mask
+(:mod:`gsrecon.data.formats.masks`) is its ``mask_path``, else the file of its name in ``masks/`` beside
+``images/``; its depth map (:mod:`gsrecon.data.formats.depths`) is its ``depth_file_path`` (in
+``depth_unit_scale_factor``, global or per frame), else the file of its name in ``depths/``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path, PurePosixPath
 from typing import Any, NamedTuple
 
@@ -53,8 +52,7 @@ from gsrecon.data.formats.lens import SUPPORTED_MODELS, Distortion, fov_to_focal
 from gsrecon.data.formats.masks import MASKS_FOLDER, MaskFile, find_mask, mask_file
 from gsrecon.data.formats.transforms_json import image_path, read_transforms, transforms_file
 from gsrecon.data.pipeline import DataPipeline, folder_arguments
-from gsrecon.data.prepare.posed_sfm import training_points
-from gsrecon.data.scene import Frame, Scene, SfmPoints
+from gsrecon.data.scene import Frame, PosedCapture, Scene
 from gsrecon.data.splits import NameList, check_eval_split, evenly_spaced, frame_name, listed_as_test, split_frames
 from gsrecon.io.ply import read_ply
 from gsrecon.registry import DATASET_REGISTRY
@@ -147,9 +145,9 @@ def load_transforms(
     if point_cloud:
         points, colors = _point_cloud(entries[0])
     sizes = {frame.name: (frame.width, frame.height) for frame in frames if frame.camera_model.kind == "pinhole"}
-    triangulate = partial(_triangulated_points, root, outside_capture, sizes)
+    capture = PosedCapture(root, outside_capture, sizes)
     hint = "" if len(points) else f"`gsrecon data triangulate --data {path}` triangulates them from the known poses"
-    return Scene(train, test, points, colors, points_hint=hint, triangulate=triangulate)
+    return Scene(train, test, points, colors, points_hint=hint, posed_capture=capture)
 
 
 def every_frame(root: Path, factor: int, max_images: int = 0, outside: bool = False) -> list[Frame]:
@@ -157,28 +155,6 @@ def every_frame(root: Path, factor: int, max_images: int = 0, outside: bool = Fa
     ``factor`` (pinhole, undistorted), ``max_images`` of them if > 0 (``outside``: as ``outside_capture`` of
     :func:`load_transforms`): what triangulation starts from."""
     return load_transforms(str(root), factor, "none", max_images, point_cloud=False, outside_capture=outside).train
-
-
-def _triangulated_points(
-    root: Path, outside: bool, sizes: dict[str, tuple[int, int]], log: Callable[[str], None]
-) -> SfmPoints:
-    """The points triangulated from the scene's images and poses (cached), and where each was seen; ``outside``:
-    its images may lie outside ``root``. Keypoints are placed in the frames of ``sizes`` (name: width, height; the
-    pinhole frames: triangulation saw them undistorted)."""
-    triangulation = training_points(root, partial(every_frame, root, outside=outside), log, outside)
-    return SfmPoints(
-        points=torch.from_numpy(triangulation.points),
-        colors=torch.from_numpy(triangulation.colors.astype(np.float32) / 255.0),
-        observed={name: torch.from_numpy(rows) for name, rows in triangulation.observed.items()},
-        keypoints={
-            name: torch.from_numpy(keypoints) * torch.tensor(sizes[name]) / torch.tensor(triangulation.sizes[name])
-            for name, keypoints in triangulation.keypoints.items()
-            if name in sizes
-        },
-        keypoint_scale={
-            name: triangulation.sizes[name][0] / sizes[name][0] for name in triangulation.sizes if name in sizes
-        },
-    )
 
 
 def _point_cloud(entry: _Entry) -> tuple[Tensor, Tensor]:

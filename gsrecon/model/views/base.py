@@ -7,11 +7,11 @@ in one or both places of a step: on the cameras before the render (:meth:`ViewMo
 rendered image before the loss (:meth:`ViewModule.adjust_image`); and on a test view's camera before it is scored
 (:meth:`ViewModule.eval_cameras`).
 
-A run's modules are :data:`~gsrecon.registry.VIEW_REGISTRY` entries of one shape, ``{name, ...options}``: the
-``appearance:`` and ``pose_opt:`` sections hold one each (``name: none`` is off; ``mode`` is the documented alias of
-``name`` there), each taking only modules of its kind (:data:`VIEW_SECTIONS`), and the ``views:`` entry map holds
-any more (``{key: {name, ...options}}``, e.g. a plugin's module). The trainer sees them only through
-:class:`ViewModules`.
+A run's modules are :data:`~gsrecon.registry.VIEW_REGISTRY` entries of one shape, ``{name, ...options}``, in the
+``views:`` entry map (``{key: {name, ...options}}``): ``views.appearance`` and ``views.pose_opt`` each take only
+modules of their kind (:data:`VIEW_SECTIONS`; ``name: none`` is off, ``mode`` an alias of ``name``), other keys any
+module (e.g. a plugin's). The old shape, top-level ``appearance:`` and ``pose_opt:`` sections, is read for one
+release (:func:`fold_view_section`). The trainer sees the modules only through :class:`ViewModules`.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from gsrecon.data.scene import Frame
     from gsrecon.render.base import RenderOutput
 
-# Run-config sections that each hold one per-view module, and the kind of module each takes (ViewModule.kind).
+# The views: keys that each hold one per-view module of a kind (ViewModule.kind), and that kind.
 VIEW_SECTIONS = {"appearance": "appearance", "pose_opt": "pose"}
 EvalAdjust = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]  # (render, gt) [H, W, 3] -> the pair to score
 RenderFn = Callable[["Batch"], "RenderOutput"]  # the scene rendered from a batch's cameras
@@ -242,8 +242,30 @@ def rows_trained_anywhere(module: ViewModule, names: list[str], dist: Distribute
 
 def view_entries(resolved: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """``{key: {name, **options}}`` of the per-view modules a resolved run config turns on."""
-    entries = {section: resolved[section] for section in VIEW_SECTIONS if resolved[section]["name"] != "none"}
-    return {**entries, **{key: entry for key, entry in resolved["views"].items() if entry is not None}}
+    return {key: entry for key, entry in resolved["views"].items() if entry is not None and entry["name"] != "none"}
+
+
+def fold_view_section(entry: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
+    """The ``views:`` entry ``entry`` with the old shape's section ``old`` (``appearance:``, ``pose_opt:``, read for
+    one release) on top, as a later layer: one naming another module (by ``name`` or its alias ``mode``) replaces it,
+    otherwise its keys are merged in."""
+    named = old.get("name", old.get("mode"))
+    if named is not None and named != entry.get("name", entry.get("mode")):
+        return dict(old)
+    kept = {k: v for k, v in entry.items() if k not in ("name", "mode") or ("name" not in old and "mode" not in old)}
+    return {**kept, **old}
+
+
+def current_shape(config: dict[str, Any]) -> dict[str, Any]:
+    """A resolved run config (a checkpoint's) in the current shape: the old shape's resolved top-level sections
+    (:data:`VIEW_SECTIONS`) moved into ``views``."""
+    if not any(section in config for section in VIEW_SECTIONS):
+        return config
+    views = {
+        **{section: config[section] for section in VIEW_SECTIONS if section in config},
+        **(config.get("views") or {}),
+    }
+    return {**{k: v for k, v in config.items() if k not in VIEW_SECTIONS}, "views": views}
 
 
 def build_views(

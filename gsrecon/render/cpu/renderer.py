@@ -84,7 +84,7 @@ class CpuRenderer(Renderer):
             "width": width,
             "height": height,
             "n_cameras": viewmats.shape[0],
-            "gaussian_ids": None,  # gsplat's key for packed mode; gsplat.strategy requires it
+            "gaussian_ids": None,  # dense info; gsplat's packed mode lists the visible pairs' ids here
         }
         median_depth = median[..., None].to(dtype) if cfg.median_depth else None
         return RenderOutput(image=image, alpha=alpha, depth=depth, info=info, median_depth=median_depth)

@@ -1,37 +1,32 @@
-"""A run's config and the components built from it: one place for the trainer and for inference.
+"""A run's config resolved: :class:`RunConfig` (the schema of a run's YAML), its layers (a YAML on top of the default
+hooks and loss, plus ``key=value`` overrides), every registry entry with its defaults filled in (unknown names and bad
+arguments refused before any work, each error naming the key and the file), the per-view modules' aliases and the
+rules between two components (:func:`check_rules`). What ``<exp_dir>/config.yaml`` holds comes from here.
 
-:class:`RunConfig` is the schema of a run's YAML. The functions here resolve its registry entries
-(defaults filled in, unknown names and bad arguments refused before any work) and build the pieces
-a run is made of, and checks a built run (:func:`check_run`, the one protocol of every component) and the rules
-between two components (:func:`check_rules`). Nothing here imports the trainer, the built-in hooks or the
-strategies (only the hook contract, :mod:`gsrecon.engine.hook`): a registry imports its built-ins when an entry is
-first looked up, so ``gsrecon eval/export/render`` stay light.
+Nothing here imports the trainer, the built-in hooks or the strategies: a registry imports its built-ins when an
+entry is first looked up, so ``gsrecon eval/export/render`` stay light.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
 
 from gsrecon.config import ConfigError, entry_map, load_config, parse_structured, resolved_entry, to_container
-from gsrecon.data.blocks import PartitionConfig, block_scene, plan_partition
-from gsrecon.data.errors import DatasetError
+from gsrecon.data.blocks import PartitionConfig
 from gsrecon.data.pipeline import DataPipeline
-from gsrecon.data.scene import Scene
-from gsrecon.distributed import DistributedContext
-from gsrecon.engine.hook import Hook, get_priority
-from gsrecon.logging.console import Logger
-from gsrecon.losses.base import DEFAULT_LOSS, Loss
+from gsrecon.engine.hook import get_priority
+from gsrecon.losses.base import DEFAULT_LOSS
 from gsrecon.lpips_weights import LPIPS_NETS
 from gsrecon.metrics import MetricsConfig
 from gsrecon.model.optim import OptimizerConfig, SchedulerConfig
-from gsrecon.model.views.base import VIEW_SECTIONS, ViewModules, view_entries
+from gsrecon.model.views.base import VIEW_SECTIONS, fold_view_section, view_entries
 from gsrecon.registry import (
     DATASET_REGISTRY,
+    EXPORT_REGISTRY,
     HOOK_REGISTRY,
     LOSS_REGISTRY,
     MODEL_REGISTRY,
@@ -41,9 +36,8 @@ from gsrecon.registry import (
     WRITER_REGISTRY,
     Registry,
     RegistryError,
-    RunChecked,
-    RunFacts,
 )
+from gsrecon.render.choice import auto_renderer
 
 # The hooks of a run whose YAML lists none; a YAML's `hooks:` adds to, reconfigures or removes (null) these.
 DEFAULT_HOOKS: dict[str, dict[str, Any]] = {
@@ -75,11 +69,13 @@ class RunConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     strategy: dict[str, Any] = field(default_factory=lambda: {"name": "none"})
     loss: Any = None  # {term key: {weight, ...options}} (see gsrecon.losses.base); None: DEFAULT_LOSS
-    # One per-view module each: {name, ...options} (see gsrecon.model.views.base; `mode` is an alias of `name`, and
-    # no name is none)
-    appearance: dict[str, Any] = field(default_factory=dict)  # none | affine | bilateral_grid
-    pose_opt: dict[str, Any] = field(default_factory=dict)  # camera pose refinement: none | se3
-    views: Any = None  # further per-view modules, {key: {name, ...options}} (see gsrecon.model.views.base)
+    # The per-view modules, {key: {name, ...options}} (see gsrecon.model.views.base): views.appearance (none | affine |
+    # bilateral_grid) and views.pose_opt (camera pose refinement: none | se3), and any more
+    views: Any = None
+    # The old shape of views.appearance and views.pose_opt ({name or its alias mode, ...options}): read for one
+    # release, with a notice
+    appearance: dict[str, Any] = field(default_factory=dict)
+    pose_opt: dict[str, Any] = field(default_factory=dict)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     writers: list[dict[str, Any]] = field(default_factory=lambda: [{"name": "TensorboardWriter"}])
     hooks: Any = None  # {entry key: arguments} (see gsrecon.config); None: DEFAULT_HOOKS
@@ -111,108 +107,43 @@ def load_run_config(path: str, overrides: Sequence[str] = ()) -> tuple[RunConfig
     return parse_structured(RunConfig, raw, source=source), source
 
 
-def run_facts(resolved: dict[str, Any], model: torch.nn.Module, scene: Scene) -> RunFacts:
-    """What the components of a run built from ``resolved`` check it against (:func:`check_run`)."""
-    return RunFacts(
-        resolved, model.num_gaussians, sfm_tracks=bool(scene.observed),
-        depth_maps=any(frame.depth is not None for frame in scene.train),
-    )  # fmt: skip
+def check_rules(resolved: dict[str, Any], source: str, cfg: RunConfig) -> None:
+    """Refuse a resolved run config that breaks a rule between two of its components, before anything is built: one
+    ConfigError naming both keys (the strategy's ``absgrad`` and the renderer: :func:`with_strategy_absgrad`).
 
-
-def run_components(
-    model: RunChecked,
-    renderer: RunChecked,
-    strategy: RunChecked,
-    loss: Loss,
-    views: ViewModules,
-    hooks: Mapping[str, RunChecked],
-) -> dict[str, RunChecked]:
-    """A built run's components by the config key that configures each (what :func:`check_run` names)."""
-    view_keys = {key: key if key in VIEW_SECTIONS else f"views.{key}" for key in views.modules}
-    return {
-        "model": model,
-        "renderer": renderer,
-        "strategy": strategy,
-        **{f"loss.{key}": term for key, term in loss.terms.items()},
-        **{view_keys[key]: module for key, module in views.modules.items()},
-        **{f"hooks.{key}": hook for key, hook in hooks.items()},
-    }
-
-
-def check_run(components: Mapping[str, RunChecked], run: RunFacts, source: str) -> None:
-    """Let every component of a built run refuse it (:meth:`~gsrecon.registry.RunChecked.check`, ``components`` by
-    the config keys that configure them); a refusal is a ConfigError naming the key and the file."""
-    for key, component in components.items():
-        try:
-            component.check(run)
-        except ValueError as exc:
-            raise ConfigError(f"{source}: key '{key}': {exc}") from exc
-
-
-def check_rules(resolved: dict[str, Any], source: str) -> None:
-    """Refuse a resolved run config that breaks a rule between two of its components, before anything is built (the
-    strategy's ``absgrad`` and the renderer: :func:`with_strategy_absgrad`)."""
-    if resolved["renderer"]["name"] == "gsplat" and resolved["data"]["fisheye"] == "lens":
-        for key, entry in view_entries(resolved).items():
-            if VIEW_REGISTRY.get(entry["name"]).moves_cameras:
-                where, off = (
-                    (key, f"{key}.name=none") if key in VIEW_SECTIONS else (f"views.{key}", f"views.{key}=null")
-                )
-                raise ConfigError(
-                    f"{source}: key '{where}': needs gradients of the camera poses, which gsplat does not give through "
-                    f"a fisheye lens (data.fisheye: lens): use data.fisheye=undistort, renderer.name=torch or {off}"
-                )
-
-
-def resolve_device(name: str, dist: DistributedContext) -> torch.device:
-    """``auto`` is CUDA when available; under torchrun ``cuda`` is this process's GPU; ``mps`` an Apple GPU where
-    torch reports one."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise ConfigError(f"device '{name}' was asked for but CUDA is not available; use device=cpu")
-        if name == "cuda" and (dist.world_size > 1 or dist.local_rank > 0):  # a block's run under torchrun: its GPU
-            name = f"cuda:{dist.local_rank}"
-    elif name == "mps":
-        if not torch.backends.mps.is_available():
-            raise ConfigError("device 'mps' was asked for but torch reports no Apple GPU (MPS) here; use device=cpu")
-    elif name != "cpu":
-        raise ConfigError(f"key 'device': must be auto, cpu, cuda, cuda:N or mps, got '{name}'")
-    return torch.device(name)
-
-
-def describe_run(
-    cfg: RunConfig, resolved: dict[str, Any], source: str, threads: str, device: torch.device, notes: Sequence[str]
-) -> str:
-    """A run's first log line: its config, ``threads`` (:func:`set_cpu_threads`' line), the device, the renderer
-    (and whether ``auto`` chose it) and the data pipeline's ``notes``."""
-    how = " (auto)" if cfg.renderer.get("name", "auto") == "auto" else ""
-    run = f"{source}: {threads}; device {device}; renderer {resolved['renderer']['name']}{how}"
-    return "; ".join([run, *notes])
-
-
-def out_of_memory(step: int, num_gaussians: int) -> RuntimeError:
-    """The error a run that ran out of memory at ``step`` with ``num_gaussians`` Gaussians ends with: what to lower."""
-    return RuntimeError(
-        f"out of memory at step {step} with {num_gaussians} Gaussians; lower data.factor, data.batch_size or the "
-        f"strategy's cap_max"
-    )
-
-
-def set_cpu_threads(requested: int) -> str:
-    """Set torch's CPU threads: ``requested``, or for 0 the cores this process may use minus the 1-minute
-    load average (at least 1), since threads competing with busy processes slow a CPU render many
-    times over. Returns a line saying what was chosen and why."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    if requested > 0:
-        torch.set_num_threads(requested)
-        above = f", more than the {cores} cores this process may use" if requested > cores else ""
-        return f"{requested} CPU threads (num_threads: {requested}{above})"
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    threads = max(1, min(cores, round(cores - load)))
-    torch.set_num_threads(threads)
-    return f"{threads} CPU threads (num_threads: 0, auto: {cores} cores, load average {load:.2f})"
+    gsplat renders a fisheye lens (``data.fisheye: lens``) through its unscented transform, which has no packed
+    mode, no median depth, and no gradients of the Gaussians' screen-space centres or of the camera poses. A
+    per-view module is named by the key ``cfg`` wrote it under (:func:`view_key`).
+    """
+    if resolved["renderer"]["name"] != "gsplat" or resolved["data"]["fisheye"] != "lens":
+        return
+    lens = "gsplat renders a fisheye lens (data.fisheye: lens) through its unscented transform, which has"
+    instead = "data.fisheye=undistort or renderer.name=torch"
+    for key, what in (("packed", "no packed mode"), ("median_depth", "no median depth")):
+        if resolved["renderer"].get(key):
+            raise ConfigError(f"{source}: key 'renderer.{key}': {lens} {what}: set renderer.{key}=false, {instead}")
+    strategy = resolved["strategy"]["name"]
+    if STRATEGY_REGISTRY.get(strategy).screen_gradients:
+        raise ConfigError(
+            f"{source}: key 'strategy.name': '{strategy}' densifies from the screen-space gradients of the Gaussians' "
+            f"centres; {lens} none (renderer.name: gsplat): use strategy.name=mcmc, {instead}"
+        )
+    for key, entry in (resolved.get("hooks") or {}).items():
+        name = entry.get("name", key) if entry is not None else None
+        fmt = entry.get("format") if name == "ExportHook" else None
+        if fmt in EXPORT_REGISTRY and "render" in EXPORT_REGISTRY.get(fmt).needs:
+            raise ConfigError(
+                f"{source}: key 'hooks.{key}.format': '{fmt}' is made from renders with the median depth; {lens} "
+                f"none (renderer.name: gsplat): use hooks.{key}.format=ply, {instead}"
+            )
+    for key, entry in view_entries(resolved).items():
+        if VIEW_REGISTRY.get(entry["name"]).moves_cameras:
+            where = view_key(cfg, key)
+            off = f"{where}.name=none" if key in VIEW_SECTIONS else f"{where}=null"
+            raise ConfigError(
+                f"{source}: key '{where}': needs gradients of the camera poses, which gsplat does not give through "
+                f"a fisheye lens (data.fisheye: lens): use data.fisheye=undistort, renderer.name=torch or {off}"
+            )
 
 
 def resolve_entry(
@@ -257,24 +188,6 @@ def resolve_renderer_entry(
     return resolve_entry(RENDERER_REGISTRY, entry, source, "renderer")
 
 
-def auto_renderer(device: torch.device, log: Callable[[str], None] | None = None) -> str:
-    """The renderer ``auto`` picks: gsplat on CUDA (when installed), the compiled ``cpu`` renderer on the CPU (its
-    kernels built first if not cached; the torch renderer where they cannot be, with one line through ``log``
-    saying why), and the torch renderer elsewhere (e.g. ``mps``)."""
-    if device.type == "cuda" and "gsplat" in RENDERER_REGISTRY:
-        return "gsplat"
-    if device.type != "cpu":
-        return "torch"
-    from gsrecon.render.cpu.kernels import kernels_unavailable
-
-    why = kernels_unavailable(log)
-    if why is None:
-        return "cpu"
-    if log is not None:
-        log(f"renderer auto: the torch renderer, since the cpu renderer's C++ kernels cannot be built here ({why})")
-    return "torch"
-
-
 def resolve_hooks(hooks: Any, source: str, max_steps: int | None = None) -> dict[str, dict[str, Any] | None]:
     """The ``hooks:`` entries with defaults and priorities filled in (step counts left unset scaled to
     ``max_steps``, see :func:`gsrecon.config.run_steps`), in the order they run.
@@ -307,29 +220,14 @@ def resolve_hooks(hooks: Any, source: str, max_steps: int | None = None) -> dict
     return {**running, **{key: None for key in DEFAULT_HOOKS if key not in running}}
 
 
-def build_hooks(resolved: dict[str, dict[str, Any] | None], source: str = "config") -> dict[str, Hook]:
-    """Hook objects from :func:`resolve_hooks` entries (removed ones skipped), keyed and ordered as given."""
-    hooks = {}
-    for key, entry in resolved.items():
-        if entry is None:
-            continue
-        args = {k: v for k, v in entry.items() if k != "priority"}
-        try:
-            hook = HOOK_REGISTRY.build({"name": key, **args})
-        except ValueError as exc:
-            raise ConfigError(f"{source}: key 'hooks.{key}': {exc}") from exc
-        hook.priority = entry["priority"]
-        hooks[key] = hook
-    return hooks
-
-
 def resolve_run_config(
     cfg: RunConfig, device: torch.device, source: str, log: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
     """The run's config as plain data with every registry entry resolved: what ``config.yaml`` holds (``log``
     hears how ``renderer.name: auto`` was resolved where that needs saying)."""
     resolved = to_container(cfg)
-    resolved.pop("resume")
+    for key in ("resume", *VIEW_SECTIONS):  # the old shape's sections: read into views
+        resolved.pop(key)
     resolved["data"] = resolve_data_config(cfg.data, source)
     resolved["model"] = resolve_entry(
         MODEL_REGISTRY, cfg.model, source, "model", max_steps=cfg.max_steps, device=device
@@ -341,18 +239,41 @@ def resolve_run_config(
     resolved["hooks"] = resolve_hooks(cfg.hooks, source, cfg.max_steps)
     resolved["loss"] = resolve_entry_map(LOSS_REGISTRY, cfg.loss, DEFAULT_LOSS, source, "loss", cfg.max_steps)
     resolved.update(resolve_views_config(cfg, source))
-    check_rules(resolved, source)
+    check_rules(resolved, source, cfg)
     return resolved
 
 
 def resolve_views_config(cfg: RunConfig, source: str) -> dict[str, Any]:
-    """The per-view modules' part of the resolved config: the sections of :data:`VIEW_SECTIONS` and ``views:``."""
-    resolved = {
-        section: resolve_view_section(getattr(cfg, section), source, section, cfg.max_steps)
-        for section in VIEW_SECTIONS
-    }
-    resolved["views"] = resolve_entry_map(VIEW_REGISTRY, cfg.views, {}, source, "views", cfg.max_steps)
-    return resolved
+    """The per-view modules' part of the resolved config: ``{"views": {key: entry}}``, where the keys of
+    :data:`VIEW_SECTIONS` (``appearance``, ``pose_opt``) always appear (``name: none`` when off) and take a module of
+    their kind. The old shape's top-level sections of those names are read for one release (``mode``: ``name``'s
+    alias), on top of the ``views:`` entry of the same key (:func:`old_views_notice`)."""
+    views = entry_map(cfg.views, "views") if cfg.views is not None else {}
+    old = [section for section in VIEW_SECTIONS if getattr(cfg, section)]
+    resolved = {}
+    for section, kind in VIEW_SECTIONS.items():
+        written, entry = f"views.{section}", dict(views.get(section) or {})
+        if section in old:
+            written, entry = section, fold_view_section(entry, getattr(cfg, section))
+        resolved[section] = resolve_view_section(entry, source, written, kind, cfg.max_steps)
+    others = {key: value for key, value in views.items() if key not in VIEW_SECTIONS}
+    resolved.update(resolve_entry_map(VIEW_REGISTRY, others, {}, source, "views", cfg.max_steps))
+    return {"views": resolved}
+
+
+def view_key(cfg: RunConfig, key: str) -> str:
+    """The config key that configures the per-view module ``key``, as ``cfg`` wrote it (``views.<key>``, or the old
+    shape's section)."""
+    return key if key in VIEW_SECTIONS and getattr(cfg, key) else f"views.{key}"
+
+
+def old_views_notice(cfg: RunConfig, source: str) -> str | None:
+    """The one-line notice of a config that uses the old shape's per-view sections (None: it does not)."""
+    old = [section for section in VIEW_SECTIONS if getattr(cfg, section)]
+    if not old:
+        return None
+    keys = ", ".join(f"'{section}:' as views.{section}" for section in old)
+    return f"{source}: read {keys} (the old keys are read until the next release; write them under views:)"
 
 
 def resolve_entry_map(
@@ -378,23 +299,23 @@ def resolve_entry_map(
     return {**resolved, **{k: None for k in defaults if k not in resolved}}
 
 
-def resolve_view_section(section: dict[str, Any], source: str, key: str, max_steps: int) -> dict[str, Any]:
-    """A per-view section (``appearance:``), an entry ``{name, ...options}`` (``mode``: the alias of ``name``) naming
-    a VIEW_REGISTRY module of the section's kind (:data:`VIEW_SECTIONS`) whose options fill in the rest; ``none``
-    turns it off (its other keys are kept as written, for a config that turns it on again)."""
+def resolve_view_section(section: dict[str, Any], source: str, key: str, kind: str, max_steps: int) -> dict[str, Any]:
+    """A per-view section (``views.appearance``, or the old shape's ``appearance:``, written ``key``), an entry
+    ``{name, ...options}`` (``mode``: the alias of ``name``) naming a VIEW_REGISTRY module of ``kind`` whose options
+    fill in the rest; ``none`` turns it off (its other keys are kept as written, for a config that turns it on
+    again)."""
     options = dict(section)
     written = "mode" if "mode" in options else "name"
     if "mode" in options and "name" in options:
         raise ConfigError(f"{source}: key '{key}.mode': an alias of {key}.name; give one of them")
     name = options.pop(written, "none")
     if name == "none":
-        check_off_section(options, source, key, max_steps)
+        check_off_section(options, source, key, kind, max_steps)
         return {"name": "none", **options}
     try:
         cls = VIEW_REGISTRY.get(name)
     except RegistryError as exc:
         raise ConfigError(f"{source}: key '{key}.{written}': {exc} (or none)") from None
-    kind = VIEW_SECTIONS[key]
     if cls.kind != kind:
         fitting = [n for n in VIEW_REGISTRY.names() if VIEW_REGISTRY.get(n).kind == kind]
         what = f"{_article(cls.kind)} {cls.kind} module" if cls.kind else "a module for views: entries"
@@ -405,10 +326,9 @@ def resolve_view_section(section: dict[str, Any], source: str, key: str, max_ste
     return resolve_entry(VIEW_REGISTRY, {"name": name, **options}, source, key, max_steps=max_steps)
 
 
-def check_off_section(options: dict[str, Any], source: str, key: str, max_steps: int) -> None:
+def check_off_section(options: dict[str, Any], source: str, key: str, kind: str, max_steps: int) -> None:
     """A ConfigError where the options a section that is off keeps (for a config that turns it on again) fit none of
-    the modules of its kind; the error is that of a module that knows every option given, if one does."""
-    kind = VIEW_SECTIONS[key]
+    the modules of ``kind``; the error is that of a module that knows every option given, if one does."""
     errors = []
     for name in VIEW_REGISTRY.names():
         cls = VIEW_REGISTRY.get(name)
@@ -470,59 +390,6 @@ def resolve_strategy_entry(cfg: RunConfig, source: str, start: str | None = None
     """The ``strategy:`` entry resolved for a ``cfg.max_steps``-step run whose Gaussians start from ``start``
     (None before the model is built: the defaults for a start from points, see :func:`gsrecon.config.per_start`)."""
     return resolve_entry(STRATEGY_REGISTRY, cfg.strategy, source, "strategy", max_steps=cfg.max_steps, start=start)
-
-
-def build_strategy(cfg: RunConfig, resolved: dict[str, Any], model: torch.nn.Module, source: str) -> Any:
-    """The run's strategy, its entry resolved again (into ``resolved``) now that the model's start is known, since
-    some defaults differ for random points (``per_start``)."""
-    resolved["strategy"] = resolve_strategy_entry(cfg, source, getattr(model, "start", None))
-    return STRATEGY_REGISTRY.build(resolved["strategy"])
-
-
-def build_datapipeline(cfg: RunConfig, device: torch.device, dist: DistributedContext, source: str) -> DataPipeline:
-    """The run's datapipeline: the whole scene, or for a block of a partition (``partition.block``) its part."""
-    if cfg.partition.block is None:
-        return DataPipeline(cfg.data, device, cfg.seed, dist.rank, dist.world_size, source=source)
-    index, count = cfg.partition.block, cfg.partition.num_blocks
-
-    def select(scene: Scene) -> tuple[Scene, str]:
-        block = plan_partition(scene, cfg.partition).blocks[index]
-        return block_scene(scene, block), f"one of {count} blocks of the capture: {block.describe()}"
-
-    return DataPipeline(cfg.data, device, cfg.seed, dist.rank, dist.world_size, select, source)
-
-
-def build_model(
-    entry: dict[str, Any], scene: Scene, seed: int, source: str = "config", logger: Logger | None = None
-) -> torch.nn.Module:
-    """The ``model:`` entry's class, initialised from ``scene`` with its ``from_scene``.
-
-    With ``init: auto``, a scene without points whose reader can triangulate them (``Scene.triangulate``) gets
-    them first, its progress logged to ``logger``; where that cannot be done, ``scene.points_hint`` says why.
-    """
-    args = dict(entry)
-    cls = MODEL_REGISTRY.get(args.pop("name"))
-    cfg = parse_structured(cls.Config, args, source, "model")
-    if getattr(cfg, "init", None) == "auto" and len(scene.points) == 0 and scene.triangulate is not None:
-        _triangulate_points(scene, logger or Logger())
-    return cls.from_scene(cfg, scene, seed)
-
-
-def _triangulate_points(scene: Scene, logger: Logger) -> None:
-    """Fill ``scene.points`` / ``colors`` with ``scene.triangulate``; where it cannot, say why in ``points_hint``."""
-    from gsrecon.data.prepare.sfm import PycolmapUnavailableError
-
-    try:
-        sfm = scene.sfm_tracks(logger.info)
-        scene.points, scene.colors = sfm.points, sfm.colors
-        scene.observed, scene.keypoints, scene.keypoint_scale = sfm.observed, sfm.keypoints, sfm.keypoint_scale
-    except PycolmapUnavailableError:
-        scene.points_hint = (
-            "with pycolmap installed (`pip install pycolmap`) training triangulates them from the images and their "
-            "known poses"
-        )
-    except DatasetError as err:
-        scene.points_hint = f"triangulating them from the known poses failed: {err}"
 
 
 def structural_keys(model_entry: dict[str, Any]) -> tuple[str, ...]:

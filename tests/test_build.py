@@ -1,0 +1,129 @@
+"""Building a run: one build_run for every purpose, and the rules between two components refused before anything is
+built (one line, exit 2, naming both keys)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import write_yaml
+
+from gsrecon.cli import main
+from gsrecon.config import parse_structured
+from gsrecon.engine.build import PURPOSES, build_run
+from gsrecon.engine.resolve import RunConfig
+
+
+@pytest.mark.parametrize(
+    "overrides, keys",
+    [
+        (["renderer.packed=true", "strategy.name=mcmc"], ("renderer.packed", "data.fisheye")),
+        (["renderer.median_depth=true", "strategy.name=mcmc"], ("renderer.median_depth", "data.fisheye")),
+        ([], ("strategy.name", "data.fisheye", "renderer.name")),
+        (["strategy.name=mcmc", "hooks.ExportHook.format=mesh"], ("hooks.ExportHook.format", "data.fisheye")),
+        (["strategy.name=mcmc", "pose_opt.name=se3"], ("pose_opt", "data.fisheye")),
+    ],
+)
+def test_gsplat_through_a_fisheye_lens_is_refused_before_the_run_is_built(
+    capsys, make_config, tmp_path: Path, overrides: list[str], keys: tuple[str, ...]
+) -> None:
+    config = write_yaml(tmp_path / "c.yaml", make_config(strategy={"name": "default"}))
+    code = main(["train", "--config", str(config), "renderer.name=gsplat", "data.fisheye=lens", *overrides])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert all(key in err for key in keys) and "c.yaml" in err
+    assert not (tmp_path / "run").exists()  # refused before the run folder is taken
+
+
+def test_the_rules_let_a_pinhole_or_mcmc_run_through(make_config, tmp_path: Path) -> None:
+    from gsrecon.engine.resolve import resolve_run_config
+
+    for extra in ({"strategy": {"name": "mcmc"}}, {"data": {"dataset": "synthetic", "fisheye": "undistort"}}):
+        raw = {**make_config(), "renderer": {"name": "gsplat", "packed": True}, **extra}
+        resolved = resolve_run_config(parse_structured(RunConfig, raw), torch.device("cpu"), "c.yaml")
+        assert resolved["renderer"]["packed"] is True
+
+
+def test_a_scene_purpose_builds_data_renderer_and_views_only(make_config) -> None:
+    cfg = parse_structured(RunConfig, make_config())
+    for purpose in ("eval", "view"):
+        run = build_run(cfg, purpose, "c.yaml", device="cpu")
+        assert run.datapipeline is not None and run.renderer is not None and run.views is not None
+        assert run.model is None and run.strategy is None and run.hooks == {}
+        assert run.resolved["renderer"]["name"] == "torch" and run.device == torch.device("cpu")
+    block = build_run(cfg, "block", "c.yaml")
+    assert block.datapipeline is None and block.resolved["hooks"]["ExportHook"] is not None
+    with pytest.raises(ValueError, match="unknown purpose 'paint'"):
+        build_run(cfg, "paint")
+    assert {"train", "eval", "export", "render", "view", "lod", "block"} == set(PURPOSES)
+
+
+def _views(raw: dict, notices: list[str] | None = None) -> dict:
+    from gsrecon.engine.resolve import old_views_notice, resolve_views_config
+
+    cfg = parse_structured(RunConfig, raw)
+    if notices is not None and old_views_notice(cfg, "c.yaml") is not None:
+        notices.append(old_views_notice(cfg, "c.yaml"))
+    return resolve_views_config(cfg, "c.yaml")["views"]
+
+
+def test_per_view_modules_have_one_shape_under_views_and_the_old_keys_read_with_a_notice(make_config) -> None:
+    new = _views(make_config(views={"appearance": {"name": "affine", "lr": 0.01}, "pose_opt": {"name": "se3"}}))
+    notices: list[str] = []
+    old = _views(make_config(appearance={"mode": "affine", "lr": 0.01}, pose_opt={"name": "se3"}), notices)
+    assert old == new and new["appearance"]["name"] == "affine" and new["appearance"]["lr"] == 0.01
+    assert len(notices) == 1 and "'appearance:' as views.appearance" in notices[0] and "views:" in notices[0]
+    # the old keys, as a later layer, still switch a module by name or its alias mode, or change its options
+    layered = make_config(views={"appearance": {"name": "affine", "lr": 0.01}}, appearance={"mode": "bilateral_grid"})
+    assert _views(layered)["appearance"]["name"] == "bilateral_grid" and "lr" not in layered["appearance"]
+    merged = _views(make_config(views={"appearance": {"name": "affine", "lr": 0.01}}, appearance={"lr": 0.5}))
+    assert merged["appearance"]["name"] == "affine" and merged["appearance"]["lr"] == 0.5
+    assert _views(make_config())["pose_opt"] == {"name": "none"}  # off unless named
+
+
+def test_a_view_section_takes_a_module_of_its_kind_named_by_the_key_written(make_config) -> None:
+    from gsrecon.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"key 'views.pose_opt.name': 'affine' is an appearance module"):
+        _views(make_config(views={"pose_opt": {"name": "affine"}}))
+    with pytest.raises(ConfigError, match=r"key 'pose_opt.mode': 'affine' is an appearance module"):
+        _views(make_config(pose_opt={"mode": "affine"}))
+
+
+def test_a_checkpoint_of_the_old_views_shape_resumes_exactly(make_config, make_trainer) -> None:
+    from gsrecon.engine.checkpoints import load_checkpoint_file
+
+    full = make_trainer("full", appearance={"mode": "affine", "eval": "fit_left", "eval_steps": 2})
+    full.train()
+    assert "read 'appearance:' as views.appearance" in (full.exp_dir / "train.log").read_text()
+    step_3 = full.exp_dir / "checkpoints" / "step_000003.pt"
+    checkpoint = load_checkpoint_file(step_3)
+    assert "appearance" not in checkpoint["config"] and checkpoint["config"]["views"]["appearance"]["name"] == "affine"
+    config = dict(checkpoint["config"])  # as written before views: held every module
+    views = dict(config.pop("views"))
+    config.update(appearance=views.pop("appearance"), pose_opt=views.pop("pose_opt"), views=views)
+    old = full.exp_dir / "old_shape.pt"
+    torch.save({**checkpoint, "config": config}, old)
+    from gsrecon.engine.inference import load_trained_scene
+    from gsrecon.engine.resolve import resolve_views_config
+
+    stored = load_trained_scene(checkpoint=str(old))
+    assert resolve_views_config(stored.cfg, "c")["views"]["appearance"]["eval"] == "fit_left"
+    for override in ("views.appearance.eval=identity", "appearance.eval=identity"):  # either shape's key
+        scene = load_trained_scene(checkpoint=str(old), overrides=[override])
+        assert resolve_views_config(scene.cfg, "c")["views"]["appearance"]["eval"] == "identity"
+    same = {"name": "affine", "eval": "fit_left", "eval_steps": 2}
+    resumed = make_trainer("resumed", views={"appearance": same}, resume=str(old))
+    resumed.train()
+    log = (resumed.exp_dir / "train.log").read_text()
+    changed = [line for line in log.splitlines() if "resuming with changed settings" in line]
+    assert (
+        len(changed) == 1 and "exp_dir" in changed[0] and "appearance" not in changed[0] and "views" not in changed[0]
+    )
+    reference, again = (load_checkpoint_file(run.exp_dir / "checkpoints" / "last.pt") for run in (full, resumed))
+    for name, value in reference["params"].items():
+        assert torch.equal(again["params"][name], value), name
+    modules = [c["views"]["appearance"] for c in (reference, again)]
+    assert modules[0].keys() == modules[1].keys()
+    assert all(torch.equal(modules[0][k], modules[1][k]) for k in modules[0] if torch.is_tensor(modules[0][k]))
