@@ -22,6 +22,7 @@ from gsrecon.cache import cache_dir
 from gsrecon.errors import InputError
 
 SOURCES = ("bindings.cpp", "project.cpp", "rasterize.cpp")
+HEADERS = ("kernels.h",)  # included by the sources: part of the digest, not compiled alone
 _STALE_LOCK_S = 600.0  # a build lock older than this was left by a killed build
 _loaded: dict[str, ModuleType] = {}
 
@@ -56,7 +57,7 @@ def kernel_name() -> str:
     compiler (``$CXX``) and its flags (a library built for one CPU's vector instructions is never loaded on a CPU
     without them)."""
     digest = hashlib.sha256()
-    for name in SOURCES:
+    for name in (*SOURCES, *HEADERS):
         digest.update((_source_dir() / name).read_bytes())
     toolchain = f"{torch.__version__} {sys.version_info[:2]} {os.environ.get('CXX', 'c++')} {compile_flags()}"
     digest.update(toolchain.encode())
