@@ -7,8 +7,10 @@ cross into C++ by keyword and come back as dicts of named tensors (``kernels.h``
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any, NamedTuple
 
 import torch
@@ -35,10 +37,16 @@ class Projection(NamedTuple):
     colors: Tensor  # [C, N, 3] SH colours seen from each camera
 
 
+@functools.cache
+def _kernels() -> ModuleType:
+    """The loaded kernels, looked up once: `load_kernels` hashes the sources to name them (ms a call, four a step)."""
+    return load_kernels()
+
+
 def _call(kernel: str, **arguments: Any) -> dict[str, Tensor]:
     """The kernel ``kernel`` called with ``arguments``; its checks' ValueError as a one-line KernelInputError."""
     try:
-        return getattr(load_kernels(), kernel)(**arguments)
+        return getattr(_kernels(), kernel)(**arguments)
     except ValueError as exc:
         raise KernelInputError(f"cpu renderer, {kernel}: {str(exc).splitlines()[0]}") from None
 
