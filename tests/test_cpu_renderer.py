@@ -399,3 +399,13 @@ def test_a_cache_folder_that_cannot_be_written_makes_auto_fall_back_to_torch(tmp
     why, choice = result.stdout.strip().splitlines()  # one line saying why, nothing announced before it
     assert choice == "torch" and why.startswith("renderer auto: the torch renderer, since")
     assert "cannot be created: Not a directory" in why
+
+
+def test_these_tests_fail_rather_than_skip_where_a_compiler_exists_and_the_build_fails(tmp_path):
+    """A compiler that fails every build (``false``) with an empty cache: collecting this module is an error, so CI
+    cannot stay green while users get the torch renderer."""
+    env = {**os.environ, "CXX": "false", "GSRECON_CACHE": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "constants"]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode not in (0, 5), result.stdout  # 5: nothing ran, as a module-level skip gives
+    assert "KernelsUnavailableError" in result.stdout and "the build failed" in result.stdout
