@@ -3,27 +3,24 @@
 
 #include <torch/extension.h>
 
+#include <initializer_list>
+#include <utility>
+
 #include "kernels.h"
 
 namespace py = pybind11;
 using at::Tensor;
 
-namespace gsrecon {
 namespace {
 
-py::dict projection_dict(const Projection& p) {
+// A dict of named tensors: what each kernel returns to Python.
+py::dict named(std::initializer_list<std::pair<const char*, Tensor>> items) {
   py::dict out;
-  out["means2d"] = p.means2d;
-  out["conics"] = p.conics;
-  out["depths"] = p.depths;
-  out["radii"] = p.radii;
-  out["log_opacities"] = p.log_opacities;
-  out["colors"] = p.colors;
+  for (const auto& [name, tensor] : items) out[name] = tensor;
   return out;
 }
 
 }  // namespace
-}  // namespace gsrecon
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using namespace gsrecon;
@@ -43,7 +40,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         const Projection p = project_forward({means, quats, log_scales, logits, sh0, shN},
                                              {viewmats, Ks, width, height},
                                              {sh_degree, near_plane, far_plane, eps2d, antialiased});
-        return projection_dict(p);
+        return named({{"means2d", p.means2d}, {"conics", p.conics}, {"depths", p.depths}, {"radii", p.radii},
+                      {"log_opacities", p.log_opacities}, {"colors", p.colors}});
       },
       "Project Gaussians into pinhole cameras, with SH colours: a dict of Projection's fields (kernels.h)",
       py::kw_only(), py::arg("means"), py::arg("quats"), py::arg("log_scales"), py::arg("logits"), py::arg("sh0"),
@@ -60,15 +58,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             {means, quats, log_scales, logits, sh0, shN}, {viewmats, Ks, width, height},
             {sh_degree, near_plane, far_plane, eps2d, antialiased}, radii,
             {v_means2d, v_conics, v_depths, Tensor(), v_log_opacities, v_colors}, pose_grad);
-        py::dict out;
-        out["means"] = g.means;
-        out["quats"] = g.quats;
-        out["log_scales"] = g.log_scales;
-        out["logits"] = g.logits;
-        out["sh0"] = g.sh0;
-        out["shN"] = g.shN;
-        out["viewmats"] = g.viewmats;
-        return out;
+        return named({{"means", g.means}, {"quats", g.quats}, {"log_scales", g.log_scales}, {"logits", g.logits},
+                      {"sh0", g.sh0}, {"shN", g.shN}, {"viewmats", g.viewmats}});
       },
       "Gradients of project_forward's outputs: a dict named as its inputs",
       py::kw_only(), py::arg("means"), py::arg("quats"), py::arg("log_scales"), py::arg("logits"), py::arg("sh0"),
@@ -83,16 +74,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
          int64_t width, int64_t height, int64_t tile_size, double alpha_max, bool median_depth) {
         const Raster r = rasterize_forward({means2d, conics, log_opacities, colors, depths, radii},
                                            {width, height, tile_size, alpha_max}, median_depth);
-        py::dict out;
-        out["image"] = r.image;
-        out["median"] = r.median;
-        out["offsets"] = r.binning.offsets;
-        out["ids"] = r.binning.ids;
-        out["first"] = r.binning.first;
-        out["slots"] = r.binning.slots;
-        out["last"] = r.last;
-        out["trans_final"] = r.trans_final;
-        return out;
+        return named({{"image", r.image}, {"median", r.median}, {"offsets", r.binning.offsets},
+                      {"ids", r.binning.ids}, {"first", r.binning.first}, {"slots", r.binning.slots},
+                      {"last", r.last}, {"trans_final", r.trans_final}});
       },
       "Bin, sort and composite projected Gaussians: a dict of Raster's fields, the binning's flattened (kernels.h)",
       py::kw_only(), py::arg("means2d"), py::arg("conics"), py::arg("log_opacities"), py::arg("colors"),
@@ -107,14 +91,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         const Raster forward{Tensor(), Tensor(), {offsets, ids, first, slots}, last, trans_final};
         const SplatGrads g = rasterize_backward({means2d, conics, log_opacities, colors, depths, radii}, forward,
                                                 grad_image, {width, height, tile_size, alpha_max});
-        py::dict out;
-        out["means2d"] = g.means2d;
-        out["conics"] = g.conics;
-        out["log_opacities"] = g.log_opacities;
-        out["colors"] = g.colors;
-        out["depths"] = g.depths;
-        out["abs_means2d"] = g.abs_means2d;
-        return out;
+        return named({{"means2d", g.means2d}, {"conics", g.conics}, {"log_opacities", g.log_opacities},
+                      {"colors", g.colors}, {"depths", g.depths}, {"abs_means2d", g.abs_means2d}});
       },
       "Gradients of rasterize_forward's image: a dict named as its inputs, and abs_means2d (AbsGS)",
       py::kw_only(), py::arg("means2d"), py::arg("conics"), py::arg("log_opacities"), py::arg("colors"),
