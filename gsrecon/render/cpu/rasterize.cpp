@@ -377,10 +377,10 @@ Raster rasterize_forward(const Splats& splats, const RasterSettings& settings, b
   auto median = at::zeros({n_cams, height, width}, opts);
   auto last = at::zeros({n_cams, height, width}, opts.dtype(at::kInt));
   auto trans_final = at::ones({n_cams, height, width}, opts);
-  float* o = out.data_ptr<float>();
-  float* med = median.data_ptr<float>();
-  int32_t* la = last.data_ptr<int32_t>();
-  float* tf = trans_final.data_ptr<float>();
+  float* image_px = out.data_ptr<float>();
+  float* median_px = median.data_ptr<float>();
+  int32_t* last_px = last.data_ptr<int32_t>();
+  float* trans_px = trans_final.data_ptr<float>();
   const float alpha_max = static_cast<float>(settings.alpha_max);
   const int ts = static_cast<int>(tile_size);
   const int n_px = ts * ts;
@@ -419,15 +419,15 @@ Raster rasterize_forward(const Splats& splats, const RasterSettings& settings, b
         const int x = tx * ts + p % ts, y = ty * ts + p / ts;
         if (x >= width || y >= height) continue;
         const int64_t pix = (cam * height + y) * width + x;
-        float* op = o + pix * kComposited;
-        op[0] = px.r[p];
-        op[1] = px.g[p];
-        op[2] = px.b[p];
-        op[3] = px.z[p];
-        op[4] = 1.f - px.T[p];
-        if (median_depth) med[pix] = px.md[p];
-        la[pix] = px.last[p];
-        tf[pix] = px.T[p];
+        float* rgbza = image_px + pix * kComposited;
+        rgbza[0] = px.r[p];
+        rgbza[1] = px.g[p];
+        rgbza[2] = px.b[p];
+        rgbza[3] = px.z[p];
+        rgbza[4] = 1.f - px.T[p];
+        if (median_depth) median_px[pix] = px.md[p];
+        last_px[pix] = px.last[p];
+        trans_px[pix] = px.T[p];
       }
     }
   }
@@ -457,9 +457,9 @@ SplatGrads rasterize_backward(const Splats& splats, const Raster& forward, const
   const int64_t* first = first_t.data_ptr<int64_t>();
   const int64_t* slots = slots_t.data_ptr<int64_t>();
   const int64_t n_pairs = ids_t.numel();
-  const int32_t* la = last.data_ptr<int32_t>();
-  const float* tf = trans_final.data_ptr<float>();
-  const float* go = grad_out.data_ptr<float>();
+  const int32_t* last_px = last.data_ptr<int32_t>();
+  const float* trans_px = trans_final.data_ptr<float>();
+  const float* grad_px = grad_out.data_ptr<float>();
   // One thread takes the tiles in pair order and adds each pair's row straight to its Gaussian's sum; more threads
   // keep the rows apart and then sum each Gaussian's in pair order: the same additions either way.
   const bool in_order = at::get_num_threads() == 1;
@@ -489,10 +489,10 @@ SplatGrads rasterize_backward(const Splats& splats, const Raster& forward, const
         px.S[p] = 0.f;
         const bool inside = x < width && y < height;
         const int64_t pix = inside ? (cam * height + y) * width + x : 0;
-        px.last[p] = inside ? la[pix] : 0;
-        px.T[p] = inside ? tf[pix] : 1.f;
+        px.last[p] = inside ? last_px[pix] : 0;
+        px.T[p] = inside ? trans_px[pix] : 1.f;
         float* grads[kComposited] = {&px.gr[p], &px.gg[p], &px.gb[p], &px.gz[p], &px.ga[p]};
-        for (int ch = 0; ch < kComposited; ++ch) *grads[ch] = inside ? go[pix * kComposited + ch] : 0.f;
+        for (int ch = 0; ch < kComposited; ++ch) *grads[ch] = inside ? grad_px[pix * kComposited + ch] : 0.f;
         row_last[p / ts] = std::max(row_last[p / ts], px.last[p]);
       }
       const int32_t max_last = *std::max_element(row_last.begin(), row_last.end());
@@ -523,12 +523,12 @@ SplatGrads rasterize_backward(const Splats& splats, const Raster& forward, const
   auto g_colors = at::empty({n_cams, n, 3}, opts);
   auto g_depths = at::empty({n_cams, n}, opts);
   auto g_abs = at::empty({n_cams, n, 2}, opts);
-  float* gm = g_means2d.data_ptr<float>();
-  float* gc = g_conics.data_ptr<float>();
-  float* gl = g_log_ops.data_ptr<float>();
-  float* gcol = g_colors.data_ptr<float>();
-  float* gd = g_depths.data_ptr<float>();
-  float* ga = g_abs.data_ptr<float>();
+  float* v_means2d = g_means2d.data_ptr<float>();
+  float* v_conics = g_conics.data_ptr<float>();
+  float* v_log_ops = g_log_ops.data_ptr<float>();
+  float* v_colors = g_colors.data_ptr<float>();
+  float* v_depths = g_depths.data_ptr<float>();
+  float* v_abs = g_abs.data_ptr<float>();
   // Each Gaussian's pairs summed in pair order, whichever thread sums it.
 #pragma omp parallel for schedule(static) num_threads(at::get_num_threads())
   for (int64_t g = 0; g < n_cams * n; ++g) {
@@ -537,12 +537,12 @@ SplatGrads rasterize_backward(const Splats& splats, const Raster& forward, const
       const float* row = &pair_grad[slots[q] * kPairGrad];
       for (int c = 0; c < kPairGrad; ++c) sum[c] += row[c];
     }
-    std::copy(sum, sum + 2, gm + 2 * g);
-    std::copy(sum + 2, sum + 5, gc + 3 * g);
-    gl[g] = sum[5];
-    std::copy(sum + 6, sum + 9, gcol + 3 * g);
-    gd[g] = sum[9];
-    std::copy(sum + 10, sum + 12, ga + 2 * g);
+    std::copy(sum, sum + 2, v_means2d + 2 * g);
+    std::copy(sum + 2, sum + 5, v_conics + 3 * g);
+    v_log_ops[g] = sum[5];
+    std::copy(sum + 6, sum + 9, v_colors + 3 * g);
+    v_depths[g] = sum[9];
+    std::copy(sum + 10, sum + 12, v_abs + 2 * g);
   }
   return {g_means2d, g_conics, g_log_ops, g_colors, g_depths, g_abs};
 }
