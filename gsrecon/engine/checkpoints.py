@@ -291,7 +291,7 @@ def load_checkpoint_file(path: str | Path, device: torch.device | str = "cpu") -
         raise InputError(f"{path} is not a gsrecon checkpoint (no 'params'/'step' entries)")
     check_config_data(checkpoint.get("config", {}), f"{path} (stored config)")
     try:
-        check_params(checkpoint["params"])
+        check_params(stored)
     except InputError as exc:
         raise InputError(f"{path}: {exc}") from None
     return checkpoint

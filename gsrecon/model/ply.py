@@ -156,9 +156,9 @@ def num_rest_coeffs(path: Path, names: set[str]) -> int:
     indices = sorted(int(match[1]) for name in names if (match := _F_REST.fullmatch(name)))
     if indices != list(range(len(indices))):
         raise InputError(f"{path}: f_rest_* properties must be numbered f_rest_0, f_rest_1, ...; got indices {indices}")
-    if len(indices) % 3 or sh_degree_of(len(indices) // 3) is None:
+    degree = None if len(indices) % 3 else sh_degree_of(len(indices) // 3)
+    if degree is None:
         raise InputError(f"{path}: {len(indices)} f_rest_* properties is not 3*((D+1)^2-1) for any SH degree D")
-    degree = sh_degree_of(len(indices) // 3)
     if degree > MAX_SH_DEGREE:
         raise InputError(
             f"{path}: {len(indices)} f_rest_* properties hold SH degree {degree}; gsrecon renders degree "
