@@ -8,15 +8,16 @@ from collections.abc import Mapping
 from torch import Tensor
 
 from gsrecon.errors import InputError
-from gsrecon.sh import sh_degree_of
+from gsrecon.sh import MAX_SH_DEGREE, sh_degree_of
 
 PARAM_NAMES = ("means", "scales", "quats", "opacities", "sh0", "shN")
 
 
 def check_params(params: Mapping[str, Tensor]) -> int:
-    """Check that ``params`` holds the six Gaussian tensors with consistent shapes; return their SH degree.
+    """Check that ``params`` holds the six Gaussian tensors with consistent shapes and an SH degree gsrecon renders
+    (0 to 3); return that degree.
 
-    Raises ValueError naming the missing key or the tensor whose shape is wrong.
+    Raises InputError naming the missing key, the tensor whose shape is wrong, or the degree above 3.
     """
     missing = [k for k in PARAM_NAMES if k not in params]
     if missing:
@@ -39,5 +40,10 @@ def check_params(params: Mapping[str, Tensor]) -> int:
     if degree is None:
         raise InputError(
             f"Gaussian parameter 'shN' has {num_rest} coefficients per channel, not (D+1)^2 - 1 for any SH degree D"
+        )
+    if degree > MAX_SH_DEGREE:
+        raise InputError(
+            f"Gaussian parameter 'shN' has {num_rest} coefficients per channel: SH degree {degree}, "
+            f"above the highest gsrecon renders ({MAX_SH_DEGREE})"
         )
     return degree

@@ -149,3 +149,50 @@ def test_training_says_what_it_starts_from_and_why_a_capture_without_points_star
     code, _, err = _train(capsys, config, "--overwrite")
     assert code == 0, err
     assert " Gaussians from SfM points on " in err and "triangulate" not in err
+
+
+def _degree_params(n: int, degree: int) -> dict:
+    """``n`` Gaussians with the SH coefficients of ``degree`` (any degree: not checked here)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    return {
+        "means": torch.randn(n, 3, generator=gen),
+        "scales": torch.full((n, 3), -3.0),
+        "quats": torch.randn(n, 4, generator=gen),
+        "opacities": torch.zeros(n),
+        "sh0": torch.zeros(n, 1, 3),
+        "shN": torch.zeros(n, (degree + 1) ** 2 - 1, 3),
+    }
+
+
+def _write_degree_ply(path: Path, degree: int) -> Path:
+    """A reference-layout 3DGS PLY of SH degree ``degree``, written without gsrecon (which refuses degree 4+)."""
+    from plyfile import PlyData, PlyElement
+
+    rest = 3 * ((degree + 1) ** 2 - 1)
+    names = ["x", "y", "z", "f_dc_0", "f_dc_1", "f_dc_2", *(f"f_rest_{i}" for i in range(rest)), "opacity"]
+    names += [f"scale_{i}" for i in range(3)] + [f"rot_{i}" for i in range(4)]
+    data = np.zeros(4, dtype=[(name, "<f4") for name in names])
+    data["rot_0"] = 1.0
+    PlyData([PlyElement.describe(data, "vertex")]).write(str(path))
+    return path
+
+
+@pytest.mark.parametrize("degree", [4, 9])
+def test_a_ply_or_checkpoint_of_sh_degree_above_3_is_one_line_and_exit_2(capsys, make_config, tmp_path, degree):
+    import torch
+
+    config = write_yaml(tmp_path / "c.yaml", make_config())
+    ply = _write_degree_ply(tmp_path / "deep.ply", degree)
+    code = main(["eval", "--ply", str(ply), "--config", str(config), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"deep.ply: {3 * ((degree + 1) ** 2 - 1)} f_rest_* properties hold SH degree {degree}" in err
+    checkpoint = tmp_path / "deep.pt"
+    torch.save({"params": _degree_params(4, degree), "step": 1, "config": {}}, checkpoint)
+    code = main(["eval", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "deep.pt: Gaussian parameter 'shN'" in err and f"SH degree {degree}, above the highest" in err
+    assert not (tmp_path / "out").exists()

@@ -20,14 +20,17 @@ from gsrecon.cli import main
 from gsrecon.config import ConfigError
 from gsrecon.distributed import DistributedContext
 from gsrecon.engine.runtime import resolve_device, set_cpu_threads
-from gsrecon.render.cpu.kernels import KernelsUnavailableError, build_dir, load_kernels
+from gsrecon.errors import InputError
+from gsrecon.render import torch_renderer
+from gsrecon.render.cpu.functions import KernelInputError, project_pinhole
+from gsrecon.render.cpu.kernels import build_dir, load_kernels, missing_toolchain
 from gsrecon.render.cpu.renderer import CpuRenderer
 from gsrecon.render.torch_renderer import TorchRenderer
+from gsrecon.sh import MAX_SH_DEGREE
 
-try:
-    load_kernels()
-except KernelsUnavailableError as exc:
-    pytest.skip(f"no CPU kernels here: {exc}", allow_module_level=True)
+if missing_toolchain() is not None:
+    pytest.skip(f"no C++ toolchain here: {missing_toolchain()}", allow_module_level=True)
+load_kernels()  # with a compiler and ninja, a failing build fails these tests (KernelsUnavailableError)
 
 PARAMS = ("means", "scales", "quats", "opacities", "sh0", "shN")
 WIDTH, HEIGHT = 64, 48
@@ -104,6 +107,77 @@ def test_images_and_gradients_match_the_torch_renderer(antialiased: bool):
     for key in PARAMS:
         assert _cosine(grads[key], ref_grads[key]) >= 0.99, key
     assert _cosine(out.info["means2d"].grad, ref.info["means2d"].grad) >= 0.99
+
+
+@pytest.mark.parametrize("tile_size", [8, 13])
+def test_tile_sizes_other_than_16_match_the_torch_renderer(tile_size: int):
+    params = _scene(n=2000)
+    ref, ref_grads = _render(TorchRenderer(TorchRenderer.Config(tile_size=tile_size)), params)
+    out, grads = _render(CpuRenderer(CpuRenderer.Config(tile_size=tile_size)), params)
+    assert _psnr(out.image, ref.image) >= 40.0
+    assert _psnr(out.alpha, ref.alpha) >= 40.0
+    for key in PARAMS:
+        assert _cosine(grads[key], ref_grads[key]) >= 0.99, key
+
+
+def test_the_kernels_constants_are_the_torch_renderers():
+    kernels = load_kernels()
+    for name in ("ALPHA_MIN", "BBOX_SIGMAS", "TRANSMITTANCE_MIN", "CLAMP_MARGIN", "MEDIAN_TRANSMITTANCE"):
+        assert getattr(kernels, name) == np.float32(getattr(torch_renderer, name)), name
+    assert np.float32(torch_renderer._TINY) == kernels.TINY_DETERMINANT
+    assert kernels.MAX_SH_DEGREE == MAX_SH_DEGREE
+
+
+def _kernel_inputs(n: int = 10, sh_degree: int = 3) -> dict:
+    """project_forward's keyword arguments for ``n`` Gaussians and two cameras."""
+    p = _scene(n=n, sh_degree=sh_degree)
+    viewmats, Ks = _cameras()
+    return {
+        "means": p["means"], "quats": p["quats"], "log_scales": p["scales"], "logits": p["opacities"],
+        "sh0": p["sh0"], "shN": p["shN"], "viewmats": viewmats, "Ks": Ks, "width": WIDTH, "height": HEIGHT,
+        "sh_degree": sh_degree, "near_plane": 0.01, "far_plane": 1e10, "eps2d": 0.3, "antialiased": False,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"means": torch.zeros(10, 3, dtype=torch.float64)}, "'means' has dtype Double, expected Float"),
+        ({"quats": torch.zeros(4, 10).T}, "'quats' is not contiguous"),
+        ({"Ks": torch.zeros(3, 3, 3)}, "'Ks' has shape [3, 3, 3], expected [2, 3, 3]"),
+        ({"sh0": torch.zeros(10, 3)}, "'sh0' has shape [10, 3], expected [10, 1, 3]"),
+        ({"sh_degree": 4}, "sh_degree=4 is not in 0..3"),
+        ({"shN": torch.zeros(10, 3, 3)}, "'shN' holds 3 higher coefficients per channel, fewer than SH degree 3"),
+    ],
+)
+def test_the_kernels_refuse_tensors_of_the_wrong_dtype_shape_layout_or_sh_degree(change: dict, message: str):
+    with pytest.raises(ValueError, match="kernel argument") as caught:
+        load_kernels().project_forward(**{**_kernel_inputs(), **change})
+    assert message in str(caught.value).splitlines()[0]
+    with pytest.raises(ValueError, match="kernel argument 'radii' has dtype Float"):
+        load_kernels().rasterize_forward(
+            means2d=torch.zeros(1, 5, 2), conics=torch.zeros(1, 5, 3), log_opacities=torch.zeros(1, 5),
+            colors=torch.zeros(1, 5, 3), depths=torch.zeros(1, 5), radii=torch.zeros(1, 5, 2), width=8, height=8,
+            tile_size=4, alpha_max=0.99, median_depth=False,
+        )  # fmt: skip
+
+
+def test_a_kernel_refusal_reaches_the_user_as_one_line_naming_the_argument():
+    args = _kernel_inputs()
+    cameras = Cameras(args["viewmats"], args["Ks"], WIDTH, HEIGHT)
+    gaussians = [args[k] for k in ("means", "quats", "log_scales", "logits", "sh0", "shN")]
+    with pytest.raises(KernelInputError, match=r"^cpu renderer, project_forward: kernel argument sh_degree=5") as e:
+        project_pinhole(*gaussians, 5, cameras, CpuRenderer.Config())
+    assert isinstance(e.value, InputError) and "\n" not in str(e.value)
+
+
+def test_the_renderers_refuse_sh_degree_4_in_one_line():
+    params = _scene(n=20, sh_degree=3)
+    params["shN"] = torch.zeros(20, 24, 3)  # degree 4
+    viewmats, Ks = _cameras()
+    for renderer in (CpuRenderer(), TorchRenderer()):
+        with pytest.raises(InputError, match="SH degree 4, above the highest gsrecon renders"):
+            renderer.render(params, Cameras(viewmats, Ks, WIDTH, HEIGHT), 3)
 
 
 def test_garden_points_match_the_torch_renderer(shared_data):
@@ -347,3 +421,13 @@ def test_a_cache_folder_that_cannot_be_written_makes_auto_fall_back_to_torch(tmp
     why, choice = result.stdout.strip().splitlines()  # one line saying why, nothing announced before it
     assert choice == "torch" and why.startswith("renderer auto: the torch renderer, since")
     assert "cannot be created: Not a directory" in why
+
+
+def test_these_tests_fail_rather_than_skip_where_a_compiler_exists_and_the_build_fails(tmp_path):
+    """A compiler that fails every build (``false``) with an empty cache: collecting this module is an error, so CI
+    cannot stay green while users get the torch renderer."""
+    env = {**os.environ, "CXX": "false", "GSRECON_CACHE": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "constants"]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode not in (0, 5), result.stdout  # 5: nothing ran, as a module-level skip gives
+    assert "KernelsUnavailableError" in result.stdout and "the build failed" in result.stdout

@@ -167,7 +167,7 @@ def test_refuses_empty_scenes_and_sh_degree_4_before_writing(tmp_path):
     (tmp_path / "scene.sog").write_bytes(b"old")
     with pytest.raises(ValueError, match="no Gaussians"):
         save_sog(tmp_path / "scene.sog", _params(n=0))
-    with pytest.raises(ValueError, match="SOG holds SH degree 3 at most, the scene has degree 4"):
+    with pytest.raises(ValueError, match="SH degree 4, above the highest gsrecon renders"):
         export_gaussians(_params(n=20, sh_degree=4), tmp_path / "scene.sog", "sog")
     assert [p.name for p in tmp_path.iterdir()] == ["scene.sog"] and (tmp_path / "scene.sog").read_bytes() == b"old"
 

@@ -12,7 +12,7 @@ from torch import Tensor
 from gsrecon.cameras import Cameras
 from gsrecon.geometry import quat_scale_to_factor
 from gsrecon.render import torch_renderer
-from gsrecon.render.base import RenderOutput
+from gsrecon.render.base import RendererConfig, RenderOutput
 from gsrecon.render.torch_renderer import (
     ALPHA_MIN,
     TRANSMITTANCE_MIN,
@@ -112,9 +112,8 @@ def _dense_render(params, viewmats, Ks, width, height, sh_degree, backgrounds, c
     means = params["means"]
     factors = quat_scale_to_factor(params["quats"], params["scales"].exp())
     proj = project_gaussians(
-        means, factors, F.logsigmoid(params["opacities"]), viewmats, Ks, width, height,
-        cfg.near_plane, cfg.far_plane, cfg.eps2d, cfg.antialiased,
-    )  # fmt: skip
+        means, factors, F.logsigmoid(params["opacities"]), Cameras(viewmats, Ks, width, height), cfg
+    )
     opacities = proj.log_opacities.exp()  # [C, N]
     centres = -(viewmats[:, :3, :3].transpose(1, 2) @ viewmats[:, :3, 3:]).squeeze(-1)
     dirs = torch.nn.functional.normalize(means[None] - centres[:, None], dim=-1)
@@ -272,9 +271,10 @@ def test_projection_covariance_and_jacobian_clamp():
     limit = 1.3 * (width / 2) / focal  # 1.3 tan(fov_x / 2)
     means = torch.tensor([[0.0, 0.0, z], [3.0 * limit * z, 0.0, z], [0.5 * limit * z, 0.0, z]], dtype=torch.float64)
     args = (means, quat_scale_to_factor(quats, scales), torch.full((3,), math.log(0.5), dtype=torch.float64))
-    proj = project_gaussians(*args, viewmats, Ks, width, height, near_plane=0.01, far_plane=1e10, eps2d=0.3)
+    cameras = Cameras(viewmats, Ks, width, height)
+    proj = project_gaussians(*args, cameras, RendererConfig(near_plane=0.01, far_plane=1e10, eps2d=0.3))
     antialiased = project_gaussians(
-        *args, viewmats, Ks, width, height, near_plane=0.01, far_plane=1e10, eps2d=0.3, antialiased=True
+        *args, cameras, RendererConfig(near_plane=0.01, far_plane=1e10, eps2d=0.3, antialiased=True)
     )
     rot = torch.tensor(
         [[math.cos(angle), -math.sin(angle), 0.0], [math.sin(angle), math.cos(angle), 0.0], [0.0, 0.0, 1.0]],

@@ -27,6 +27,7 @@ from gsrecon.config import ConfigError, check_config_data
 from gsrecon.engine.run_dir import RunDir
 from gsrecon.errors import InputError
 from gsrecon.model.views.base import current_shape
+from gsrecon.params import check_params
 
 if TYPE_CHECKING:
     from gsrecon.engine.hook import Hook, TrainerView
@@ -303,9 +304,14 @@ def load_checkpoint_file(path: str | Path, device: torch.device | str = "cpu") -
         raise FileNotFoundError(f"checkpoint not found: {path}") from None
     except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, pickle.UnpicklingError) as exc:
         raise InputError(f"{path} is truncated or not a PyTorch checkpoint ({type(exc).__name__})") from None
-    if not isinstance(checkpoint, dict) or "params" not in checkpoint or "step" not in checkpoint:
+    stored = checkpoint.get("params") if isinstance(checkpoint, dict) else None
+    if not isinstance(stored, Mapping) or "step" not in checkpoint:
         raise InputError(f"{path} is not a gsrecon checkpoint (no 'params'/'step' entries)")
     check_config_data(checkpoint.get("config", {}), f"{path} (stored config)")
+    try:
+        check_params(stored)
+    except InputError as exc:
+        raise InputError(f"{path}: {exc}") from None
     return checkpoint
 
 

@@ -55,7 +55,6 @@ from gsrecon.registry import EXPORT_REGISTRY
 from gsrecon.sh import sh_degree_of
 
 SOG_VERSION = 2
-MAX_SOG_SH_DEGREE = 3
 CODEBOOK_SIZE = 256
 PALETTE_ENTRIES_PER_ROW = 64
 _MAX_PALETTE_BITS = 16  # labels are 16-bit
@@ -74,17 +73,13 @@ _WEBP_OPTIONS = {"lossless": True, "quality": 70, "method": 4, "exact": True}  #
 def save_sog(path: str | os.PathLike, params: Mapping[str, Tensor], *, antialiased: bool = False) -> None:
     """Write Gaussians as a SOG bundle, or unbundled for a path named ``meta.json`` (see the module docstring).
 
-    Raises ValueError, before writing anything, for an empty scene or an SH degree above 3.
+    Raises InputError, before writing anything, for an empty scene or an SH degree above 3.
     """
     p = cpu_params(params)
-    n, degree = p["means"].shape[0], check_params(p)
+    check_params(p)  # refuses an SH degree above 3, which SOG cannot hold
+    n = p["means"].shape[0]
     if n == 0:
         raise InputError("the scene has no Gaussians (were all of them pruned?), so there is nothing to write to SOG")
-    if degree > MAX_SOG_SH_DEGREE:
-        raise InputError(
-            f"SOG holds SH degree {MAX_SOG_SH_DEGREE} at most, the scene has degree {degree}; "
-            "export it as ply, or train with model.sh_degree<=3"
-        )
     size = _image_size(n)
     order = morton_order(p["means"])  # [N]
     files, meta = _encode(p, order, size)

@@ -40,7 +40,10 @@ def ssim_map(pred: Tensor, gt: Tensor) -> Tensor:
     """The SSIM of every pixel and channel [B, 3, H, W] of ``[B, H, W, 3]`` images in [0, 1] (Wang et al. 2004,
     with the Gaussian window of 3DGS and the reflected borders of torchmetrics)."""
     x, y = pred.permute(0, 3, 1, 2), gt.permute(0, 3, 1, 2)  # [B, 3, H, W]
-    mu_x, mu_y, xx, yy, xy = blur(torch.cat((x, y, x * x, y * y, x * y), dim=1)).chunk(5, dim=1)
+    # A target without gradient (the photos) is blurred without a graph: 6 of 15 channels' backward saved.
+    with torch.set_grad_enabled(torch.is_grad_enabled() and gt.requires_grad):
+        mu_y, yy = blur(torch.cat((y, y * y), dim=1)).chunk(2, dim=1)
+    mu_x, xx, xy = blur(torch.cat((x, x * x, x * y), dim=1)).chunk(3, dim=1)
     var_x = (xx - mu_x * mu_x).clamp_min(0.0)
     var_y = (yy - mu_y * mu_y).clamp_min(0.0)
     cov = xy - mu_x * mu_y

@@ -31,7 +31,7 @@ from gsrecon.atomic import atomic_path
 from gsrecon.errors import InputError
 from gsrecon.io.ply import finite_column, read_ply, read_ply_header, write_binary_ply
 from gsrecon.params import PARAM_NAMES, check_params
-from gsrecon.sh import sh_degree_of
+from gsrecon.sh import MAX_SH_DEGREE, sh_degree_of
 
 _F_REST = re.compile(r"f_rest_(\d+)")
 
@@ -90,7 +90,7 @@ def load_ply(path: str | os.PathLike) -> dict[str, Tensor]:
     Raises:
         FileNotFoundError: ``path`` does not exist.
         ValueError: the file is not a readable PLY, its header declares more data than the file
-            holds, it lacks a property the layout requires, has no Gaussians, or holds NaN / inf.
+            holds, it lacks a property the layout requires, has no Gaussians, holds NaN / inf, or an SH degree above 3.
     """
     path = Path(path)
     vertex = read_ply(path)["vertex"]
@@ -156,6 +156,12 @@ def num_rest_coeffs(path: Path, names: set[str]) -> int:
     indices = sorted(int(match[1]) for name in names if (match := _F_REST.fullmatch(name)))
     if indices != list(range(len(indices))):
         raise InputError(f"{path}: f_rest_* properties must be numbered f_rest_0, f_rest_1, ...; got indices {indices}")
-    if len(indices) % 3 or sh_degree_of(len(indices) // 3) is None:
+    degree = None if len(indices) % 3 else sh_degree_of(len(indices) // 3)
+    if degree is None:
         raise InputError(f"{path}: {len(indices)} f_rest_* properties is not 3*((D+1)^2-1) for any SH degree D")
+    if degree > MAX_SH_DEGREE:
+        raise InputError(
+            f"{path}: {len(indices)} f_rest_* properties hold SH degree {degree}; gsrecon renders degree "
+            f"{MAX_SH_DEGREE} at most"
+        )
     return len(indices) // 3

@@ -15,7 +15,6 @@ alternatives on CPU.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gsrecon.cameras import PINHOLE, CameraModel, Cameras
+from gsrecon.cameras import Cameras
 from gsrecon.cameras.lens import fisheye_project, pinhole_project
 from gsrecon.geometry import camera_centers, quat_scale_to_factor
 from gsrecon.params import PARAM_NAMES
@@ -36,6 +35,7 @@ from gsrecon.sh import num_sh_bases, sh_to_color
 ALPHA_MIN = 1.0 / 255.0  # a Gaussian with alpha below this is skipped at a pixel
 TRANSMITTANCE_MIN = 1e-4  # a pixel stops before the Gaussian that would take T to or below this
 BBOX_SIGMAS = 3.33  # bounding boxes never extend past this many standard deviations
+CLAMP_MARGIN = 0.15  # J's x / z and y / z are clamped this fraction of the image's size past its edges
 N_FEATURES = 5  # composited per Gaussian: r, g, b, depth, 1 (the last accumulates alpha)
 DEPTH_FEATURE = 3  # the depth's place among the composited features
 MEDIAN_TRANSMITTANCE = 0.5  # the median depth is the depth of the Gaussian that takes T across this
@@ -59,39 +59,33 @@ def project_gaussians(
     means: Tensor,  # [N, 3]
     factors: Tensor,  # [N, 3, 3] covariance factors (`quat_scale_to_factor`)
     log_opacities: Tensor,  # [N] ln of the activated opacities
-    viewmats: Tensor,  # [C, 4, 4]
-    Ks: Tensor,  # [C, 3, 3]
-    width: int,
-    height: int,
-    near_plane: float,
-    far_plane: float,
-    eps2d: float,
-    antialiased: bool = False,
-    camera_model: CameraModel = PINHOLE,  # the C cameras' model (fisheye: coeffs [C, 4])
+    cameras: Cameras,  # C cameras, pinhole or fisheye
+    cfg: RendererConfig,  # near_plane, far_plane, eps2d, antialiased
 ) -> Projection:
     """EWA projection of 3D Gaussians into pinhole (or fisheye) cameras, with culling.
 
     The 2D covariance is ``J W Sigma W^T J^T + eps2d * I`` with the perspective Jacobian ``J``
-    evaluated at the centre, its x/z and y/z clamped to 1.3x the half field of view (as gsplat
-    and 3DGS do). The bounding box is opacity-aware as in gsplat 1.5: per axis,
-    ``ceil(e * sqrt(cov_ii))`` with ``e = min(3.33, sqrt(2 ln(255 * opacity)))``, which encloses
-    every pixel where the Gaussian's alpha reaches 1/255. Radii are 0 for Gaussians outside
+    evaluated at the centre, its x/z and y/z clamped to the image plus ``CLAMP_MARGIN`` of its size on each side
+    (1.3x the half field of view of a centred camera, as gsplat and 3DGS do). The bounding box is opacity-aware
+    as in gsplat 1.5: per axis, ``ceil(e * sqrt(cov_ii))`` with ``e = min(3.33, sqrt(2 ln(255 * opacity)))``,
+    which encloses every pixel where the Gaussian's alpha reaches 1/255. Radii are 0 for Gaussians outside
     (near_plane, far_plane), with opacity < 1/255, or whose box misses the image.
 
-    ``antialiased`` scales each opacity by ``sqrt(det(cov2d) / det(cov2d + eps2d * I))`` (gsplat's
+    ``cfg.antialiased`` scales each opacity by ``sqrt(det(cov2d) / det(cov2d + eps2d * I))`` (gsplat's
     "antialiased" mode), so that the dilation does not make small Gaussians brighter; the box and
     the 1/255 test use the compensated opacity, as in gsplat.
 
-    Through a fisheye ``camera_model`` the centre and the Jacobian are the lens model's (`gsrecon.cameras.lens`), with
-    no clamp, and Gaussians past the angle where the model folds back are culled.
+    Through fisheye cameras (``cameras.model``) the centre and the Jacobian are the lens model's
+    (`gsrecon.cameras.lens`), with no clamp, and Gaussians past the angle where the model folds back are culled.
     """
-    rot, trans = viewmats[:, :3, :3], viewmats[:, :3, 3]  # [C, 3, 3], [C, 3]
-    means_c = torch.matmul(means, rot.transpose(1, 2)) + trans[:, None, :]  # [C, N, 3]
-    in_depth = (means_c[..., 2] > near_plane) & (means_c[..., 2] < far_plane)  # [C, N]
-    if camera_model.kind == "pinhole":
-        means2d, jr_x, jr_y = _pinhole_jacobian(means_c, in_depth, rot, Ks, width, height)
+    width, height, eps2d = cameras.width, cameras.height, cfg.eps2d
+    rot = cameras.viewmats[:, :3, :3]  # [C, 3, 3]
+    means_c = _camera_space(means, cameras)  # [C, N, 3]
+    in_depth = (means_c[..., 2] > cfg.near_plane) & (means_c[..., 2] < cfg.far_plane)  # [C, N]
+    if cameras.model.kind == "pinhole":
+        means2d, jr_x, jr_y = _pinhole_jacobian(means_c, in_depth, cameras)
     else:  # "fisheye"
-        lens = fisheye_project(means_c, Ks, camera_model.coeffs, near_plane)
+        lens = fisheye_project(means_c, cameras.Ks, cameras.model.coeffs, cfg.near_plane)
         means2d, in_depth = lens.means2d, in_depth & lens.in_lens
         # Rows of J @ R_cam: the Jacobian of pixel coordinates w.r.t. world position.
         jr_x, jr_y = torch.matmul(lens.jacobian_u, rot), torch.matmul(lens.jacobian_v, rot)  # [C, N, 3] each
@@ -105,7 +99,7 @@ def project_gaussians(
     det = torch.where(valid, det, torch.ones_like(det))
     conics = torch.stack([cov_yy / det, -cov_xy / det, cov_xx / det], dim=-1)  # [C, N, 3]
     log_ops = log_opacities.expand_as(det)  # [C, N]
-    if antialiased:
+    if cfg.antialiased:
         det_orig = raw_xx * raw_yy - cov_xy * cov_xy
         det_orig = torch.where(valid, det_orig, torch.ones_like(det_orig)).clamp_min(_TINY)
         log_ops = log_ops + 0.5 * (torch.log(det_orig) - torch.log(det))
@@ -128,6 +122,12 @@ def project_gaussians(
     return Projection(means2d, conics, means_c[..., 2], radii, log_ops)
 
 
+def _camera_space(means: Tensor, cameras: Cameras) -> Tensor:
+    """The centres ``means`` [N, 3] in each camera's frame, [C, N, 3]."""
+    rot, trans = cameras.viewmats[:, :3, :3], cameras.viewmats[:, :3, 3]  # [C, 3, 3], [C, 3]
+    return torch.matmul(means, rot.transpose(1, 2)) + trans[:, None, :]
+
+
 class _PinholeCoords(NamedTuple):
     """Pinhole coordinates of camera-space centres, for ``C`` cameras of ``N`` centres."""
 
@@ -140,18 +140,17 @@ class _PinholeCoords(NamedTuple):
 def _pinhole_coords(
     means_c: Tensor,  # [C, N, 3] camera-space centres
     in_depth: Tensor,  # [C, N] bool
-    Ks: Tensor,  # [C, 3, 3]
-    width: int,
-    height: int,
+    cameras: Cameras,  # C pinhole cameras
 ) -> _PinholeCoords:
-    """The centres' pixel coordinates, and x / z, y / z clamped to 1.3x the half field of view."""
+    """The centres' pixel coordinates, and x / z, y / z clamped to the image plus ``CLAMP_MARGIN`` of its size."""
+    Ks, width, height = cameras.Ks, cameras.width, cameras.height
     x, y, z = means_c.unbind(-1)  # [C, N] each
     z = torch.where(in_depth, z, torch.ones_like(z))
     u, v, pixel_x, pixel_y = pinhole_project(x, y, z, Ks)
     means2d = torch.stack([pixel_x, pixel_y], dim=-1)  # [C, N, 2]
     fx, fy = Ks[:, 0, 0, None], Ks[:, 1, 1, None]  # [C, 1]
     cx, cy = Ks[:, 0, 2, None], Ks[:, 1, 2, None]
-    margin_x, margin_y = 0.15 * width / fx, 0.15 * height / fy  # 0.3 * tan(fov / 2)
+    margin_x, margin_y = CLAMP_MARGIN * width / fx, CLAMP_MARGIN * height / fy  # 0.3 * tan(fov / 2)
     u_clamped = torch.clamp(u, -(cx / fx + margin_x), (width - cx) / fx + margin_x)
     v_clamped = torch.clamp(v, -(cy / fy + margin_y), (height - cy) / fy + margin_y)
     return _PinholeCoords(means2d, z, u_clamped, v_clamped)
@@ -160,13 +159,11 @@ def _pinhole_coords(
 def _pinhole_jacobian(
     means_c: Tensor,  # [C, N, 3] camera-space centres
     in_depth: Tensor,  # [C, N] bool
-    rot: Tensor,  # [C, 3, 3] world-to-camera rotations
-    Ks: Tensor,  # [C, 3, 3]
-    width: int,
-    height: int,
+    cameras: Cameras,  # C pinhole cameras
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Pinhole centres [C, N, 2] and the rows of ``J @ R`` [C, N, 3] each, J evaluated at the clamped x/z, y/z."""
-    means2d, z, u, v = _pinhole_coords(means_c, in_depth, Ks, width, height)
+    means2d, z, u, v = _pinhole_coords(means_c, in_depth, cameras)
+    rot, Ks = cameras.viewmats[:, :3, :3], cameras.Ks  # [C, 3, 3] each
     fx, fy = Ks[:, 0, 0, None], Ks[:, 1, 1, None]  # [C, 1]
     jr_x = (fx / z)[..., None] * (rot[:, None, 0, :] - u[..., None] * rot[:, None, 2, :])
     jr_y = (fy / z)[..., None] * (rot[:, None, 1, :] - v[..., None] * rot[:, None, 2, :])
@@ -178,14 +175,8 @@ def cull_gaussians(
     means: Tensor,  # [N, 3]
     log_scales: Tensor,  # [N, 3]
     log_opacities: Tensor,  # [N] ln of the activated opacities
-    viewmats: Tensor,  # [C, 4, 4]
-    Ks: Tensor,  # [C, 3, 3]
-    width: int,
-    height: int,
-    near_plane: float,
-    far_plane: float,
-    eps2d: float,
-    camera_model: CameraModel = PINHOLE,  # the C cameras' model; a fisheye's view is only bounded by depth here
+    cameras: Cameras,  # C cameras; a fisheye's view is only bounded by depth here
+    cfg: RendererConfig,  # near_plane, far_plane, eps2d
 ) -> Tensor:
     """Ids of the Gaussians that may be visible in at least one camera, sorted, [M].
 
@@ -197,11 +188,10 @@ def cull_gaussians(
     means and scales, instead of the full projection and colour evaluation. Through fisheye lenses only
     the depth and opacity bounds apply.
     """
-    rot, trans = viewmats[:, :3, :3], viewmats[:, :3, 3]  # [C, 3, 3], [C, 3]
-    means_c = torch.matmul(means, rot.transpose(1, 2)) + trans[:, None, :]  # [C, N, 3]
-    keep = (means_c[..., 2] > near_plane) & (means_c[..., 2] < far_plane)  # [C, N]
-    if camera_model.kind == "pinhole":
-        keep &= _near_pinhole_image(means_c, keep, log_scales, Ks, width, height, eps2d)
+    means_c = _camera_space(means, cameras)  # [C, N, 3]
+    keep = (means_c[..., 2] > cfg.near_plane) & (means_c[..., 2] < cfg.far_plane)  # [C, N]
+    if cameras.model.kind == "pinhole":
+        keep &= _near_pinhole_image(means_c, keep, log_scales, cameras, cfg.eps2d)
     return (keep.any(dim=0) & (log_opacities >= math.log(ALPHA_MIN) - 1e-5)).nonzero().squeeze(1)  # [M]
 
 
@@ -209,14 +199,13 @@ def _near_pinhole_image(
     means_c: Tensor,  # [C, N, 3] camera-space centres
     in_depth: Tensor,  # [C, N] bool
     log_scales: Tensor,  # [N, 3]
-    Ks: Tensor,  # [C, 3, 3]
-    width: int,
-    height: int,
+    cameras: Cameras,  # C pinhole cameras
     eps2d: float,
 ) -> Tensor:
     """Whether each centre lies within an upper bound of its box of the pinhole image (see `cull_gaussians`), [C, N]."""
-    means2d, z, u_c, v_c = _pinhole_coords(means_c, in_depth, Ks, width, height)
-    fx, fy = Ks[:, 0, 0, None], Ks[:, 1, 1, None]  # [C, 1]
+    means2d, z, u_c, v_c = _pinhole_coords(means_c, in_depth, cameras)
+    fx, fy = cameras.Ks[:, 0, 0, None], cameras.Ks[:, 1, 1, None]  # [C, 1]
+    width, height = cameras.width, cameras.height
     max_scale = log_scales.amax(dim=-1).exp()  # [N]
     # 1% and one pixel of slack absorb rounding differences from the exact projection.
     rx = 1.01 * BBOX_SIGMAS * torch.sqrt((fx / z * max_scale) ** 2 * (1 + u_c * u_c) + eps2d) + 1.0
@@ -227,13 +216,9 @@ def _near_pinhole_image(
 
 def shade_gaussians(
     rows: Sequence[Tensor],
-    viewmats: Tensor,  # [C, 4, 4]
-    Ks: Tensor,  # [C, 3, 3]
-    width: int,
-    height: int,
+    cameras: Cameras,  # C cameras
     sh_degree: int,
     cfg: RendererConfig,
-    camera_model: CameraModel = PINHOLE,  # the C cameras' model
 ) -> tuple[Tensor, ...]:
     """The `Projection` fields, then the colours [C, M, 3], of the Gaussians whose parameter rows are ``rows``.
 
@@ -243,11 +228,8 @@ def shade_gaussians(
     means, log_scales, quats, logits, sh0, shN = rows
     log_opacities = F.logsigmoid(logits)  # [M]
     factors = quat_scale_to_factor(quats, torch.exp(log_scales))  # [M, 3, 3]
-    proj = project_gaussians(
-        means, factors, log_opacities, viewmats, Ks, width, height,
-        cfg.near_plane, cfg.far_plane, cfg.eps2d, cfg.antialiased, camera_model,
-    )  # fmt: skip
-    dirs = F.normalize(means[None] - camera_centers(viewmats)[:, None], dim=-1)  # [C, M, 3]
+    proj = project_gaussians(means, factors, log_opacities, cameras, cfg)
+    dirs = F.normalize(means[None] - camera_centers(cameras.viewmats)[:, None], dim=-1)  # [C, M, 3]
     coeffs = torch.cat([sh0, shN[:, : num_sh_bases(sh_degree) - 1]], dim=1)  # [M, K', 3]
     return (*proj, sh_to_color(sh_degree, dirs, coeffs[None]))
 
@@ -723,28 +705,22 @@ class TorchRenderer(Renderer):
         self, params: Mapping[str, Tensor], cameras: Cameras, sh_degree: int, backgrounds: Tensor
     ) -> RenderOutput:
         cfg = self.cfg
-        viewmats, Ks, width, height, camera_model = (
-            cameras.viewmats, cameras.Ks, cameras.width, cameras.height, cameras.model
-        )  # fmt: skip
+        viewmats, width, height = cameras.viewmats, cameras.width, cameras.height
         n_cams, n = viewmats.shape[0], params["means"].shape[0]
         rows = [params[key] for key in PARAM_NAMES]
         ids = None  # [M] ids of the Gaussians rendered, None for all of them
         if cfg.cull:
             ids = cull_gaussians(
                 params["means"].detach(), params["scales"].detach(), F.logsigmoid(params["opacities"].detach()),
-                viewmats, Ks, width, height, cfg.near_plane, cfg.far_plane, cfg.eps2d, camera_model,
+                cameras, cfg,
             )  # fmt: skip
             if len(ids) == n:
                 ids = None
-        shade = functools.partial(
-            shade_gaussians,
-            Ks=Ks,
-            width=width,
-            height=height,
-            sh_degree=sh_degree,
-            cfg=cfg,
-            camera_model=camera_model,
-        )
+
+        def shade(rows: Sequence[Tensor], viewmats: Tensor) -> tuple[Tensor, ...]:
+            """`shade_gaussians` through ``cameras`` at the poses ``viewmats`` (`_RowChunks`' shared input)."""
+            return shade_gaussians(rows, cameras.with_viewmats(viewmats), sh_degree, cfg)
+
         if (n if ids is None else len(ids)) <= cfg.max_kept_gaussians:
             # index_select's backward scatters into full-size gradients: culled Gaussians get exact zeros.
             shaded = shade(rows if ids is None else [t.index_select(0, ids) for t in rows], viewmats)

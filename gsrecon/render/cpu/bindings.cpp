@@ -1,35 +1,102 @@
-// The Python module of the CPU renderer's kernels (project.cpp, rasterize.cpp).
+// The Python module of the CPU renderer's kernels (kernels.h): keyword arguments in, dicts of named tensors out, and
+// the model's constants (tested equal to the torch renderer's).
 
 #include <torch/extension.h>
 
-#include <vector>
+#include <initializer_list>
+#include <utility>
 
-std::vector<torch::Tensor> project_forward(torch::Tensor means, torch::Tensor quats, torch::Tensor log_scales,
-                                           torch::Tensor logits, torch::Tensor sh0, torch::Tensor shN,
-                                           int64_t n_coeffs, torch::Tensor viewmats, torch::Tensor Ks,
-                                           int64_t width, int64_t height, double near_plane, double far_plane,
-                                           double eps2d, bool antialiased);
-std::vector<torch::Tensor> project_backward(torch::Tensor means, torch::Tensor quats, torch::Tensor log_scales,
-                                            torch::Tensor logits, torch::Tensor sh0, torch::Tensor shN,
-                                            int64_t n_coeffs, torch::Tensor viewmats, torch::Tensor Ks,
-                                            int64_t width, int64_t height, double near_plane, double far_plane,
-                                            double eps2d, bool antialiased, torch::Tensor radii,
-                                            torch::Tensor v_means2d, torch::Tensor v_conics, torch::Tensor v_depths,
-                                            torch::Tensor v_log_ops, torch::Tensor v_colors, bool pose_grad);
-std::vector<torch::Tensor> rasterize_forward(torch::Tensor means2d, torch::Tensor conics, torch::Tensor log_ops,
-                                             torch::Tensor colors, torch::Tensor depths, torch::Tensor radii,
-                                             int64_t width, int64_t height, int64_t tile_size, double alpha_max,
-                                             bool median_depth);
-std::vector<torch::Tensor> rasterize_backward(torch::Tensor means2d, torch::Tensor conics, torch::Tensor log_ops,
-                                              torch::Tensor colors, torch::Tensor depths, torch::Tensor radii,
-                                              torch::Tensor offsets, torch::Tensor ids, torch::Tensor first,
-                                              torch::Tensor slots, torch::Tensor last,
-                                              torch::Tensor trans_final, torch::Tensor grad_out, int64_t width,
-                                              int64_t height, int64_t tile_size, double alpha_max);
+#include "kernels.h"
+
+namespace py = pybind11;
+using at::Tensor;
+
+namespace {
+
+// A dict of named tensors: what each kernel returns to Python.
+py::dict named(std::initializer_list<std::pair<const char*, Tensor>> items) {
+  py::dict out;
+  for (const auto& [name, tensor] : items) out[name] = tensor;
+  return out;
+}
+
+}  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("project_forward", &project_forward, "Project Gaussians into pinhole cameras, with SH colours");
-  m.def("project_backward", &project_backward, "Gradients of project_forward's outputs");
-  m.def("rasterize_forward", &rasterize_forward, "Bin, sort and composite projected Gaussians");
-  m.def("rasterize_backward", &rasterize_backward, "Gradients of rasterize_forward's composited channels");
+  using namespace gsrecon;
+  m.attr("ALPHA_MIN") = kAlphaMin;
+  m.attr("BBOX_SIGMAS") = kBboxSigmas;
+  m.attr("TRANSMITTANCE_MIN") = kTransmittanceMin;
+  m.attr("CLAMP_MARGIN") = kClampMargin;
+  m.attr("MEDIAN_TRANSMITTANCE") = kMedianTransmittance;
+  m.attr("TINY_DETERMINANT") = kTinyDeterminant;
+  m.attr("MAX_SH_DEGREE") = kMaxShDegree;
+
+  m.def(
+      "project_forward",
+      [](Tensor means, Tensor quats, Tensor log_scales, Tensor logits, Tensor sh0, Tensor shN, Tensor viewmats,
+         Tensor Ks, int64_t width, int64_t height, int64_t sh_degree, double near_plane, double far_plane,
+         double eps2d, bool antialiased) {
+        const Projection p = project_forward({means, quats, log_scales, logits, sh0, shN},
+                                             {viewmats, Ks, width, height},
+                                             {sh_degree, near_plane, far_plane, eps2d, antialiased});
+        return named({{"means2d", p.means2d}, {"conics", p.conics}, {"depths", p.depths}, {"radii", p.radii},
+                      {"log_opacities", p.log_opacities}, {"colors", p.colors}});
+      },
+      "Project Gaussians into pinhole cameras, with SH colours: a dict of Projection's fields (kernels.h)",
+      py::kw_only(), py::arg("means"), py::arg("quats"), py::arg("log_scales"), py::arg("logits"), py::arg("sh0"),
+      py::arg("shN"), py::arg("viewmats"), py::arg("Ks"), py::arg("width"), py::arg("height"), py::arg("sh_degree"),
+      py::arg("near_plane"), py::arg("far_plane"), py::arg("eps2d"), py::arg("antialiased"));
+
+  m.def(
+      "project_backward",
+      [](Tensor means, Tensor quats, Tensor log_scales, Tensor logits, Tensor sh0, Tensor shN, Tensor viewmats,
+         Tensor Ks, int64_t width, int64_t height, int64_t sh_degree, double near_plane, double far_plane,
+         double eps2d, bool antialiased, Tensor radii, Tensor v_means2d, Tensor v_conics, Tensor v_depths,
+         Tensor v_log_opacities, Tensor v_colors, bool pose_grad) {
+        const GaussianGrads g = project_backward(
+            {means, quats, log_scales, logits, sh0, shN}, {viewmats, Ks, width, height},
+            {sh_degree, near_plane, far_plane, eps2d, antialiased}, radii,
+            {v_means2d, v_conics, v_depths, Tensor(), v_log_opacities, v_colors}, pose_grad);
+        return named({{"means", g.means}, {"quats", g.quats}, {"log_scales", g.log_scales}, {"logits", g.logits},
+                      {"sh0", g.sh0}, {"shN", g.shN}, {"viewmats", g.viewmats}});
+      },
+      "Gradients of project_forward's outputs: a dict named as its inputs",
+      py::kw_only(), py::arg("means"), py::arg("quats"), py::arg("log_scales"), py::arg("logits"), py::arg("sh0"),
+      py::arg("shN"), py::arg("viewmats"), py::arg("Ks"), py::arg("width"), py::arg("height"), py::arg("sh_degree"),
+      py::arg("near_plane"), py::arg("far_plane"), py::arg("eps2d"), py::arg("antialiased"), py::arg("radii"),
+      py::arg("v_means2d"), py::arg("v_conics"), py::arg("v_depths"), py::arg("v_log_opacities"),
+      py::arg("v_colors"), py::arg("pose_grad"));
+
+  m.def(
+      "rasterize_forward",
+      [](Tensor means2d, Tensor conics, Tensor log_opacities, Tensor colors, Tensor depths, Tensor radii,
+         int64_t width, int64_t height, int64_t tile_size, double alpha_max, bool median_depth) {
+        const Raster r = rasterize_forward({means2d, conics, log_opacities, colors, depths, radii},
+                                           {width, height, tile_size, alpha_max}, median_depth);
+        return named({{"image", r.image}, {"median", r.median}, {"offsets", r.binning.offsets},
+                      {"ids", r.binning.ids}, {"first", r.binning.first}, {"slots", r.binning.slots},
+                      {"last", r.last}, {"trans_final", r.trans_final}});
+      },
+      "Bin, sort and composite projected Gaussians: a dict of Raster's fields, the binning's flattened (kernels.h)",
+      py::kw_only(), py::arg("means2d"), py::arg("conics"), py::arg("log_opacities"), py::arg("colors"),
+      py::arg("depths"), py::arg("radii"), py::arg("width"), py::arg("height"), py::arg("tile_size"),
+      py::arg("alpha_max"), py::arg("median_depth"));
+
+  m.def(
+      "rasterize_backward",
+      [](Tensor means2d, Tensor conics, Tensor log_opacities, Tensor colors, Tensor depths, Tensor radii,
+         Tensor offsets, Tensor ids, Tensor first, Tensor slots, Tensor last, Tensor trans_final, Tensor grad_image,
+         int64_t width, int64_t height, int64_t tile_size, double alpha_max) {
+        const Raster forward{Tensor(), Tensor(), {offsets, ids, first, slots}, last, trans_final};
+        const SplatGrads g = rasterize_backward({means2d, conics, log_opacities, colors, depths, radii}, forward,
+                                                grad_image, {width, height, tile_size, alpha_max});
+        return named({{"means2d", g.means2d}, {"conics", g.conics}, {"log_opacities", g.log_opacities},
+                      {"colors", g.colors}, {"depths", g.depths}, {"abs_means2d", g.abs_means2d}});
+      },
+      "Gradients of rasterize_forward's image: a dict named as its inputs, and abs_means2d (AbsGS)",
+      py::kw_only(), py::arg("means2d"), py::arg("conics"), py::arg("log_opacities"), py::arg("colors"),
+      py::arg("depths"), py::arg("radii"), py::arg("offsets"), py::arg("ids"), py::arg("first"), py::arg("slots"),
+      py::arg("last"), py::arg("trans_final"), py::arg("grad_image"), py::arg("width"), py::arg("height"),
+      py::arg("tile_size"), py::arg("alpha_max"));
 }

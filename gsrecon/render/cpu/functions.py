@@ -1,18 +1,29 @@
 """The CPU kernels as differentiable functions of tensors (float32, on the CPU).
 
 Their backward passes are hand-written in C++ (``rasterize.cpp``, ``project.cpp``): autograd cannot see inside a
-compiled per-pixel loop, and the explicit adjoint keeps one pass over the pixels and no per-pixel graph.
+compiled per-pixel loop, and the explicit adjoint keeps one pass over the pixels and no per-pixel graph. Arguments
+cross into C++ by keyword and come back as dicts of named tensors (``kernels.h`` declares both sides).
 """
 
 from __future__ import annotations
 
+import functools
 import weakref
+from collections.abc import Callable
+from types import ModuleType
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
+from gsrecon.cameras import Cameras
+from gsrecon.errors import InputError
+from gsrecon.render.base import RendererConfig
 from gsrecon.render.cpu.kernels import load_kernels
+
+
+class KernelInputError(InputError):
+    """A tensor that reached the kernels had the wrong dtype, shape or layout (the message names the argument)."""
 
 
 class Projection(NamedTuple):
@@ -26,31 +37,54 @@ class Projection(NamedTuple):
     colors: Tensor  # [C, N, 3] SH colours seen from each camera
 
 
+@functools.cache
+def _kernels() -> ModuleType:
+    """The loaded kernels, looked up once: `load_kernels` hashes the sources to name them (ms a call, four a step)."""
+    return load_kernels()
+
+
+def _call(kernel: str, **arguments: Any) -> dict[str, Tensor]:
+    """The kernel ``kernel`` called with ``arguments``; its checks' ValueError as a one-line KernelInputError."""
+    try:
+        return getattr(_kernels(), kernel)(**arguments)
+    except ValueError as exc:
+        raise KernelInputError(f"cpu renderer, {kernel}: {str(exc).splitlines()[0]}") from None
+
+
+_GAUSSIANS = ("means", "quats", "log_scales", "logits", "sh0", "shN")
+
+
 class _Project(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, means, quats, log_scales, logits, sh0, shN, n_coeffs, viewmats, Ks, settings):
-        outputs = load_kernels().project_forward(
-            means, quats, log_scales, logits, sh0, shN, n_coeffs, viewmats, Ks, *settings
-        )
-        radii = outputs[3]
-        ctx.save_for_backward(means, quats, log_scales, logits, sh0, shN, viewmats, Ks, radii)
-        ctx.n_coeffs, ctx.settings = n_coeffs, settings
-        ctx.mark_non_differentiable(radii)
-        return tuple(outputs)
+    def forward(ctx: Any, means, quats, log_scales, logits, sh0, shN, viewmats, Ks, settings):
+        out = _call(
+            "project_forward", **dict(zip(_GAUSSIANS, (means, quats, log_scales, logits, sh0, shN))),
+            viewmats=viewmats, Ks=Ks, **settings,
+        )  # fmt: skip
+        ctx.save_for_backward(means, quats, log_scales, logits, sh0, shN, viewmats, Ks, out["radii"])
+        ctx.settings = settings
+        ctx.mark_non_differentiable(out["radii"])
+        return tuple(out[name] for name in Projection._fields)
 
     @staticmethod
-    def backward(ctx: Any, v_means2d, v_conics, v_depths, _v_radii, v_log_ops, v_colors):
-        means, quats, log_scales, logits, sh0, shN, viewmats, Ks, radii = ctx.saved_tensors
+    def backward(ctx: Any, v_means2d, v_conics, v_depths, _v_radii, v_log_opacities, v_colors):
+        *gaussians, viewmats, Ks, radii = ctx.saved_tensors
         c, n = radii.shape[:2]
-        shapes = ((c, n, 2), (c, n, 3), (c, n), (c, n), (c, n, 3))
-        outputs = (v_means2d, v_conics, v_depths, v_log_ops, v_colors)
-        grads = [g.contiguous() if g is not None else means.new_zeros(s) for g, s in zip(outputs, shapes)]
-        pose_grad = ctx.needs_input_grad[7]
-        inputs = (means, quats, log_scales, logits, sh0, shN, ctx.n_coeffs, viewmats, Ks, *ctx.settings, radii)
-        g_means, g_quats, g_scales, g_logits, g_sh0, g_shN, g_viewmats = load_kernels().project_backward(
-            *inputs, *grads, pose_grad
-        )
-        return g_means, g_quats, g_scales, g_logits, g_sh0, g_shN, None, g_viewmats if pose_grad else None, None, None
+        wanted = {
+            "v_means2d": (v_means2d, (c, n, 2)),
+            "v_conics": (v_conics, (c, n, 3)),
+            "v_depths": (v_depths, (c, n)),
+            "v_log_opacities": (v_log_opacities, (c, n)),
+            "v_colors": (v_colors, (c, n, 3)),
+        }
+        grads = {k: g.contiguous() if g is not None else radii.new_zeros(s, dtype=torch.float32)
+                 for k, (g, s) in wanted.items()}  # fmt: skip
+        pose_grad = ctx.needs_input_grad[6]
+        out = _call(
+            "project_backward", **dict(zip(_GAUSSIANS, gaussians)), viewmats=viewmats, Ks=Ks, **ctx.settings,
+            radii=radii, **grads, pose_grad=pose_grad,
+        )  # fmt: skip
+        return (*(out[name] for name in _GAUSSIANS), out["viewmats"] if pose_grad else None, None, None)
 
 
 def project_pinhole(
@@ -59,47 +93,52 @@ def project_pinhole(
     log_scales: Tensor,  # [N, 3]
     logits: Tensor,  # [N] opacity logits
     sh0: Tensor,  # [N, 1, 3] SH coefficients of band 0
-    shN: Tensor,  # [N, S, 3] and of the higher bands, of which the first K - 1 are rendered
-    n_coeffs: int,  # K = (degree + 1)^2, the coefficients of the degree to render
-    viewmats: Tensor,  # [C, 4, 4] world-to-camera
-    Ks: Tensor,  # [C, 3, 3]
-    width: int,
-    height: int,
-    near_plane: float,
-    far_plane: float,
-    eps2d: float,
-    antialiased: bool,
+    shN: Tensor,  # [N, S, 3] and of the higher bands, of which the first (sh_degree + 1)^2 - 1 are rendered
+    sh_degree: int,
+    cameras: Cameras,  # C pinhole cameras
+    cfg: RendererConfig,  # near_plane, far_plane, eps2d, antialiased
 ) -> Projection:
     """EWA projection into pinhole cameras and SH colours, as `gsrecon.render.torch_renderer.shade_gaussians`
     computes them; differentiable in the Gaussians' parameters and the camera poses (not the intrinsics). The SH
     bands come as the model stores them: no [N, K, 3] copy forward, no split of its gradient backward."""
     inputs = [t.float().contiguous() for t in (means, quats, log_scales, logits, sh0, shN)]
-    cams = [viewmats.float().contiguous(), Ks.detach().float().contiguous()]
-    settings = (width, height, near_plane, far_plane, eps2d, antialiased)
-    return Projection(*_Project.apply(*inputs, n_coeffs, *cams, settings))
+    viewmats, Ks = cameras.viewmats.float().contiguous(), cameras.Ks.detach().float().contiguous()
+    settings = {
+        "width": cameras.width,
+        "height": cameras.height,
+        "sh_degree": sh_degree,
+        "near_plane": cfg.near_plane,
+        "far_plane": cfg.far_plane,
+        "eps2d": cfg.eps2d,
+        "antialiased": cfg.antialiased,
+    }
+    return Projection(*_Project.apply(*inputs, viewmats, Ks, settings))
+
+
+_SPLATS = ("means2d", "conics", "log_opacities", "colors", "depths")
+_BINNING = ("offsets", "ids", "first", "slots", "last", "trans_final")
 
 
 class _Rasterize(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, means2d, conics, log_ops, colors, depths, radii, settings, absgrad_of):
-        out, median, *binning, last, trans = load_kernels().rasterize_forward(
-            means2d, conics, log_ops, colors, depths, radii, *settings
-        )
-        ctx.save_for_backward(means2d, conics, log_ops, colors, depths, radii, *binning, last, trans)
-        ctx.settings, ctx.absgrad_of = settings[:-1], absgrad_of
-        ctx.mark_non_differentiable(median)
-        return out, median
+    def forward(ctx: Any, means2d, conics, log_opacities, colors, depths, radii, settings, absgrad_of):
+        splats = dict(zip(_SPLATS, (means2d, conics, log_opacities, colors, depths)))
+        out = _call("rasterize_forward", **splats, radii=radii, **settings)
+        ctx.save_for_backward(means2d, conics, log_opacities, colors, depths, radii, *(out[k] for k in _BINNING))
+        ctx.settings = {k: v for k, v in settings.items() if k != "median_depth"}
+        ctx.absgrad_of = absgrad_of
+        ctx.mark_non_differentiable(out["median"])
+        return out["image"], out["median"]
 
     @staticmethod
-    def backward(ctx: Any, grad_out, _grad_median):
+    def backward(ctx: Any, grad_image, _grad_median):
         saved = ctx.saved_tensors
-        g_means2d, g_conics, g_log_ops, g_colors, g_depths, g_abs = load_kernels().rasterize_backward(
-            *saved, grad_out.contiguous(), *ctx.settings
-        )
+        inputs = dict(zip((*_SPLATS, "radii", *_BINNING), saved))
+        out = _call("rasterize_backward", **inputs, grad_image=grad_image.contiguous(), **ctx.settings)
         target = ctx.absgrad_of() if ctx.absgrad_of is not None else None
         if target is not None:
-            target.absgrad = g_abs  # read by the strategies as gsplat's means2d.absgrad
-        return g_means2d, g_conics, g_log_ops, g_colors, g_depths, None, None, None
+            target.absgrad = out["abs_means2d"]  # read by the strategies as gsplat's means2d.absgrad
+        return (*(out[k] for k in _SPLATS), None, None, None)
 
 
 def rasterize(
@@ -125,6 +164,7 @@ def rasterize(
     gradient of ``means2d`` (AbsGS); ``means2d`` is then used as given (it must be float32 and contiguous).
     """
     inputs = [t.float().contiguous() for t in (means2d, conics, log_opacities, colors, depths)]
-    absgrad_of = weakref.ref(inputs[0]) if absgrad else None
-    settings = (width, height, tile_size, alpha_max, median_depth)
+    absgrad_of: Callable[[], Tensor | None] | None = weakref.ref(inputs[0]) if absgrad else None
+    settings = {"width": width, "height": height, "tile_size": tile_size, "alpha_max": alpha_max,
+                "median_depth": median_depth}  # fmt: skip
     return _Rasterize.apply(*inputs, radii.int().contiguous(), settings, absgrad_of)

@@ -1,14 +1,13 @@
 // EWA projection of 3D Gaussians into pinhole cameras and their spherical-harmonics colours on the CPU, forward
 // and backward, with the conventions of gsrecon's torch renderer (gsrecon/render/torch_renderer.py,
-// project_gaussians and shade_gaussians). Gaussians are handed to OpenMP threads; each Gaussian's gradient sums
-// its cameras in order, so results do not depend on the thread count.
+// project_gaussians and shade_gaussians). Backward is the forward's steps in reverse, one vector-Jacobian product
+// (`*_vjp`) per step. Gaussians are handed to OpenMP threads; each Gaussian's gradient sums its cameras in order,
+// so results do not depend on the thread count.
 
 // ATen's headers, not <torch/extension.h>: that one (pybind11, the C++ frontend) makes this file's build 4x
 // slower; only bindings.cpp needs it.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/ones.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 
@@ -17,11 +16,10 @@
 #include <cstdint>
 #include <vector>
 
-namespace {
+#include "kernels.h"
 
-constexpr float kAlphaMin = 1.0f / 255.0f;  // a Gaussian whose opacity is below this is culled
-constexpr float kBboxSigmas = 3.33f;        // bounding boxes never extend past this many standard deviations
-constexpr float kTiny = 1e-30f;             // floor of the undilated determinant (antialiased mode)
+namespace gsrecon {
+namespace {
 
 constexpr double kC0 = 0.28209479177387814;
 constexpr double kC1 = 0.4886025119029199;
@@ -30,8 +28,9 @@ constexpr double kC2[5] = {1.0925484305920792, -1.0925484305920792, 0.3153915652
 constexpr double kC3[7] = {-0.5900435899266435, 2.890611442640554,  -0.4570457994644658, 0.3731763325901154,
                            -0.4570457994644658, 1.445305721320277, -0.5900435899266435};
 
-// The first n SH basis functions at the unit direction (x, y, z), and with grad != nullptr their derivatives
-// d basis_k / d (x, y, z) in grad[3 k .. 3 k + 2].
+// The first n (<= kMaxShCoeffs) SH basis functions at the unit direction (x, y, z), and with grad != nullptr their
+// derivatives d basis_k / d (x, y, z) in grad[3 k .. 3 k + 2] (the polynomials of gsrecon.sh.sh_basis, derived
+// term by term).
 void sh_basis(int n, float x, float y, float z, float* basis, float* grad) {
   basis[0] = static_cast<float>(kC0);
   if (grad) grad[0] = grad[1] = grad[2] = 0.f;
@@ -82,26 +81,10 @@ void sh_basis(int n, float x, float y, float z, float* basis, float* grad) {
   }
 }
 
-// Rotation matrix (row-major) of the quaternion (w, x, y, z) normalised as F.normalize does; returns its norm.
-float quat_to_rotmat(const float* q, float* R, float* qn) {
-  const float norm = std::max(std::sqrt(q[0] * q[0] + q[1] * q[1] + q[2] * q[2] + q[3] * q[3]), 1e-12f);
-  for (int i = 0; i < 4; ++i) qn[i] = q[i] / norm;
-  const float w = qn[0], x = qn[1], y = qn[2], z = qn[3];
-  R[0] = 1.f - 2.f * (y * y + z * z);
-  R[1] = 2.f * (x * y - w * z);
-  R[2] = 2.f * (x * z + w * y);
-  R[3] = 2.f * (x * y + w * z);
-  R[4] = 1.f - 2.f * (x * x + z * z);
-  R[5] = 2.f * (y * z - w * x);
-  R[6] = 2.f * (x * z - w * y);
-  R[7] = 2.f * (y * z + w * x);
-  R[8] = 1.f - 2.f * (x * x + y * y);
-  return norm;
-}
-
+// One pinhole camera, read from its viewmat [4, 4] and K [3, 3].
 struct Camera {
   float R[9], t[3], fx, fy, cx, cy, centre[3];
-  float u_lo, u_hi, v_lo, v_hi;  // the clamp of x / z and y / z: 1.3x the half field of view
+  float u_lo, u_hi, v_lo, v_hi;  // the clamp of x / z and y / z: the image's extent plus kClampMargin of its size
   Camera(const float* viewmat, const float* K, int64_t width, int64_t height) {
     for (int i = 0; i < 3; ++i) {
       for (int j = 0; j < 3; ++j) R[3 * i + j] = viewmat[4 * i + j];
@@ -112,7 +95,7 @@ struct Camera {
     cx = K[2];
     cy = K[5];
     for (int j = 0; j < 3; ++j) centre[j] = -(R[j] * t[0] + R[3 + j] * t[1] + R[6 + j] * t[2]);
-    const float margin_x = 0.15f * width / fx, margin_y = 0.15f * height / fy;
+    const float margin_x = kClampMargin * width / fx, margin_y = kClampMargin * height / fy;
     u_lo = -(cx / fx + margin_x);
     u_hi = (width - cx) / fx + margin_x;
     v_lo = -(cy / fy + margin_y);
@@ -120,307 +103,386 @@ struct Camera {
   }
 };
 
-// What forward computes for one Gaussian in one camera, and backward needs again.
+std::vector<Camera> read_cameras(const PinholeCameras& cameras) {
+  std::vector<Camera> out;
+  const float *viewmats = cameras.viewmats.data_ptr<float>(), *Ks = cameras.Ks.data_ptr<float>();
+  for (int64_t c = 0; c < cameras.viewmats.size(0); ++c)
+    out.emplace_back(viewmats + 16 * c, Ks + 9 * c, cameras.width, cameras.height);
+  return out;
+}
+
+// A Gaussian's covariance factor M = R(q) diag(s), Sigma = M M^T, and what its backward needs again.
+struct Shape {
+  float q_unit[4], q_norm;  // the quaternion normalised as F.normalize does, and its norm
+  float R[9];               // R(q), row-major
+  float scale[3];           // exp(log_scales)
+  float M[9];               // R diag(scale), row-major
+};
+
+void shape_of(const float* quat, const float* log_scale, Shape& S) {
+  S.q_norm = std::max(std::sqrt(quat[0] * quat[0] + quat[1] * quat[1] + quat[2] * quat[2] + quat[3] * quat[3]),
+                      1e-12f);
+  for (int i = 0; i < 4; ++i) S.q_unit[i] = quat[i] / S.q_norm;
+  const float w = S.q_unit[0], x = S.q_unit[1], y = S.q_unit[2], z = S.q_unit[3];
+  float* R = S.R;
+  R[0] = 1.f - 2.f * (y * y + z * z);
+  R[1] = 2.f * (x * y - w * z);
+  R[2] = 2.f * (x * z + w * y);
+  R[3] = 2.f * (x * y + w * z);
+  R[4] = 1.f - 2.f * (x * x + z * z);
+  R[5] = 2.f * (y * z - w * x);
+  R[6] = 2.f * (x * z - w * y);
+  R[7] = 2.f * (y * z + w * x);
+  R[8] = 1.f - 2.f * (x * x + y * y);
+  for (int k = 0; k < 3; ++k) S.scale[k] = std::exp(log_scale[k]);
+  for (int j = 0; j < 3; ++j)
+    for (int k = 0; k < 3; ++k) S.M[3 * j + k] = R[3 * j + k] * S.scale[k];
+}
+
+// What the projection of one Gaussian into one camera computes, and backward needs again.
 struct Projected {
-  float pc[3];       // camera-space centre
-  float u, v;        // x / z, y / z
-  float uc, vc;      // clamped
-  float jx[3], jy[3];  // rows of J R (world space)
-  float M[9];        // covariance factor R(q) diag(s)
-  float bx[3], by[3];  // M^T jx, M^T jy
-  float raw_xx, raw_yy, cov_xy, cov_xx, cov_yy, det, det_orig;
-  bool valid;
+  float centre_cam[3];         // R mean + t
+  float u, v;                  // x / z, y / z
+  float u_clamped, v_clamped;  // clamped to the camera's u_lo..u_hi, v_lo..v_hi
+  float jr_x[3], jr_y[3];      // rows of J R: d pixel / d world position
+  float b_x[3], b_y[3];        // M^T jr_x, M^T jr_y: the 2D covariance is b b^T
+  float raw_xx, raw_yy;        // its diagonal before the dilation
+  float cov_xx, cov_xy, cov_yy;  // after: + eps2d on the diagonal
+  float det, det_raw;          // determinants after and before the dilation
+  bool valid;                  // in (near, far) and det > 0
 };
 
 void project_one(const Camera& cam, const float* mean, const float* M, float near, float far, float eps2d,
                  Projected& P) {
   for (int i = 0; i < 3; ++i)
-    P.pc[i] = cam.R[3 * i] * mean[0] + cam.R[3 * i + 1] * mean[1] + cam.R[3 * i + 2] * mean[2] + cam.t[i];
-  const float z = P.pc[2];
+    P.centre_cam[i] = cam.R[3 * i] * mean[0] + cam.R[3 * i + 1] * mean[1] + cam.R[3 * i + 2] * mean[2] + cam.t[i];
+  const float z = P.centre_cam[2];
   P.valid = z > near && z < far;
   if (!P.valid) return;
-  P.u = P.pc[0] / z;
-  P.v = P.pc[1] / z;
-  P.uc = std::min(std::max(P.u, cam.u_lo), cam.u_hi);
-  P.vc = std::min(std::max(P.v, cam.v_lo), cam.v_hi);
+  P.u = P.centre_cam[0] / z;
+  P.v = P.centre_cam[1] / z;
+  P.u_clamped = std::min(std::max(P.u, cam.u_lo), cam.u_hi);
+  P.v_clamped = std::min(std::max(P.v, cam.v_lo), cam.v_hi);
   for (int j = 0; j < 3; ++j) {
-    P.jx[j] = cam.fx / z * (cam.R[j] - P.uc * cam.R[6 + j]);
-    P.jy[j] = cam.fy / z * (cam.R[3 + j] - P.vc * cam.R[6 + j]);
+    P.jr_x[j] = cam.fx / z * (cam.R[j] - P.u_clamped * cam.R[6 + j]);
+    P.jr_y[j] = cam.fy / z * (cam.R[3 + j] - P.v_clamped * cam.R[6 + j]);
   }
   for (int k = 0; k < 3; ++k) {
-    P.bx[k] = P.jx[0] * M[k] + P.jx[1] * M[3 + k] + P.jx[2] * M[6 + k];
-    P.by[k] = P.jy[0] * M[k] + P.jy[1] * M[3 + k] + P.jy[2] * M[6 + k];
+    P.b_x[k] = P.jr_x[0] * M[k] + P.jr_x[1] * M[3 + k] + P.jr_x[2] * M[6 + k];
+    P.b_y[k] = P.jr_y[0] * M[k] + P.jr_y[1] * M[3 + k] + P.jr_y[2] * M[6 + k];
   }
-  P.raw_xx = P.bx[0] * P.bx[0] + P.bx[1] * P.bx[1] + P.bx[2] * P.bx[2];
-  P.raw_yy = P.by[0] * P.by[0] + P.by[1] * P.by[1] + P.by[2] * P.by[2];
-  P.cov_xy = P.bx[0] * P.by[0] + P.bx[1] * P.by[1] + P.bx[2] * P.by[2];
+  P.raw_xx = P.b_x[0] * P.b_x[0] + P.b_x[1] * P.b_x[1] + P.b_x[2] * P.b_x[2];
+  P.raw_yy = P.b_y[0] * P.b_y[0] + P.b_y[1] * P.b_y[1] + P.b_y[2] * P.b_y[2];
+  P.cov_xy = P.b_x[0] * P.b_y[0] + P.b_x[1] * P.b_y[1] + P.b_x[2] * P.b_y[2];
   P.cov_xx = P.raw_xx + eps2d;
   P.cov_yy = P.raw_yy + eps2d;
   P.det = P.cov_xx * P.cov_yy - P.cov_xy * P.cov_xy;
-  P.det_orig = P.raw_xx * P.raw_yy - P.cov_xy * P.cov_xy;
+  P.det_raw = P.raw_xx * P.raw_yy - P.cov_xy * P.cov_xy;
   P.valid = P.det > 0.f;
 }
 
 float log_sigmoid(float x) { return x >= 0.f ? -std::log1p(std::exp(-x)) : x - std::log1p(std::exp(x)); }
 
-void covariance_factor(const float* quat, const float* log_scale, float* M, float* R, float* qn, float* s,
-                       float* qnorm) {
-  *qnorm = quat_to_rotmat(quat, R, qn);
-  for (int k = 0; k < 3; ++k) s[k] = std::exp(log_scale[k]);
-  for (int j = 0; j < 3; ++j)
-    for (int k = 0; k < 3; ++k) M[3 * j + k] = R[3 * j + k] * s[k];
-}
-
-// The SH coefficients are stored as sh0 [N, 1, 3] and the higher bands shN [N, S, 3] (the model's tensors, so that
-// no [N, K, 3] copy is made each step): coefficient k of Gaussian g, its 3 channels.
+// Coefficient k of Gaussian g (its 3 channels), stored as sh0 [N, 1, 3] and the higher bands shN [N, S, 3].
 struct ShCoeffs {
   float* sh0;
   float* shN;
-  int64_t rest;  // S, the higher bands stored
+  int64_t rest;  // S
   float* at(int64_t g, int64_t k) const { return k == 0 ? sh0 + 3 * g : shN + 3 * (g * rest + k - 1); }
 };
 
+// The unit direction from the camera centre to the mean, and its length.
+float view_direction(const Camera& cam, const float* mean, float* dir) {
+  const float d[3] = {mean[0] - cam.centre[0], mean[1] - cam.centre[1], mean[2] - cam.centre[2]};
+  const float len = std::max(std::sqrt(d[0] * d[0] + d[1] * d[1] + d[2] * d[2]), 1e-12f);
+  for (int j = 0; j < 3; ++j) dir[j] = d[j] / len;
+  return len;
+}
+
+// ---- Backward: one vector-Jacobian product per forward step, in reverse order. ----
+
+// SH colour max(sum_k basis_k(dir) c_k + 0.5, 0), dir = d / |d|, d = mean - camera centre: adds the coefficients'
+// gradient to `v_coeffs` and returns d loss / d d in v_offset. Closed form: the basis' polynomial derivatives
+// (sh_basis), then the normalisation's (I - dir dir^T) / |d|.
+void sh_color_vjp(int n_coeffs, const ShCoeffs& coeffs, const ShCoeffs& v_coeffs, int64_t g, const float* dir,
+                  float len, const float* v_color, float* v_offset) {
+  float basis[kMaxShCoeffs], dbasis[3 * kMaxShCoeffs];
+  sh_basis(n_coeffs, dir[0], dir[1], dir[2], basis, dbasis);
+  float v_dir[3] = {0.f, 0.f, 0.f};
+  for (int ch = 0; ch < 3; ++ch) {
+    float value = 0.f;
+    for (int k = 0; k < n_coeffs; ++k) value += basis[k] * coeffs.at(g, k)[ch];
+    if (value + 0.5f < 0.f) continue;  // clamped at 0: no gradient
+    for (int k = 0; k < n_coeffs; ++k) {
+      v_coeffs.at(g, k)[ch] += basis[k] * v_color[ch];
+      const float weight = coeffs.at(g, k)[ch] * v_color[ch];
+      for (int j = 0; j < 3; ++j) v_dir[j] += weight * dbasis[3 * k + j];
+    }
+  }
+  const float along = v_dir[0] * dir[0] + v_dir[1] * dir[1] + v_dir[2] * dir[2];
+  for (int j = 0; j < 3; ++j) v_offset[j] = (v_dir[j] - dir[j] * along) / len;
+}
+
+// conic = (cov_yy, -cov_xy, cov_xx) / det and, antialiased, log opacity += (ln det_raw - ln det) / 2: the gradient of
+// the dilated covariance's entries (xx, xy, yy; xy counted once). Closed form: d (A^-1) = -A^-1 dA A^-1, written
+// through the adjugate and d det = cov_yy d cov_xx + cov_xx d cov_yy - 2 cov_xy d cov_xy.
+void conic_vjp(const Projected& P, const float* v_conic, float v_log_opacity, bool antialiased, float* v_cov) {
+  float v_det = 0.f, v_det_raw = 0.f;
+  if (antialiased) {
+    v_det = -0.5f * v_log_opacity / P.det;
+    if (P.det_raw >= kTinyDeterminant) v_det_raw = 0.5f * v_log_opacity / P.det_raw;
+  }
+  const float va = v_conic[0], vb = v_conic[1], vc = v_conic[2];
+  const float inv = 1.f / P.det;
+  v_det += -(va * P.cov_yy - vb * P.cov_xy + vc * P.cov_xx) * inv * inv;
+  v_cov[0] = vc * inv + v_det * P.cov_yy + v_det_raw * P.raw_yy;
+  v_cov[1] = -vb * inv - 2.f * P.cov_xy * (v_det + v_det_raw);
+  v_cov[2] = va * inv + v_det * P.cov_xx + v_det_raw * P.raw_xx;
+}
+
+// cov2d = B B^T with the rows b_x, b_y of B = (J R) M: adds M's gradient to v_M and returns those of the rows of J R.
+// Closed form: d (B B^T) = dB B^T + B dB^T, then the product rule of B = (J R) M.
+void covariance2d_vjp(const Projected& P, const float* M, const float* v_cov, float* v_M, float* v_jr_x,
+                      float* v_jr_y) {
+  float v_bx[3], v_by[3];
+  for (int k = 0; k < 3; ++k) {
+    v_bx[k] = 2.f * v_cov[0] * P.b_x[k] + v_cov[1] * P.b_y[k];
+    v_by[k] = 2.f * v_cov[2] * P.b_y[k] + v_cov[1] * P.b_x[k];
+  }
+  for (int j = 0; j < 3; ++j) {
+    v_jr_x[j] = v_bx[0] * M[3 * j] + v_bx[1] * M[3 * j + 1] + v_bx[2] * M[3 * j + 2];
+    v_jr_y[j] = v_by[0] * M[3 * j] + v_by[1] * M[3 * j + 1] + v_by[2] * M[3 * j + 2];
+    for (int k = 0; k < 3; ++k) v_M[3 * j + k] += P.jr_x[j] * v_bx[k] + P.jr_y[j] * v_by[k];
+  }
+}
+
+// The rows of J R, (fx / z) (R_0 - u_c R_2) and (fy / z) (R_1 - v_c R_2), with u_c = clamp(x / z) and v_c likewise:
+// adds the gradient of the camera-space centre (x, y, z) to v_centre (none through a clamped ratio).
+void pinhole_jacobian_vjp(const Camera& cam, const Projected& P, const float* v_jr_x, const float* v_jr_y,
+                          float* v_centre) {
+  const float z = P.centre_cam[2];
+  float v_u = 0.f, v_v = 0.f;
+  for (int j = 0; j < 3; ++j) {
+    v_centre[2] -= (v_jr_x[j] * P.jr_x[j] + v_jr_y[j] * P.jr_y[j]) / z;
+    v_u -= cam.fx / z * v_jr_x[j] * cam.R[6 + j];
+    v_v -= cam.fy / z * v_jr_y[j] * cam.R[6 + j];
+  }
+  if (P.u >= cam.u_lo && P.u <= cam.u_hi) {
+    v_centre[0] += v_u / z;
+    v_centre[2] -= v_u * P.u / z;
+  }
+  if (P.v >= cam.v_lo && P.v <= cam.v_hi) {
+    v_centre[1] += v_v / z;
+    v_centre[2] -= v_v * P.v / z;
+  }
+}
+
+// means2d = (fx x / z + cx, fy y / z + cy): adds the gradient of the camera-space centre to v_centre.
+void pinhole_centre_vjp(const Camera& cam, const Projected& P, const float* v_means2d, float* v_centre) {
+  const float z = P.centre_cam[2];
+  v_centre[0] += cam.fx * v_means2d[0] / z;
+  v_centre[1] += cam.fy * v_means2d[1] / z;
+  v_centre[2] -= (cam.fx * P.u * v_means2d[0] + cam.fy * P.v * v_means2d[1]) / z;
+}
+
+// The pose's share: the camera-space centre R mean + t, the rows of J R (which hold R), and the camera centre
+// -R^T t of the colour's direction; adds d loss / d (R, t) to pose_row (R row-major in 0..8, t in 9..11).
+void pose_vjp(const Camera& cam, const Projected& P, const float* mean, const float* v_centre, const float* v_jr_x,
+              const float* v_jr_y, const float* v_offset, float* pose_row) {
+  const float z = P.centre_cam[2];
+  for (int j = 0; j < 3; ++j) {
+    pose_row[j] += cam.fx / z * v_jr_x[j];
+    pose_row[3 + j] += cam.fy / z * v_jr_y[j];
+    pose_row[6 + j] -= cam.fx / z * P.u_clamped * v_jr_x[j] + cam.fy / z * P.v_clamped * v_jr_y[j];
+    for (int i = 0; i < 3; ++i) {
+      pose_row[3 * i + j] += v_offset[j] * cam.t[i];
+      pose_row[9 + i] += cam.R[3 * i + j] * v_offset[j];
+    }
+  }
+  for (int i = 0; i < 3; ++i) {
+    for (int j = 0; j < 3; ++j) pose_row[3 * i + j] += v_centre[i] * mean[j];
+    pose_row[9 + i] += v_centre[i];
+  }
+}
+
+// M = R(q / |q|) diag(exp(log_scales)): the gradients of the log scales and of the quaternion. Closed form: the
+// derivative of each entry of the rotation matrix of a unit quaternion (the matrix in shape_of, entry by entry),
+// then the normalisation's (I - q q^T) / |q|.
+void scale_rotation_vjp(const Shape& S, const float* v_M, float* v_log_scale, float* v_quat) {
+  float v_R[9];
+  for (int k = 0; k < 3; ++k) {
+    float v_scale = 0.f;
+    for (int j = 0; j < 3; ++j) {
+      v_scale += v_M[3 * j + k] * S.R[3 * j + k];
+      v_R[3 * j + k] = v_M[3 * j + k] * S.scale[k];
+    }
+    v_log_scale[k] = v_scale * S.scale[k];
+  }
+  const float w = S.q_unit[0], x = S.q_unit[1], y = S.q_unit[2], z = S.q_unit[3];
+  const float* V = v_R;
+  const float v_unit[4] = {
+      2.f * (-z * V[1] + y * V[2] + z * V[3] - x * V[5] - y * V[6] + x * V[7]),
+      2.f * (y * V[1] + z * V[2] + y * V[3] - 2.f * x * V[4] - w * V[5] + z * V[6] + w * V[7] - 2.f * x * V[8]),
+      2.f * (-2.f * y * V[0] + x * V[1] + w * V[2] + x * V[3] + z * V[5] - w * V[6] + z * V[7] - 2.f * y * V[8]),
+      2.f * (-2.f * z * V[0] - w * V[1] + x * V[2] + w * V[3] - 2.f * z * V[4] + y * V[5] + x * V[6] + y * V[7])};
+  const float along = v_unit[0] * w + v_unit[1] * x + v_unit[2] * y + v_unit[3] * z;
+  for (int i = 0; i < 4; ++i) v_quat[i] = (v_unit[i] - S.q_unit[i] * along) / S.q_norm;
+}
+
+void check_inputs(const Gaussians& gs, const PinholeCameras& cams, const ProjectSettings& settings) {
+  const int64_t n = gs.means.size(0), c = cams.viewmats.size(0);
+  check_tensor(gs.means, "means", at::kFloat, {-1, 3});
+  check_tensor(gs.quats, "quats", at::kFloat, {n, 4});
+  check_tensor(gs.log_scales, "log_scales", at::kFloat, {n, 3});
+  check_tensor(gs.logits, "logits", at::kFloat, {n});
+  check_tensor(gs.sh0, "sh0", at::kFloat, {n, 1, 3});
+  check_tensor(gs.shN, "shN", at::kFloat, {n, -1, 3});
+  check_tensor(cams.viewmats, "viewmats", at::kFloat, {-1, 4, 4});
+  check_tensor(cams.Ks, "Ks", at::kFloat, {c, 3, 3});
+  TORCH_CHECK_VALUE(cams.width > 0 && cams.height > 0, "kernel arguments width=", cams.width, ", height=",
+                    cams.height, ": must be positive");
+  const int64_t degree = settings.sh_degree;
+  TORCH_CHECK_VALUE(degree >= 0 && degree <= kMaxShDegree, "kernel argument sh_degree=", degree, " is not in 0..",
+                    kMaxShDegree);
+  TORCH_CHECK_VALUE(gs.shN.size(1) >= (degree + 1) * (degree + 1) - 1, "kernel argument 'shN' holds ",
+                    gs.shN.size(1), " higher coefficients per channel, fewer than SH degree ", degree, " needs");
+}
+
 }  // namespace
 
-// Forward for C pinhole cameras: means2d [C, N, 2], conics [C, N, 3], depths [C, N], radii [C, N, 2] int32,
-// log opacities [C, N] (with the antialiased compensation) and colours [C, N, 3].
-std::vector<at::Tensor> project_forward(at::Tensor means, at::Tensor quats, at::Tensor log_scales,
-                                        at::Tensor logits, at::Tensor sh0, at::Tensor shN,
-                                        int64_t n_coeffs, at::Tensor viewmats, at::Tensor Ks,
-                                        int64_t width, int64_t height, double near_plane, double far_plane,
-                                        double eps2d_d, bool antialiased) {
-  const int64_t n = means.size(0), n_cams = viewmats.size(0);
-  auto opts = means.options();
-  auto means2d = at::zeros({n_cams, n, 2}, opts);
-  auto conics = at::zeros({n_cams, n, 3}, opts);
-  auto depths = at::zeros({n_cams, n}, opts);
-  auto radii = at::zeros({n_cams, n, 2}, opts.dtype(at::kInt));
-  auto log_ops = at::zeros({n_cams, n}, opts);
-  auto colors = at::zeros({n_cams, n, 3}, opts);
-  const float *me = means.data_ptr<float>(), *qu = quats.data_ptr<float>(), *ls = log_scales.data_ptr<float>();
-  const float* lg = logits.data_ptr<float>();
-  const ShCoeffs sh{sh0.data_ptr<float>(), shN.data_ptr<float>(), shN.size(1)};
-  std::vector<Camera> cams;
-  for (int64_t c = 0; c < n_cams; ++c)
-    cams.emplace_back(viewmats.data_ptr<float>() + 16 * c, Ks.data_ptr<float>() + 9 * c, width, height);
-  float *m2 = means2d.data_ptr<float>(), *co = conics.data_ptr<float>(), *dp = depths.data_ptr<float>();
-  float *lo = log_ops.data_ptr<float>(), *cl = colors.data_ptr<float>();
-  int32_t* ra = radii.data_ptr<int32_t>();
-  const float near = static_cast<float>(near_plane), far = static_cast<float>(far_plane);
-  const float eps2d = static_cast<float>(eps2d_d);
+Projection project_forward(const Gaussians& gs, const PinholeCameras& cameras, const ProjectSettings& settings) {
+  check_inputs(gs, cameras, settings);
+  const int64_t n = gs.means.size(0), n_cams = cameras.viewmats.size(0);
+  const int n_coeffs = static_cast<int>((settings.sh_degree + 1) * (settings.sh_degree + 1));
+  const auto opts = gs.means.options();
+  Projection out{at::zeros({n_cams, n, 2}, opts), at::zeros({n_cams, n, 3}, opts), at::zeros({n_cams, n}, opts),
+                 at::zeros({n_cams, n, 2}, opts.dtype(at::kInt)), at::zeros({n_cams, n}, opts),
+                 at::zeros({n_cams, n, 3}, opts)};
+  const float *means = gs.means.data_ptr<float>(), *quats = gs.quats.data_ptr<float>();
+  const float *log_scales = gs.log_scales.data_ptr<float>(), *logits = gs.logits.data_ptr<float>();
+  const ShCoeffs coeffs{gs.sh0.data_ptr<float>(), gs.shN.data_ptr<float>(), gs.shN.size(1)};
+  const std::vector<Camera> cams = read_cameras(cameras);
+  float *means2d = out.means2d.data_ptr<float>(), *conics = out.conics.data_ptr<float>();
+  float *depths = out.depths.data_ptr<float>(), *log_ops = out.log_opacities.data_ptr<float>();
+  float* colors = out.colors.data_ptr<float>();
+  int32_t* radii = out.radii.data_ptr<int32_t>();
+  const float near = static_cast<float>(settings.near_plane), far = static_cast<float>(settings.far_plane);
+  const float eps2d = static_cast<float>(settings.eps2d);
+  const float width = static_cast<float>(cameras.width), height = static_cast<float>(cameras.height);
 
 #pragma omp parallel for schedule(static) num_threads(at::get_num_threads())
   for (int64_t g = 0; g < n; ++g) {
-    float M[9], R[9], qn[4], s[3], qnorm, basis[16];
-    covariance_factor(qu + 4 * g, ls + 3 * g, M, R, qn, s, &qnorm);
-    const float log_op = log_sigmoid(lg[g]);
+    Shape S;
+    shape_of(quats + 4 * g, log_scales + 3 * g, S);
+    const float log_op_model = log_sigmoid(logits[g]);
+    const float* mean = means + 3 * g;
     for (int64_t c = 0; c < n_cams; ++c) {
       const Camera& cam = cams[c];
       const int64_t id = c * n + g;
       Projected P;
-      project_one(cam, me + 3 * g, M, near, far, eps2d, P);
-      dp[id] = P.pc[2];
+      project_one(cam, mean, S.M, near, far, eps2d, P);
+      depths[id] = P.centre_cam[2];
       if (!P.valid) continue;
-      float lop = log_op;
-      if (antialiased) lop += 0.5f * (std::log(std::max(P.det_orig, kTiny)) - std::log(P.det));
-      const float op = std::exp(lop);
-      const float extent = std::min(kBboxSigmas, std::sqrt(2.f * std::max(std::log(op * 255.f), 0.f)));
+      float log_op = log_op_model;
+      if (settings.antialiased)
+        log_op += 0.5f * (std::log(std::max(P.det_raw, kTinyDeterminant)) - std::log(P.det));
+      const float opacity = std::exp(log_op);
+      // Opacity-aware extent (gsplat 1.5): the box holds every pixel where alpha reaches 1/255.
+      const float extent = std::min(kBboxSigmas, std::sqrt(2.f * std::max(std::log(opacity * 255.f), 0.f)));
       const float rx = std::ceil(extent * std::sqrt(P.cov_xx)), ry = std::ceil(extent * std::sqrt(P.cov_yy));
       const float px = cam.fx * P.u + cam.cx, py = cam.fy * P.v + cam.cy;
       const bool inside = px + rx > 0.f && px - rx < width && py + ry > 0.f && py - ry < height;
-      if (!(inside && op >= kAlphaMin && (rx > 0.f || ry > 0.f))) continue;
-      m2[2 * id] = px;
-      m2[2 * id + 1] = py;
-      co[3 * id] = P.cov_yy / P.det;
-      co[3 * id + 1] = -P.cov_xy / P.det;
-      co[3 * id + 2] = P.cov_xx / P.det;
-      ra[2 * id] = static_cast<int32_t>(rx);
-      ra[2 * id + 1] = static_cast<int32_t>(ry);
-      lo[id] = lop;
-      float d[3] = {me[3 * g] - cam.centre[0], me[3 * g + 1] - cam.centre[1], me[3 * g + 2] - cam.centre[2]};
-      const float len = std::max(std::sqrt(d[0] * d[0] + d[1] * d[1] + d[2] * d[2]), 1e-12f);
-      sh_basis(static_cast<int>(n_coeffs), d[0] / len, d[1] / len, d[2] / len, basis, nullptr);
+      if (!(inside && opacity >= kAlphaMin && (rx > 0.f || ry > 0.f))) continue;
+      means2d[2 * id] = px;
+      means2d[2 * id + 1] = py;
+      conics[3 * id] = P.cov_yy / P.det;
+      conics[3 * id + 1] = -P.cov_xy / P.det;
+      conics[3 * id + 2] = P.cov_xx / P.det;
+      radii[2 * id] = static_cast<int32_t>(rx);
+      radii[2 * id + 1] = static_cast<int32_t>(ry);
+      log_ops[id] = log_op;
+      float dir[3], basis[kMaxShCoeffs];
+      view_direction(cam, mean, dir);
+      sh_basis(n_coeffs, dir[0], dir[1], dir[2], basis, nullptr);
       for (int ch = 0; ch < 3; ++ch) {
-        float v = 0.f;
-        for (int64_t k = 0; k < n_coeffs; ++k) v += basis[k] * sh.at(g, k)[ch];
-        cl[3 * id + ch] = std::max(v + 0.5f, 0.f);
+        float value = 0.f;
+        for (int k = 0; k < n_coeffs; ++k) value += basis[k] * coeffs.at(g, k)[ch];
+        colors[3 * id + ch] = std::max(value + 0.5f, 0.f);
       }
     }
   }
-  return {means2d, conics, depths, radii, log_ops, colors};
+  return out;
 }
 
-// Backward: from the gradients of means2d, conics, depths, log opacities and colours, those of means [N, 3],
-// quats [N, 4], log scales [N, 3], opacity logits [N], sh0 [N, 1, 3], shN [N, S, 3] (zero beyond the first
-// n_coeffs - 1 bands) and, with pose_grad, of the
-// viewmats [C, 4, 4] (else [0, 4, 4]). Gaussians not visible in a camera (radii 0) take nothing from it.
-std::vector<at::Tensor> project_backward(at::Tensor means, at::Tensor quats, at::Tensor log_scales,
-                                         at::Tensor logits, at::Tensor sh0, at::Tensor shN,
-                                         int64_t n_coeffs, at::Tensor viewmats, at::Tensor Ks,
-                                         int64_t width, int64_t height, double near_plane, double far_plane,
-                                         double eps2d_d, bool antialiased, at::Tensor radii, at::Tensor v_means2d,
-                                         at::Tensor v_conics, at::Tensor v_depths, at::Tensor v_log_ops,
-                                         at::Tensor v_colors, bool pose_grad) {
-  const int64_t n = means.size(0), n_cams = viewmats.size(0);
+GaussianGrads project_backward(const Gaussians& gs, const PinholeCameras& cameras, const ProjectSettings& settings,
+                               const at::Tensor& radii_t, const Projection& grads, bool pose_grad) {
+  check_inputs(gs, cameras, settings);
+  const int64_t n = gs.means.size(0), n_cams = cameras.viewmats.size(0);
+  check_tensor(radii_t, "radii", at::kInt, {n_cams, n, 2});
+  check_tensor(grads.means2d, "v_means2d", at::kFloat, {n_cams, n, 2});
+  check_tensor(grads.conics, "v_conics", at::kFloat, {n_cams, n, 3});
+  check_tensor(grads.depths, "v_depths", at::kFloat, {n_cams, n});
+  check_tensor(grads.log_opacities, "v_log_opacities", at::kFloat, {n_cams, n});
+  check_tensor(grads.colors, "v_colors", at::kFloat, {n_cams, n, 3});
+  const int n_coeffs = static_cast<int>((settings.sh_degree + 1) * (settings.sh_degree + 1));
   // With pose_grad, each (Gaussian, camera)'s gradient of the camera's R (9) and t (3) in its own row, summed in
   // Gaussian order at the end.
   std::vector<float> pose_rows(pose_grad ? n * n_cams * 12 : 0, 0.f);
-  auto g_means = at::zeros_like(means);
-  auto g_quats = at::zeros_like(quats);
-  auto g_scales = at::zeros_like(log_scales);
-  auto g_logits = at::zeros_like(logits);
-  auto g_sh0 = at::zeros_like(sh0);
-  auto g_shN = at::zeros_like(shN);
-  const float *me = means.data_ptr<float>(), *qu = quats.data_ptr<float>(), *ls = log_scales.data_ptr<float>();
-  const float* lg = logits.data_ptr<float>();
-  const ShCoeffs sh{sh0.data_ptr<float>(), shN.data_ptr<float>(), shN.size(1)};
-  const ShCoeffs gsh{g_sh0.data_ptr<float>(), g_shN.data_ptr<float>(), shN.size(1)};
-  const int32_t* ra = radii.data_ptr<int32_t>();
-  const float *vm2 = v_means2d.data_ptr<float>(), *vco = v_conics.data_ptr<float>();
-  const float *vdp = v_depths.data_ptr<float>(), *vlo = v_log_ops.data_ptr<float>();
-  const float* vcl = v_colors.data_ptr<float>();
-  float *gm = g_means.data_ptr<float>(), *gq = g_quats.data_ptr<float>(), *gs = g_scales.data_ptr<float>();
-  float* gl = g_logits.data_ptr<float>();
-  std::vector<Camera> cams;
-  for (int64_t c = 0; c < n_cams; ++c)
-    cams.emplace_back(viewmats.data_ptr<float>() + 16 * c, Ks.data_ptr<float>() + 9 * c, width, height);
-  const float near = static_cast<float>(near_plane), far = static_cast<float>(far_plane);
-  const float eps2d = static_cast<float>(eps2d_d);
+  GaussianGrads out{at::zeros_like(gs.means),  at::zeros_like(gs.quats), at::zeros_like(gs.log_scales),
+                    at::zeros_like(gs.logits), at::zeros_like(gs.sh0),   at::zeros_like(gs.shN),
+                    at::zeros({pose_grad ? n_cams : 0, 4, 4}, gs.means.options())};
+  const float *means = gs.means.data_ptr<float>(), *quats = gs.quats.data_ptr<float>();
+  const float *log_scales = gs.log_scales.data_ptr<float>(), *logits = gs.logits.data_ptr<float>();
+  const ShCoeffs coeffs{gs.sh0.data_ptr<float>(), gs.shN.data_ptr<float>(), gs.shN.size(1)};
+  const ShCoeffs v_coeffs{out.sh0.data_ptr<float>(), out.shN.data_ptr<float>(), gs.shN.size(1)};
+  const int32_t* radii = radii_t.data_ptr<int32_t>();
+  const float *v_means2d = grads.means2d.data_ptr<float>(), *v_conics = grads.conics.data_ptr<float>();
+  const float *v_depths = grads.depths.data_ptr<float>(), *v_log_ops = grads.log_opacities.data_ptr<float>();
+  const float* v_colors = grads.colors.data_ptr<float>();
+  float *v_means = out.means.data_ptr<float>(), *v_quats = out.quats.data_ptr<float>();
+  float *v_log_scales = out.log_scales.data_ptr<float>(), *v_logits = out.logits.data_ptr<float>();
+  const std::vector<Camera> cams = read_cameras(cameras);
+  const float near = static_cast<float>(settings.near_plane), far = static_cast<float>(settings.far_plane);
+  const float eps2d = static_cast<float>(settings.eps2d);
 
 #pragma omp parallel for schedule(static) num_threads(at::get_num_threads())
   for (int64_t g = 0; g < n; ++g) {
-    float M[9], R[9], qn[4], s[3], qnorm, basis[16], dbasis[48];
-    float vM[9] = {0.f}, vmean[3] = {0.f}, vlogop = 0.f;
+    Shape S;
+    float v_M[9] = {0.f}, v_mean[3] = {0.f}, v_log_op = 0.f;
     bool seen = false;
-    const float* mean = me + 3 * g;
+    const float* mean = means + 3 * g;
     for (int64_t c = 0; c < n_cams; ++c) {
       const int64_t id = c * n + g;
-      if (ra[2 * id] == 0 && ra[2 * id + 1] == 0) continue;
+      if (radii[2 * id] == 0 && radii[2 * id + 1] == 0) continue;
       if (!seen) {
-        covariance_factor(qu + 4 * g, ls + 3 * g, M, R, qn, s, &qnorm);
+        shape_of(quats + 4 * g, log_scales + 3 * g, S);
         seen = true;
       }
       const Camera& cam = cams[c];
       Projected P;
-      project_one(cam, mean, M, near, far, eps2d, P);
-      const float z = P.pc[2];
-      float vpc[3] = {0.f, 0.f, vdp[id]};  // d loss / d camera-space centre
-      // Colour: max(SH . coeffs + 0.5, 0) along the unit direction from the camera centre.
-      float d[3] = {mean[0] - cam.centre[0], mean[1] - cam.centre[1], mean[2] - cam.centre[2]};
-      const float len = std::max(std::sqrt(d[0] * d[0] + d[1] * d[1] + d[2] * d[2]), 1e-12f);
-      const float dir[3] = {d[0] / len, d[1] / len, d[2] / len};
-      sh_basis(static_cast<int>(n_coeffs), dir[0], dir[1], dir[2], basis, dbasis);
-      float vdir[3] = {0.f, 0.f, 0.f};
-      for (int ch = 0; ch < 3; ++ch) {
-        float v = 0.f;
-        for (int64_t k = 0; k < n_coeffs; ++k) v += basis[k] * sh.at(g, k)[ch];
-        if (v + 0.5f < 0.f) continue;
-        const float vc = vcl[3 * id + ch];
-        for (int64_t k = 0; k < n_coeffs; ++k) {
-          gsh.at(g, k)[ch] += basis[k] * vc;
-          const float coef = sh.at(g, k)[ch] * vc;
-          for (int j = 0; j < 3; ++j) vdir[j] += coef * dbasis[3 * k + j];
-        }
-      }
-      const float dot = vdir[0] * dir[0] + vdir[1] * dir[1] + vdir[2] * dir[2];
-      float vd[3];  // d loss / d (mean - camera centre)
-      for (int j = 0; j < 3; ++j) {
-        vd[j] = (vdir[j] - dir[j] * dot) / len;
-        vmean[j] += vd[j];
-      }
-      // Opacity (and the antialiased compensation's determinants).
-      const float vlop = vlo[id];
-      vlogop += vlop;
-      float v_det = 0.f, v_det_orig = 0.f;
-      if (antialiased) {
-        v_det = -0.5f * vlop / P.det;
-        if (P.det_orig >= kTiny) v_det_orig = 0.5f * vlop / P.det_orig;
-      }
-      // Conic (cov_yy, -cov_xy, cov_xx) / det.
-      const float va = vco[3 * id], vb = vco[3 * id + 1], vc = vco[3 * id + 2];
-      const float inv = 1.f / P.det;
-      v_det += -(va * P.cov_yy - vb * P.cov_xy + vc * P.cov_xx) * inv * inv;
-      const float v_xx = vc * inv + v_det * P.cov_yy + v_det_orig * P.raw_yy;
-      const float v_yy = va * inv + v_det * P.cov_xx + v_det_orig * P.raw_xx;
-      const float v_xy = -vb * inv - 2.f * P.cov_xy * (v_det + v_det_orig);
-      float vbx[3], vby[3];
-      for (int k = 0; k < 3; ++k) {
-        vbx[k] = 2.f * v_xx * P.bx[k] + v_xy * P.by[k];
-        vby[k] = 2.f * v_yy * P.by[k] + v_xy * P.bx[k];
-      }
-      float vjx[3], vjy[3];
-      for (int j = 0; j < 3; ++j) {
-        vjx[j] = vbx[0] * M[3 * j] + vbx[1] * M[3 * j + 1] + vbx[2] * M[3 * j + 2];
-        vjy[j] = vby[0] * M[3 * j] + vby[1] * M[3 * j + 1] + vby[2] * M[3 * j + 2];
-        for (int k = 0; k < 3; ++k) vM[3 * j + k] += P.jx[j] * vbx[k] + P.jy[j] * vby[k];
-      }
-      if (pose_grad) {
-        // The rows of J R hold R itself; the camera centre is -R^T t.
-        float* row = pose_rows.data() + (g * n_cams + c) * 12;
-        for (int j = 0; j < 3; ++j) {
-          row[j] += cam.fx / z * vjx[j];
-          row[3 + j] += cam.fy / z * vjy[j];
-          row[6 + j] -= cam.fx / z * P.uc * vjx[j] + cam.fy / z * P.vc * vjy[j];
-          for (int i = 0; i < 3; ++i) {
-            row[3 * i + j] += vd[j] * cam.t[i];
-            row[9 + i] += cam.R[3 * i + j] * vd[j];
-          }
-        }
-      }
-      // J R rows: (f / z) (R_row - clamped ratio R_2).
-      float vuc = 0.f, vvc = 0.f;
-      for (int j = 0; j < 3; ++j) {
-        vpc[2] -= (vjx[j] * P.jx[j] + vjy[j] * P.jy[j]) / z;
-        vuc -= cam.fx / z * vjx[j] * cam.R[6 + j];
-        vvc -= cam.fy / z * vjy[j] * cam.R[6 + j];
-      }
-      if (P.u >= cam.u_lo && P.u <= cam.u_hi) {
-        vpc[0] += vuc / z;
-        vpc[2] -= vuc * P.u / z;
-      }
-      if (P.v >= cam.v_lo && P.v <= cam.v_hi) {
-        vpc[1] += vvc / z;
-        vpc[2] -= vvc * P.v / z;
-      }
-      // Centre: (fx x / z + cx, fy y / z + cy).
-      const float vpx = vm2[2 * id], vpy = vm2[2 * id + 1];
-      vpc[0] += cam.fx * vpx / z;
-      vpc[1] += cam.fy * vpy / z;
-      vpc[2] -= (cam.fx * P.u * vpx + cam.fy * P.v * vpy) / z;
-      for (int j = 0; j < 3; ++j) vmean[j] += cam.R[j] * vpc[0] + cam.R[3 + j] * vpc[1] + cam.R[6 + j] * vpc[2];
-      if (pose_grad) {  // camera-space centre R mean + t
-        float* row = pose_rows.data() + (g * n_cams + c) * 12;
-        for (int i = 0; i < 3; ++i) {
-          for (int j = 0; j < 3; ++j) row[3 * i + j] += vpc[i] * mean[j];
-          row[9 + i] += vpc[i];
-        }
-      }
+      project_one(cam, mean, S.M, near, far, eps2d, P);
+      float dir[3], v_offset[3];
+      const float len = view_direction(cam, mean, dir);
+      sh_color_vjp(n_coeffs, coeffs, v_coeffs, g, dir, len, v_colors + 3 * id, v_offset);
+      v_log_op += v_log_ops[id];
+      float v_cov[3], v_jr_x[3], v_jr_y[3];
+      conic_vjp(P, v_conics + 3 * id, v_log_ops[id], settings.antialiased, v_cov);
+      covariance2d_vjp(P, S.M, v_cov, v_M, v_jr_x, v_jr_y);
+      float v_centre[3] = {0.f, 0.f, v_depths[id]};  // d loss / d camera-space centre
+      pinhole_jacobian_vjp(cam, P, v_jr_x, v_jr_y, v_centre);
+      pinhole_centre_vjp(cam, P, v_means2d + 2 * id, v_centre);
+      for (int j = 0; j < 3; ++j)
+        v_mean[j] += v_offset[j] + cam.R[j] * v_centre[0] + cam.R[3 + j] * v_centre[1] + cam.R[6 + j] * v_centre[2];
+      if (pose_grad)
+        pose_vjp(cam, P, mean, v_centre, v_jr_x, v_jr_y, v_offset, pose_rows.data() + (g * n_cams + c) * 12);
     }
     if (!seen) continue;
-    for (int j = 0; j < 3; ++j) gm[3 * g + j] = vmean[j];
-    gl[g] = vlogop / (1.f + std::exp(lg[g]));  // d logsigmoid(x) / dx = sigmoid(-x)
-    // M = R(q) diag(s)
-    float V[9];
-    for (int k = 0; k < 3; ++k) {
-      float vs = 0.f;
-      for (int j = 0; j < 3; ++j) {
-        vs += vM[3 * j + k] * R[3 * j + k];
-        V[3 * j + k] = vM[3 * j + k] * s[k];
-      }
-      gs[3 * g + k] = vs * s[k];
-    }
-    const float w = qn[0], x = qn[1], y = qn[2], zq = qn[3];
-    const float vqn[4] = {
-        2.f * (-zq * V[1] + y * V[2] + zq * V[3] - x * V[5] - y * V[6] + x * V[7]),
-        2.f * (y * V[1] + zq * V[2] + y * V[3] - 2.f * x * V[4] - w * V[5] + zq * V[6] + w * V[7] - 2.f * x * V[8]),
-        2.f * (-2.f * y * V[0] + x * V[1] + w * V[2] + x * V[3] + zq * V[5] - w * V[6] + zq * V[7] - 2.f * y * V[8]),
-        2.f * (-2.f * zq * V[0] - w * V[1] + x * V[2] + w * V[3] - 2.f * zq * V[4] + y * V[5] + x * V[6] + y * V[7])};
-    const float qdot = vqn[0] * qn[0] + vqn[1] * qn[1] + vqn[2] * qn[2] + vqn[3] * qn[3];
-    for (int i = 0; i < 4; ++i) gq[4 * g + i] = (vqn[i] - qn[i] * qdot) / qnorm;
+    for (int j = 0; j < 3; ++j) v_means[3 * g + j] = v_mean[j];
+    v_logits[g] = v_log_op / (1.f + std::exp(logits[g]));  // d logsigmoid(x) / dx = sigmoid(-x)
+    scale_rotation_vjp(S, v_M, v_log_scales + 3 * g, v_quats + 4 * g);
   }
-  auto g_viewmats = at::zeros({pose_grad ? n_cams : 0, 4, 4}, means.options());
   if (pose_grad) {
-    float* gv = g_viewmats.data_ptr<float>();
+    float* v_viewmats = out.viewmats.data_ptr<float>();
 #pragma omp parallel for schedule(static) num_threads(at::get_num_threads())
     for (int64_t c = 0; c < n_cams; ++c) {
       float sum[12] = {0.f};
@@ -429,10 +491,12 @@ std::vector<at::Tensor> project_backward(at::Tensor means, at::Tensor quats, at:
         for (int e = 0; e < 12; ++e) sum[e] += row[e];
       }
       for (int i = 0; i < 3; ++i) {
-        for (int j = 0; j < 3; ++j) gv[16 * c + 4 * i + j] = sum[3 * i + j];
-        gv[16 * c + 4 * i + 3] = sum[9 + i];
+        for (int j = 0; j < 3; ++j) v_viewmats[16 * c + 4 * i + j] = sum[3 * i + j];
+        v_viewmats[16 * c + 4 * i + 3] = sum[9 + i];
       }
     }
   }
-  return {g_means, g_quats, g_scales, g_logits, g_sh0, g_shN, g_viewmats};
+  return out;
 }
+
+}  // namespace gsrecon

@@ -1,4 +1,4 @@
-// Tile binning, depth sorting and front-to-back alpha compositing of projected Gaussians on the CPU,
+// Tile binning, depth sorting and front-to-back alpha compositing of projected Gaussians on the CPU (any tile size),
 // forward and backward, with the conventions of gsrecon's torch renderer (gsrecon/render/torch_renderer.py).
 //
 // Tiles are handed to OpenMP threads. Backward sums each Gaussian's (tile, Gaussian) pair gradients in pair order
@@ -12,31 +12,34 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/zeros.h>
-#include <ATen/ops/zeros_like.h>
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
+#include "kernels.h"
+
+namespace gsrecon {
 namespace {
 
-constexpr float kAlphaMin = 1.0f / 255.0f;     // alpha below this is skipped at a pixel
-constexpr float kTransmittanceMin = 1e-4f;     // a pixel stops before the Gaussian taking T to or below this
-constexpr float kMedianTransmittance = 0.5f;   // the median depth is where T crosses this
-constexpr int kOut = 5;                        // composited channels: r, g, b, depth, alpha
 // A pair's gradient row: d means2d (x, y), d conic (a, b, c), d log opacity, d colour (r, g, b), d depth, and
 // |d means2d| (x, y) summed over its pixels.
 constexpr int kPairGrad = 12;
 
-// The (tile, Gaussian) pairs, as tensors that forward hands to backward.
-struct Binning {
-  at::Tensor offsets;  // [C * tiles + 1] int64: first pair of each tile
-  at::Tensor ids;      // [P] int32: Gaussian index (within its camera) of each pair, sorted front to back per tile
-  at::Tensor first;    // [C * N + 1] int64: first entry of each Gaussian (of all cameras) in `slots`
-  at::Tensor slots;    // [P] int64: each Gaussian's pairs (their positions in `ids`), in pair order
-};
+// The bits of a float as an integer and back (std::bit_cast is C++20).
+inline uint32_t float_bits(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  return bits;
+}
+
+inline float bits_float(int32_t bits) {
+  float x;
+  std::memcpy(&x, &bits, sizeof x);
+  return x;
+}
 
 // e^x to about 1 ulp for x <= 0 (Cody-Waite reduction by ln 2, cephes' degree-6 polynomial, the power of two built
 // from its bits): given up std::exp's last ulp for speed, as glibc's vector expf needs -ffast-math, and that would
@@ -53,7 +56,7 @@ inline float exp_neg(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * (r * r) + r + 1.f;
-  return p * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
+  return p * bits_float((static_cast<int32_t>(n) + 127) << 23);
 }
 
 // Minimum over the rectangle [x0, x1] x [y0, y1] (pixel centres relative to the centre) of
@@ -81,7 +84,7 @@ std::vector<int64_t> depth_order(const float* depths, const int64_t* counts, int
   for (int64_t g = 0; g < total; ++g) {
     if (counts[g + 1] == counts[g]) continue;
     order.push_back(g);
-    keys.push_back(std::bit_cast<uint32_t>(depths[g]));
+    keys.push_back(float_bits(depths[g]));
   }
   next.resize(order.size());
   next_keys.resize(order.size());
@@ -175,16 +178,30 @@ Binning bin_gaussians(const float* means2d, const float* conics, const float* lo
   return out;
 }
 
-// The projected Gaussians of C cameras as both passes read them (float32 [C, N, ...], radii int32).
-struct Splats {
+// The data of a Splats' tensors, as both passes read them.
+struct SplatData {
   const float *means2d, *conics, *log_ops, *colors, *depths;
   const int32_t* radii;
-  Splats(const at::Tensor& means2d_t, const at::Tensor& conics_t, const at::Tensor& log_ops_t,
-         const at::Tensor& colors_t, const at::Tensor& depths_t, const at::Tensor& radii_t)
-      : means2d(means2d_t.data_ptr<float>()), conics(conics_t.data_ptr<float>()),
-        log_ops(log_ops_t.data_ptr<float>()), colors(colors_t.data_ptr<float>()),
-        depths(depths_t.data_ptr<float>()), radii(radii_t.data_ptr<int32_t>()) {}
+  explicit SplatData(const Splats& s)
+      : means2d(s.means2d.data_ptr<float>()), conics(s.conics.data_ptr<float>()),
+        log_ops(s.log_opacities.data_ptr<float>()), colors(s.colors.data_ptr<float>()),
+        depths(s.depths.data_ptr<float>()), radii(s.radii.data_ptr<int32_t>()) {}
 };
+
+void check_splats(const Splats& s, const RasterSettings& settings) {
+  const int64_t c = s.means2d.size(0), n = s.means2d.dim() == 3 ? s.means2d.size(1) : -1;
+  check_tensor(s.means2d, "means2d", at::kFloat, {-1, -1, 2});
+  check_tensor(s.conics, "conics", at::kFloat, {c, n, 3});
+  check_tensor(s.log_opacities, "log_opacities", at::kFloat, {c, n});
+  check_tensor(s.colors, "colors", at::kFloat, {c, n, 3});
+  check_tensor(s.depths, "depths", at::kFloat, {c, n});
+  check_tensor(s.radii, "radii", at::kInt, {c, n, 2});
+  TORCH_CHECK_VALUE(settings.width > 0 && settings.height > 0 && settings.tile_size > 0, "kernel arguments width=",
+                    settings.width, ", height=", settings.height, ", tile_size=", settings.tile_size,
+                    ": must be positive");
+  TORCH_CHECK_VALUE(settings.alpha_max > kAlphaMin && settings.alpha_max < 1.0, "kernel argument alpha_max=",
+                    settings.alpha_max, " is not in (1/255, 1)");
+}
 
 // The tiles of C images of width x height: tile t is tile (tx, ty) of camera t / tiles.
 struct TileGrid {
@@ -205,7 +222,7 @@ struct TileGrid {
 struct TileGaussians {
   std::vector<float> mx, my, a, b, c, lo, r, g, bl, z;
   std::vector<int32_t> x0, x1, y0, y1;  // the pixels of the tile inside the Gaussian's box: [x0, x1) x [y0, y1)
-  void load(const int64_t* offsets, const int32_t* ids, int64_t t, int64_t cam_offset, const Splats& in, int tx,
+  void load(const int64_t* offsets, const int32_t* ids, int64_t t, int64_t cam_offset, const SplatData& in, int tx,
             int ty, int ts) {
     const int64_t first = offsets[t], k = offsets[t + 1] - first;
     for (auto* v : {&mx, &my, &a, &b, &c, &lo, &r, &g, &bl, &z}) v->resize(k);
@@ -345,30 +362,26 @@ void backward_row(TilePixels& px, const Splat& s, int p0, int ts, int bx, float 
 
 }  // namespace
 
-// Forward: returns out [C, H, W, 5] (premultiplied rgb, sum w z, alpha), median [C, H, W] (0 unless asked),
-// and for backward the binning (offsets [C * tiles + 1] int64, ids [P] int32, first [C * N + 1] int64, slots [P]
-// int64: see Binning), last [C, H, W] int32 (slots each pixel composited) and the final transmittance [C, H, W].
-std::vector<at::Tensor> rasterize_forward(at::Tensor means2d, at::Tensor conics, at::Tensor log_ops,
-                                          at::Tensor colors, at::Tensor depths, at::Tensor radii,
-                                          int64_t width, int64_t height, int64_t tile_size, double alpha_max_d,
-                                          bool median_depth) {
-  const int64_t n_cams = means2d.size(0), n = means2d.size(1);
+Raster rasterize_forward(const Splats& splats, const RasterSettings& settings, bool median_depth) {
+  check_splats(splats, settings);
+  const int64_t n_cams = splats.means2d.size(0), n = splats.means2d.size(1);
+  const int64_t width = settings.width, height = settings.height, tile_size = settings.tile_size;
   const TileGrid grid(width, height, tile_size);
-  const Splats in(means2d, conics, log_ops, colors, depths, radii);
+  const SplatData in(splats);
   const Binning bins = bin_gaussians(in.means2d, in.conics, in.log_ops, in.depths, in.radii, n_cams, n, grid.tiles_x,
                                      grid.tiles_y, static_cast<int>(tile_size));
   const int64_t* offsets = bins.offsets.data_ptr<int64_t>();
   const int32_t* ids = bins.ids.data_ptr<int32_t>();
-  auto opts = means2d.options();
-  auto out = at::zeros({n_cams, height, width, kOut}, opts);
+  auto opts = splats.means2d.options();
+  auto out = at::zeros({n_cams, height, width, kComposited}, opts);
   auto median = at::zeros({n_cams, height, width}, opts);
   auto last = at::zeros({n_cams, height, width}, opts.dtype(at::kInt));
   auto trans_final = at::ones({n_cams, height, width}, opts);
-  float* o = out.data_ptr<float>();
-  float* med = median.data_ptr<float>();
-  int32_t* la = last.data_ptr<int32_t>();
-  float* tf = trans_final.data_ptr<float>();
-  const float alpha_max = static_cast<float>(alpha_max_d);
+  float* image_px = out.data_ptr<float>();
+  float* median_px = median.data_ptr<float>();
+  int32_t* last_px = last.data_ptr<int32_t>();
+  float* trans_px = trans_final.data_ptr<float>();
+  const float alpha_max = static_cast<float>(settings.alpha_max);
   const int ts = static_cast<int>(tile_size);
   const int n_px = ts * ts;
 
@@ -406,47 +419,53 @@ std::vector<at::Tensor> rasterize_forward(at::Tensor means2d, at::Tensor conics,
         const int x = tx * ts + p % ts, y = ty * ts + p / ts;
         if (x >= width || y >= height) continue;
         const int64_t pix = (cam * height + y) * width + x;
-        float* op = o + pix * kOut;
-        op[0] = px.r[p];
-        op[1] = px.g[p];
-        op[2] = px.b[p];
-        op[3] = px.z[p];
-        op[4] = 1.f - px.T[p];
-        if (median_depth) med[pix] = px.md[p];
-        la[pix] = px.last[p];
-        tf[pix] = px.T[p];
+        float* rgbza = image_px + pix * kComposited;
+        rgbza[0] = px.r[p];
+        rgbza[1] = px.g[p];
+        rgbza[2] = px.b[p];
+        rgbza[3] = px.z[p];
+        rgbza[4] = 1.f - px.T[p];
+        if (median_depth) median_px[pix] = px.md[p];
+        last_px[pix] = px.last[p];
+        trans_px[pix] = px.T[p];
       }
     }
   }
-  return {out, median, bins.offsets, bins.ids, bins.first, bins.slots, last, trans_final};
+  return {out, median, bins, last, trans_final};
 }
 
-// Backward of the composited channels: from grad_out [C, H, W, 5] the gradients of means2d [C, N, 2],
-// conics [C, N, 3], log_ops [C, N], colors [C, N, 3], depths [C, N], and the absolute 2D gradients [C, N, 2]
-// (the sum over pixels of |d loss / d means2d|, AbsGS).
-std::vector<at::Tensor> rasterize_backward(at::Tensor means2d, at::Tensor conics, at::Tensor log_ops,
-                                           at::Tensor colors, at::Tensor depths, at::Tensor radii,
-                                           at::Tensor offsets_t, at::Tensor ids_t, at::Tensor first_t,
-                                           at::Tensor slots_t, at::Tensor last, at::Tensor trans_final,
-                                           at::Tensor grad_out, int64_t width, int64_t height,
-                                           int64_t tile_size, double alpha_max_d) {
-  const int64_t n_cams = means2d.size(0), n = means2d.size(1);
+SplatGrads rasterize_backward(const Splats& splats, const Raster& forward, const at::Tensor& grad_image,
+                              const RasterSettings& settings) {
+  check_splats(splats, settings);
+  const int64_t n_cams = splats.means2d.size(0), n = splats.means2d.size(1);
+  const int64_t width = settings.width, height = settings.height, tile_size = settings.tile_size;
   const TileGrid grid(width, height, tile_size);
-  const Splats in(means2d, conics, log_ops, colors, depths, radii);
+  const int64_t n_tiles = n_cams * grid.tiles;
+  const Binning& bins = forward.binning;
+  check_tensor(bins.offsets, "offsets", at::kLong, {n_tiles + 1});
+  check_tensor(bins.ids, "ids", at::kInt, {-1});
+  check_tensor(bins.first, "first", at::kLong, {n_cams * n + 1});
+  check_tensor(bins.slots, "slots", at::kLong, {bins.ids.numel()});
+  check_tensor(forward.last, "last", at::kInt, {n_cams, height, width});
+  check_tensor(forward.trans_final, "trans_final", at::kFloat, {n_cams, height, width});
+  check_tensor(grad_image, "grad_image", at::kFloat, {n_cams, height, width, kComposited});
+  const SplatData in(splats);
+  const at::Tensor &offsets_t = bins.offsets, &ids_t = bins.ids, &first_t = bins.first, &slots_t = bins.slots;
+  const at::Tensor &last = forward.last, &trans_final = forward.trans_final, &grad_out = grad_image;
   const int64_t* offsets = offsets_t.data_ptr<int64_t>();
   const int32_t* ids = ids_t.data_ptr<int32_t>();
   const int64_t* first = first_t.data_ptr<int64_t>();
   const int64_t* slots = slots_t.data_ptr<int64_t>();
   const int64_t n_pairs = ids_t.numel();
-  const int32_t* la = last.data_ptr<int32_t>();
-  const float* tf = trans_final.data_ptr<float>();
-  const float* go = grad_out.data_ptr<float>();
+  const int32_t* last_px = last.data_ptr<int32_t>();
+  const float* trans_px = trans_final.data_ptr<float>();
+  const float* grad_px = grad_out.data_ptr<float>();
   // One thread takes the tiles in pair order and adds each pair's row straight to its Gaussian's sum; more threads
   // keep the rows apart and then sum each Gaussian's in pair order: the same additions either way.
   const bool in_order = at::get_num_threads() == 1;
   std::vector<float> pair_grad(in_order ? 0 : n_pairs * kPairGrad, 0.f);
   std::vector<float> grad_sums(n_cams * n * kPairGrad, 0.f);
-  const float alpha_max = static_cast<float>(alpha_max_d);
+  const float alpha_max = static_cast<float>(settings.alpha_max);
   const int ts = static_cast<int>(tile_size);
   const int n_px = ts * ts;
 
@@ -470,10 +489,10 @@ std::vector<at::Tensor> rasterize_backward(at::Tensor means2d, at::Tensor conics
         px.S[p] = 0.f;
         const bool inside = x < width && y < height;
         const int64_t pix = inside ? (cam * height + y) * width + x : 0;
-        px.last[p] = inside ? la[pix] : 0;
-        px.T[p] = inside ? tf[pix] : 1.f;
-        float* grads[kOut] = {&px.gr[p], &px.gg[p], &px.gb[p], &px.gz[p], &px.ga[p]};
-        for (int ch = 0; ch < kOut; ++ch) *grads[ch] = inside ? go[pix * kOut + ch] : 0.f;
+        px.last[p] = inside ? last_px[pix] : 0;
+        px.T[p] = inside ? trans_px[pix] : 1.f;
+        float* grads[kComposited] = {&px.gr[p], &px.gg[p], &px.gb[p], &px.gz[p], &px.ga[p]};
+        for (int ch = 0; ch < kComposited; ++ch) *grads[ch] = inside ? grad_px[pix * kComposited + ch] : 0.f;
         row_last[p / ts] = std::max(row_last[p / ts], px.last[p]);
       }
       const int32_t max_last = *std::max_element(row_last.begin(), row_last.end());
@@ -497,19 +516,19 @@ std::vector<at::Tensor> rasterize_backward(at::Tensor means2d, at::Tensor conics
       }
     }
   }
-  auto opts = means2d.options();
+  auto opts = splats.means2d.options();
   auto g_means2d = at::empty({n_cams, n, 2}, opts);
   auto g_conics = at::empty({n_cams, n, 3}, opts);
   auto g_log_ops = at::empty({n_cams, n}, opts);
   auto g_colors = at::empty({n_cams, n, 3}, opts);
   auto g_depths = at::empty({n_cams, n}, opts);
   auto g_abs = at::empty({n_cams, n, 2}, opts);
-  float* gm = g_means2d.data_ptr<float>();
-  float* gc = g_conics.data_ptr<float>();
-  float* gl = g_log_ops.data_ptr<float>();
-  float* gcol = g_colors.data_ptr<float>();
-  float* gd = g_depths.data_ptr<float>();
-  float* ga = g_abs.data_ptr<float>();
+  float* v_means2d = g_means2d.data_ptr<float>();
+  float* v_conics = g_conics.data_ptr<float>();
+  float* v_log_ops = g_log_ops.data_ptr<float>();
+  float* v_colors = g_colors.data_ptr<float>();
+  float* v_depths = g_depths.data_ptr<float>();
+  float* v_abs = g_abs.data_ptr<float>();
   // Each Gaussian's pairs summed in pair order, whichever thread sums it.
 #pragma omp parallel for schedule(static) num_threads(at::get_num_threads())
   for (int64_t g = 0; g < n_cams * n; ++g) {
@@ -518,12 +537,14 @@ std::vector<at::Tensor> rasterize_backward(at::Tensor means2d, at::Tensor conics
       const float* row = &pair_grad[slots[q] * kPairGrad];
       for (int c = 0; c < kPairGrad; ++c) sum[c] += row[c];
     }
-    std::copy(sum, sum + 2, gm + 2 * g);
-    std::copy(sum + 2, sum + 5, gc + 3 * g);
-    gl[g] = sum[5];
-    std::copy(sum + 6, sum + 9, gcol + 3 * g);
-    gd[g] = sum[9];
-    std::copy(sum + 10, sum + 12, ga + 2 * g);
+    std::copy(sum, sum + 2, v_means2d + 2 * g);
+    std::copy(sum + 2, sum + 5, v_conics + 3 * g);
+    v_log_ops[g] = sum[5];
+    std::copy(sum + 6, sum + 9, v_colors + 3 * g);
+    v_depths[g] = sum[9];
+    std::copy(sum + 10, sum + 12, v_abs + 2 * g);
   }
   return {g_means2d, g_conics, g_log_ops, g_colors, g_depths, g_abs};
 }
+
+}  // namespace gsrecon

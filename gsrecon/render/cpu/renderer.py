@@ -23,7 +23,6 @@ from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
 from gsrecon.render.cpu.functions import Projection, project_pinhole, rasterize
 from gsrecon.render.cpu.kernels import load_kernels
 from gsrecon.render.torch_renderer import ALPHA_MIN, shade_gaussians
-from gsrecon.sh import num_sh_bases
 
 
 @RENDERER_REGISTRY.register("cpu")
@@ -51,20 +50,17 @@ class CpuRenderer(Renderer):
         self, params: Mapping[str, Tensor], cameras: Cameras, sh_degree: int, backgrounds: Tensor
     ) -> RenderOutput:
         cfg = self.cfg
-        viewmats, Ks, width, height, camera_model = (
-            cameras.viewmats, cameras.Ks, cameras.width, cameras.height, cameras.model
-        )  # fmt: skip
         if params["means"].device.type != "cpu":
             raise ValueError(f"renderer 'cpu' renders on the CPU; the Gaussians are on {params['means'].device}")
-        if camera_model.kind == "pinhole" and not Ks.requires_grad:
+        if cameras.model.kind == "pinhole" and not cameras.Ks.requires_grad:
             proj = project_pinhole(
                 params["means"], params["quats"], params["scales"], params["opacities"], params["sh0"],
-                params["shN"], num_sh_bases(sh_degree), viewmats, Ks, width, height, cfg.near_plane, cfg.far_plane,
-                cfg.eps2d, cfg.antialiased,
+                params["shN"], sh_degree, cameras, cfg,
             )  # fmt: skip
         else:
             rows = [params[key] for key in PARAM_NAMES]
-            proj = Projection(*shade_gaussians(rows, viewmats, Ks, width, height, sh_degree, cfg, camera_model))
+            proj = Projection(*shade_gaussians(rows, cameras, sh_degree, cfg))
+        width, height = cameras.width, cameras.height
         means2d = proj.means2d.float().contiguous()  # [C, N, 2]
         if means2d.requires_grad:
             means2d.retain_grad()
@@ -83,7 +79,7 @@ class CpuRenderer(Renderer):
             "depths": proj.depths.detach().to(dtype),
             "width": width,
             "height": height,
-            "n_cameras": viewmats.shape[0],
+            "n_cameras": len(cameras),
             "gaussian_ids": None,  # dense info; gsplat's packed mode lists the visible pairs' ids here
         }
         median_depth = median[..., None].to(dtype) if cfg.median_depth else None
