@@ -238,7 +238,8 @@ def rows_trained_anywhere(module: ViewModule, names: list[str], dist: Distribute
 def view_entries(resolved: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """``{key: {name, **options}}`` of the per-view modules a resolved run config turns on."""
     entries = {section: resolved[section] for section in VIEW_SECTIONS if resolved[section]["name"] != "none"}
-    return {**entries, **{key: entry for key, entry in resolved["views"].items() if entry is not None}}
+    views = {key: {"name": key, **entry} for key, entry in resolved["views"].items() if entry is not None}
+    return {**entries, **views}  # a views: entry's name is its key unless it gives one (as loss: entries)
 
 
 def build_views(
