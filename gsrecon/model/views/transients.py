@@ -7,7 +7,7 @@ patch, as RobustNeRF's trimmed loss with its spatial rule does, from the residua
 1. a pixel is a candidate where its residual (the mean over channels of |render - photo|) exceeds both
    ``min_residual`` and ``factor`` x the photo's median residual (early in training, when every pixel is far off,
    the median is high and nothing is set aside);
-2. candidates are smoothed: a pixel stays one where at least half of its 3x3 neighbourhood are;
+2. holes are filled: a pixel at least half of whose 3x3 neighbourhood are candidates is one;
 3. a ``patch`` x ``patch`` patch in which at least ``patch_fraction`` of the pixels are candidates is set aside whole,
    and so are the candidates in the patches next to it (the object's edge); candidates far from any such patch
    (thin edges the scene has not learnt yet, fine texture) stay in the loss.
@@ -52,7 +52,8 @@ def set_aside(
     medians = torch.stack([r[k].median() if k.any() else r.new_tensor(math.inf) for r, k in zip(residual, kept)])
     threshold = torch.clamp(factor * medians, min=min_residual)  # [B]
     candidate = ((residual > threshold[:, None, None]) & kept).float()[:, None]  # [B, 1, H, W]
-    candidate = (F.avg_pool2d(candidate, 3, stride=1, padding=1, count_include_pad=False) >= 0.5).float()
+    filled_in = F.avg_pool2d(candidate, 3, stride=1, padding=1, count_include_pad=False) >= 0.5  # holes filled
+    candidate = ((candidate > 0) | filled_in).float()
     height, width = candidate.shape[-2:]
     filled = F.avg_pool2d(candidate, patch, stride=patch, ceil_mode=True)  # [B, 1, h, w]: candidate fraction
     core = (filled >= patch_fraction).float()
