@@ -47,9 +47,10 @@ def test_nothing_is_set_aside_where_the_render_is_far_off_everywhere() -> None:
 
 def test_the_module_gives_the_set_aside_pixels_no_gradient_and_leaves_the_others() -> None:
     render, photo = scene_with_a_distractor()
-    module = TransientWeights(TransientWeights.Config(), ["a"])
+    module = TransientWeights(TransientWeights.Config(start=1), ["a"])
     image = render.clone().requires_grad_(True)
     batch = SimpleNamespace(images=photo, masks=None, names=["a"])
+    assert module.adjust_image(image, batch) is image  # the first step: nothing is set aside yet
     adjusted = module.adjust_image(image, batch)
     (adjusted - photo).abs().sum().backward()
     aside = set_aside(render, photo, **RULE)[..., 0]  # [1, H, W]
@@ -67,6 +68,7 @@ def test_the_module_gives_the_set_aside_pixels_no_gradient_and_leaves_the_others
         ("views.transients.patch_fraction=1.5", "key 'views.transients': patch_fraction must be in (0, 1], got 1.5"),
         ("views.transients.patch_fraction=0", "patch_fraction must be in (0, 1], got 0"),
         ("views.transients.patch=0", "key 'views.transients': patch must be >= 1 pixel, got 0"),
+        ("views.transients.start=-5", "key 'views.transients': start must be >= 0 steps, got -5"),
         ("hooks.TransientImages={}", "key 'hooks.TransientImages': it shows what the per-view module 'transients'"),
     ],
 )
@@ -91,14 +93,15 @@ def test_distractors_pasted_into_training_photos_are_set_aside_and_shown_and_a_r
         "run", data=data, max_steps=100, val_interval=100, hooks=hooks, imports=[str(SCRIPTS / "paste_distractors.py")]
     )
     path = write_yaml(tmp_path / "run.yaml", config)
-    assert main(["train", "--config", str(path), "views.transients={}"]) == 0
+    assert main(["train", "--config", str(path), "views.transients.start=50"]) == 0
     exp_dir = tmp_path / "run"
     images = sorted((exp_dir / "transients").glob("*.png"))
     assert len(images) == 7  # every training photo: the photo, and beside it what was set aside
     log = (exp_dir / "train.log").read_text()
     share = float(log.split("transients: ")[1].split(" % of the training pixels set aside")[0])
     assert 0 < share < 10  # two of seven photos hold a distractor covering 5-15 % of each
-    assert load_checkpoint_file(exp_dir / "checkpoints" / "last.pt")["views"]["transients"]["module"] == {}
+    saved = load_checkpoint_file(exp_dir / "checkpoints" / "last.pt")["views"]["transients"]["module"]
+    assert list(saved) == ["steps"] and int(saved["steps"]) == 100  # what a resume goes on counting from
     # resumed without the module (and its image hook): the change is listed and training goes on
     resume = ["max_steps=103", "resume=true", "hooks.TransientImages=null"]
     assert main(["train", "--config", str(path), *resume]) == 0

@@ -14,7 +14,10 @@ patch, as RobustNeRF's trimmed loss with its spatial rule does, from the residua
 
 A set-aside pixel of the render is replaced by the photo's own value, so every loss term (L1, SSIM, and any other
 comparing the image with the photo) sees no difference there and no gradient reaches the Gaussians from it. The
-module has no parameters and no checkpoint state; test views are scored as rendered. ``hooks.TransientImages`` writes
+module sets nothing aside in its first ``start`` training steps, while the scene takes shape: from the first step, a
+hard part of the scene (a dark, detailed object on white paper) disagrees in patches before it is learnt and was set
+aside for good (the statuette lost 0.9 dB, BENCHMARKS.md, issue 52). It has no parameters; its checkpoint state is
+the count of steps it has seen. Test views are scored as rendered. ``hooks.TransientImages`` writes
 what it sets aside in each training photo after training (:mod:`gsrecon.hooks.transients`).
 """
 
@@ -78,6 +81,7 @@ class TransientWeights(ViewModule):
         min_residual: float = 0.1  # ... and this (colour in [0, 1], the mean over channels)
         patch: int = 8  # patch side in pixels (at the resolution trained on)
         patch_fraction: float = 0.5  # a patch this full of candidates is set aside with the candidates next to it
+        start: int = 500  # training steps with the module on before it sets anything aside (the scene takes shape)
 
         def __post_init__(self) -> None:
             super().__post_init__()
@@ -91,6 +95,12 @@ class TransientWeights(ViewModule):
                 raise ValueError(f"patch_fraction must be in (0, 1], got {self.patch_fraction!r}")
             if self.patch < 1:
                 raise ValueError(f"patch must be >= 1 pixel, got {self.patch}")
+            if self.start < 0:
+                raise ValueError(f"start must be >= 0 steps, got {self.start}")
+
+    def __init__(self, cfg: Config, train_names: list[str]) -> None:
+        super().__init__(cfg, train_names)
+        self.register_buffer("steps", torch.zeros((), dtype=torch.int64))  # training steps seen (checkpointed)
 
     def set_aside(self, image: Tensor, batch: Batch) -> Tensor:
         """[B, H, W, 1] bool: the pixels of ``batch``'s photos set aside from the render ``image`` [B, H, W, 3]."""
@@ -98,5 +108,9 @@ class TransientWeights(ViewModule):
         return set_aside(image, batch.images, cfg.factor, cfg.min_residual, cfg.patch, cfg.patch_fraction, batch.masks)
 
     def adjust_image(self, image: Tensor, batch: Batch) -> Tensor:
-        """``image`` [B, H, W, 3] with the photo's values where :meth:`set_aside` sets pixels aside."""
+        """``image`` [B, H, W, 3] with the photo's values where :meth:`set_aside` sets pixels aside, once the module
+        has seen ``start`` training steps (this is called once a step)."""
+        self.steps += 1
+        if self.steps <= self.cfg.start:
+            return image
         return torch.where(self.set_aside(image, batch), batch.images, image)
