@@ -200,7 +200,7 @@ def test_phone_config_trains_the_nerfstudio_capture_with_its_masks_and_points(
     assert code == 0, err
     resolved = _resolved(tmp_path / "run")
     assert resolved["data"]["eval_split"] == "every_8" and resolved["data"]["factor"] == 2
-    assert resolved["appearance"]["name"] == "affine" and resolved["appearance"]["without_keypoints"] == "keep"
+    assert resolved["appearance"]["name"] == "none" and resolved["appearance"]["without_keypoints"] == "keep"
     log = (tmp_path / "run" / "train.log").read_text()
     assert "masks: 9 of 9 images have one; the loss and the test-view metrics" in log
     # Its ply_file_path points; the cropped frame's own size; images_2/.
