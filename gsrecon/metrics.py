@@ -56,6 +56,33 @@ def psnr(pred: Tensor, gt: Tensor, mask: Tensor | None = None) -> float:
     return MAX_PSNR if mse <= 10.0 ** (-MAX_PSNR / 10.0) else -10.0 * math.log10(mse)
 
 
+def fit_colours(render: Tensor, photo: Tensor, fit_mask: Tensor | None = None) -> Tensor:
+    """``render`` [H, W, 3] through the gain and bias per channel that bring it nearest ``photo`` [H, W, 3] (least
+    squares) over the pixels ``fit_mask`` ([H, W, 1], 1 kept; None: all) keeps, clamped to [0, 1]."""
+    x, y = render.reshape(-1, 3).double(), photo.reshape(-1, 3).double()  # [P, 3]
+    w = torch.ones_like(x[:, :1]) if fit_mask is None else fit_mask.reshape(-1, 1).double()  # [P, 1]
+    count = w.sum().clamp_min(1e-12)
+    x_mean, y_mean = (x * w).sum(0) / count, (y * w).sum(0) / count  # [3]
+    gain = (w * (x - x_mean) * (y - y_mean)).sum(0) / (w * (x - x_mean).square()).sum(0).clamp_min(1e-12)  # [3]
+    return ((x - x_mean) * gain + y_mean).clamp(0.0, 1.0).to(render.dtype).reshape(render.shape)
+
+
+def colour_fit_psnr(render: Tensor, photo: Tensor, mask: Tensor | None = None) -> float | None:
+    """PSNR of the right half of ``render`` [H, W, 3] against ``photo`` after a gain and a bias per channel fitted on
+    the left half (:func:`fit_colours`), over the pixels ``mask`` ([H, W, 1]; None: all) keeps; None where either
+    half keeps no pixel or the value is not finite."""
+    half = render.shape[1] // 2
+    left = torch.zeros_like(render[..., :1])  # [H, W, 1]
+    left[:, :half] = 1.0
+    keep = torch.ones_like(left) if mask is None else mask.to(left)
+    fitted = fit_colours(render, photo, left * keep)
+    right = keep[:, half:]  # [H, W - half, 1]
+    if (left * keep).sum() == 0 or right.sum() == 0:
+        return None
+    value = psnr(fitted[:, half:], photo[:, half:], right)
+    return value if math.isfinite(value) else None
+
+
 METRIC_NAMES = ("psnr", "ssim", "lpips")  # what ImageMetrics reports per view, in this order
 LOWER_IS_BETTER = ("lpips",)  # the metrics of METRIC_NAMES for which a smaller value is better
 
@@ -81,6 +108,9 @@ def depth_errors(rendered: Tensor, target: Tensor, mask: Tensor | None = None) -
 @dataclass
 class MetricsConfig:
     lpips_net: str = "alex"  # alex | vgg | none
+    # Also score each test view after a gain and a bias per colour channel fitted to its photo on the left half, on
+    # the right half (``psnr_colour_fit``): the in-the-wild protocol, for any run, with or without per-view modules.
+    colour_fit: bool = False
 
 
 class ImageMetrics:
@@ -94,11 +124,12 @@ class ImageMetrics:
     height or width is below :data:`LPIPS_MIN_SIDE` for its backbone (the network cannot take it).
     """
 
-    def __init__(self, lpips_net: str = "alex", device: str | torch.device = "cpu") -> None:
+    def __init__(self, lpips_net: str = "alex", device: str | torch.device = "cpu", colour_fit: bool = False) -> None:
         if lpips_net not in (*LPIPS_NETS, "none"):
             raise InputError(f"LPIPS network must be one of {(*LPIPS_NETS, 'none')}, got {lpips_net!r}")
         self.device = torch.device(device)
         self._lpips_net = lpips_net
+        self.colour_fit = colour_fit  # whether colour_fitted adds psnr_colour_fit
         self._lpips, self._lpips_weights = (None, None) if lpips_net == "none" else _build_lpips(lpips_net)
         if self._lpips is not None:
             self._lpips.to(self.device)
@@ -135,6 +166,14 @@ class ImageMetrics:
             lpips_value = self._lpips(seen_pred.permute(0, 3, 1, 2) * 2 - 1, seen_gt.permute(0, 3, 1, 2) * 2 - 1).item()
         values = {"psnr": psnr(pred, gt, mask), "ssim": float(ssim(pred, gt, mask)), "lpips": lpips_value}
         return {name: value if value is None or math.isfinite(value) else None for name, value in values.items()}
+
+    @torch.no_grad()
+    def colour_fitted(self, render: Tensor, gt: Tensor, mask: Tensor | None = None) -> dict[str, float | None]:
+        """``{"psnr_colour_fit": dB}`` of the whole ``render`` [H, W, 3] as rendered against ``gt``
+        (:func:`colour_fit_psnr`, ``mask`` [H, W, 1] or None); empty where ``colour_fit`` is off."""
+        if not self.colour_fit:
+            return {}
+        return {"psnr_colour_fit": colour_fit_psnr(render.float().clamp(0, 1), gt.float(), mask)}
 
 
 def mean_metrics(results: list[dict[str, Any]]) -> dict[str, float | None]:

@@ -35,12 +35,13 @@ from bench_quality import load_average, run
 FIELDS = (
     *("scene", "variant", "length", "seed", "psnr", "ssim", "lpips", "gaussians", "cpu_seconds", "load1"),
     "depth_abs_rel",  # empty where the test views have no depth maps
+    "psnr_colour_fit",  # empty unless metrics.colour_fit=true (a variant or scene gives it)
     "commit",  # code_version() of the checkout that ran it
     "recipe",  # the config and overrides, scene's then variant's
 )
 TEXT_FIELDS = ("scene", "variant", "commit", "recipe")
 REPO = Path(__file__).resolve().parents[1]
-METRICS = ("psnr", "ssim", "lpips", "gaussians", "cpu_seconds", "depth_abs_rel")
+METRICS = ("psnr", "ssim", "lpips", "gaussians", "cpu_seconds", "depth_abs_rel", "psnr_colour_fit")
 
 
 def parse_named(spec: str) -> tuple[str, list[str]]:
@@ -120,11 +121,18 @@ def _depth_cell(entry: dict) -> str:
     return f"{entry['depth_abs_rel']:.4f} ± {entry['depth_abs_rel_spread']:.4f}"
 
 
+def _fit_cell(entry: dict) -> str:
+    """The PSNR after the colour fit as mean ± spread, a dash where it was not scored."""
+    if math.isnan(entry["psnr_colour_fit"]):
+        return "—"
+    return f"{entry['psnr_colour_fit']:.2f} ± {entry['psnr_colour_fit_spread']:.2f}"
+
+
 def markdown(summary: list[dict]) -> str:
     lines = [
         "| scene | steps | variant | seeds | PSNR (mean ± spread) | per seed | SSIM | LPIPS | Gaussians | CPU s "
-        "| depth abs rel |",
-        "|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|",
+        "| depth abs rel | PSNR after colour fit |",
+        "|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for e in summary:
         per_seed = " / ".join(f"{v:.2f}" for v in e["psnr_values"])
@@ -132,7 +140,7 @@ def markdown(summary: list[dict]) -> str:
             f"| {e['scene']} | {e['length']} | {e['variant']} | {e['seeds']} "
             f"| {e['psnr']:.2f} ± {e['psnr_spread']:.2f} "
             f"| {per_seed} | {e['ssim']:.3f} | {e['lpips']:.3f} | {e['gaussians']:.0f} | {e['cpu_seconds']:.0f} "
-            f"| {_depth_cell(e)} |"
+            f"| {_depth_cell(e)} | {_fit_cell(e)} |"
         )
     return "\n".join(lines)
 

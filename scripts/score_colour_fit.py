@@ -15,22 +15,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-from torch import Tensor
 
 from gsrecon.engine.hook import Hook
-from gsrecon.metrics import psnr
+from gsrecon.metrics import fit_colours, psnr
 from gsrecon.registry import HOOK_REGISTRY
 
 if TYPE_CHECKING:
     from gsrecon.engine.hook import TrainerView
-
-
-def colour_fitted(render: Tensor, photo: Tensor) -> Tensor:
-    """``render`` [H, W, 3] with the gain and bias per channel that bring it nearest ``photo`` (least squares)."""
-    x, y = render.reshape(-1, 3), photo.reshape(-1, 3)  # [P, 3]
-    x_mean, y_mean = x.mean(0), y.mean(0)
-    gain = ((x - x_mean) * (y - y_mean)).sum(0) / (x - x_mean).square().sum(0).clamp_min(1e-12)  # [3]
-    return ((x - x_mean) * gain + y_mean).clamp(0.0, 1.0).reshape(render.shape)
 
 
 @HOOK_REGISTRY.register()
@@ -43,7 +34,7 @@ class ScoreColourFit(Hook):
             for batch in trainer.datapipeline.val_batches():
                 image, photo = trainer.render(batch).image[0].clamp(0.0, 1.0), batch.images[0]  # [H, W, 3]
                 rendered.append(psnr(image, photo))
-                fitted.append(psnr(colour_fitted(image, photo), photo))
+                fitted.append(psnr(fit_colours(image, photo), photo))
         if rendered:
             trainer.logger.info(
                 f"test views: psnr {sum(rendered) / len(rendered):.4f} as rendered, "

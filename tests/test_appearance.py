@@ -17,6 +17,7 @@ from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.engine.evaluator import evaluate_views
 from gsrecon.engine.trainer import DefaultTrainer
 from gsrecon.errors import InputError
+from gsrecon.metrics import fit_colours
 from gsrecon.model.views.affine import (
     AffineAppearance,
     apply_affine,
@@ -467,4 +468,4 @@ def test_the_colour_perturbation_plugin_changes_each_training_photo_and_no_test_
 def test_the_colour_fit_score_removes_a_gain_and_a_bias_per_channel() -> None:
     photo = torch.rand(6, 8, 3, generator=torch.Generator().manual_seed(0))
     render = (photo - torch.tensor([0.1, 0.0, -0.05])) / torch.tensor([1.2, 0.9, 1.0])
-    torch.testing.assert_close(script_module("score_colour_fit").colour_fitted(render, photo), photo)
+    torch.testing.assert_close(fit_colours(render, photo), photo)

@@ -22,7 +22,8 @@ VARIANT = "fast=max_steps=3"
 def write_row(out: Path, **changes: str) -> None:
     """One finished run of ``SCENE`` / ``VARIANT``, 5 steps, seed 0, as this checkout would record it."""
     row = {"scene": "synthetic", "variant": "fast", "length": 5, "seed": 0, "psnr": 20.0, "ssim": 0.8, "lpips": 0.1,
-           "gaussians": 100, "cpu_seconds": 1.0, "load1": 0.5, "depth_abs_rel": "", "commit": sweep.code_version(),
+           "gaussians": 100, "cpu_seconds": 1.0, "load1": 0.5, "depth_abs_rel": "", "psnr_colour_fit": "",
+           "commit": sweep.code_version(),
            "recipe": "configs/synthetic.yaml data.synthetic.width=32 max_steps=3"}  # fmt: skip
     row.update(changes)
     out.mkdir(parents=True, exist_ok=True)

@@ -144,7 +144,7 @@ def test_photos_outside_the_capture_are_detected_only_when_the_user_opts_in(
 @pytest.mark.parametrize(
     ("keys", "appearance", "pose_opt"),
     [
-        ([], "affine", "se3"),  # phone.yaml checks each photo's pose and colours against its keypoints
+        ([], "none", "se3"),  # phone.yaml checks each photo's pose against its keypoints; appearance off (issue 52)
         (["pose_opt.mode=none", "appearance.mode=bilateral_grid"], "bilateral_grid", "none"),  # `mode`: `name`'s alias
         (["pose_opt.mode=se3", "appearance.mode=affine"], "affine", "se3"),
     ],
@@ -201,7 +201,7 @@ def test_phone_config_trains_the_nerfstudio_capture_with_its_masks_and_points(
     resolved = _resolved(tmp_path / "run")
     assert resolved["data"]["eval_split"] == "every_8" and resolved["data"]["factor"] == 2
     assert (
-        resolved["views"]["appearance"]["name"] == "affine"
+        resolved["views"]["appearance"]["name"] == "none"
         and resolved["views"]["appearance"]["without_keypoints"] == "keep"
     )
     log = (tmp_path / "run" / "train.log").read_text()

@@ -10,16 +10,16 @@ import torch
 
 from gsrecon.data.pipeline import Batch
 from gsrecon.logging.console import Logger
-from gsrecon.metrics import ImageMetrics, depth_errors
+from gsrecon.metrics import ImageMetrics, MetricsConfig, depth_errors
 from gsrecon.render.base import RenderOutput
 
 
-def build_metrics(lpips_net: str, device: torch.device, logger: Logger) -> ImageMetrics:
-    """PSNR/SSIM/LPIPS, built without touching the global RNG; their warnings (e.g. missing LPIPS
-    weights) go to ``logger`` once."""
+def build_metrics(cfg: MetricsConfig, device: torch.device, logger: Logger) -> ImageMetrics:
+    """PSNR/SSIM/LPIPS (and the colour-fitted PSNR where ``cfg.colour_fit``), built without touching the global RNG;
+    their warnings (e.g. missing LPIPS weights) go to ``logger`` once."""
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        metrics = ImageMetrics(lpips_net=lpips_net, device=device)
+        metrics = ImageMetrics(lpips_net=cfg.lpips_net, device=device, colour_fit=cfg.colour_fit)
     for warning in caught:
         logger.warning(str(warning.message))
     return metrics
@@ -36,7 +36,8 @@ def evaluate_views(
     fit_cameras: Callable[[Batch, Callable[[Batch], RenderOutput]], Batch] | None = None,
 ) -> list[dict[str, Any]]:
     """Render and score each single-view batch; returns ``[{"name", "psnr", "ssim", "lpips"}]`` per view, plus
-    ``depth_abs_rel`` and ``depth_rmse`` (:func:`~gsrecon.metrics.depth_errors`) for a view with a depth map.
+    ``depth_abs_rel`` and ``depth_rmse`` (:func:`~gsrecon.metrics.depth_errors`) for a view with a depth map, and
+    ``psnr_colour_fit`` of the render as rendered (before ``adjust``) where ``metrics.colour_fit`` is on.
 
     ``before_view(index)`` runs before a view is rendered, ``after_view(index, outputs)`` after it is
     scored, with ``outputs``: ``name``, ``render`` / ``gt`` [H, W, 3] in [0, 1], ``depth`` / ``alpha``
@@ -54,10 +55,11 @@ def evaluate_views(
             batch = fit_cameras(batch, render)
         out = render(batch)
         image, gt = out.image[0].clamp(0.0, 1.0), batch.images[0]  # [H, W, 3]
+        fitted = metrics.colour_fitted(image, gt, None if batch.masks is None else batch.masks[0])
         if adjust is not None:
             image, gt = adjust(image, gt)
         mask = None if batch.masks is None else batch.masks[0, :, batch.cameras.width - image.shape[1] :]  # [H, W', 1]
-        scores = metrics(image, gt, mask)
+        scores = metrics(image, gt, mask) | fitted
         if batch.depths is not None:
             full_mask = None if batch.masks is None else batch.masks[0]
             scores |= depth_errors(out.depth[0], batch.depths[0], full_mask)

@@ -202,7 +202,7 @@ def evaluate(
             f"'{scene.cfg.data.eval_split}'); set data.eval_split=every_8"
         )
     render = batch_renderer(scene, run.renderer, torch_device)
-    metrics = build_metrics(scene.cfg.metrics.lpips_net, torch_device, logger)
+    metrics = build_metrics(scene.cfg.metrics, torch_device, logger)
     batches = list(pipeline.val_batches())
 
     def write_view(index: int, outputs: dict[str, Any]) -> None:

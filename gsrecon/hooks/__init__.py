@@ -10,6 +10,7 @@ from gsrecon.hooks import (  # noqa: F401
     log,
     metrics,
     timer,
+    transients,
     viewer,
 )
 

@@ -217,7 +217,7 @@ def _score(
         return []
     scene = TrainedScene(cfg, params, step, str(cfg.exp_dir))
     render = scene_renderer(scene, pipeline.device, logger)
-    metrics = build_metrics(cfg.metrics.lpips_net, pipeline.device, logger)
+    metrics = build_metrics(cfg.metrics, pipeline.device, logger)
     views = evaluate_views(render, itertools.takewhile(lambda _: not stopped(), pipeline.val_batches()), metrics)
     seen = {frame.name: _cells_seen(frame, partition) for frame in pipeline.scene.test}
     return [{**view, "blocks": seen[view["name"]]} for view in views]

@@ -242,7 +242,8 @@ def rows_trained_anywhere(module: ViewModule, names: list[str], dist: Distribute
 
 def view_entries(resolved: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """``{key: {name, **options}}`` of the per-view modules a resolved run config turns on."""
-    return {key: entry for key, entry in resolved["views"].items() if entry is not None and entry["name"] != "none"}
+    entries = {key: {"name": key, **entry} for key, entry in resolved["views"].items() if entry is not None}
+    return {key: entry for key, entry in entries.items() if entry["name"] != "none"}  # a name is its key unless given
 
 
 def fold_view_section(entry: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:

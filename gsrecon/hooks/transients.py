@@ -1,0 +1,69 @@
+"""TransientImages: what the ``transients`` per-view module sets aside in each training photo, as images."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from gsrecon.data.formats.images import write_png
+from gsrecon.engine.hook import Hook
+from gsrecon.model.views.base import view_entries
+from gsrecon.model.views.transients import TransientWeights
+from gsrecon.registry import HOOK_REGISTRY, VIEW_REGISTRY, RunFacts
+
+if TYPE_CHECKING:
+    from gsrecon.engine.hook import TrainerView
+
+TINT = (1.0, 0.0, 1.0)  # magenta: what marks a set-aside pixel
+
+
+@HOOK_REGISTRY.register()
+class TransientImages(Hook):
+    """After training, renders each training view and writes ``<folder>/<name>.png``: the photo, and beside it the
+    photo with the pixels the run's ``transients`` module sets aside from the trained scene tinted magenta; logs the
+    share of pixels set aside. A run without that module is refused when it is built."""
+
+    @dataclass
+    class Config:
+        folder: str = "transients"  # under exp_dir
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+
+    def outputs(self) -> list[str]:
+        return [self.cfg.folder]
+
+    def check(self, run: RunFacts) -> None:
+        """Refuse a run without a ``transients`` per-view module: there is nothing to show."""
+        names = [entry["name"] for entry in view_entries(dict(run.config)).values()]
+        if not any(issubclass(VIEW_REGISTRY.get(name), TransientWeights) for name in names):
+            raise ValueError(
+                "it shows what the per-view module 'transients' sets aside: add views.transients.name=transients"
+            )
+
+    def after_train(self, trainer: TrainerView) -> None:
+        if not trainer.is_main or trainer.failed:
+            return
+        modules = list(trainer.views.modules.values())
+        aside_total = pixels = 0
+        tint = torch.tensor(TINT, device=trainer.device)
+        with torch.no_grad():
+            for batch in trainer.datapipeline.train_batches():
+                batch = trainer.views.adjust_cameras(batch)
+                image = trainer.render(batch).image
+                for module in modules:  # the render as the module sees it: after the modules before it
+                    if isinstance(module, TransientWeights):
+                        aside = module.set_aside(image, batch)  # [B, H, W, 1]
+                        break
+                    image = module.adjust_image(image, batch)
+                aside_total += int(aside.sum())
+                pixels += aside.numel()
+                for name, photo, marked in zip(batch.names, batch.images, aside):
+                    shown = torch.where(marked, 0.5 * photo + 0.5 * tint, photo)  # [H, W, 3]
+                    write_png(trainer.exp_dir / self.cfg.folder / f"{name}.png", torch.cat([photo, shown], dim=1))
+        trainer.logger.info(
+            f"transients: {100 * aside_total / max(pixels, 1):.1f} % of the training pixels set aside from the trained "
+            f"scene; wrote {trainer.exp_dir / self.cfg.folder}/"
+        )

@@ -1,0 +1,123 @@
+"""Transients without masks: the ``transients`` per-view module, its images, its bad input and its benchmark plugin."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import SCRIPTS, script_module, write_yaml
+
+from gsrecon.cli import main
+from gsrecon.engine.checkpoints import load_checkpoint_file
+from gsrecon.model.views.transients import TransientWeights, set_aside
+
+RULE = {"factor": 3.0, "min_residual": 0.1, "patch": 8, "patch_fraction": 0.5}
+
+
+def scene_with_a_distractor() -> tuple[torch.Tensor, torch.Tensor]:
+    """(render, photo) [1, 48, 64, 3]: a photo the render matches to 0.02, but for a 16x16 distractor at rows 8-23,
+    columns 20-35, and isolated bright pixels (an edge the scene has not learnt) along column 50."""
+    generator = torch.Generator().manual_seed(0)
+    photo = torch.rand(1, 48, 64, 3, generator=generator) * 0.8 + 0.1
+    render = photo + 0.02 * (2 * torch.rand(photo.shape, generator=generator) - 1)
+    photo[:, 8:24, 20:36] = torch.tensor([1.0, 0.0, 1.0])
+    photo[:, ::3, 50] = (render[:, ::3, 50] + 0.5).clamp(0, 1)
+    return render, photo
+
+
+def test_the_rule_sets_aside_a_coherent_disagreement_and_keeps_scattered_ones() -> None:
+    render, photo = scene_with_a_distractor()
+    aside = set_aside(render, photo, **RULE)[0, ..., 0]  # [H, W]
+    assert aside[8:24, 20:36].all()
+    assert not aside[:, 40:].any()  # the isolated pixels stay in the loss
+    assert aside.sum() <= 2 * 16 * 16  # the distractor and a little around it (its patches' edges)
+    mask = torch.ones(1, 48, 64, 1)
+    mask[:, :, 20:36] = 0.0  # a user's mask already ignores the distractor: nothing is left to set aside
+    assert not set_aside(render, photo, **RULE, mask=mask).any()
+
+
+def test_nothing_is_set_aside_where_the_render_is_far_off_everywhere() -> None:
+    render, photo = scene_with_a_distractor()
+    early = torch.rand(render.shape, generator=torch.Generator().manual_seed(1))  # the first steps' render
+    assert not set_aside(early, photo, **RULE).any()
+    assert not set_aside(photo, photo, **RULE).any()
+
+
+def test_the_module_gives_the_set_aside_pixels_no_gradient_and_leaves_the_others() -> None:
+    render, photo = scene_with_a_distractor()
+    module = TransientWeights(TransientWeights.Config(start=1), ["a"])
+    image = render.clone().requires_grad_(True)
+    batch = SimpleNamespace(images=photo, masks=None, names=["a"])
+    assert module.adjust_image(image, batch) is image  # the first step: nothing is set aside yet
+    adjusted = module.adjust_image(image, batch)
+    (adjusted - photo).abs().sum().backward()
+    aside = set_aside(render, photo, **RULE)[..., 0]  # [1, H, W]
+    assert torch.equal(adjusted.detach()[aside], photo[aside])
+    assert torch.equal(adjusted.detach()[~aside], render[~aside])
+    assert not image.grad[aside].any() and image.grad[~aside].abs().min() > 0
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("views.transients.factor=-1", "key 'views.transients': factor must be a finite number >= 0, got -1"),
+        ("views.transients.factor=.nan", "key 'views.transients': factor must be a finite number >= 0, got nan"),
+        ("views.transients.min_residual=2", "min_residual must be at most 1 (colours are in [0, 1]), got 2"),
+        ("views.transients.patch_fraction=1.5", "key 'views.transients': patch_fraction must be in (0, 1], got 1.5"),
+        ("views.transients.patch_fraction=0", "patch_fraction must be in (0, 1], got 0"),
+        ("views.transients.patch=0", "key 'views.transients': patch must be >= 1 pixel, got 0"),
+        ("views.transients.start=-5", "key 'views.transients': start must be >= 0 steps, got -5"),
+        ("hooks.TransientImages={}", "key 'hooks.TransientImages': it shows what the per-view module 'transients'"),
+    ],
+)
+def test_bad_transients_config_is_one_line_and_exit_2(
+    capsys, make_config, tmp_path: Path, override: str, message: str
+) -> None:
+    path = write_yaml(tmp_path / "c.yaml", make_config(max_steps=1))
+    on = [] if override.startswith("hooks.") else ["views.transients={}"]
+    code = main(["train", "--config", str(path), *on, override])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_distractors_pasted_into_training_photos_are_set_aside_and_shown_and_a_run_resumes_without_it(
+    make_config, tmp_path: Path, capsys
+) -> None:
+    data = {"dataset": "synthetic", "synthetic": {**make_config()["data"]["synthetic"], "width": 64, "height": 48}}
+    hooks = {**make_config()["hooks"], "PasteDistractors": {"seed": 1}, "TransientImages": {}}
+    hooks |= {"CheckPointHook": {"interval": 100, "max_keep": 0}, "LogHook": {"log_interval": 50, "progress": False}}
+    config = make_config(
+        "run", data=data, max_steps=100, val_interval=100, hooks=hooks, imports=[str(SCRIPTS / "paste_distractors.py")]
+    )
+    path = write_yaml(tmp_path / "run.yaml", config)
+    assert main(["train", "--config", str(path), "views.transients.start=50"]) == 0
+    exp_dir = tmp_path / "run"
+    images = sorted((exp_dir / "transients").glob("*.png"))
+    assert len(images) == 7  # every training photo: the photo, and beside it what was set aside
+    log = (exp_dir / "train.log").read_text()
+    share = float(log.split("transients: ")[1].split(" % of the training pixels set aside")[0])
+    assert 0 < share < 10  # two of seven photos hold a distractor covering 5-15 % of each
+    saved = load_checkpoint_file(exp_dir / "checkpoints" / "last.pt")["views"]["transients"]["module"]
+    assert list(saved) == ["steps"] and int(saved["steps"]) == 100  # what a resume goes on counting from
+    # resumed without the module (and its image hook): the change is listed and training goes on
+    resume = ["max_steps=103", "resume=true", "hooks.TransientImages=null"]
+    assert main(["train", "--config", str(path), *resume]) == 0
+    assert "views.transients" in (exp_dir / "train.log").read_text().split("resumed from")[-1]
+    capsys.readouterr()
+
+
+def test_the_distractor_plugin_pastes_into_30_percent_of_the_training_photos_and_no_test_view(make_trainer) -> None:
+    trainer = make_trainer("pasted")
+    data = trainer.datapipeline
+    train, test = [f.pixels.clone() for f in data._train], [f.pixels.clone() for f in data._test]
+    plugin = script_module("paste_distractors")
+    paste = plugin.PasteDistractors(plugin.PasteDistractors.Config())
+    paste.before_run(trainer)
+    changed = [not torch.equal(frame.pixels, before) for frame, before in zip(data._train, train)]
+    assert sum(changed) == round(0.3 * len(train)) == 2
+    covered = paste.covered
+    assert all(0.03 <= float(area.float().mean()) <= 0.17 for area in covered.values())  # 5-15 %, whole pixels
+    assert all(torch.equal(frame.pixels, before) for frame, before in zip(data._test, test))
