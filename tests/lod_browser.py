@@ -126,7 +126,7 @@ def draw_site(
     done = threading.Event()
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (the standard library's name)
+        def do_GET(self) -> None:
             path = self.path.split("?")[0]
             body, kind = (page, "text/html") if path == "/" else (None, "")
             for prefix, root in roots.items():
@@ -144,7 +144,7 @@ def draw_site(
             self.end_headers()
             self.wfile.write(body)
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             result[self.path] = self.rfile.read(int(self.headers["Content-Length"])).decode()
             self.send_response(204)
             self.end_headers()

@@ -21,8 +21,8 @@ from gsrecon.engine.trainer import DefaultTrainer
 from gsrecon.export.lod.merge import halve, merge_pairs, neighbour_pairs
 from gsrecon.export.lod.site import CameraRegion, LodSiteConfig, write_lod_site
 from gsrecon.geometry import quat_scale_to_factor
-from gsrecon.logging.console import Logger
 from gsrecon.lod.levels import read_levels
+from gsrecon.logging.console import Logger
 
 
 def _gaussians(n: int, seed: int = 0, spread: float = 1.0) -> dict[str, torch.Tensor]:
@@ -195,4 +195,3 @@ def test_playcanvas_in_chromium_draws_the_site_as_gsrecon_renders_it(lod_run: Pa
     Image.fromarray((expected * 255 + 0.5).astype(np.uint8)).save(tmp_path / "gsrecon_level0.png")
     psnr = -10 * math.log10(float(((shot / 255.0 - expected) ** 2).mean()))
     assert psnr >= 25.0, f"PlayCanvas's picture is {psnr:.2f} dB from gsrecon's ({tmp_path})"
-

@@ -45,6 +45,7 @@ LEVELS_PLY_DIR = "levels"  # lod.levels_ply: each level's Gaussians as level_<k>
 BTREE_LEAF = 256  # a node of at most this many centres is never split (splat-transform's BTree leaf)
 _SIGNIFICANT_DIGITS = 7  # lod-meta.json's numbers, as splat-transform writes them (about float32's precision)
 _CHUNK_DIR = re.compile(r"\d+_\d+")
+_BLOCK_ROWS = 1 << 16
 
 LevelLoader = Callable[[], dict[str, Tensor]]
 
@@ -145,7 +146,7 @@ def write_lod_site(
         return {"bound": {"min": lo.tolist(), "max": hi.tolist()}, "lods": lods}
 
     def build(indices: np.ndarray) -> dict[str, Any]:
-        lo, hi = points[indices].min(axis=0), points[indices].max(axis=0)
+        lo, hi = _box(points, indices)
         axis = int(np.argmax(hi - lo))
         count = len(indices)
         wide = float(hi[axis] - lo[axis]) > cfg.chunk_extent and count > bin_min
@@ -226,13 +227,29 @@ def _far(means: Tensor, region: CameraRegion | None, threshold: float) -> Tensor
     """bool [N]: the points ``means`` [N, 3] farther than ``threshold`` × the region's radius from its centre."""
     if region is None or math.isinf(threshold):
         return torch.zeros(len(means), dtype=torch.bool)
-    distance = (means.double() - torch.tensor(region.center, dtype=torch.float64)).norm(dim=1)
-    return distance > threshold * region.radius
+    center = torch.tensor(region.center, dtype=torch.float64)
+    # A block of rows at a time, as everything per Gaussian here: whole-scene temporaries would outgrow the scene.
+    return torch.cat([(rows.double() - center).norm(dim=1) > threshold * region.radius for rows in _blocks(means)])
 
 
 def _half_extents(quats: Tensor, scales: Tensor) -> Tensor:
     """Half sides [N, 3] of the axis-aligned boxes around Gaussians' one-sigma ellipsoids (log ``scales`` [N, 3])."""
-    return (quat_to_rotmat(quats).abs() @ torch.exp(scales)[:, :, None]).squeeze(2)
+    pairs = zip(_blocks(quats), _blocks(scales))
+    return torch.cat([(quat_to_rotmat(q).abs() @ torch.exp(s)[:, :, None]).squeeze(2) for q, s in pairs])
+
+
+def _box(points: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Least and greatest coordinates [3] of the rows ``indices`` of ``points`` [T, 3], a block at a time."""
+    lo, hi = np.full(3, np.inf, np.float32), np.full(3, -np.inf, np.float32)
+    for start in range(0, len(indices), _BLOCK_ROWS):
+        block = points[indices[start : start + _BLOCK_ROWS]]
+        lo, hi = np.minimum(lo, block.min(axis=0)), np.maximum(hi, block.max(axis=0))
+    return lo, hi
+
+
+def _blocks(rows: Tensor) -> tuple[Tensor, ...]:
+    """``rows`` split into blocks of :data:`_BLOCK_ROWS`."""
+    return rows.split(_BLOCK_ROWS)
 
 
 def _rounded(value: Any) -> Any:
