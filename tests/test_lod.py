@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import tiny_config, write_yaml
 from PIL import Image
 
 from gsrecon.cli import main
@@ -195,3 +195,14 @@ def test_playcanvas_in_chromium_draws_the_site_as_gsrecon_renders_it(lod_run: Pa
     Image.fromarray((expected * 255 + 0.5).astype(np.uint8)).save(tmp_path / "gsrecon_level0.png")
     psnr = -10 * math.log10(float(((shot / 255.0 - expected) ** 2).mean()))
     assert psnr >= 25.0, f"PlayCanvas's picture is {psnr:.2f} dB from gsrecon's ({tmp_path})"
+
+
+def test_a_merged_block_run_gets_levels_and_a_site(make_config, tmp_path: Path) -> None:
+    cfg = make_config("blocks", max_steps=6, val_interval=6, partition={"blocks": 2})
+    assert main(["train", "--config", str(write_yaml(tmp_path / "blocks.yaml", cfg))]) == 0
+    exp_dir = tmp_path / "blocks"
+    out = tmp_path / "site" / "lod-meta.json"
+    assert main(["lod", "--exp-dir", str(exp_dir), "--levels", "1", "--steps", "2"]) == 0
+    assert main(["export", "--exp-dir", str(exp_dir), "--format", "lod", "--out", str(out)]) == 0
+    merged = len(load_trained_scene(exp_dir=str(exp_dir)).params["means"])
+    assert json.loads(out.read_text())["counts"] == [merged, (merged + 1) // 2]
