@@ -12,7 +12,7 @@ class LodConfig:
     """What ``gsrecon lod`` builds."""
 
     levels: int = 2  # levels 1..levels below the trained scene, each about half the Gaussians of the one above
-    steps: int = 500  # training steps of each level after its merge
+    steps: int = 100  # training steps of each level after its merge (BENCHMARKS.md: more overfit the statuette)
     scale: int = 2  # each level is trained at this many times the resolution divisor of the one above
 
     def __post_init__(self) -> None:
