@@ -54,13 +54,13 @@ def make_levels(n: int, degree: int, folder: Path) -> int:
     return size
 
 
-def write_site(folder: Path) -> dict[str, float]:
+def write_site(folder: Path, chunk_count: int) -> dict[str, float]:
     """Write the site of the levels in ``folder`` (this process's memory is what is measured)."""
     levels = [lambda k=k: torch.load(folder / f"level_{k}.pt", mmap=True) for k in range(3)]
     before = _rss_mib()
     start = time.process_time()
-    meta = write_lod_site(folder / "site" / "lod-meta.json", levels, LodSiteConfig(), CameraRegion((0, 0, 0), 30.0),
-                          overwrite=True)  # fmt: skip
+    cfg, region = LodSiteConfig(chunk_count=chunk_count), CameraRegion((0, 0, 0), 30.0)
+    meta = write_lod_site(folder / "site" / "lod-meta.json", levels, cfg, region, overwrite=True)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {"rss_before_mib": before, "peak_rss_mib": peak, "cpu_seconds": time.process_time() - start,
             "counts": meta["counts"]}  # fmt: skip
@@ -71,18 +71,20 @@ def main() -> None:
     parser.add_argument("--gaussians", type=int, default=1_000_000)
     parser.add_argument("--sh-degree", type=int, default=3)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--chunk-count", type=int, default=LodSiteConfig.chunk_count, help="lod.chunk_count")
     parser.add_argument("--write-only", action="store_true", help=argparse.SUPPRESS)  # the measured child process
     args = parser.parse_args()
     if args.write_only:
-        print(json.dumps(write_site(args.out)))
+        print(json.dumps(write_site(args.out, args.chunk_count)))
         return
     size = make_levels(args.gaussians, args.sh_degree, args.out)
-    child = subprocess.run([sys.executable, __file__, "--out", str(args.out), "--write-only"], capture_output=True,
-                           text=True, check=True)  # fmt: skip
+    command = [sys.executable, __file__, "--out", str(args.out), "--chunk-count", str(args.chunk_count), "--write-only"]
+    child = subprocess.run(command, capture_output=True, text=True, check=True)
     result = json.loads(child.stdout.strip().splitlines()[-1])
     scene_mib = size / 2**20
     grown = result["peak_rss_mib"] - result["rss_before_mib"]
-    print(json.dumps({"gaussians": args.gaussians, "sh_degree": args.sh_degree, "scene_mib": scene_mib, **result,
+    print(json.dumps({"gaussians": args.gaussians, "sh_degree": args.sh_degree, "chunk_count": args.chunk_count,
+                      "scene_mib": scene_mib, **result,
                       "peak_over_scene": grown / scene_mib}, indent=1))  # fmt: skip
 
 
