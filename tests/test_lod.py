@@ -206,3 +206,14 @@ def test_a_merged_block_run_gets_levels_and_a_site(make_config, tmp_path: Path) 
     assert main(["export", "--exp-dir", str(exp_dir), "--format", "lod", "--out", str(out)]) == 0
     merged = len(load_trained_scene(exp_dir=str(exp_dir)).params["means"])
     assert json.loads(out.read_text())["counts"] == [merged, (merged + 1) // 2]
+
+
+@pytest.mark.slow  # trains two levels for the default 100 steps each: 5 s on a quiet machine
+def test_export_lod_of_a_run_without_levels_builds_them_first_and_says_so(make_config, tmp_path: Path, capsys):
+    cfg = make_config("plain", max_steps=4, val_interval=4)
+    assert main(["train", "--config", str(write_yaml(tmp_path / "plain.yaml", cfg))]) == 0
+    capsys.readouterr()
+    out = tmp_path / "site" / "lod-meta.json"
+    assert main(["export", "--exp-dir", str(tmp_path / "plain"), "--format", "lod", "--out", str(out)]) == 0
+    assert "no levels of detail yet: building 2 first" in capsys.readouterr().err.replace("\n", " ")
+    assert json.loads(out.read_text())["lodLevels"] == 3 and len(read_levels(tmp_path / "plain")["levels"]) == 2
