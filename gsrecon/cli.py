@@ -233,11 +233,12 @@ LOD_SUMMARY = (
 
 
 def _lod(args: argparse.Namespace) -> int:
+    from gsrecon.engine.inference import load_trained_scene
     from gsrecon.lod.config import LodConfig
     from gsrecon.lod.levels import build_levels
 
     lod = LodConfig(args.levels, args.steps, args.scale)  # refuses bad values before loading anything
-    scene = _load_scene(argparse.Namespace(**{**vars(args), "checkpoint": None, "ply": None, "config": None}))
+    scene = load_trained_scene(exp_dir=args.exp_dir, overrides=args.overrides, imports=args.imports)
     outcome = build_levels(scene, args.exp_dir, lod, device=args.device)
     return _finished(outcome.report(), outcome.stop_reason, outcome.stop_signal)
 
