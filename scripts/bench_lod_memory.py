@@ -22,6 +22,7 @@ import torch
 
 from gsrecon.export.lod.merge import halve
 from gsrecon.export.lod.site import CameraRegion, LodSiteConfig, write_lod_site
+from gsrecon.heap import unmap_large_blocks
 from gsrecon.sh import num_sh_bases
 
 
@@ -75,6 +76,7 @@ def main() -> None:
     parser.add_argument("--write-only", action="store_true", help=argparse.SUPPRESS)  # the measured child process
     args = parser.parse_args()
     if args.write_only:
+        unmap_large_blocks()  # as the gsrecon command does (gsrecon.heap)
         print(json.dumps(write_site(args.out, args.chunk_count)))
         return
     size = make_levels(args.gaussians, args.sh_degree, args.out)
