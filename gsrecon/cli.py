@@ -228,6 +228,45 @@ def _add_render(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_render)
 
 
+LOD_SUMMARY = (
+    "a run's levels of detail (gsrecon lod; built first where it has none) as PlayCanvas streamed SOG, with options "
+    "lod.chunk_count=512 (thousands of Gaussians per chunk), lod.chunk_extent=16, lod.chunk_min=8, "
+    "lod.env_threshold=8 (the environment: farther than this many camera radii) and lod.levels_ply=true; --exp-dir only"
+)
+
+
+def _lod(args: argparse.Namespace) -> int:
+    from gsrecon.engine.inference import load_trained_scene
+    from gsrecon.lod.config import LodConfig
+    from gsrecon.lod.levels import build_levels
+
+    lod = LodConfig(args.levels, args.steps, args.scale)  # refuses bad values before loading anything
+    scene = load_trained_scene(exp_dir=args.exp_dir, overrides=args.overrides, imports=args.imports)
+    outcome = build_levels(scene, args.exp_dir, lod, device=args.device)
+    return _finished(outcome.report(), outcome.stop_reason, outcome.stop_signal)
+
+
+def _add_lod(sub: argparse._SubParsersAction) -> None:
+    from gsrecon.lod.config import LodConfig
+
+    p = _command(
+        sub, "lod", "build levels of detail of a trained run, each trained on the photos",
+        "Build levels 1..K below a run's trained scene in <exp_dir>/lod/: each merges neighbouring pairs of the "
+        "level above (moment matching: mass, mean, covariance and colour kept), then trains alone on the training "
+        "photos at --scale times the resolution divisor of the level above, with the run's renderer, device, "
+        "threads, loss and per-view modules (no densification). Run again to resume; levels already built with the "
+        "same settings are kept. gsrecon export --format lod writes them for streaming.",
+    )  # fmt: skip
+    p.add_argument("--exp-dir", required=True, help="the trained run's folder (a merged block run too)")
+    p.add_argument("--levels", type=int, default=LodConfig.levels, help="levels below the trained scene, each half")
+    p.add_argument("--steps", type=int, default=LodConfig.steps, help="training steps of each level")
+    p.add_argument("--scale", type=int, default=LodConfig.scale, help="resolution divisor over the level above")
+    p.add_argument("--device", default="auto", help="auto (the run's) | cpu | cuda | cuda:N")
+    p.add_argument("--imports", action="append", default=[], help="a plugin to import first (as for export)")
+    p.add_argument("overrides", nargs="*", help="key=value changes of the run's config, e.g. data.path=...")
+    p.set_defaults(func=_lod)
+
+
 # Documented aliases of mesh export options: --voxel V is mesh.voxel=V, and so on.
 MESH_ALIASES = {"voxel": "voxel", "keep_parts": "keep_parts", "mesh_depth": "depth"}
 
@@ -243,6 +282,11 @@ def _export(args: argparse.Namespace) -> int:
     given = [item.removeprefix(prefix) for item in [*aliases, *args.overrides] if item.startswith(prefix)]
     options = apply_overrides({}, given, f"--format {args.format} options")
     scene = _load_scene(args, [item for item in args.overrides if not item.startswith(prefix)])
+    if args.format == "lod":  # a run's levels, not one scene's Gaussians: gsrecon.lod
+        from gsrecon.lod.export import export_lod
+
+        print(f"wrote {export_lod(scene, args.exp_dir, args.out, options, args.overwrite, args.device)}")
+        return 0
     print(f"wrote {export(scene, args.out, args.format, device=args.device, options=options)}")
     return 0
 
@@ -256,7 +300,8 @@ class _RegisteredExportFormats:
 
         entries = {name: EXPORT_REGISTRY.get(name) for name in EXPORT_REGISTRY.names()}
         return "; ".join(
-            f"{name} ({' or '.join(e.suffixes)}): {e.summary().rstrip('.')}" for name, e in entries.items()
+            [f"{name} ({' or '.join(e.suffixes)}): {e.summary().rstrip('.')}" for name, e in entries.items()]
+            + [f"lod (lod-meta.json): {LOD_SUMMARY}"]
         )
 
 
@@ -276,6 +321,7 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     )
     fmt.registered = _RegisteredExportFormats()  # type: ignore[attr-defined]  # filled in by --help only
     p.add_argument("--out", required=True, help="output file")
+    p.add_argument("--overwrite", action="store_true", help="--format lod: replace the site in --out's folder")
     mesh = p.add_argument_group("aliases of mesh options (--format mesh: TSDF fusion of the views' depth)")
     mesh.add_argument("--voxel", type=float, help="mesh.voxel: voxel size in scene units (default: longest side / 256)")
     mesh.add_argument("--keep-parts", type=int, help="mesh.keep_parts: keep this many largest parts (default: all)")
@@ -364,6 +410,7 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_render,
     _add_export,
     _add_merge,
+    _add_lod,
     _add_view,
     _add_weights,
     _add_data,

@@ -60,7 +60,7 @@ class DataPipeline:
             "synthetic"  # a DATASET_REGISTRY name: synthetic | colmap | transforms (alias blender) | your own
         )
         path: str = ""  # scene folder (colmap, transforms)
-        factor: int = 1  # image downscale factor: 1, 2, 4 or 8
+        factor: int = 1  # image downscale factor: 1, 2, 4, 8 (16, 32)
         eval_split: str = "every_8"  # every_8 | none | dataset
         max_images: int = 0  # > 0: use at most this many images (quick runs)
         background: str = "black"  # black | white | random (per step, for RGBA images)

@@ -70,8 +70,11 @@ _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed member times: the same scene gives th
 _WEBP_OPTIONS = {"lossless": True, "quality": 70, "method": 4, "exact": True}  # exact: keep RGB under alpha 0
 
 
-def save_sog(path: str | os.PathLike, params: Mapping[str, Tensor], *, antialiased: bool = False) -> None:
-    """Write Gaussians as a SOG bundle, or unbundled for a path named ``meta.json`` (see the module docstring).
+def save_sog(
+    path: str | os.PathLike, params: Mapping[str, Tensor], *, antialiased: bool = False, order: Tensor | None = None
+) -> None:
+    """Write Gaussians as a SOG bundle, or unbundled for a path named ``meta.json`` (see the module docstring),
+    in the storage order ``order`` [N] (row ``order[i]`` is pixel ``i``; None: Morton order).
 
     Raises InputError, before writing anything, for an empty scene or an SH degree above 3.
     """
@@ -81,7 +84,7 @@ def save_sog(path: str | os.PathLike, params: Mapping[str, Tensor], *, antialias
     if n == 0:
         raise InputError("the scene has no Gaussians (were all of them pruned?), so there is nothing to write to SOG")
     size = _image_size(n)
-    order = morton_order(p["means"])  # [N]
+    order = morton_order(p["means"]) if order is None else order  # [N]
     files, meta = _encode(p, order, size)
     meta = {"version": SOG_VERSION, "count": n, "antialias": antialiased, **meta}
     files["meta.json"] = json.dumps(meta, separators=(",", ":")).encode()

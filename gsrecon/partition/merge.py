@@ -4,8 +4,6 @@ run's outputs (``checkpoints/last.pt``, ``point_cloud.ply``, ``metrics.json``), 
 
 from __future__ import annotations
 
-import dataclasses
-import filecmp
 import hashlib
 import itertools
 import json
@@ -17,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from gsrecon.atomic import atomic_path, atomic_paths
-from gsrecon.data.blocks import Partition, PartitionConfig, cell_box, image_coverage
+from gsrecon.atomic import atomic_paths
+from gsrecon.data.blocks import Partition, cell_box, image_coverage
 from gsrecon.distributed import DistributedContext
 from gsrecon.engine.checkpoints import (
     load_checkpoint_file,
@@ -32,12 +30,12 @@ from gsrecon.engine.inference import TrainedScene, scene_renderer
 from gsrecon.engine.resolve import structural_keys
 from gsrecon.engine.run_dir import RunDir
 from gsrecon.engine.signals import stop_at_step_boundary
+from gsrecon.engine.tuning import place_start, tuning_config
 from gsrecon.errors import InputError
 from gsrecon.export import export_gaussians
 from gsrecon.logging.console import Logger
 from gsrecon.metrics import mean_metrics
 from gsrecon.model import ops
-from gsrecon.model.optim import SchedulerConfig
 from gsrecon.partition.folder import PLAN_FILE
 
 if TYPE_CHECKING:
@@ -247,25 +245,8 @@ def _fine_tune(
 
     merged_ply = Path(cfg.exp_dir) / BLOCKS_DIR / MERGED_PLY
     folder = Path(cfg.exp_dir) / BLOCKS_DIR / FINETUNE_DIR
-    with atomic_path(merged_ply) as new:
-        export_gaussians(merged, new, "ply", antialiased=antialiased)
-        same = merged_ply.is_file() and filecmp.cmp(new, merged_ply, shallow=False)  # what a stopped one tuned
-    resume = same and RunDir(folder).latest_checkpoint() is not None
-    final = cfg.scheduler.final_factor
-    optimizer = dataclasses.replace(cfg.optimizer, **{k: getattr(cfg.optimizer, k) * f for k, f in final.items()})
-    steps = cfg.partition.merge_steps
-    finetune = dataclasses.replace(
-        cfg,
-        exp_dir=str(folder),
-        resume=resume,
-        max_steps=steps,
-        val_interval=steps,
-        model={**cfg.model, "init": "ply", "init_path": str(merged_ply)},
-        strategy={"name": "none"},
-        optimizer=optimizer,
-        scheduler=SchedulerConfig(final_factor={}),
-        partition=PartitionConfig(),
-    )
+    resume = place_start(merged, merged_ply, folder, antialiased)
+    finetune = tuning_config(cfg, merged_ply, folder, cfg.partition.merge_steps, resume)
     alone = DistributedContext(0, 1, local_rank)
     source = f"{cfg.exp_dir} (merge fine-tune)"
     trainer = DefaultTrainer(finetune, source, overwrite=not resume, logger=Logger(), dist=alone)

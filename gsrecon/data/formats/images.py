@@ -39,7 +39,7 @@ from gsrecon.data.formats.lens import (
 from gsrecon.data.scene import Frame, PixelFile
 from gsrecon.errors import InputError
 
-FACTORS = (1, 2, 4, 8)
+FACTORS = (1, 2, 4, 8, 16, 32)  # 16, 32: the coarse levels of detail of a run at 4 or 8 (gsrecon lod)
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")  # lower case: compare `suffix.lower()`
 _DEEP_GREY_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I", "F")  # PIL modes of 16/32-bit greyscale images
 MAX_IMAGE_PIXELS = 2**27  # 134,217,728: e.g. 16384x8192, 384 MiB as 8-bit RGB; above PIL's warning threshold

@@ -1,0 +1,51 @@
+"""``gsrecon export --format lod``: a run's levels of detail as a PlayCanvas streamed SOG site, the levels built
+first where the run has none."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from gsrecon.config import parse_structured
+from gsrecon.engine.inference import TrainedScene
+from gsrecon.errors import InputError
+from gsrecon.export.lod.site import LodSiteConfig, check_site_path, write_lod_site
+from gsrecon.lod.levels import LodConfig, build_levels, built_levels, camera_region, level_loaders
+from gsrecon.logging.console import Logger
+
+
+def export_lod(
+    scene: TrainedScene,
+    exp_dir: str | None,
+    out: str | Path,
+    options: Mapping[str, Any],
+    overwrite: bool = False,
+    device: str = "auto",
+    logger: Logger | None = None,
+) -> Path:
+    """Write the levels of the run in ``exp_dir`` (``scene``: its trained scene, level 0) as the site whose
+    ``lod-meta.json`` is ``out``, with the site ``options`` (:class:`LodSiteConfig`); a run without levels gets
+    them first (:class:`LodConfig`'s defaults), saying so. Returns ``out``.
+
+    Raises InputError without ``exp_dir``, for bad options, or for an ``out`` the site may not be written to
+    (:func:`check_site_path`), before building anything."""
+    logger = logger or Logger()
+    cfg = parse_structured(LodSiteConfig, dict(options), source="--format lod options")
+    if not exp_dir:
+        raise InputError("--format lod needs --exp-dir: the levels of detail are built from and kept in a run folder")
+    out = check_site_path(out, overwrite)
+    count = built_levels(exp_dir, scene.step)
+    if count == 0:
+        lod = LodConfig()
+        logger.info(
+            f"{exp_dir} has no levels of detail yet: building {lod.levels} first ({lod.steps} steps each; "
+            f"gsrecon lod --exp-dir {exp_dir} builds them with other settings)"
+        )
+        outcome = build_levels(scene, exp_dir, lod, device, logger)
+        if outcome.stop_reason:
+            raise InputError(f"{outcome.stop_reason}; nothing was exported")
+        count = len(outcome.records)
+    loaders = level_loaders(scene, exp_dir, count)
+    write_lod_site(out, loaders, cfg, camera_region(exp_dir), antialiased=scene.antialiased, overwrite=overwrite)
+    return out

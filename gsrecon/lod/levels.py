@@ -1,0 +1,179 @@
+"""Trained levels of detail of a run: ``gsrecon lod``.
+
+Level 0 is the run's trained scene. Level ``k`` (1..K) is level ``k - 1`` with neighbours merged in pairs by
+moment matching (:func:`gsrecon.export.lod.merge.halve`), then trained alone on the training photos at
+``scale**k`` times the run's ``data.factor`` for ``steps`` steps, by the run's own trainer and config
+(:func:`gsrecon.engine.tuning.tuning_config`: renderer, device, threads, loss and per-view modules; no
+densification). One level is in memory at a time.
+
+``<exp_dir>/lod/level_<k>/`` holds the level's merged start (``merged.ply``) and its training run (``run/``);
+``<exp_dir>/lod/levels.json`` records each finished level (Gaussians, factor, steps, test PSNR, CPU seconds, peak
+memory) and the cameras' region, and is rewritten after each. A level whose record matches what is asked is kept;
+an interrupted level resumes from its run's checkpoint, and everything after a level built anew is built anew.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import resource
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gsrecon.atomic import write_json
+from gsrecon.data.formats.images import FACTORS
+from gsrecon.engine.checkpoints import load_checkpoint_file
+from gsrecon.engine.inference import TrainedScene
+from gsrecon.engine.run_dir import RunDir
+from gsrecon.engine.tuning import place_start, tuning_config
+from gsrecon.errors import InputError
+from gsrecon.export.lod.merge import halve
+from gsrecon.export.lod.site import CameraRegion
+from gsrecon.lod.config import LodConfig
+from gsrecon.logging.console import Logger
+
+LOD_DIR = "lod"
+LEVELS_FILE = "levels.json"
+
+
+@dataclass
+class LodOutcome:
+    """What :func:`build_levels` did: the levels' records, and why it stopped early (a signal) if it did."""
+
+    records: list[dict[str, Any]]
+    stop_reason: str | None = None
+    stop_signal: int | None = None
+
+    def report(self) -> list[str]:
+        """What the command line says."""
+        if self.stop_reason:
+            return [f"{self.stop_reason}; run gsrecon lod again to resume"]
+        return [
+            f"level {r['level']}: {r['gaussians']} Gaussians at data.factor {r['factor']}, test PSNR "
+            f"{r['psnr']:.2f} ({r['cpu_seconds']:.0f} CPU s{', kept' if r.get('kept') else ''})"
+            for r in self.records
+        ]
+
+
+def lod_dir(exp_dir: str | Path) -> Path:
+    """Where a run's levels are built: ``<exp_dir>/lod``."""
+    return Path(exp_dir) / LOD_DIR
+
+
+def read_levels(exp_dir: str | Path) -> dict[str, Any] | None:
+    """The run's ``levels.json``, or None where no level was built."""
+    path = lod_dir(exp_dir) / LEVELS_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def level_loaders(scene: TrainedScene, exp_dir: str | Path, levels: int) -> list[Callable[[], dict[str, Tensor]]]:
+    """Loaders of levels 0..``levels`` of the run: its trained scene, then each level's newest checkpoint."""
+
+    def load(level: int) -> dict[str, Tensor]:
+        found = RunDir(lod_dir(exp_dir) / f"level_{level}" / "run").latest_checkpoint()
+        if found is None:
+            raise InputError(f"{exp_dir}: level {level} has no checkpoint; run gsrecon lod --exp-dir {exp_dir}")
+        return {k: v.float() for k, v in load_checkpoint_file(found)["params"].items()}
+
+    return [lambda: scene.params, *[lambda level=level: load(level) for level in range(1, levels + 1)]]
+
+
+def level_factor(base: int, scale: int, level: int) -> int:
+    """The ``data.factor`` level ``level`` trains at: ``base * scale**level``, at most the largest of FACTORS."""
+    return min(base * scale**level, FACTORS[-1])
+
+
+def build_levels(
+    scene: TrainedScene, exp_dir: str | Path, lod: LodConfig, device: str = "auto", logger: Logger | None = None
+) -> LodOutcome:
+    """Build (or keep, or resume) levels 1..``lod.levels`` of the run in ``exp_dir`` whose trained scene is ``scene``
+    (see the module docstring)."""
+    from gsrecon.engine.trainer import DefaultTrainer
+
+    logger = logger or Logger()
+    folder = lod_dir(exp_dir)
+    previous = read_levels(exp_dir) or {}
+    kept = previous.get("levels", []) if previous.get("source_step") == scene.step else []
+    records: list[dict[str, Any]] = []
+    region = previous.get("camera_region")
+    params: dict[str, Tensor] = scene.params
+    cfg = scene.cfg if device == "auto" else dataclasses.replace(scene.cfg, device=device)
+    for level in range(1, lod.levels + 1):
+        factor = level_factor(cfg.data.factor, lod.scale, level)
+        asked = {"level": level, "factor": factor, "steps": lod.steps}
+        run = folder / f"level_{level}" / "run"
+        old = kept[level - 1] if len(kept) >= level else None
+        if old is not None and all(old[k] == v for k, v in asked.items()) and RunDir(run).latest_checkpoint():
+            records.append({**old, "kept": True})
+            params = level_loaders(scene, exp_dir, level)[level]()
+            continue
+        kept = []  # this level is built anew: so is every one after it
+        start_cpu, start_wall = _cpu_seconds(), time.perf_counter()
+        merged = halve(params)
+        del params
+        resume = place_start(merged, folder / f"level_{level}" / "merged.ply", run, scene.antialiased)
+        level_cfg = tuning_config(
+            cfg, folder / f"level_{level}" / "merged.ply", run, lod.steps, resume,
+            data=dataclasses.replace(cfg.data, factor=factor),
+        )  # fmt: skip
+        source = f"{exp_dir} (level of detail {level})"
+        trainer = DefaultTrainer(level_cfg, source, overwrite=not resume, logger=logger)
+        trainer.train()
+        if trainer.stop_reason:
+            return LodOutcome(records, f"level {level} stopped: {trainer.stop_reason}", trainer.stop_signal)
+        if region is None:
+            centers = torch.stack([frame.camera_center for frame in trainer.datapipeline.scene.train])  # [F, 3]
+            region = dataclasses.asdict(CameraRegion.of(centers.cpu()))
+        params = {name: value.detach().cpu() for name, value in trainer.model.params.items()}
+        records.append(
+            {
+                **asked,
+                "gaussians": len(params["means"]),
+                "psnr": trainer.val_metrics.get("psnr"),
+                "cpu_seconds": _cpu_seconds() - start_cpu,
+                "wall_seconds": time.perf_counter() - start_wall,
+                "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            }
+        )
+        del trainer
+        logger.info(f"level {level}: {len(params['means'])} Gaussians at data.factor {factor}")
+        _write_levels(exp_dir, scene, region, records)
+    _write_levels(exp_dir, scene, region, records)
+    return LodOutcome(records)
+
+
+def camera_region(exp_dir: str | Path) -> CameraRegion | None:
+    """The cameras' region recorded in the run's ``levels.json`` (None: no levels built)."""
+    recorded = (read_levels(exp_dir) or {}).get("camera_region")
+    return None if recorded is None else CameraRegion(tuple(recorded["center"]), recorded["radius"])
+
+
+def built_levels(exp_dir: str | Path, step: int | None) -> int:
+    """How many levels below the trained scene (at ``step``) the run's ``levels.json`` records as built."""
+    recorded = read_levels(exp_dir) or {}
+    return len(recorded.get("levels", [])) if recorded.get("source_step") == step else 0
+
+
+def _write_levels(
+    exp_dir: str | Path, scene: TrainedScene, region: dict[str, Any] | None, records: Sequence[dict[str, Any]]
+) -> None:
+    write_json(
+        lod_dir(exp_dir) / LEVELS_FILE,
+        {
+            "source_step": scene.step,
+            "camera_region": region,
+            "levels": [{k: v for k, v in r.items() if k != "kept"} for r in records],
+        },
+    )
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU seconds of this process and its finished children (a kernel build) so far."""
+    usages = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    return sum(usage.ru_utime + usage.ru_stime for usage in usages)
