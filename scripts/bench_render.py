@@ -27,7 +27,7 @@ from gsrecon.engine.inference import load_trained_scene
 from gsrecon.engine.resolve import resolve_renderer_entry
 from gsrecon.logging.console import Logger
 from gsrecon.model.optim import FUSED_ADAM_DEVICES
-from gsrecon.registry import RENDERER_REGISTRY
+from gsrecon.registry import RENDERER_REGISTRY, RunSetup
 from gsrecon.render.base import Renderer
 from gsrecon.render.torch_renderer import TorchRenderer
 from gsrecon.sh import rgb_to_sh
@@ -151,7 +151,7 @@ def compare_steps(names: list[str], sizes: list[tuple[int, int, int]], device: t
     """Print a table of training-step times of the renderers ``names`` (default settings), alternated per case."""
     renderers = [RENDERER_REGISTRY.build(resolve_renderer_entry({"name": name}, device, "--compare")) for name in names]
     for renderer in renderers:
-        renderer.setup(Logger())
+        renderer.setup(RunSetup(Logger().info))
     print(f"| case | {' | '.join(f'{name} step ms' for name in names)} | {names[0]} / {names[-1]} |")
     print(f"|---|{'---:|' * len(names)}---:|")
     for size in sizes:

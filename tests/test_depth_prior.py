@@ -21,6 +21,7 @@ from gsrecon.engine.trainer import DefaultTrainer
 from gsrecon.losses.base import DEFAULT_LOSS, LossInputs
 from gsrecon.losses.depth_prior import DepthPriorTerm, ObservedPoints, point_depth_loss
 from gsrecon.model.views.pose import PoseCorrection
+from gsrecon.registry import RunSetup
 from gsrecon.render.base import RenderOutput
 
 torch.set_num_threads(1)
@@ -112,7 +113,7 @@ def test_the_prior_sees_the_points_from_the_camera_pose_refinement_moved(tmp_pat
     depth = torch.linspace(1.0, 3.0, H * W).reshape(1, H, W, 1)
     render = RenderOutput(image=moved.images, alpha=torch.ones(1, H, W, 1), depth=depth, info={})
     term = DepthPriorTerm(DepthPriorTerm.Config())
-    term.setup(pipeline)
+    term.setup(RunSetup(print, pipeline))
     value = term(LossInputs(moved.images, render, moved, pipeline))
     torch.testing.assert_close(value, pipeline.scene.extent * point_depth_loss(depth, [expected]))
     assert value != term(LossInputs(batch.images, render, batch, pipeline))

@@ -2,7 +2,9 @@
 
 A strategy never sees the trainer. It gets the Gaussian parameters, their optimisers, its own state
 dict (made by :meth:`Strategy.initialize_state`, held by the caller and saved in checkpoints), the
-step and the render info. It adds, removes and replaces Gaussians through :mod:`gsrecon.model.ops`, which
+step and the render info. That state is not a set-up: the caller asks for a fresh one for each run and each resume;
+what a strategy prepares once for a run belongs in :meth:`~gsrecon.registry.RunChecked.setup`, as every
+component's. It adds, removes and replaces Gaussians through :mod:`gsrecon.model.ops`, which
 keeps the parameters, their optimiser states and the state entries it names in ``per_gaussian_state``
 row-aligned.
 
