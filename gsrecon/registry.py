@@ -6,11 +6,6 @@ has one. Built-in entries register where they are defined; each registry imports
 define its built-ins on first use (MMEngine's ``locations``), so importing a registry stays cheap
 and ``gsrecon eval`` never imports hooks or strategies. Users add entries from their own modules
 (loaded through the YAML ``imports:`` list).
-
-Every built component may refuse the run it is part of through one method, :meth:`RunChecked.check`, given the
-:class:`RunFacts`; ``build_run`` turns a refusal into one line naming the component's key and the config file. Once
-every component accepted the run, each prepares for it through one method, :meth:`RunChecked.setup`, given the
-:class:`RunSetup`.
 """
 
 from __future__ import annotations
@@ -19,14 +14,10 @@ import difflib
 import importlib
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from gsrecon.config import build_from_config
 from gsrecon.errors import InputError
-
-if TYPE_CHECKING:
-    from gsrecon.data.pipeline import DataPipeline
 
 T = TypeVar("T")
 
@@ -36,38 +27,6 @@ class RegistryError(InputError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0])
-
-
-@dataclass(frozen=True)
-class RunFacts:
-    """What a component checks a run against, once its scene is read and its model built."""
-
-    config: Mapping[str, Any]  # the resolved run config (what <exp_dir>/config.yaml holds)
-    num_gaussians: int  # the Gaussians the model starts with
-    sfm_tracks: bool  # whether the scene knows which SfM points each training photo observed
-    depth_maps: bool  # whether a training photo has a depth map
-
-
-@dataclass(frozen=True)
-class RunSetup:
-    """What a component prepares for a run from (:meth:`RunChecked.setup`)."""
-
-    log: Callable[[str], None]  # takes lines for the run's log (a slow preparation's progress, what it went without)
-    # The run's scene (points, SfM tracks, extent) and training frames; None where a renderer is set up only to draw
-    # (a trained scene, a benchmark): training always gives it.
-    data: DataPipeline | None = None
-
-
-class RunChecked:
-    """A registry class whose objects may refuse the run they are part of, and prepare for it once accepted."""
-
-    def check(self, run: RunFacts) -> None:
-        """Refuse a run this component cannot work with: raise ValueError with one line saying what to change
-        (``build_run`` names the component's key and the file). The default accepts every run."""
-
-    def setup(self, run: RunSetup) -> None:
-        """Prepare, once every component of the run accepted it (:meth:`check`) and before its first step, what
-        this component needs from it (kernels built, data read). The default needs nothing."""
 
 
 class Registry(Generic[T]):

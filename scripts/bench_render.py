@@ -22,12 +22,13 @@ from collections.abc import Callable
 import torch
 
 from gsrecon.cameras import Cameras
+from gsrecon.component import RunSetup
 from gsrecon.data.pipeline import DataPipeline
 from gsrecon.engine.inference import load_trained_scene
 from gsrecon.engine.resolve import resolve_renderer_entry
 from gsrecon.logging.console import Logger
 from gsrecon.model.optim import FUSED_ADAM_DEVICES
-from gsrecon.registry import RENDERER_REGISTRY, RunSetup
+from gsrecon.registry import RENDERER_REGISTRY
 from gsrecon.render.base import Renderer
 from gsrecon.render.torch_renderer import TorchRenderer
 from gsrecon.sh import rgb_to_sh

@@ -10,13 +10,14 @@ import torch
 from conftest import write_yaml
 
 from gsrecon.cli import main
+from gsrecon.component import RunFacts, RunSetup
 from gsrecon.config import parse_structured
 from gsrecon.engine.build import PURPOSES, build_run
 from gsrecon.engine.hook import Hook
 from gsrecon.engine.resolve import RunConfig
 from gsrecon.losses.base import LossTerm
 from gsrecon.model.views.base import ViewModule
-from gsrecon.registry import LOSS_REGISTRY, VIEW_REGISTRY, RunFacts, RunSetup
+from gsrecon.registry import LOSS_REGISTRY, VIEW_REGISTRY
 
 
 @pytest.mark.parametrize(

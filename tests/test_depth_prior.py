@@ -15,13 +15,13 @@ from PIL import Image
 from test_colmap import H, W, _make_scene, _synthetic_model
 
 from gsrecon.cli import main
+from gsrecon.component import RunSetup
 from gsrecon.config import ConfigError, parse_structured
 from gsrecon.data.pipeline import DataPipeline
 from gsrecon.engine.trainer import DefaultTrainer
 from gsrecon.losses.base import DEFAULT_LOSS, LossInputs
 from gsrecon.losses.depth_prior import DepthPriorTerm, ObservedPoints, point_depth_loss
 from gsrecon.model.views.pose import PoseCorrection
-from gsrecon.registry import RunSetup
 from gsrecon.render.base import RenderOutput
 
 torch.set_num_threads(1)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gsrecon.cameras import Cameras
-from gsrecon.registry import RunSetup
+from gsrecon.component import RunSetup
 
 pytestmark = [
     pytest.mark.gpu,

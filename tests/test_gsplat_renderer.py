@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from gsrecon.cameras import Cameras
+from gsrecon.component import RunSetup
 from gsrecon.model.gaussians import init_params
-from gsrecon.registry import RunSetup
 from gsrecon.render.gsplat_renderer import GsplatRenderer, GsplatUnavailableError
 
 

@@ -81,6 +81,7 @@ LAYERS = (
     {"__init__", "config", "registry", "plugins", "errors", "atomic", "cache", "heap", "distributed", "geometry"}
     | {"cameras", "sh", "params", "io", "logging", "lpips_weights"},
     {"data"},
+    {"component"},
     {"render"},
     {"model"},
     {"losses"},

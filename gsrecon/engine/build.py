@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from gsrecon.component import RunChecked, RunFacts, RunSetup
 from gsrecon.config import ConfigError, parse_structured
 from gsrecon.data.blocks import block_scene, plan_partition
 from gsrecon.data.pipeline import DataPipeline
@@ -33,15 +34,7 @@ from gsrecon.engine.runtime import resolve_device, set_cpu_threads
 from gsrecon.logging.console import Logger
 from gsrecon.losses.base import Loss, build_loss
 from gsrecon.model.views.base import ViewModules, build_views
-from gsrecon.registry import (
-    HOOK_REGISTRY,
-    MODEL_REGISTRY,
-    RENDERER_REGISTRY,
-    STRATEGY_REGISTRY,
-    RunChecked,
-    RunFacts,
-    RunSetup,
-)
+from gsrecon.registry import HOOK_REGISTRY, MODEL_REGISTRY, RENDERER_REGISTRY, STRATEGY_REGISTRY
 from gsrecon.render.base import Renderer
 from gsrecon.render.choice import renderer_on_device
 
@@ -197,7 +190,7 @@ def run_components(
 
 
 def check_run(components: Mapping[str, RunChecked], run: RunFacts, source: str) -> None:
-    """Let every component of a built run refuse it (:meth:`~gsrecon.registry.RunChecked.check`, ``components`` by
+    """Let every component of a built run refuse it (:meth:`~gsrecon.component.RunChecked.check`, ``components`` by
     the config keys that configure them); a refusal is a ConfigError naming the key and the file."""
     for key, component in components.items():
         try:
@@ -207,7 +200,7 @@ def check_run(components: Mapping[str, RunChecked], run: RunFacts, source: str) 
 
 
 def setup_run(components: Mapping[str, RunChecked], run: RunSetup) -> None:
-    """Set up every component of a run that all of them accepted (:meth:`~gsrecon.registry.RunChecked.setup`), in
+    """Set up every component of a run that all of them accepted (:meth:`~gsrecon.component.RunChecked.setup`), in
     the order of ``components``."""
     for component in components.values():
         component.setup(run)

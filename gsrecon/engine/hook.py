@@ -11,7 +11,8 @@ from __future__ import annotations
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gsrecon.registry import HOOK_REGISTRY, RunChecked
+from gsrecon.component import RunChecked
+from gsrecon.registry import HOOK_REGISTRY
 
 if TYPE_CHECKING:
     from pathlib import Path

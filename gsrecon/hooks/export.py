@@ -7,9 +7,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from gsrecon.component import RunSetup
 from gsrecon.engine.hook import Hook, Priority
 from gsrecon.export import ExportContext, export_gaussians
-from gsrecon.registry import EXPORT_REGISTRY, HOOK_REGISTRY, RENDERER_REGISTRY, RegistryError, RunSetup
+from gsrecon.registry import EXPORT_REGISTRY, HOOK_REGISTRY, RENDERER_REGISTRY, RegistryError
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
+from gsrecon.component import RunChecked
 from gsrecon.config import ConfigError
-from gsrecon.registry import LOSS_REGISTRY, RunChecked
+from gsrecon.registry import LOSS_REGISTRY
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -43,8 +44,8 @@ class LossInputs:
 
 class LossTerm(RunChecked):
     """One term of the loss; subclasses extend :class:`LossTerm.Config` and implement :meth:`__call__`, may refuse a
-    run (:meth:`~gsrecon.registry.RunChecked.check`) and prepare what they need from its data before training
-    (:meth:`~gsrecon.registry.RunChecked.setup`, ``run.data``)."""
+    run (:meth:`~gsrecon.component.RunChecked.check`) and prepare what they need from its data before training
+    (:meth:`~gsrecon.component.RunChecked.setup`, ``run.data``)."""
 
     @dataclass
     class Config:

@@ -10,9 +10,10 @@ import torch
 from torch import Tensor
 
 from gsrecon.cameras.lens import project_points
+from gsrecon.component import RunFacts, RunSetup
 from gsrecon.data.scene import decoded
 from gsrecon.losses.base import LossInputs, LossTerm
-from gsrecon.registry import LOSS_REGISTRY, RunFacts, RunSetup
+from gsrecon.registry import LOSS_REGISTRY
 
 if TYPE_CHECKING:
     from gsrecon.data.pipeline import DataPipeline

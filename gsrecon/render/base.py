@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 from torch import Tensor
 
 from gsrecon.cameras import Cameras
+from gsrecon.component import RunChecked
 from gsrecon.params import check_params
-from gsrecon.registry import RunChecked
 
 if TYPE_CHECKING:
     from gsrecon.data.pipeline import Batch
@@ -69,7 +69,7 @@ class Renderer(abc.ABC, RunChecked):
     renderer applies exp / sigmoid / normalisation itself. Subclasses define a nested ``Config``
     dataclass extending :class:`RendererConfig`, are constructed as ``Renderer(cfg)`` and
     implement :meth:`_render`; :meth:`render` checks the inputs first. Expensive or fallible preparation (building
-    kernels) belongs in :meth:`~gsrecon.registry.RunChecked.setup`, which runs before the first render; a renderer
+    kernels) belongs in :meth:`~gsrecon.component.RunChecked.setup`, which runs before the first render; a renderer
     may be set up without a run's data (``run.data`` None) to draw a trained scene.
     """
 

@@ -21,8 +21,9 @@ import torch
 from torch import Tensor
 
 from gsrecon.cameras import Cameras
+from gsrecon.component import RunSetup
 from gsrecon.errors import InputError
-from gsrecon.registry import RENDERER_REGISTRY, RunSetup
+from gsrecon.registry import RENDERER_REGISTRY
 from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
 
 GSPLAT_ALPHA_MAX = 0.999  # gsplat's per-Gaussian alpha clamp (the torch renderer's alpha_max equivalent)

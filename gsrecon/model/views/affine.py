@@ -28,11 +28,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from gsrecon.component import RunSetup
 from gsrecon.data.scene import Frame, SfmPoints
 from gsrecon.errors import InputError
 from gsrecon.model.views.base import EvalAdjust, ViewModule
 from gsrecon.model.views.colour_check import colour_differences
-from gsrecon.registry import VIEW_REGISTRY, RunSetup
+from gsrecon.registry import VIEW_REGISTRY
 
 if TYPE_CHECKING:
     from gsrecon.data.pipeline import Batch

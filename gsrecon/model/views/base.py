@@ -24,11 +24,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from gsrecon.component import RunChecked
 from gsrecon.config import ConfigError
 from gsrecon.distributed import DistributedContext
 from gsrecon.errors import InputError, is_out_of_memory, last_line
 from gsrecon.model.views.optim import VisitedRowsAdam
-from gsrecon.registry import VIEW_REGISTRY, RunChecked
+from gsrecon.registry import VIEW_REGISTRY
 
 if TYPE_CHECKING:
     from gsrecon.data.pipeline import Batch, DataPipeline
@@ -43,7 +44,7 @@ RenderFn = Callable[["Batch"], "RenderOutput"]  # the scene rendered from a batc
 
 class ViewModule(torch.nn.Module, RunChecked):
     """Base class: learns nothing and changes nothing; subclasses override what they need. What a module reads from
-    the run's data before training belongs in :meth:`~gsrecon.registry.RunChecked.setup` (``run.data``,
+    the run's data before training belongs in :meth:`~gsrecon.component.RunChecked.setup` (``run.data``,
     ``run.log``), which is not called where a trained module only renders (inference)."""
 
     kind = ""  # the kind of module: the section of that kind takes it (VIEW_SECTIONS); "": only views: entries

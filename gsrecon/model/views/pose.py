@@ -40,11 +40,12 @@ import torch
 from torch import Tensor
 
 from gsrecon.cameras.lens import project_points
+from gsrecon.component import RunSetup
 from gsrecon.config import run_steps
 from gsrecon.data.scene import Frame
 from gsrecon.errors import InputError
 from gsrecon.model.views.base import ViewModule
-from gsrecon.registry import VIEW_REGISTRY, RunSetup
+from gsrecon.registry import VIEW_REGISTRY
 
 if TYPE_CHECKING:
     from gsrecon.data.pipeline import Batch

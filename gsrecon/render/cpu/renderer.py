@@ -16,8 +16,9 @@ import torch
 from torch import Tensor
 
 from gsrecon.cameras import Cameras
+from gsrecon.component import RunSetup
 from gsrecon.params import PARAM_NAMES
-from gsrecon.registry import RENDERER_REGISTRY, RunSetup
+from gsrecon.registry import RENDERER_REGISTRY
 from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
 from gsrecon.render.cpu.functions import Projection, project_pinhole, rasterize
 from gsrecon.render.cpu.kernels import load_kernels
