@@ -80,12 +80,11 @@ def build_run(
     Training resolves the whole config first (unknown names and bad arguments fail before any work), builds the
     hooks, calls ``claim`` with the resolved config (the trainer takes its run folder there, before anything slow),
     then the data pipeline (the partition's block where ``partition.block`` is set), the model, the loss, the
-    renderer, the per-view modules, the strategy, lets every component check the run and then sets each up
-    (:func:`setup_run`). A trained
-    scene's purposes build the whole capture's data pipeline, the renderer that draws it on the device
-    (:func:`~gsrecon.render.choice.renderer_on_device`, rendering the median depth too with ``median_depth``) and
-    the per-view modules holding ``views_state`` (on the CPU; not set up: they only render); the threads line goes
-    to ``logger``. ``block`` resolves the config only.
+    renderer, the per-view modules, the strategy, lets every component check the run, then sets each up
+    (:func:`setup_run`). A trained scene's purposes build the whole capture's data pipeline, the renderer that draws
+    it on the device (:func:`~gsrecon.render.choice.renderer_on_device`, rendering the median depth too with
+    ``median_depth``; set up without the run's data) and the per-view modules holding ``views_state`` (on the CPU;
+    not set up: they only render); the threads line goes to ``logger``. ``block`` resolves the config only.
     """
     if purpose not in PURPOSES:
         raise ValueError(f"unknown purpose '{purpose}'; one of {', '.join(PURPOSES)}")

@@ -148,6 +148,7 @@ class Hook(RunChecked):
 
     Order of calls in a run::
 
+        check(facts), setup(run)                 as the run is built, before the trainer exists (RunChecked)
         before_run
         [after_load_checkpoint]                  when resuming
         before_train
