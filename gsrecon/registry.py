@@ -6,9 +6,6 @@ has one. Built-in entries register where they are defined; each registry imports
 define its built-ins on first use (MMEngine's ``locations``), so importing a registry stays cheap
 and ``gsrecon eval`` never imports hooks or strategies. Users add entries from their own modules
 (loaded through the YAML ``imports:`` list).
-
-Every built component may refuse the run it is part of through one method, :meth:`RunChecked.check`, given the
-:class:`RunFacts`; ``build_run`` turns a refusal into one line naming the component's key and the config file.
 """
 
 from __future__ import annotations
@@ -17,7 +14,6 @@ import difflib
 import importlib
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from gsrecon.config import build_from_config
@@ -31,24 +27,6 @@ class RegistryError(InputError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0])
-
-
-@dataclass(frozen=True)
-class RunFacts:
-    """What a component checks a run against, once its scene is read and its model built."""
-
-    config: Mapping[str, Any]  # the resolved run config (what <exp_dir>/config.yaml holds)
-    num_gaussians: int  # the Gaussians the model starts with
-    sfm_tracks: bool  # whether the scene knows which SfM points each training photo observed
-    depth_maps: bool  # whether a training photo has a depth map
-
-
-class RunChecked:
-    """A registry class whose objects may refuse the run they are part of."""
-
-    def check(self, run: RunFacts) -> None:
-        """Refuse a run this component cannot work with: raise ValueError with one line saying what to change
-        (``build_run`` names the component's key and the file). The default accepts every run."""
 
 
 class Registry(Generic[T]):

@@ -22,6 +22,7 @@ from collections.abc import Callable
 import torch
 
 from gsrecon.cameras import Cameras
+from gsrecon.component import RunSetup
 from gsrecon.data.pipeline import DataPipeline
 from gsrecon.engine.inference import load_trained_scene
 from gsrecon.engine.resolve import resolve_renderer_entry
@@ -151,7 +152,7 @@ def compare_steps(names: list[str], sizes: list[tuple[int, int, int]], device: t
     """Print a table of training-step times of the renderers ``names`` (default settings), alternated per case."""
     renderers = [RENDERER_REGISTRY.build(resolve_renderer_entry({"name": name}, device, "--compare")) for name in names]
     for renderer in renderers:
-        renderer.setup(Logger())
+        renderer.setup(RunSetup(Logger().info))
     print(f"| case | {' | '.join(f'{name} step ms' for name in names)} | {names[0]} / {names[-1]} |")
     print(f"|---|{'---:|' * len(names)}---:|")
     for size in sizes:

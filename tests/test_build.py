@@ -10,9 +10,14 @@ import torch
 from conftest import write_yaml
 
 from gsrecon.cli import main
+from gsrecon.component import RunFacts, RunSetup
 from gsrecon.config import parse_structured
 from gsrecon.engine.build import PURPOSES, build_run
+from gsrecon.engine.hook import Hook
 from gsrecon.engine.resolve import RunConfig
+from gsrecon.losses.base import LossTerm
+from gsrecon.model.views.base import ViewModule
+from gsrecon.registry import LOSS_REGISTRY, VIEW_REGISTRY
 
 
 @pytest.mark.parametrize(
@@ -127,3 +132,45 @@ def test_a_checkpoint_of_the_old_views_shape_resumes_exactly(make_config, make_t
     modules = [c["views"]["appearance"] for c in (reference, again)]
     assert modules[0].keys() == modules[1].keys()
     assert all(torch.equal(modules[0][k], modules[1][k]) for k in modules[0] if torch.is_tensor(modules[0][k]))
+
+
+class _Recorded:
+    """A component that records its check and its set-up in ``EVENTS`` (test helper)."""
+
+    def check(self, run: RunFacts) -> None:
+        EVENTS.append(("check", type(self).__name__, None))
+
+    def setup(self, run: RunSetup) -> None:
+        run.log(f"{type(self).__name__} set up")
+        EVENTS.append(("setup", type(self).__name__, run))
+
+
+class RecordedTerm(_Recorded, LossTerm):
+    pass
+
+
+class RecordedView(_Recorded, ViewModule):
+    pass
+
+
+class RecordedHook(_Recorded, Hook):
+    pass
+
+
+EVENTS: list[tuple[str, str, RunSetup | None]] = []
+
+
+def test_every_component_is_set_up_once_with_the_run_after_every_check(make_config, hook_registry, capsys) -> None:
+    """One set-up shape: ``setup(run)`` on a loss term, a per-view module and a hook, each called once after every
+    component accepted the run, with the run's data and a log that reaches the run's logger."""
+    LOSS_REGISTRY.register("recorded")(RecordedTerm)
+    VIEW_REGISTRY.register("recorded")(RecordedView)
+    hook_registry.register()(RecordedHook)
+    EVENTS.clear()
+    raw = make_config(loss={"recorded": {}}, views={"extra": {"name": "recorded"}}, hooks={"RecordedHook": {}})
+    run = build_run(parse_structured(RunConfig, raw), "train", "c.yaml", device="cpu")
+    names = ["RecordedTerm", "RecordedView", "RecordedHook"]
+    assert [(kind, name) for kind, name, _ in EVENTS] == [("check", n) for n in names] + [("setup", n) for n in names]
+    assert all(setup.data is run.datapipeline for kind, _, setup in EVENTS if kind == "setup")
+    err = capsys.readouterr().err  # the logger's console
+    assert all(f"{name} set up" in err for name in names)

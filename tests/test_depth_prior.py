@@ -15,6 +15,7 @@ from PIL import Image
 from test_colmap import H, W, _make_scene, _synthetic_model
 
 from gsrecon.cli import main
+from gsrecon.component import RunSetup
 from gsrecon.config import ConfigError, parse_structured
 from gsrecon.data.pipeline import DataPipeline
 from gsrecon.engine.trainer import DefaultTrainer
@@ -112,7 +113,7 @@ def test_the_prior_sees_the_points_from_the_camera_pose_refinement_moved(tmp_pat
     depth = torch.linspace(1.0, 3.0, H * W).reshape(1, H, W, 1)
     render = RenderOutput(image=moved.images, alpha=torch.ones(1, H, W, 1), depth=depth, info={})
     term = DepthPriorTerm(DepthPriorTerm.Config())
-    term.setup(pipeline)
+    term.setup(RunSetup(print, pipeline))
     value = term(LossInputs(moved.images, render, moved, pipeline))
     torch.testing.assert_close(value, pipeline.scene.extent * point_depth_loss(depth, [expected]))
     assert value != term(LossInputs(batch.images, render, batch, pipeline))

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from gsrecon.cameras import Cameras
+from gsrecon.component import RunSetup
 
 pytestmark = [
     pytest.mark.gpu,
@@ -22,7 +23,7 @@ def renderers(request):
     from gsrecon.render.torch_renderer import TorchRenderer
 
     gsplat = GsplatRenderer(GsplatRenderer.Config(antialiased=request.param))
-    gsplat.setup(Logger())
+    gsplat.setup(RunSetup(Logger().info))
     # gsplat clamps alpha at 0.999; the torch renderer's default is the 3DGS paper's 0.99.
     cfg = TorchRenderer.Config(
         alpha_max=GSPLAT_ALPHA_MAX, tile_size=16, max_chunk_elements=1 << 22, antialiased=request.param
@@ -87,7 +88,7 @@ def test_gsplat_median_depth_of_hand_made_gaussians_and_of_a_random_scene_matche
     from gsrecon.render.torch_renderer import TorchRenderer
 
     gsplat = GsplatRenderer(GsplatRenderer.Config(median_depth=True))
-    gsplat.setup(Logger())
+    gsplat.setup(RunSetup(Logger().info))
     reference = TorchRenderer(TorchRenderer.Config(alpha_max=GSPLAT_ALPHA_MAX, tile_size=16, median_depth=True))
     # Twelve Gaussians of opacity 0.1 on the axis, 8 px wide: T falls from 0.53 to 0.48 across the 7th (depth 3.2).
     n, focal = 12, 20.0
@@ -274,7 +275,7 @@ def test_gsplat_pulls_a_perturbed_camera_back_toward_its_true_pose() -> None:
     from gsrecon.render.gsplat_renderer import GsplatRenderer
 
     gsplat = GsplatRenderer(GsplatRenderer.Config())
-    gsplat.setup(Logger())
+    gsplat.setup(RunSetup(Logger().info))
     params = {k: v.cuda() for k, v in _cloud().items()}
     render = lambda batch: gsplat.render_batch(params, batch, 0)  # noqa: E731
     truth = _true_view()

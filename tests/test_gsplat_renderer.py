@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from gsrecon.cameras import Cameras
+from gsrecon.component import RunSetup
 from gsrecon.model.gaussians import init_params
 from gsrecon.render.gsplat_renderer import GsplatRenderer, GsplatUnavailableError
 
@@ -54,4 +55,4 @@ def test_config_errors_and_setup_without_cuda() -> None:
         GsplatRenderer.Config(near_plane=0.0)
     if not torch.cuda.is_available():
         with pytest.raises(GsplatUnavailableError, match="renderer.name=torch"):
-            GsplatRenderer(GsplatRenderer.Config()).setup(logger=None)
+            GsplatRenderer(GsplatRenderer.Config()).setup(RunSetup(print))

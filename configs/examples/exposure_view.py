@@ -1,7 +1,9 @@
 """An example per-view module: one exposure gain per training photo, applied to the render before the loss.
 
 Used by custom_view.yaml (``imports: [exposure_view.py]``); copy it as a starting point. A module that corrects
-the cameras instead overrides ``adjust_cameras(batch)``; one that scores test views differently, ``eval_adjust()``.
+the cameras instead overrides ``adjust_cameras(batch)``; one that scores test views differently, ``eval_adjust()``;
+one that reads the run's data before training, ``setup(run)`` (``run.data``: the data pipeline; ``run.log``: lines
+for the run's log).
 """
 
 from __future__ import annotations

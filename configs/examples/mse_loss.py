@@ -1,6 +1,7 @@
 """An example loss term: the mean squared error between the render and the photo.
 
-Used by custom_loss.yaml (``imports: [mse_loss.py]``); copy it as a starting point for a term of your own.
+Used by custom_loss.yaml (``imports: [mse_loss.py]``); copy it as a starting point for a term of your own. A term
+that needs something from the data before training prepares it in ``setup(run)`` (``run.data``: the data pipeline).
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 Used by custom_strategy.yaml (``imports: [prune_transparent.py]``); copy it as a starting point. A strategy is a
 function of explicit state, as in gsplat: it gets the parameters, their optimisers, its own state dict and the
 step, never the trainer, and changes the set of Gaussians only through :mod:`gsrecon.model.ops`, which keeps the
-parameters, their Adam moments and the per-Gaussian state it declares aligned.
+parameters, their Adam moments and the per-Gaussian state it declares aligned. Its state comes from
+``initialize_state(scene_extent)``, asked for fresh for each run and each resume; what it prepares once for a run
+belongs in ``setup(run)``, as every component's.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Used by custom_renderer.yaml (``imports: [tile_count_renderer.py]``); copy it as a starting point. A renderer
 subclasses :class:`gsrecon.render.base.Renderer` (here the torch one) and implements ``_render``, which gets the
 inputs :meth:`Renderer.render` has checked: the parameters, the :class:`~gsrecon.cameras.Cameras` (poses,
-intrinsics, size and camera model), the SH degree and the backgrounds.
+intrinsics, size and camera model), the SH degree and the backgrounds. Kernels to build or load belong in
+``setup(run)``, called before the first render (``run.log`` takes progress lines).
 """
 
 from __future__ import annotations

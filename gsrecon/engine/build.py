@@ -3,7 +3,7 @@
 (:mod:`gsrecon.engine.resolve`), the device and threads set (:mod:`gsrecon.engine.runtime`), then the components are
 built: the data pipeline, the renderer and the per-view modules for every purpose that draws a scene; for training
 also the model, the loss, the strategy and the hooks, and the checks every component makes of the built run
-(:func:`check_run`, the one protocol of every component)."""
+(:func:`check_run`) and their set-up (:func:`setup_run`): the one protocol of every component."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from gsrecon.component import RunChecked, RunFacts, RunSetup
 from gsrecon.config import ConfigError, parse_structured
 from gsrecon.data.blocks import block_scene, plan_partition
 from gsrecon.data.pipeline import DataPipeline
@@ -33,14 +34,7 @@ from gsrecon.engine.runtime import resolve_device, set_cpu_threads
 from gsrecon.logging.console import Logger
 from gsrecon.losses.base import Loss, build_loss
 from gsrecon.model.views.base import ViewModules, build_views
-from gsrecon.registry import (
-    HOOK_REGISTRY,
-    MODEL_REGISTRY,
-    RENDERER_REGISTRY,
-    STRATEGY_REGISTRY,
-    RunChecked,
-    RunFacts,
-)
+from gsrecon.registry import HOOK_REGISTRY, MODEL_REGISTRY, RENDERER_REGISTRY, STRATEGY_REGISTRY
 from gsrecon.render.base import Renderer
 from gsrecon.render.choice import renderer_on_device
 
@@ -86,11 +80,11 @@ def build_run(
     Training resolves the whole config first (unknown names and bad arguments fail before any work), builds the
     hooks, calls ``claim`` with the resolved config (the trainer takes its run folder there, before anything slow),
     then the data pipeline (the partition's block where ``partition.block`` is set), the model, the loss, the
-    renderer, the per-view modules, the strategy, lets every component check the run and sets them up. A trained
-    scene's purposes build the whole capture's data pipeline, the renderer that draws it on the device
-    (:func:`~gsrecon.render.choice.renderer_on_device`, rendering the median depth too with ``median_depth``) and
-    the per-view modules holding ``views_state`` (on the CPU; not set up: they only render); the threads line goes
-    to ``logger``. ``block`` resolves the config only.
+    renderer, the per-view modules, the strategy, lets every component check the run, then sets each up
+    (:func:`setup_run`). A trained scene's purposes build the whole capture's data pipeline, the renderer that draws
+    it on the device (:func:`~gsrecon.render.choice.renderer_on_device`, rendering the median depth too with
+    ``median_depth``; set up without the run's data) and the per-view modules holding ``views_state`` (on the CPU;
+    not set up: they only render); the threads line goes to ``logger``. ``block`` resolves the config only.
     """
     if purpose not in PURPOSES:
         raise ValueError(f"unknown purpose '{purpose}'; one of {', '.join(PURPOSES)}")
@@ -120,13 +114,11 @@ def build_run(
     run.renderer = RENDERER_REGISTRY.build(run.resolved["renderer"])
     train_names = [frame.name for frame in run.datapipeline.scene.train]
     run.views = build_views(run.resolved, train_names, torch_device, source)
-    run.views.setup(run.datapipeline, logger.info)
     run.strategy = build_strategy(cfg, run.resolved, run.model, source)
     facts = run_facts(run.resolved, run.model, run.datapipeline.scene)
     components = run_components(cfg, run.model, run.renderer, run.strategy, run.loss, run.views, run.hooks)
     check_run(components, facts, source)
-    run.loss.setup(run.datapipeline)
-    run.renderer.setup(logger)
+    setup_run(components, RunSetup(logger.info, run.datapipeline))
     run.notices = [notice for notice in (old_views_notice(cfg, source),) if notice is not None]
     return run
 
@@ -164,7 +156,7 @@ def scene_renderer_entry(
 def build_renderer(entry: dict[str, Any], logger: Logger) -> Renderer:
     """The renderer of a resolved ``entry``, set up (its kernels built or loaded, saying so through ``logger``)."""
     renderer = RENDERER_REGISTRY.build(entry)
-    renderer.setup(logger)
+    renderer.setup(RunSetup(logger.info))
     return renderer
 
 
@@ -197,13 +189,20 @@ def run_components(
 
 
 def check_run(components: Mapping[str, RunChecked], run: RunFacts, source: str) -> None:
-    """Let every component of a built run refuse it (:meth:`~gsrecon.registry.RunChecked.check`, ``components`` by
+    """Let every component of a built run refuse it (:meth:`~gsrecon.component.RunChecked.check`, ``components`` by
     the config keys that configure them); a refusal is a ConfigError naming the key and the file."""
     for key, component in components.items():
         try:
             component.check(run)
         except ValueError as exc:
             raise ConfigError(f"{source}: key '{key}': {exc}") from exc
+
+
+def setup_run(components: Mapping[str, RunChecked], run: RunSetup) -> None:
+    """Set up every component of a run that all of them accepted (:meth:`~gsrecon.component.RunChecked.setup`), in
+    the order of ``components``."""
+    for component in components.values():
+        component.setup(run)
 
 
 def describe_run(

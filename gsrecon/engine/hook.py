@@ -11,7 +11,8 @@ from __future__ import annotations
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gsrecon.registry import HOOK_REGISTRY, RunChecked
+from gsrecon.component import RunChecked
+from gsrecon.registry import HOOK_REGISTRY
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -147,6 +148,7 @@ class Hook(RunChecked):
 
     Order of calls in a run::
 
+        check(facts), setup(run)                 as the run is built, before the trainer exists (RunChecked)
         before_run
         [after_load_checkpoint]                  when resuming
         before_train

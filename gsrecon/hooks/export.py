@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from gsrecon.component import RunSetup
 from gsrecon.engine.hook import Hook, Priority
 from gsrecon.export import ExportContext, export_gaussians
 from gsrecon.registry import EXPORT_REGISTRY, HOOK_REGISTRY, RENDERER_REGISTRY, RegistryError
@@ -59,7 +60,7 @@ def _surface_render(trainer: TrainerView) -> Callable[[Batch], RenderOutput]:
     """The trainer's model rendered from a batch's cameras by its renderer, with the median depth, without
     gradients (what `ExportContext.render` gives)."""
     renderer = RENDERER_REGISTRY.build({**trainer.resolved_config["renderer"], "median_depth": True})
-    renderer.setup(trainer.logger)
+    renderer.setup(RunSetup(trainer.logger.info, trainer.datapipeline))
 
     @torch.no_grad()
     def render(batch: Batch) -> RenderOutput:

@@ -7,11 +7,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from gsrecon.component import RunFacts
 from gsrecon.data.formats.images import write_png
 from gsrecon.engine.hook import Hook
 from gsrecon.model.views.base import view_entries
 from gsrecon.model.views.transients import TransientWeights
-from gsrecon.registry import HOOK_REGISTRY, VIEW_REGISTRY, RunFacts
+from gsrecon.registry import HOOK_REGISTRY, VIEW_REGISTRY
 
 if TYPE_CHECKING:
     from gsrecon.engine.hook import TrainerView

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
+from gsrecon.component import RunChecked
 from gsrecon.config import ConfigError
-from gsrecon.registry import LOSS_REGISTRY, RunChecked
+from gsrecon.registry import LOSS_REGISTRY
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -43,7 +44,8 @@ class LossInputs:
 
 class LossTerm(RunChecked):
     """One term of the loss; subclasses extend :class:`LossTerm.Config` and implement :meth:`__call__`, may refuse a
-    run (:meth:`~gsrecon.registry.RunChecked.check`) and prepare what they need from the data (:meth:`setup`)."""
+    run (:meth:`~gsrecon.component.RunChecked.check`) and prepare what they need from its data before training
+    (:meth:`~gsrecon.component.RunChecked.setup`, ``run.data``)."""
 
     @dataclass
     class Config:
@@ -56,9 +58,6 @@ class LossTerm(RunChecked):
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg
 
-    def setup(self, data: DataPipeline) -> None:
-        """Prepare, before training and after :meth:`check`, what the term needs from ``data``."""
-
     def __call__(self, inputs: LossInputs) -> Tensor | None:
         """The term's unweighted value (a differentiable scalar), or None where this step gives it nothing."""
         raise NotImplementedError
@@ -69,11 +68,6 @@ class Loss:
 
     def __init__(self, terms: dict[str, LossTerm]) -> None:
         self.terms = {key: term for key, term in terms.items() if term.cfg.weight > 0}
-
-    def setup(self, data: DataPipeline) -> None:
-        """Let every term prepare what it needs from ``data`` (see :meth:`LossTerm.setup`)."""
-        for term in self.terms.values():
-            term.setup(data)
 
     def __call__(self, inputs: LossInputs) -> dict[str, Tensor]:
         """``{key: weight × value}`` of the terms that gave a value this step."""

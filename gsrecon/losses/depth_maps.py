@@ -6,8 +6,9 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from gsrecon.component import RunFacts
 from gsrecon.losses.base import LossInputs, LossTerm
-from gsrecon.registry import LOSS_REGISTRY, RunFacts
+from gsrecon.registry import LOSS_REGISTRY
 
 
 def aligned_depths(rendered: Tensor, target: Tensor, valid: Tensor) -> Tensor:

@@ -10,9 +10,10 @@ import torch
 from torch import Tensor
 
 from gsrecon.cameras.lens import project_points
+from gsrecon.component import RunFacts, RunSetup
 from gsrecon.data.scene import decoded
 from gsrecon.losses.base import LossInputs, LossTerm
-from gsrecon.registry import LOSS_REGISTRY, RunFacts
+from gsrecon.registry import LOSS_REGISTRY
 
 if TYPE_CHECKING:
     from gsrecon.data.pipeline import DataPipeline
@@ -101,8 +102,8 @@ class DepthPriorTerm(LossTerm):
                 f"'{data['path'] or data['dataset']}' gives none: remove the term (loss.depth_prior=null)"
             )
 
-    def setup(self, data: DataPipeline) -> None:
-        self.points = ObservedPoints(data)
+    def setup(self, run: RunSetup) -> None:
+        self.points = ObservedPoints(run.data)
 
     def __call__(self, inputs: LossInputs) -> Tensor | None:
         # From the cameras the image was rendered from: those a per-view module moved carry its gradients; the

@@ -15,11 +15,12 @@ from scipy.spatial import cKDTree
 from torch import Tensor
 
 from gsrecon.cameras.paths import focus_point
+from gsrecon.component import RunChecked
 from gsrecon.config import per_device, run_steps
 from gsrecon.data.scene import Scene
 from gsrecon.errors import InputError
 from gsrecon.params import PARAM_NAMES, check_params
-from gsrecon.registry import MODEL_REGISTRY, RunChecked
+from gsrecon.registry import MODEL_REGISTRY
 from gsrecon.sh import MAX_SH_DEGREE, num_sh_bases, rgb_to_sh
 
 INITS = ("auto", "sfm", "random", "ply")

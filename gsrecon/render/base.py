@@ -11,12 +11,11 @@ from typing import TYPE_CHECKING, Any
 from torch import Tensor
 
 from gsrecon.cameras import Cameras
+from gsrecon.component import RunChecked
 from gsrecon.params import check_params
-from gsrecon.registry import RunChecked
 
 if TYPE_CHECKING:
     from gsrecon.data.pipeline import Batch
-    from gsrecon.logging.console import Logger
 
 
 @dataclass
@@ -69,7 +68,9 @@ class Renderer(abc.ABC, RunChecked):
     necessarily unit), ``opacities`` [N] (logit), ``sh0`` [N, 1, 3] and ``shN`` [N, K-1, 3]; the
     renderer applies exp / sigmoid / normalisation itself. Subclasses define a nested ``Config``
     dataclass extending :class:`RendererConfig`, are constructed as ``Renderer(cfg)`` and
-    implement :meth:`_render`; :meth:`render` checks the inputs first.
+    implement :meth:`_render`; :meth:`render` checks the inputs first. Expensive or fallible preparation (building
+    kernels) belongs in :meth:`~gsrecon.component.RunChecked.setup`, which runs before the first render; a renderer
+    may be set up without a run's data (``run.data`` None) to draw a trained scene.
     """
 
     @property
@@ -77,12 +78,6 @@ class Renderer(abc.ABC, RunChecked):
         """Whether backward leaves sparse gradients on the Gaussian parameters (then training uses
         `gsrecon.model.optim.RowSparseAdam`). False unless a renderer says otherwise."""
         return False
-
-    def setup(self, logger: Logger) -> None:
-        """Prepare before the first `render` (e.g. build kernels, reporting through ``logger``).
-
-        The default does nothing; renderers with expensive or fallible preparation override it.
-        """
 
     def render(
         self,

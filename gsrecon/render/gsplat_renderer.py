@@ -21,8 +21,8 @@ import torch
 from torch import Tensor
 
 from gsrecon.cameras import Cameras
+from gsrecon.component import RunSetup
 from gsrecon.errors import InputError
-from gsrecon.logging.console import Logger
 from gsrecon.registry import RENDERER_REGISTRY
 from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
 
@@ -59,7 +59,7 @@ class GsplatRenderer(Renderer):
     def sparse_grad(self) -> bool:
         return self.cfg.sparse_grad
 
-    def setup(self, logger: Logger) -> None:
+    def setup(self, run: RunSetup) -> None:
         """Check CUDA, set build variables when unset, and build (or load) gsplat's kernels."""
         if not torch.cuda.is_available():
             raise GsplatUnavailableError("renderer 'gsplat' needs a CUDA GPU; use renderer.name=torch on this machine")
@@ -72,7 +72,7 @@ class GsplatRenderer(Renderer):
             ) from None
         configure_cuda_build_env()
         if not _kernels_built():
-            logger.info(
+            run.log(
                 f"gsplat: compiling its CUDA kernels on first use; this takes a few minutes (cached in {_build_dir()})"
             )
         from gsplat.cuda._backend import _C
@@ -90,7 +90,7 @@ class GsplatRenderer(Renderer):
         self, params: Mapping[str, Tensor], cameras: Cameras, sh_degree: int, backgrounds: Tensor
     ) -> RenderOutput:
         if self._rasterization is None:
-            raise GsplatUnavailableError("GsplatRenderer.setup() must run before render()")
+            raise GsplatUnavailableError("GsplatRenderer.setup(run) must run before render()")
         cfg = self.cfg
         camera_model = cameras.model
         if camera_model.kind == "fisheye" and cfg.median_depth:

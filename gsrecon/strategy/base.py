@@ -2,7 +2,9 @@
 
 A strategy never sees the trainer. It gets the Gaussian parameters, their optimisers, its own state
 dict (made by :meth:`Strategy.initialize_state`, held by the caller and saved in checkpoints), the
-step and the render info. It adds, removes and replaces Gaussians through :mod:`gsrecon.model.ops`, which
+step and the render info. That state is not a set-up: the caller asks for a fresh one for each run and each resume;
+what a strategy prepares once for a run belongs in :meth:`~gsrecon.component.RunChecked.setup`, as every
+component's. It adds, removes and replaces Gaussians through :mod:`gsrecon.model.ops`, which
 keeps the parameters, their optimiser states and the state entries it names in ``per_gaussian_state``
 row-aligned.
 
@@ -19,9 +21,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from gsrecon.component import RunChecked
 from gsrecon.distributed import DistributedContext
 from gsrecon.model.ops import Optimizers, Params
-from gsrecon.registry import STRATEGY_REGISTRY, RunChecked
+from gsrecon.registry import STRATEGY_REGISTRY
 
 SINGLE_PROCESS = DistributedContext()
 

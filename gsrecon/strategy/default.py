@@ -16,12 +16,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from gsrecon.component import RunFacts
 from gsrecon.config import per_start, run_steps
 from gsrecon.distributed import DistributedContext
 from gsrecon.errors import InputError
 from gsrecon.geometry import quat_to_rotmat
 from gsrecon.model.ops import append_rows, remove_rows, reset_opacities
-from gsrecon.registry import STRATEGY_REGISTRY, RunFacts
+from gsrecon.registry import STRATEGY_REGISTRY
 from gsrecon.strategy.base import SINGLE_PROCESS, Optimizers, Params, Strategy, opacity_scale_penalty
 
 

@@ -15,12 +15,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from gsrecon.component import RunFacts
 from gsrecon.config import run_steps
 from gsrecon.distributed import DistributedContext
 from gsrecon.errors import InputError
 from gsrecon.geometry import quat_scale_to_factor
 from gsrecon.model.ops import append_rows, replace_rows
-from gsrecon.registry import STRATEGY_REGISTRY, RunFacts
+from gsrecon.registry import STRATEGY_REGISTRY
 from gsrecon.strategy.base import SINGLE_PROCESS, Optimizers, Params, Strategy, opacity_scale_penalty
 
 N_MAX = 51  # largest number of copies one relocation step accounts for (as gsplat)

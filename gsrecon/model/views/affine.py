@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from gsrecon.component import RunSetup
 from gsrecon.data.scene import Frame, SfmPoints
 from gsrecon.errors import InputError
 from gsrecon.model.views.base import EvalAdjust, ViewModule
@@ -35,7 +36,7 @@ from gsrecon.model.views.colour_check import colour_differences
 from gsrecon.registry import VIEW_REGISTRY
 
 if TYPE_CHECKING:
-    from gsrecon.data.pipeline import Batch, DataPipeline
+    from gsrecon.data.pipeline import Batch
 
 APPEARANCE_EVALS = ("identity", "fit_left")
 AFFINE_MATRICES = ("full", "diagonal")
@@ -133,16 +134,16 @@ class AppearanceModule(ViewModule):
             )
         return super().load_state_dict(state_dict, strict, assign)
 
-    def setup(self, data: DataPipeline, log: Callable[[str], None]) -> None:
+    def setup(self, run: RunSetup) -> None:
         """Keep the training frames and their SfM points with keypoints (triangulated from the known poses for a
         capture whose points come from a file), to measure which photos' colours differ."""
-        self.frames = self.frames_by_row(data)
-        self.log = log
+        self.frames = self.frames_by_row(run.data)
+        self.log = run.log
         if self.cfg.trust > 0:
             try:
-                self.sfm = data.scene.sfm_tracks(log)
+                self.sfm = run.data.scene.sfm_tracks(run.log)
             except InputError as exc:
-                log(f"appearance: no SfM keypoints to measure the photos' colours at ({exc})")
+                run.log(f"appearance: no SfM keypoints to measure the photos' colours at ({exc})")
 
     def corrected(self) -> Tensor:
         """[N] bool: whether each training photo's colours are corrected (all of them until measured)."""

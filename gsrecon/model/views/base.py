@@ -24,11 +24,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from gsrecon.component import RunChecked
 from gsrecon.config import ConfigError
 from gsrecon.distributed import DistributedContext
 from gsrecon.errors import InputError, is_out_of_memory, last_line
 from gsrecon.model.views.optim import VisitedRowsAdam
-from gsrecon.registry import VIEW_REGISTRY, RunChecked
+from gsrecon.registry import VIEW_REGISTRY
 
 if TYPE_CHECKING:
     from gsrecon.data.pipeline import Batch, DataPipeline
@@ -42,7 +43,9 @@ RenderFn = Callable[["Batch"], "RenderOutput"]  # the scene rendered from a batc
 
 
 class ViewModule(torch.nn.Module, RunChecked):
-    """Base class: learns nothing and changes nothing; subclasses override what they need."""
+    """Base class: learns nothing and changes nothing; subclasses override what they need. What a module reads from
+    the run's data before training belongs in :meth:`~gsrecon.component.RunChecked.setup` (``run.data``,
+    ``run.log``), which is not called where a trained module only renders (inference)."""
 
     kind = ""  # the kind of module: the section of that kind takes it (VIEW_SECTIONS); "": only views: entries
     moves_cameras = False  # whether adjust_cameras moves the cameras (then the renderer must give their gradients)
@@ -64,10 +67,6 @@ class ViewModule(torch.nn.Module, RunChecked):
         super().__init__()
         self.cfg = cfg
         self.index = {name: i for i, name in enumerate(train_names)}  # training view name -> row of its parameters
-
-    def setup(self, data: DataPipeline, log: Callable[[str], None]) -> None:
-        """Read what the module needs from the run's data before training (``log`` takes lines for the run's log);
-        the base needs nothing. Not called where a trained module only renders (inference)."""
 
     def frames_by_row(self, data: DataPipeline) -> list[Frame]:
         """The training frames of ``data``, in the order of the module's parameter rows."""
@@ -135,11 +134,6 @@ class ViewModules:
 
     def __bool__(self) -> bool:
         return bool(self.modules)
-
-    def setup(self, data: DataPipeline, log: Callable[[str], None]) -> None:
-        """Before training: each module reads what it needs from ``data`` (see :meth:`ViewModule.setup`)."""
-        for module in self.modules.values():
-            module.setup(data, log)
 
     def adjust_cameras(self, batch: Batch) -> Batch:
         for module in self.modules.values():

@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 from gsrecon.cameras.lens import project_points
+from gsrecon.component import RunSetup
 from gsrecon.config import run_steps
 from gsrecon.data.scene import Frame
 from gsrecon.errors import InputError
@@ -47,7 +48,7 @@ from gsrecon.model.views.base import ViewModule
 from gsrecon.registry import VIEW_REGISTRY
 
 if TYPE_CHECKING:
-    from gsrecon.data.pipeline import Batch, DataPipeline
+    from gsrecon.data.pipeline import Batch
     from gsrecon.render.base import RenderOutput
 
 POSE_EVALS = ("given", "fit")
@@ -130,20 +131,20 @@ class PoseCorrection(ViewModule):
         self.tracks: dict[str, tuple[Tensor, Tensor, float]] = {}  # name -> points, keypoints, scale (setup)
         self.log: Callable[[str], None] = lambda line: None
 
-    def setup(self, data: DataPipeline, log: Callable[[str], None]) -> None:
+    def setup(self, run: RunSetup) -> None:
         """Keep the training frames and, for each, the SfM points it observed that at least :data:`MIN_TRACK`
         photos observed (with its keypoints of them, and their scale), to measure how well its pose fits them. A
         scene without keypoints whose reader can triangulate them from the known poses (a capture with a point cloud
         file) is asked to."""
-        self.frames = self.frames_by_row(data)
-        self.log = log
-        scene = data.scene
+        self.frames = self.frames_by_row(run.data)
+        self.log = run.log
+        scene = run.data.scene
         sfm = scene.read_tracks
         if self.cfg.trust_px > 0:
             try:
-                sfm = scene.sfm_tracks(log)
+                sfm = scene.sfm_tracks(run.log)
             except InputError as exc:
-                log(f"pose_opt: no SfM keypoints to measure the poses against ({exc})")
+                run.log(f"pose_opt: no SfM keypoints to measure the poses against ({exc})")
         counts = torch.zeros(len(sfm.points), dtype=torch.int64)  # [P] photos that observed each point
         for rows in sfm.observed.values():
             counts[rows] += 1

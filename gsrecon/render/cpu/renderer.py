@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from gsrecon.cameras import Cameras
-from gsrecon.logging.console import Logger
+from gsrecon.component import RunSetup
 from gsrecon.params import PARAM_NAMES
 from gsrecon.registry import RENDERER_REGISTRY
 from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
@@ -42,9 +42,9 @@ class CpuRenderer(Renderer):
     def __init__(self, cfg: CpuRenderer.Config | None = None) -> None:
         self.cfg = cfg if cfg is not None else CpuRenderer.Config()
 
-    def setup(self, logger: Logger) -> None:
+    def setup(self, run: RunSetup) -> None:
         """Build (on first use, saying so) or load the kernels; KernelsUnavailableError says why they cannot be."""
-        load_kernels(logger.info)
+        load_kernels(run.log)
 
     def _render(
         self, params: Mapping[str, Tensor], cameras: Cameras, sh_degree: int, backgrounds: Tensor

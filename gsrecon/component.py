@@ -1,0 +1,46 @@
+"""The protocol of every component a run builds (model, renderer, strategy, loss terms, per-view modules, hooks): each
+may refuse the run it is part of through one method, :meth:`RunChecked.check`, given the :class:`RunFacts`
+(``build_run`` turns a refusal into one line naming the component's key and the config file), and, once every
+component accepted the run, prepares for it through one method, :meth:`RunChecked.setup`, given the
+:class:`RunSetup`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gsrecon.data.pipeline import DataPipeline
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What a component checks a run against, once its scene is read and its model built."""
+
+    config: Mapping[str, Any]  # the resolved run config (what <exp_dir>/config.yaml holds)
+    num_gaussians: int  # the Gaussians the model starts with
+    sfm_tracks: bool  # whether the scene knows which SfM points each training photo observed
+    depth_maps: bool  # whether a training photo has a depth map
+
+
+@dataclass(frozen=True)
+class RunSetup:
+    """What a component prepares for a run from (:meth:`RunChecked.setup`)."""
+
+    log: Callable[[str], None]  # takes lines for the run's log (a slow preparation's progress, what it went without)
+    # The run's scene (points, SfM tracks, extent) and training frames; None where a renderer is set up only to draw
+    # (a trained scene, a benchmark): training always gives it.
+    data: DataPipeline | None = None
+
+
+class RunChecked:
+    """A registry class whose objects may refuse the run they are part of, and prepare for it once accepted."""
+
+    def check(self, run: RunFacts) -> None:
+        """Refuse a run this component cannot work with: raise ValueError with one line saying what to change
+        (``build_run`` names the component's key and the file). The default accepts every run."""
+
+    def setup(self, run: RunSetup) -> None:
+        """Prepare, once every component of the run accepted it (:meth:`check`) and before its first step, what
+        this component needs from it (kernels built, data read). The default needs nothing."""
