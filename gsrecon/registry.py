@@ -144,6 +144,11 @@ LOSS_REGISTRY: Registry = Registry(
 )
 VIEW_REGISTRY: Registry = Registry(
     "per-view module",
-    locations=("gsrecon.model.views.affine", "gsrecon.model.views.bilateral_grid", "gsrecon.model.views.pose"),
+    locations=(
+        "gsrecon.model.views.affine",
+        "gsrecon.model.views.bilateral_grid",
+        "gsrecon.model.views.pose",
+        "gsrecon.model.views.environment",
+    ),
 )
 EXPORT_REGISTRY: Registry = Registry("export format", locations=("gsrecon.export",))

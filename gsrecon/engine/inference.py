@@ -40,7 +40,7 @@ from gsrecon.export import ExportContext, export_gaussians
 from gsrecon.logging.console import Logger, ProgressLogger
 from gsrecon.metrics import describe_metrics, mean_metrics
 from gsrecon.model.ply import load_ply
-from gsrecon.model.views.base import ViewModules, build_views
+from gsrecon.model.views.base import ViewModules, build_views, export_notes
 from gsrecon.params import check_params
 from gsrecon.plugins import import_plugins
 from gsrecon.registry import DATASET_REGISTRY, EXPORT_REGISTRY, MODEL_REGISTRY, RENDERER_REGISTRY
@@ -187,14 +187,17 @@ def build_renderer(scene: TrainedScene, device: torch.device, logger: Logger, me
 
 
 def scene_renderer(
-    scene: TrainedScene, device: torch.device, logger: Logger, median_depth: bool = False
-) -> Callable[[Batch], RenderOutput]:
-    """A function rendering the scene on ``device`` from a batch's cameras (see :func:`build_renderer`)."""
+    scene: TrainedScene, device: torch.device, logger: Logger, median_depth: bool = False,
+    views: ViewModules | None = None,
+) -> Callable[[Batch], RenderOutput]:  # fmt: skip
+    """A function rendering the scene on ``device`` from a batch's cameras (see :func:`build_renderer`), with what
+    its per-view modules ``views`` (:func:`scene_views`) draw behind the Gaussians where given."""
     renderer = build_renderer(scene, device, logger, median_depth)
     params = {k: v.to(device) for k, v in scene.params.items()}
 
     def render(batch: Batch) -> RenderOutput:
-        return renderer.render_batch(params, batch, scene.sh_degree)
+        out = renderer.render_batch(params, batch, scene.sh_degree)
+        return out if views is None else views.composite(out, batch)
 
     return render
 
@@ -228,7 +231,8 @@ def evaluate(
             f"{scene.source}: the dataset has no test views (data.eval_split is "
             f"'{scene.cfg.data.eval_split}'); set data.eval_split=every_8"
         )
-    render = scene_renderer(scene, torch_device, logger)
+    view_modules = scene_views(scene, pipeline)
+    render = scene_renderer(scene, torch_device, logger, views=view_modules)
     metrics = build_metrics(scene.cfg.metrics.lpips_net, torch_device, logger)
     batches = list(pipeline.val_batches())
 
@@ -236,7 +240,6 @@ def evaluate(
         write_png(out_dir / "renders" / "test" / f"{outputs['name']}.png", outputs["render"])
         write_png(out_dir / "gt" / f"{outputs['name']}.png", outputs["gt"])
 
-    view_modules = scene_views(scene, pipeline)
     images = evaluate_views(
         render,
         batches,
@@ -339,6 +342,7 @@ def render_path_video(
     renderer = build_renderer(scene, torch_device, logger, median_depth=depth == "median")
     params = {k: v.to(torch_device) for k, v in scene.params.items()}
     background = pipeline.fixed_background().to(torch_device)[None]
+    views = scene_views(scene, pipeline)
 
     if width % 2 or height % 2:
         logger.info(
@@ -353,7 +357,9 @@ def render_path_video(
         videos.callback(progress.stop)
         rgb_video, *depth_video = [videos.enter_context(VideoWriter(path, fps)) for path in written]
         for index, viewmat in enumerate(viewmats):
-            frame = renderer.render(params, Cameras(viewmat[None], K[None], width, height), scene.sh_degree, background)
+            cameras = Cameras(viewmat[None], K[None], width, height)
+            frame = renderer.render(params, cameras, scene.sh_degree, background)
+            frame = views.composite(frame, Batch(frame.image, cameras, background, ["path"]))
             rgb_video.write(to_uint8(frame.image[0]))
             for video in depth_video:
                 video.write(depth_image(frame, depth))
@@ -392,6 +398,8 @@ def export(
                 f"of the capture they were trained on?"
             )
     path = export_gaussians(scene.params, out, fmt, antialiased=scene.antialiased, context=context, options=options)
+    for note in export_notes(resolve_views_config(scene.cfg, scene.source)):
+        logger.info(f"{path}: {note}")
     if scene.antialiased:
         logger.warning(
             f"{path} was trained in antialiased mode (Mip-Splatting opacity compensation): it looks right only in "

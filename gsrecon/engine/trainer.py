@@ -190,9 +190,9 @@ class DefaultTrainer:
         self.stop_signal = signum
 
     def render(self, batch: Batch, sh_degree: int | None = None) -> RenderOutput:
-        """Render the model from ``batch``'s cameras at the current SH degree (or ``sh_degree``)."""
+        """Render the model (and what per-view modules draw behind it) from ``batch``'s cameras at the SH degree."""
         degree = self.model.active_sh_degree(self.step) if sh_degree is None else sh_degree
-        return self.renderer.render_batch(self.model.params, batch, degree)
+        return self.views.composite(self.renderer.render_batch(self.model.params, batch, degree), batch)
 
     def run_step(self) -> None:
         """One optimisation step; afterwards ``self.step`` counts it and ``self.outputs`` describes it:
