@@ -40,7 +40,7 @@ ENV = "views={sky: {name: environment}}"
 def train(scene: str, seed: int, steps: int, env: bool, exp_dir: Path, extra: list[str]) -> float:
     """Run ``gsrecon train``; returns the CPU seconds (user + sys) it took."""
     args = [*SCENES[scene], f"exp_dir={exp_dir}", f"seed={seed}", f"max_steps={steps}", f"val_interval={steps}"]
-    args += ["num_threads=1", "hooks.CheckPointHook.interval=100000", *extra, *([ENV] if env else [])]
+    args += ["num_threads=1", "hooks.CheckPointHook.interval=100000", *([ENV] if env else []), *extra]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     cmd = ["nice", "-n", "5", sys.executable, "-m", "gsrecon", "train", "--overwrite", *args]
     subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL)
@@ -164,17 +164,21 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--runs", type=Path, default=Path("/tmp/bench_sky"))
     parser.add_argument("--picture", type=Path, default=None)
-    parser.add_argument("extra", nargs="*", help="key=value overrides for both arms")
+    parser.add_argument("--arms", choices=["both", "env"], default="both", help="env: only the runs with the sky")
+    parser.add_argument("--tag", default="", help="appended to the run folders' names")
+    parser.add_argument("extra", nargs="*", help="key=value overrides (after the sky's entry, so views.sky.* apply)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     for seed in args.seeds:
         pictures = {}
-        for env in (False, True) if seed % 2 == 0 else (True, False):  # A/B, then B/A
-            exp_dir = args.runs / f"{args.scene}_s{seed}_{'env' if env else 'off'}_{args.steps}"
+        arms = (False, True) if seed % 2 == 0 else (True, False)  # A/B, then B/A
+        for env in arms if args.arms == "both" else (True,):
+            exp_dir = args.runs / f"{args.scene}_s{seed}_{'env' if env else 'off'}_{args.steps}{args.tag}"
             load = open("/proc/loadavg").read().split()[0]
             cpu = train(args.scene, seed, args.steps, env, exp_dir, args.extra)
             figures, picture = analyse(args.scene, exp_dir)
-            row = {"scene": args.scene, "seed": seed, "steps": args.steps, "env": env, "cpu_s": round(cpu, 1)}
+            row = {"scene": args.scene, "seed": seed, "steps": args.steps, "env": env, "extra": args.extra}
+            row["cpu_s"] = round(cpu, 1)
             row |= {"load": float(load), "threads": 1, **figures}
             with args.out.open("a") as f:
                 f.write(json.dumps(row) + "\n")
