@@ -7,8 +7,9 @@ afterwards the final checkpoint's Gaussians are rendered alone (no environment) 
 - ``sky_alpha``: their mean accumulated opacity over the test views' sky pixels (the synthetic street: where the
   scene's rays miss everything, from the generator; lund: bright blue or white pixels connected to the top row, a
   colour rule checked by eye, :func:`lund_sky`);
-- ``sky_gaussians``: Gaussians (opacity above 0.05) whose centre some training view sees on a sky pixel in front of
-  everything there (a floater painting the sky), the same masks on the training views;
+- ``sky_gaussians``: Gaussians (opacity above 0.05) whose centre some training view sees on a sky pixel (nothing is
+  there but sky: a floater painting it), the same masks on the training views; ``sky_gaussians_most``: those whose
+  centre lies on the sky in most of the training views that see it (not a skyline's edge seen past in one view);
 - ``far_gaussians``: Gaussians farther from every camera than twice the largest distance between two cameras (the
   cameras' region).
 
@@ -32,7 +33,7 @@ import torch
 SCENES = {
     "street": ["--config", "configs/street.yaml", "data.synthetic.sky=gradient"],
     "lund": ["--data", "/work/shared/data/lund", "data.factor=4"],
-    "statuette": ["--config", "configs/statuette.yaml"],
+    "statuette": ["--config", "configs/statuette.yaml", "data.path=/work/shared/data/statuette_colmap"],
 }
 ENV = "views={sky: {name: environment}}"
 
@@ -102,6 +103,7 @@ def analyse(scene: str, exp_dir: Path) -> tuple[dict, dict]:
         opacity = torch.sigmoid(params["opacities"])
         means = params["means"]
         on_sky = torch.zeros(len(means), dtype=torch.bool)
+        sky_views, seen_views = torch.zeros(len(means)), torch.zeros(len(means))  # [N] each
         for batch, mask in zip(train_batches, train_masks):
             cams = batch.cameras
             model = cams.model if cams.model.coeffs is None else type(cams.model)(cams.model.kind, cams.model.coeffs[0])
@@ -111,6 +113,8 @@ def analyse(scene: str, exp_dir: Path) -> tuple[dict, dict]:
             hit = torch.zeros_like(inside)
             hit[inside] = torch.from_numpy(mask)[y[inside], x[inside]]
             on_sky |= hit
+            sky_views += hit.float()
+            seen_views += inside.float()
         centres = torch.stack([torch.linalg.inv(b.cameras.viewmats[0])[:3, 3] for b in train_batches])  # [F, 3]
         region = torch.cdist(centres, centres).max()
         far = torch.cdist(means, centres).min(dim=1).values > 2.0 * region
@@ -120,6 +124,7 @@ def analyse(scene: str, exp_dir: Path) -> tuple[dict, dict]:
         "num_gaussians": len(means),
         "sky_alpha": float(np.mean(alphas)) if alphas else None,
         "sky_gaussians": int((on_sky & (opacity > 0.05)).sum()),
+        "sky_gaussians_most": int(((sky_views > 0.5 * seen_views) & (opacity > 0.05)).sum()),
         "far_gaussians": int(far.sum()),
     }
     return figures, picture
