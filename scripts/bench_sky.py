@@ -157,7 +157,7 @@ def save_picture(path: Path, off: dict, on: dict) -> None:
         depth_rgb(on["depth"], on["alpha"], near, far),
     ]
     row = np.concatenate(tiles, axis=1)
-    scale = max(1, 640 // row.shape[0])
+    scale = max(1, 300 // row.shape[0])
     Image.fromarray(row).resize((row.shape[1] * scale, row.shape[0] * scale), Image.NEAREST).save(path)
 
 

@@ -17,6 +17,7 @@ from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.model.views.base import ViewModules
 from gsrecon.model.views.environment import Environment
 from gsrecon.registry import RENDERER_REGISTRY
+from gsrecon.render.base import RenderOutput
 from gsrecon.render.environment import (
     camera_rays,
     composite,
@@ -93,6 +94,24 @@ def test_gradient_reaches_the_environment_and_the_opacities(renderer: str) -> No
     torch.testing.assert_close(alpha.grad, -(env - backgrounds[:, None, None, :]).sum(-1, keepdim=True))
 
 
+def test_opacity_reg_pushes_the_opacity_to_either_side() -> None:
+    """The entropy term (only of renders with gradients) lowers an opacity below 1/2 and raises one above it."""
+    module = Environment(Environment.Config(resolution=2, opacity_reg=0.5), ["a"])
+    cameras = Cameras(torch.eye(4)[None], K[None], 64, 48)
+    alpha = torch.full((1, 48, 64, 1), 0.3)
+    alpha[:, :24] = 0.8
+    alpha.requires_grad_()
+    out = RenderOutput(torch.zeros(1, 48, 64, 3), alpha, torch.zeros(1, 48, 64, 1), {})
+    with torch.no_grad():
+        module.composite(out, cameras, torch.zeros(1, 3))
+    assert module.regularization() is None  # validation renders add nothing
+    module.composite(out, cameras, torch.zeros(1, 3))
+    term = module.regularization()
+    term.backward()
+    assert term > 0 and (alpha.grad[:, :24] < 0).all() and (alpha.grad[:, 24:] > 0).all()  # descent: up, down
+    assert module.regularization() is None  # one term per render
+
+
 def test_without_modules_the_render_is_untouched() -> None:
     out = object()
     assert ViewModules({}).composite(out, None) is out  # a run without the module renders as before
@@ -160,6 +179,7 @@ def test_environment_from_the_command_line_trains_resumes_evaluates_and_exports(
         ({"sky": {"name": "environment", "lr": float("nan")}}, {}, "views.sky"),
         ({"sky": {"name": "environment", "lr": -1.0}}, {}, "views.sky"),
         ({"sky": {"name": "environment", "init": 1.5}}, {}, "views.sky"),
+        ({"sky": {"name": "environment", "opacity_reg": float("nan")}}, {}, "views.sky"),
         (SKY, {"background": "random"}, "views.sky"),
     ],
 )

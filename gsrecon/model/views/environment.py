@@ -57,6 +57,9 @@ class Environment(ViewModule):
         lr: float = 0.02  # Adam learning rate of the texels (pre-sigmoid)
         resolution: int = 16  # texels along each face's side (6 R^2 texels; 16: about 6 degrees each)
         init: float = 0.5  # every texel's colour at the start, in (0, 1)
+        # Weight of the mean binary entropy of the Gaussians' accumulated opacity in training renders: pushes each
+        # pixel to be drawn by the Gaussians or by the environment, not half by each. 0: off
+        opacity_reg: float = 0.0
 
         def __post_init__(self) -> None:
             super().__post_init__()
@@ -71,12 +74,15 @@ class Environment(ViewModule):
                 )
             if not (math.isfinite(self.init) and 0.0 < self.init < 1.0):
                 raise ValueError(f"init must be a colour in (0, 1), got {self.init!r}")
+            if not (math.isfinite(self.opacity_reg) and self.opacity_reg >= 0.0):
+                raise ValueError(f"opacity_reg must be a finite number >= 0, got {self.opacity_reg!r}")
 
     def __init__(self, cfg: Config, train_names: list[str]) -> None:
         super().__init__(cfg, train_names)
         logit = math.log(cfg.init / (1.0 - cfg.init))
         res = cfg.resolution
         self.texels = torch.nn.Parameter(torch.full((6, res, res, 3), logit))  # [6, R, R, 3] pre-sigmoid
+        self._entropy: Tensor | None = None  # the opacity's entropy in the last render with gradients
 
     def check(self, run: RunFacts) -> None:
         if run.config["data"]["background"] == "random":
@@ -95,4 +101,11 @@ class Environment(ViewModule):
     def composite(self, out: RenderOutput, cameras: Cameras, backgrounds: Tensor) -> RenderOutput:
         rays = camera_rays(cameras)  # [C, H, W, 3]
         environment = cube_lookup(self.colors().to(rays.device), rays.to(self.texels.dtype))  # [C, H, W, 3]
+        if self.cfg.opacity_reg > 0.0 and torch.is_grad_enabled():
+            alpha = out.alpha.clamp(1e-6, 1.0 - 1e-6)  # [C, H, W, 1]
+            self._entropy = -(alpha * alpha.log() + (1.0 - alpha) * (1.0 - alpha).log()).mean()
         return composite(out, environment, backgrounds)
+
+    def regularization(self) -> Tensor | None:
+        entropy, self._entropy = self._entropy, None
+        return None if entropy is None else self.cfg.opacity_reg * entropy
