@@ -4,9 +4,9 @@ Gaussians' opacity over the sky and a depth picture, with and without it (issue 
 Each run is ``gsrecon train`` (one thread, the CPU seconds of the process recorded), the arms alternated per seed;
 afterwards the final checkpoint's Gaussians are rendered alone (no environment) from the test views:
 
-- ``sky_alpha``: their mean accumulated opacity over the test views' sky pixels (the synthetic street: where the
-  scene's rays miss everything, from the generator; lund: bright blue or white pixels connected to the top row, a
-  colour rule checked by eye, :func:`lund_sky`);
+- ``sky_alpha`` / ``scene_alpha``: their mean accumulated opacity over the test views' sky pixels / the others
+  (the sky of the synthetic street: where the scene's rays miss everything, from the generator; lund's: bright blue
+  or white pixels connected to the top row, a colour rule checked by eye, :func:`lund_sky`);
 - ``sky_gaussians``: Gaussians (opacity above 0.05) whose centre some training view sees on a sky pixel (nothing is
   there but sky: a floater painting it), the same masks on the training views; ``sky_gaussians_most``: those whose
   centre lies on the sky in most of the training views that see it (not a skyline's edge seen past in one view);
@@ -89,13 +89,15 @@ def analyse(scene: str, exp_dir: Path) -> tuple[dict, dict]:
     renderer = TorchRenderer(TorchRenderer.Config(far_plane=1e6))
     test, train_batches = list(pipeline.val_batches()), list(pipeline.train_batches())
     test_masks, train_masks = sky_masks(scene, pipeline, test), sky_masks(scene, pipeline, train_batches)
-    alphas, picture = [], {}
+    alphas, scene_alphas, picture = [], [], {}
     with torch.no_grad():
         for batch, mask in zip(test, test_masks):
             out = renderer.render(params, batch.cameras, trained.sh_degree)
             alpha = out.alpha[0, ..., 0].numpy()
             if mask.any():
                 alphas.append(float(alpha[mask].mean()))
+            if not mask.all():
+                scene_alphas.append(float(alpha[~mask].mean()))
             if not picture:
                 final = scene_renderer(trained, torch.device("cpu"), Logger(), views=scene_views(trained, pipeline))
                 picture = {"alpha": alpha, "depth": out.depth[0, ..., 0].numpy(), "gt": batch.images[0].numpy()}
@@ -123,6 +125,7 @@ def analyse(scene: str, exp_dir: Path) -> tuple[dict, dict]:
         "psnr": metrics["mean"]["psnr"],
         "num_gaussians": len(means),
         "sky_alpha": float(np.mean(alphas)) if alphas else None,
+        "scene_alpha": float(np.mean(scene_alphas)),
         "sky_gaussians": int((on_sky & (opacity > 0.05)).sum()),
         "sky_gaussians_most": int(((sky_views > 0.5 * seen_views) & (opacity > 0.05)).sum()),
         "far_gaussians": int(far.sum()),
