@@ -85,7 +85,7 @@ def test_the_street_is_deterministic_and_not_the_orbit(cfg, tmp_path):
 def test_an_orbit_config_keeps_its_cache_key(cfg):
     orbit = SyntheticConfig(cache_dir=cfg.cache_dir)
     before_layouts = dataclasses.asdict(orbit)
-    for name in ("layout", "street_length", "val_every", "depth_noise", "tracks", "cache_dir"):
+    for name in ("layout", "street_length", "sky", "val_every", "depth_noise", "tracks", "cache_dir"):
         del before_layouts[name]
     key = {"generator": synthetic._GENERATOR_DIGEST, **before_layouts}
     assert cache_path(orbit) == cache_file("synthetic", key, ".npz", Path(cfg.cache_dir))

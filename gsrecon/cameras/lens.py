@@ -121,3 +121,15 @@ def project_points(points: Tensor, viewmat: Tensor, K: Tensor, model: CameraMode
         lens = fisheye_project(camera[None], K[None], model.coeffs.to(camera.device)[None], near_plane=0.0)
         pixels, seen = lens.means2d[0], lens.in_lens[0]
     return torch.cat([pixels, camera[:, 2:]], dim=-1), seen
+
+
+def fisheye_angle(theta_d: Tensor, coeffs: Tensor, iterations: int = 12) -> Tensor:
+    """The angles ``theta`` [C, N] from the optical axis whose fisheye polynomial is ``theta_d`` [C, N] (the inverse of
+    :func:`fisheye_polynomial` for the lenses ``coeffs`` [C, 4], by Newton's method), clamped to each lens's
+    one-to-one angle (:func:`max_lens_angle`)."""
+    limit = max_lens_angle(coeffs)[:, None]  # [C, 1]
+    theta = torch.minimum(theta_d, limit)
+    for _ in range(iterations):
+        value, slope = _polynomial(theta, coeffs)
+        theta = torch.minimum(theta - (value - theta_d) / slope.clamp_min(1e-6), limit).clamp_min(0.0)
+    return theta

@@ -26,14 +26,14 @@ from gsrecon.data.scene import Frame
 from gsrecon.engine.build import Run, build_renderer, build_run, scene_renderer_entry
 from gsrecon.engine.checkpoints import first_readable, load_checkpoint_file
 from gsrecon.engine.evaluator import build_metrics, evaluate_views
-from gsrecon.engine.resolve import RunConfig
+from gsrecon.engine.resolve import RunConfig, resolve_views_config
 from gsrecon.engine.run_dir import RunDir
 from gsrecon.errors import InputError
 from gsrecon.export import ExportContext, export_gaussians
 from gsrecon.logging.console import Logger, ProgressLogger
 from gsrecon.metrics import describe_metrics, mean_metrics
 from gsrecon.model.scene_file import load_gaussians
-from gsrecon.model.views.base import current_shape
+from gsrecon.model.views.base import ViewModules, current_shape, export_notes
 from gsrecon.params import check_params
 from gsrecon.plugins import import_plugins
 from gsrecon.registry import DATASET_REGISTRY, EXPORT_REGISTRY, MODEL_REGISTRY, RENDERER_REGISTRY
@@ -162,12 +162,16 @@ def scene_renderer(
     return batch_renderer(scene, renderer, device)
 
 
-def batch_renderer(scene: TrainedScene, renderer: Renderer, device: torch.device) -> Callable[[Batch], RenderOutput]:
-    """A function rendering the scene with ``renderer`` on ``device`` from a batch's cameras."""
+def batch_renderer(
+    scene: TrainedScene, renderer: Renderer, device: torch.device, views: ViewModules | None = None
+) -> Callable[[Batch], RenderOutput]:
+    """A function rendering the scene with ``renderer`` on ``device`` from a batch's cameras, with what its per-view
+    modules ``views`` (a run's, :func:`scene_run`) draw behind the Gaussians where given (the sky)."""
     params = {k: v.to(device) for k, v in scene.params.items()}
 
     def render(batch: Batch) -> RenderOutput:
-        return renderer.render_batch(params, batch, scene.sh_degree)
+        out = renderer.render_batch(params, batch, scene.sh_degree)
+        return out if views is None else views.composite(out, batch)
 
     return render
 
@@ -179,7 +183,7 @@ def evaluate(
     ``cameras.json``.
 
     Test views are scored as validation scores them, by the test-view policies of the scene's per-view modules
-    (:func:`scene_views`): ``pose_opt.eval: fit`` renders each from a pose fitted to its photo first,
+    (:func:`scene_run`): ``pose_opt.eval: fit`` renders each from a pose fitted to its photo first,
     ``appearance.eval: fit_left`` fits a colour transform on its left half and scores (and writes) the right half.
 
     ``metrics.json`` holds PSNR, SSIM and LPIPS per image and their means (and the depth errors ``depth_abs_rel``
@@ -201,7 +205,7 @@ def evaluate(
             f"{scene.source}: the dataset has no test views (data.eval_split is "
             f"'{scene.cfg.data.eval_split}'); set data.eval_split=every_8"
         )
-    render = batch_renderer(scene, run.renderer, torch_device)
+    render = batch_renderer(scene, run.renderer, torch_device, view_modules)
     metrics = build_metrics(scene.cfg.metrics, torch_device, logger)
     batches = list(pipeline.val_batches())
 
@@ -324,7 +328,9 @@ def render_path_video(
         videos.callback(progress.stop)
         rgb_video, *depth_video = [videos.enter_context(VideoWriter(path, fps)) for path in written]
         for index, viewmat in enumerate(viewmats):
-            frame = renderer.render(params, Cameras(viewmat[None], K[None], width, height), scene.sh_degree, background)
+            cameras = Cameras(viewmat[None], K[None], width, height)
+            frame = renderer.render(params, cameras, scene.sh_degree, background)
+            frame = run.views.composite(frame, Batch(frame.image, cameras, background, ["path"]))
             rgb_video.write(to_uint8(frame.image[0]))
             for video in depth_video:
                 video.write(depth_image(frame, depth))
@@ -355,6 +361,8 @@ def export(
         render = batch_renderer(scene, run.renderer, run.device)
         context = ExportContext(train_batches=pipeline.train_batches, render=torch.no_grad()(render))
     path = export_gaussians(scene.params, out, fmt, antialiased=scene.antialiased, context=context, options=options)
+    for note in export_notes(resolve_views_config(scene.cfg, scene.source)):
+        logger.info(f"{path}: {note}")
     if scene.antialiased:
         logger.warning(
             f"{path} was trained in antialiased mode (Mip-Splatting opacity compensation): it looks right only in "

@@ -171,9 +171,9 @@ class DefaultTrainer:
         self.stop_signal = signum
 
     def render(self, batch: Batch, sh_degree: int | None = None) -> RenderOutput:
-        """Render the model from ``batch``'s cameras at the current SH degree (or ``sh_degree``)."""
+        """Render the model (and what per-view modules draw behind it) from ``batch``'s cameras at the SH degree."""
         degree = self.model.active_sh_degree(self.step) if sh_degree is None else sh_degree
-        return self.renderer.render_batch(self.model.params, batch, degree)
+        return self.views.composite(self.renderer.render_batch(self.model.params, batch, degree), batch)
 
     def edit_gaussians(self) -> GaussianEditor:
         """The one door through which a hook changes the set of Gaussians (:class:`~gsrecon.model.ops.GaussianEditor`:

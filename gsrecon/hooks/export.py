@@ -10,6 +10,7 @@ import torch
 from gsrecon.component import RunSetup
 from gsrecon.engine.hook import Hook, Priority
 from gsrecon.export import ExportContext, export_gaussians
+from gsrecon.model.views.base import export_notes
 from gsrecon.registry import EXPORT_REGISTRY, HOOK_REGISTRY, RENDERER_REGISTRY, RegistryError
 
 if TYPE_CHECKING:
@@ -54,6 +55,8 @@ class ExportHook(Hook):
         context = ExportContext(train_batches=trainer.datapipeline.train_batches, render=render)
         export_gaussians(trainer.model.params, path, self.cfg.format, antialiased=antialiased, context=context)
         trainer.logger.info(f"wrote {path} ({trainer.model.num_gaussians} Gaussians)")
+        for note in export_notes(trainer.resolved_config):
+            trainer.logger.info(f"{path}: {note}")
 
 
 def _surface_render(trainer: TrainerView) -> Callable[[Batch], RenderOutput]:

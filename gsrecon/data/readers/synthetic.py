@@ -10,10 +10,12 @@ World z is up, units are metres. Two layouts (``SyntheticConfig.layout``):
   ``street_length`` long, whose checker colours drift along x, with spheres, boxes and pillars of varied
   sizes, textures and colours along it (a fixed draw, so no two stretches look alike). Cameras move along
   the street (alternating heights and sides), each looking down at the centre line a little ahead, so that
-  each sees only a few metres of it.
+  each sees only a few metres of it; with a sky (``sky: gradient``) they look nearer the horizon, so that the
+  upper rows of their images show it.
 
 The scene is lit by a directional light (Lambertian, with cast shadows) plus ambient light; rays that miss
-everything see a plain background colour (or get alpha 0 with ``SyntheticConfig.alpha``). Every
+everything see a plain background colour (or get alpha 0 with ``SyntheticConfig.alpha``), or a sky at infinity
+(``sky: gradient``: from a pale horizon to a blue zenith, with bands of cloud that vary with the azimuth). Every
 ``val_every``-th view goes to the test split. An "SfM-like" point cloud is sampled on the surfaces the
 cameras see (area-proportionally), jittered and coloured with the shaded colour, with SfM-like tracks: the views
 that see each point and where (its projection plus a detector's noise, as bundle adjustment leaves them).
@@ -90,6 +92,7 @@ class SyntheticConfig:
     street_length: float = 24.0
     supersample: int = 3  # samples per pixel along each axis
     background: tuple[float, float, float] = (0.0, 0.0, 0.0)  # sky colour in [0, 1]
+    sky: str = "none"  # none: rays that miss see `background` | gradient: a sky at infinity (see `sky_colors`)
     alpha: bool = False  # True: RGBA images with alpha 0 where the sky shows, RGB unpremultiplied
     depth: bool = False  # True: a depth map per view (z at each pixel's centre, metres; 0 where the sky shows)
     # Noise of the training views' depth maps, as a sensor's: each depth times (1 + depth_noise * N(0, 1)), drawn
@@ -147,6 +150,28 @@ class SyntheticConfig:
             raise ValueError("SyntheticConfig.look_at and .background must have 3 entries each")
         if not all(0.0 <= c <= 1.0 for c in self.background):
             raise ValueError(f"SyntheticConfig.background must be in [0, 1], got {self.background!r}")
+        if self.sky not in SKIES:
+            raise ValueError(f"SyntheticConfig.sky must be one of {', '.join(SKIES)}, got {self.sky!r}")
+        if self.sky != "none" and (self.alpha or any(self.background)):
+            raise ValueError(
+                "SyntheticConfig.sky draws what rays that miss the scene see: leave alpha false and background black"
+            )
+
+
+SKIES = ("none", "gradient")
+_SKY_HORIZON = np.array([0.86, 0.89, 0.93])
+_SKY_ZENITH = np.array([0.22, 0.42, 0.80])
+
+
+def sky_colors(dirs: Array) -> Array:
+    """[S, 3] the ``gradient`` sky's colours along unit world directions ``dirs`` [S, 3] (z up): from the horizon's
+    pale colour to the zenith's blue with the elevation, plus white bands of cloud that vary with the azimuth
+    (below the horizon, the horizon's colours)."""
+    elevation = np.clip(dirs[:, 2], 0.0, 1.0)[:, None]  # [S, 1] sine of the elevation
+    color = _SKY_HORIZON + (_SKY_ZENITH - _SKY_HORIZON) * np.sqrt(elevation)
+    azimuth = np.arctan2(dirs[:, 1], dirs[:, 0])[:, None]
+    cloud = np.clip(np.sin(3.0 * azimuth + 9.0 * elevation) * np.sin(5.0 * azimuth - 4.0 * elevation), 0.0, 1.0)
+    return color + (1.0 - color) * 0.6 * cloud * (1.0 - elevation)
 
 
 _LAYOUT_OPTIONS = {  # layout -> the fields only it uses
@@ -508,6 +533,7 @@ _STREET_HEIGHTS = (2.2, 3.0)  # metres: view i flies at _STREET_HEIGHTS[i % 2]
 _STREET_SIDE = 1.2  # metres off the centre line, left and right in turn every two views
 _STREET_AHEAD = 2.5  # metres along x from a camera to the point it looks at
 _STREET_AIM_HEIGHT = 0.3  # the height of that point on the centre line
+_STREET_SKY_AIM = 0.5  # with a sky: metres below the camera's height it aims at instead, nearer the horizon
 
 
 def street_viewmats(cfg: SyntheticConfig) -> Array:
@@ -521,7 +547,8 @@ def street_viewmats(cfg: SyntheticConfig) -> Array:
     height = np.asarray(_STREET_HEIGHTS)[i % len(_STREET_HEIGHTS)]
     eyes = np.stack([eye_x, side, height], axis=-1)  # [N, 3]
     aim_x = eye_x + _STREET_AHEAD
-    targets = np.stack([aim_x, np.zeros_like(aim_x), np.full_like(aim_x, _STREET_AIM_HEIGHT)], axis=-1)
+    aim_z = height - _STREET_SKY_AIM if cfg.sky != "none" else np.full_like(aim_x, _STREET_AIM_HEIGHT)
+    targets = np.stack([aim_x, np.zeros_like(aim_x), aim_z], axis=-1)
     up = torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64)
     return look_at(torch.from_numpy(eyes), torch.from_numpy(targets), up).numpy()
 
@@ -560,7 +587,9 @@ def render_view(
         rays = slice(start, start + _CHUNK)
         color[rays], hit[rays] = _radiance(prims, origins[rays], dirs[rays])
     coverage = hit.astype(np.float64).reshape(H, s, W, s).mean((1, 3))  # [H, W]
-    color = color.reshape(H, s, W, s, 3).mean((1, 3))  # [H, W, 3], sky samples count as 0
+    if cfg.sky != "none":
+        color[~hit] = sky_colors(dirs[~hit])
+    color = color.reshape(H, s, W, s, 3).mean((1, 3))  # [H, W, 3], sky samples count as 0 (without a sky)
     background = np.asarray(cfg.background)
     if cfg.alpha:
         rgb = np.where(coverage[..., None] > 0.0, color / np.maximum(coverage, _EPS)[..., None], background)
@@ -688,6 +717,8 @@ def cache_path(cfg: SyntheticConfig, generator: str = _GENERATOR_DIGEST) -> Path
     ``~/.cache/gsrecon``); it may not exist yet.
     """
     not_data = ("val_every", "depth_noise", "tracks", "cache_dir", *_ignored_options(cfg.layout))
+    if cfg.sky == "none":  # the key a scene had before there were skies
+        not_data += ("sky",)
     if cfg.layout == "orbit":  # the key an orbit scene had before there were layouts
         not_data += ("layout",)
     fields = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in not_data}

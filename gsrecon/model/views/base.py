@@ -32,6 +32,7 @@ from gsrecon.model.views.optim import VisitedRowsAdam
 from gsrecon.registry import VIEW_REGISTRY
 
 if TYPE_CHECKING:
+    from gsrecon.cameras import Cameras
     from gsrecon.data.pipeline import Batch, DataPipeline
     from gsrecon.data.scene import Frame
     from gsrecon.render.base import RenderOutput
@@ -49,6 +50,7 @@ class ViewModule(torch.nn.Module, RunChecked):
 
     kind = ""  # the kind of module: the section of that kind takes it (VIEW_SECTIONS); "": only views: entries
     moves_cameras = False  # whether adjust_cameras moves the cameras (then the renderer must give their gradients)
+    export_note = ""  # what an export of the Gaussians leaves out of the module ("": nothing it draws)
 
     @dataclass
     class Config:
@@ -103,6 +105,11 @@ class ViewModule(torch.nn.Module, RunChecked):
         [B, 4, 4] (what :meth:`adjust_cameras` renders them from; the viewer and ``cameras.json`` show them)."""
         return viewmats
 
+    def composite(self, out: RenderOutput, cameras: Cameras, backgrounds: Tensor) -> RenderOutput:
+        """The render ``out`` of ``cameras`` over ``backgrounds`` [C, 3] with what the module draws besides the
+        Gaussians (training and test views and any other camera alike; before :meth:`adjust_image`)."""
+        return out
+
     def adjust_image(self, image: Tensor, batch: Batch) -> Tensor:
         """The rendered ``image`` [B, H, W, 3] of training ``batch`` as its photos saw it (before the loss)."""
         return image
@@ -145,6 +152,13 @@ class ViewModules:
         for module in self.modules.values():
             viewmats = module.camera_poses(viewmats, names)
         return viewmats
+
+    def composite(self, out: RenderOutput, batch: Batch) -> RenderOutput:
+        """``out``, the render of ``batch``'s cameras over its backgrounds, with what the modules draw behind the
+        Gaussians (see :meth:`ViewModule.composite`)."""
+        for module in self.modules.values():
+            out = module.composite(out, batch.cameras, batch.backgrounds)
+        return out
 
     def adjust_image(self, image: Tensor, batch: Batch) -> Tensor:
         for module in self.modules.values():
@@ -261,6 +275,13 @@ def current_shape(config: dict[str, Any]) -> dict[str, Any]:
         **(config.get("views") or {}),
     }
     return {**{k: v for k, v in config.items() if k not in VIEW_SECTIONS}, "views": views}
+
+
+def export_notes(resolved: dict[str, Any]) -> list[str]:
+    """What an export of the Gaussians leaves out of the per-view modules a resolved run config turns on, a line each
+    (:attr:`ViewModule.export_note`)."""
+    notes = [VIEW_REGISTRY.get(entry["name"]).export_note for entry in view_entries(resolved).values()]
+    return [note for note in notes if note]
 
 
 def build_views(

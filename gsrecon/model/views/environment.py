@@ -1,0 +1,112 @@
+"""Sky and far background: an environment behind the Gaussians, trained with the scene (``views: {sky: {name:
+environment}}``).
+
+A capture with an open sky shows colours at infinity that 3DGS can only explain with Gaussians: a cloud of them near
+the cameras, painting the sky in every photo from where that photo stood (floaters across every novel view, a depth
+map whose sky is a few metres away). ``environment`` learns a cube map (:mod:`gsrecon.render.environment`: six faces
+of ``resolution`` x ``resolution`` texels, colours through a sigmoid) looked up along each pixel's ray, through the
+camera's lens, and draws it where the Gaussians' accumulated opacity leaves room: ``image + (1 - alpha) env(d)``,
+in place of ``data.background``. The gradient reaching ``alpha`` there pulls Gaussians in front of the sky toward
+transparency (the sky is no reason to grow them), and the environment's own gradient fits the sky. One cube map
+serves every view (its parameters are not per view: every texel steps each step), every renderer (torch, cpu and
+gsplat all return ``alpha``) and test views alike.
+
+PLY and the other per-Gaussian formats hold the Gaussians without it (the export says so);
+:func:`~gsrecon.render.environment.far_sphere_gaussians` turns it into Gaussians on a far sphere for a format that
+can carry them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from gsrecon.component import RunFacts
+from gsrecon.model.views.base import ViewModule
+from gsrecon.registry import VIEW_REGISTRY
+from gsrecon.render.environment import camera_rays, composite, cube_lookup
+
+if TYPE_CHECKING:
+    from gsrecon.cameras import Cameras
+    from gsrecon.render.base import RenderOutput
+
+_BYTES_PER_TEXEL = 6 * 3 * 4 * 4  # six faces x RGB x float32 x (value, gradient, two Adam moments)
+
+
+def available_memory() -> int | None:
+    """Bytes of physical memory free now, where the system says (None elsewhere)."""
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+@VIEW_REGISTRY.register("environment")
+class Environment(ViewModule):
+    """A cube map of colours by viewing direction, drawn behind the Gaussians (see the module docstring)."""
+
+    kind = ""  # a views: entry (views: {sky: {name: environment}})
+    export_note = "the environment (the sky behind the Gaussians) is not in it: the format holds only Gaussians"
+
+    @dataclass
+    class Config(ViewModule.Config):
+        lr: float = 0.02  # Adam learning rate of the texels (pre-sigmoid)
+        resolution: int = 16  # texels along each face's side (6 R^2 texels; 16: about 6 degrees each)
+        init: float = 0.5  # every texel's colour at the start, in (0, 1)
+        # Weight of the mean binary entropy of the Gaussians' accumulated opacity in training renders: pushes each
+        # pixel to be drawn by the Gaussians or by the environment, not half by each. 0: off
+        opacity_reg: float = 0.0
+
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            if isinstance(self.resolution, bool) or not isinstance(self.resolution, int) or self.resolution < 1:
+                raise ValueError(f"resolution must be an integer >= 1 (texels per face side), got {self.resolution!r}")
+            free = available_memory()
+            need = _BYTES_PER_TEXEL * self.resolution**2
+            if free is not None and need > free:
+                raise ValueError(
+                    f"resolution={self.resolution} needs {need / 2**30:.3g} GiB for the cube map and its optimiser, "
+                    f"more than the {free / 2**30:.3g} GiB free; a sky needs 16-64"
+                )
+            if not (math.isfinite(self.init) and 0.0 < self.init < 1.0):
+                raise ValueError(f"init must be a colour in (0, 1), got {self.init!r}")
+            if not (math.isfinite(self.opacity_reg) and self.opacity_reg >= 0.0):
+                raise ValueError(f"opacity_reg must be a finite number >= 0, got {self.opacity_reg!r}")
+
+    def __init__(self, cfg: Config, train_names: list[str]) -> None:
+        super().__init__(cfg, train_names)
+        logit = math.log(cfg.init / (1.0 - cfg.init))
+        res = cfg.resolution
+        self.texels = torch.nn.Parameter(torch.full((6, res, res, 3), logit))  # [6, R, R, 3] pre-sigmoid
+        self._entropy: Tensor | None = None  # the opacity's entropy in the last render with gradients
+
+    def check(self, run: RunFacts) -> None:
+        if run.config["data"]["background"] == "random":
+            raise ValueError(
+                "the environment is drawn where the Gaussians leave room, which data.background=random (a new "
+                "background each step, to learn transparency) would fight; use data.background=black or white"
+            )
+
+    def colors(self) -> Tensor:
+        """[6, R, R, 3] the cube map's colours in [0, 1]."""
+        return torch.sigmoid(self.texels)
+
+    def trained_rows(self, names: list[str], device: torch.device) -> Tensor | None:
+        return None  # one cube map for every view
+
+    def composite(self, out: RenderOutput, cameras: Cameras, backgrounds: Tensor) -> RenderOutput:
+        rays = camera_rays(cameras)  # [C, H, W, 3]
+        environment = cube_lookup(self.colors().to(rays.device), rays.to(self.texels.dtype))  # [C, H, W, 3]
+        if self.cfg.opacity_reg > 0.0 and torch.is_grad_enabled():
+            alpha = out.alpha.clamp(1e-6, 1.0 - 1e-6)  # [C, H, W, 1]
+            self._entropy = -(alpha * alpha.log() + (1.0 - alpha) * (1.0 - alpha).log()).mean()
+        return composite(out, environment, backgrounds)
+
+    def regularization(self) -> Tensor | None:
+        entropy, self._entropy = self._entropy, None
+        return None if entropy is None else self.cfg.opacity_reg * entropy
