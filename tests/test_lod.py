@@ -217,3 +217,17 @@ def test_export_lod_of_a_run_without_levels_builds_them_first_and_says_so(make_c
     assert main(["export", "--exp-dir", str(tmp_path / "plain"), "--format", "lod", "--out", str(out)]) == 0
     assert "no levels of detail yet: building 2 first" in capsys.readouterr().err.replace("\n", " ")
     assert json.loads(out.read_text())["lodLevels"] == 3 and len(read_levels(tmp_path / "plain")["levels"]) == 2
+
+
+def test_a_run_with_a_sky_carries_it_in_the_sites_environment_as_far_gaussians(make_config, tmp_path: Path, capsys):
+    cfg = make_config("sky", max_steps=4, val_interval=4, views={"sky": {"name": "environment", "resolution": 4}})
+    assert main(["train", "--config", str(write_yaml(tmp_path / "sky.yaml", cfg))]) == 0
+    exp_dir = tmp_path / "sky"
+    assert main(["lod", "--exp-dir", str(exp_dir), "--levels", "1", "--steps", "2"]) == 0
+    capsys.readouterr()
+    out = tmp_path / "site" / "lod-meta.json"
+    assert main(["export", "--exp-dir", str(exp_dir), "--format", "lod", "--out", str(out)]) == 0
+    assert "the trained sky joins the environment as 96 Gaussians" in capsys.readouterr().err.replace("\n", " ")
+    meta = json.loads(out.read_text())
+    assert meta["environment"] == "env/meta.json"
+    assert _chunk_count(out.parent / "env" / "meta.json") >= 6 * 4 * 4  # the sky, and any far Gaussians of level 0

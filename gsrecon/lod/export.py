@@ -3,16 +3,24 @@ first where the run has none."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
+from torch import Tensor
+
 from gsrecon.config import parse_structured
-from gsrecon.engine.inference import TrainedScene
+from gsrecon.engine.inference import TrainedScene, scene_run
+from gsrecon.engine.resolve import resolve_views_config
 from gsrecon.errors import InputError
-from gsrecon.export.lod.site import LodSiteConfig, check_site_path, write_lod_site
+from gsrecon.export.lod.site import CameraRegion, LodSiteConfig, check_site_path, write_lod_site
 from gsrecon.lod.levels import LodConfig, build_levels, built_levels, camera_region, level_loaders
 from gsrecon.logging.console import Logger
+from gsrecon.model.views.base import view_entries
+from gsrecon.model.views.environment import Environment
+from gsrecon.render.environment import far_sphere_gaussians
 
 
 def export_lod(
@@ -47,5 +55,26 @@ def export_lod(
             raise InputError(f"{outcome.stop_reason}; nothing was exported")
         count = len(outcome.records)
     loaders = level_loaders(scene, exp_dir, count)
-    write_lod_site(out, loaders, cfg, camera_region(exp_dir), antialiased=scene.antialiased, overwrite=overwrite)
+    region = camera_region(exp_dir)
+    sky = sky_gaussians(scene, region, 2.0 * max(cfg.env_threshold, 1.0), logger)
+    write_lod_site(out, loaders, cfg, region, sky=sky, antialiased=scene.antialiased, overwrite=overwrite)
     return out
+
+
+def sky_gaussians(
+    scene: TrainedScene, region: CameraRegion | None, radii: float, logger: Logger
+) -> dict[str, Tensor] | None:
+    """The run's trained environment (the ``environment`` per-view module, the sky) as Gaussians on a sphere
+    ``radii`` camera radii about the cameras' centre, for the site's environment; None where the run has none."""
+    names = [entry["name"] for entry in view_entries(resolve_views_config(scene.cfg, scene.source)).values()]
+    if "environment" not in names or region is None:
+        return None
+    if not math.isfinite(radii):
+        logger.warning("lod.env_threshold=inf: the site has no environment, so the trained sky is left out of it")
+        return None
+    run = scene_run(scene, "export", "cpu", logger)
+    (sky,) = [module for module in run.views.modules.values() if isinstance(module, Environment)]
+    radius = radii * max(region.radius, 1e-3)
+    gaussians = far_sphere_gaussians(sky.colors().detach().cpu(), torch.tensor(region.center), radius)
+    logger.info(f"the trained sky joins the environment as {len(gaussians['means'])} Gaussians {radius:.3g} away")
+    return gaussians

@@ -22,7 +22,7 @@ import json
 import math
 import re
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,18 +89,32 @@ class CameraRegion:
         return cls(tuple(center.tolist()), radius)  # type: ignore[arg-type]
 
 
+def _joined(a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """The Gaussians of ``a`` and then ``b``; the one of lower SH degree gets zero coefficients up to the other's."""
+    rest = max(a["shN"].shape[1], b["shN"].shape[1])
+
+    def padded(shN: Tensor) -> Tensor:  # [N, K, 3] -> [N, rest, 3]
+        return torch.cat([shN, shN.new_zeros(len(shN), rest - shN.shape[1], 3)], dim=1)
+
+    return {
+        key: torch.cat([a[key], b[key]]) if key != "shN" else torch.cat([padded(a[key]), padded(b[key])]) for key in a
+    }
+
+
 def write_lod_site(
     out: str | Path,
     levels: Sequence[LevelLoader],
     cfg: LodSiteConfig,
     region: CameraRegion | None,
     *,
+    sky: Mapping[str, Tensor] | None = None,
     antialiased: bool = False,
     overwrite: bool = False,
 ) -> dict[str, Any]:
     """Write the levels (finest first; each loaded when needed, one at a time) as a streamed SOG site whose
-    ``lod-meta.json`` is ``out`` (see the module docstring); ``region`` None: no environment. Returns the written
-    ``lod-meta.json`` content.
+    ``lod-meta.json`` is ``out`` (see the module docstring); ``region`` None: no environment from the levels. ``sky``:
+    Gaussians (pre-activation parameters) that join the environment, as a trained sky on a far sphere. Returns the
+    written ``lod-meta.json`` content.
 
     Raises InputError for ``out`` not named lod-meta.json, or a folder that holds files already unless
     ``overwrite`` (which removes a previous site's ``lod-meta.json`` first, then its chunks)."""
@@ -178,6 +192,8 @@ def write_lod_site(
                 order=torch.arange(len(local)),
             )
         del p
+    if sky is not None:
+        env = cpu_params(sky) if env is None else _joined(env, cpu_params(sky))
     if env is not None:
         save_sog(out.parent / ENV_DIR / "meta.json", env, antialiased=antialiased)
     counts = [int(offsets[k + 1] - offsets[k]) for k in range(len(levels))]
