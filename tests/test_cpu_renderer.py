@@ -22,7 +22,7 @@ from gsrecon.distributed import DistributedContext
 from gsrecon.engine.runtime import resolve_device, set_cpu_threads
 from gsrecon.errors import InputError
 from gsrecon.render import torch_renderer
-from gsrecon.render.cpu.functions import KernelInputError, project_pinhole
+from gsrecon.render.cpu.functions import KernelInputError, project_pinhole, rasterize
 from gsrecon.render.cpu.kernels import build_dir, load_kernels, missing_toolchain
 from gsrecon.render.cpu.renderer import CpuRenderer
 from gsrecon.render.torch_renderer import TorchRenderer
@@ -240,6 +240,41 @@ def test_median_depth_matches_the_torch_renderer():
     assert out.median_depth.shape == (2, HEIGHT, WIDTH, 1)
     differ = (out.median_depth - ref.median_depth).abs() > 1e-4
     assert ref.median_depth.gt(0).float().mean() > 0.3 and differ.float().mean() < 1e-3
+
+
+def test_faint_and_tilted_gaussians_get_fewer_tile_pairs_and_the_same_image():
+    """The kernels pair a Gaussian with the tiles where its alpha reaches 1/255 (a box of sqrt(2 ln(255 o)) sigmas,
+    then the ellipse against each tile): fewer pairs than the tiles of 3.33-sigma boxes, and compositing within
+    those larger boxes gives the same image and gradients, bit for bit."""
+    params = _scene(n=2000)
+    params["opacities"] = params["opacities"] - 3.0  # median opacity 0.05: boxes of 2.4 sigmas
+    viewmats, Ks = _cameras()
+    with torch.no_grad():
+        proj = project_pinhole(
+            params["means"], params["quats"], params["scales"], params["opacities"], params["sh0"], params["shN"], 3,
+            Cameras(viewmats, Ks, WIDTH, HEIGHT), CpuRenderer.Config(),
+        )  # fmt: skip
+    a, b, c = proj.conics.unbind(-1)  # [C, N] each
+    det = a * c - b * b
+    shown = (proj.radii > 0).any(-1, keepdim=True)  # [C, N, 1]
+    wide = torch.ceil(torch_renderer.BBOX_SIGMAS * torch.stack([c / det, a / det], -1).sqrt())  # [C, N, 2]
+    wide_radii = torch.where(shown, wide, 0.0).int()
+    assert (wide_radii >= proj.radii).all() and (wide_radii > proj.radii).any()
+    lo = torch.floor((proj.means2d - wide_radii) / 16).clamp_min(0)
+    hi = torch.minimum(torch.ceil((proj.means2d + wide_radii) / 16), torch.tensor([WIDTH / 16, HEIGHT / 16]).ceil())
+    wide_tiles = ((hi - lo).clamp_min(0).prod(-1) * shown[..., 0]).sum()
+    splats = {k: getattr(proj, k).contiguous() for k in ("means2d", "conics", "log_opacities", "colors", "depths")}
+    settings = {"width": WIDTH, "height": HEIGHT, "tile_size": 16, "alpha_max": 0.99}
+    pairs = load_kernels().rasterize_forward(**splats, radii=proj.radii, **settings, median_depth=False)["ids"]
+    assert len(pairs) < 0.8 * wide_tiles
+    results = []
+    for radii in (proj.radii, wide_radii):
+        leaves = {k: v.clone().requires_grad_() for k, v in splats.items()}
+        image, _ = rasterize(*leaves.values(), radii, **settings)
+        (image * torch.rand(image.shape, generator=torch.Generator().manual_seed(1))).sum().backward()
+        results.append((image.detach(), [v.grad for v in leaves.values()]))
+    assert torch.equal(results[0][0], results[1][0])
+    assert all(torch.equal(g0, g1) for g0, g1 in zip(results[0][1], results[1][1]))
 
 
 def test_gradients_are_bit_identical_across_renders_and_thread_counts():

@@ -106,6 +106,7 @@ def project_gaussians(
 
     with torch.no_grad():
         ops = log_ops.detach().exp()  # [C, N]
+        # No gradient through the opacity here: a pixel outside the box fails compositing's alpha >= 1/255 anyway.
         extent = torch.sqrt(2.0 * torch.log(ops * 255.0).clamp_min(0.0)).clamp_max(BBOX_SIGMAS)
         radii = torch.stack(
             [torch.ceil(extent * cov_xx.sqrt()), torch.ceil(extent * cov_yy.sqrt())], dim=-1

@@ -387,7 +387,8 @@ Projection project_forward(const Gaussians& gs, const PinholeCameras& cameras, c
       if (settings.antialiased)
         log_op += 0.5f * (std::log(std::max(P.det_raw, kTinyDeterminant)) - std::log(P.det));
       const float opacity = std::exp(log_op);
-      // Opacity-aware extent (gsplat 1.5): the box holds every pixel where alpha reaches 1/255.
+      // Opacity-aware extent (gsplat 1.5): the box holds every pixel where alpha reaches 1/255. It needs no gradient
+      // of its own in the opacity: a pixel outside it fails the compositing's alpha >= 1/255 test, the same test.
       const float extent = std::min(kBboxSigmas, std::sqrt(2.f * std::max(std::log(opacity * 255.f), 0.f)));
       const float rx = std::ceil(extent * std::sqrt(P.cov_xx)), ry = std::ceil(extent * std::sqrt(P.cov_yy));
       const float px = cam.fx * P.u + cam.cx, py = cam.fy * P.v + cam.cy;
