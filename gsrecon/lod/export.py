@@ -3,16 +3,19 @@ first where the run has none."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from gsrecon.config import parse_structured
+from gsrecon.data.blocks import cell_index, plan_cells
 from gsrecon.engine.inference import TrainedScene
 from gsrecon.errors import InputError
-from gsrecon.export.lod.site import LodSiteConfig, check_site_path, write_lod_site
+from gsrecon.export.lod.site import CellOf, LodSiteConfig, check_site_path, write_lod_site
 from gsrecon.lod.levels import LodConfig, build_levels, built_levels, camera_region, level_loaders
 from gsrecon.logging.console import Logger
+from gsrecon.partition.folder import PLAN_FILE
 
 
 def export_lod(
@@ -47,5 +50,18 @@ def export_lod(
             raise InputError(f"{outcome.stop_reason}; nothing was exported")
         count = len(outcome.records)
     loaders = level_loaders(scene, exp_dir, count)
-    write_lod_site(out, loaders, cfg, camera_region(exp_dir), antialiased=scene.antialiased, overwrite=overwrite)
+    cells = block_cells(exp_dir)
+    write_lod_site(
+        out, loaders, cfg, camera_region(exp_dir), cells=cells, antialiased=scene.antialiased, overwrite=overwrite
+    )
     return out
+
+
+def block_cells(exp_dir: str | Path) -> CellOf | None:
+    """The cell of each centre among the blocks' cells of the block run in ``exp_dir`` (from its plan,
+    ``partition.json``); None for a run that is not a block run."""
+    plan = Path(exp_dir) / PLAN_FILE
+    if not plan.is_file():
+        return None
+    ground, cells = plan_cells(json.loads(plan.read_text()))
+    return lambda centres: cell_index(ground, cells, centres)
