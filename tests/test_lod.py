@@ -16,7 +16,9 @@ from PIL import Image
 
 from gsrecon.cli import main
 from gsrecon.config import parse_structured
+from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.engine.inference import load_trained_scene, scene_renderer
+from gsrecon.engine.run_dir import RunDir
 from gsrecon.engine.trainer import DefaultTrainer
 from gsrecon.export.lod.merge import halve, merge_pairs, neighbour_pairs
 from gsrecon.export.lod.site import CameraRegion, LodSiteConfig, write_lod_site
@@ -280,6 +282,20 @@ def test_a_merged_block_run_gets_levels_and_a_site(make_config, tmp_path: Path) 
     kept = json.loads((exp_dir / "metrics.json").read_text())["kept_per_block"]
     level_0 = torch.cat([cells for file, cells in chunk_cells.items() if meta["filenames"][file].startswith("0_")])
     assert torch.bincount(level_0).tolist() == kept and len(meta["tree"]["children"]) == 2
+
+
+def test_levels_start_their_per_view_modules_from_the_runs_trained_ones(make_config, tmp_path: Path) -> None:
+    views = {"pose_opt": {"name": "se3", "trust_px": 0}}  # every view refined
+    cfg = make_config("views", max_steps=14, val_interval=14, views=views)  # 2 epochs of 7 training views
+    assert main(["train", "--config", str(write_yaml(tmp_path / "views.yaml", cfg))]) == 0
+    assert main(["lod", "--exp-dir", str(tmp_path / "views"), "--levels", "1", "--steps", "2"]) == 0
+    trained = load_trained_scene(exp_dir=str(tmp_path / "views")).views
+    level = RunDir(tmp_path / "views" / "lod" / "level_1" / "run").latest_checkpoint()
+    tuned = load_checkpoint_file(level)["views"]
+    run, now = trained["pose_opt"]["module"]["twists"], tuned["pose_opt"]["module"]["twists"]  # [7, 6]
+    # The rows of the views that the level's 2 steps did not visit hold what the run trained them to (not zero).
+    kept = (now == run).all(dim=1) & (run != 0).any(dim=1)  # [7]
+    assert int(kept.sum()) >= 4
 
 
 @pytest.mark.slow  # trains two levels for the default 100 steps each: 5 s on a quiet machine
