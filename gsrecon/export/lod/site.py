@@ -122,13 +122,14 @@ def write_lod_site(
         if cfg.levels_ply:
             save_ply(out.parent / LEVELS_PLY_DIR / f"level_{level}.ply", p, antialiased=antialiased)
         centres.append(p["means"][near].numpy())
-        owner = torch.zeros(len(near), dtype=torch.int32) if cells is None else cells(p["means"][near]).int()  # [M]
-        owners.append(owner.numpy())
+        if cells is not None:
+            owners.append(cells(p["means"][near]).int().numpy())  # [M]
         extents.append(_half_extents(p["quats"][near], p["scales"][near]).numpy())
         kept.append(near)
         del p
     offsets = np.cumsum([0, *(len(c) for c in centres)])  # level k's flat indices: offsets[k] .. offsets[k+1]
-    points, halves, owned = np.concatenate(centres), np.concatenate(extents), np.concatenate(owners)
+    points, halves = np.concatenate(centres), np.concatenate(extents)
+    owned = np.concatenate(owners) if owners else None  # the cell of each centre (None: one cell)
     del centres, extents, owners
     bin_size, bin_min = cfg.chunk_count * 1024, cfg.chunk_min * 1024
     files: dict[int, list[list[np.ndarray]]] = {}  # level -> chunks -> the leaves' flat indices
@@ -169,11 +170,11 @@ def write_lod_site(
     def build_cells(indices: np.ndarray, among: list[int]) -> dict[str, Any]:
         if len(among) == 1:
             return build(indices, among[0])
-        first = np.isin(owned[indices], among[: len(among) // 2])  # [len(indices)]
+        first = np.isin(owned[indices], among[: len(among) // 2])  # [len(indices)]; two cells or more: owned is set
         return _parent(build_cells(indices[first], among[: len(among) // 2]),
                        build_cells(indices[~first], among[len(among) // 2 :]))  # fmt: skip
 
-    tree = build_cells(np.arange(len(points)), np.unique(owned).tolist())
+    tree = build_cells(np.arange(len(points)), [0] if owned is None else np.unique(owned).tolist())
     for level, load in enumerate(levels):
         if level not in files:
             continue
