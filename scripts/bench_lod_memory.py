@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import time
@@ -26,10 +25,10 @@ from gsrecon.heap import unmap_large_blocks
 from gsrecon.sh import num_sh_bases
 
 
-def _rss_mib() -> float:
-    """Current resident memory of this process, MiB."""
+def _status_mib(field: str) -> float:
+    """A memory ``field`` of /proc/self/status (VmRSS: resident now; VmHWM: its peak), MiB."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -58,11 +57,12 @@ def make_levels(n: int, degree: int, folder: Path) -> int:
 def write_site(folder: Path, chunk_count: int) -> dict[str, float]:
     """Write the site of the levels in ``folder`` (this process's memory is what is measured)."""
     levels = [lambda k=k: torch.load(folder / f"level_{k}.pt", mmap=True) for k in range(3)]
-    before = _rss_mib()
+    before = _status_mib("VmRSS")
     start = time.process_time()
     cfg, region = LodSiteConfig(chunk_count=chunk_count), CameraRegion((0, 0, 0), 30.0)
     meta = write_lod_site(folder / "site" / "lod-meta.json", levels, cfg, region, overwrite=True)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # Not ru_maxrss: it keeps the parent's peak across the fork and exec that started this process.
+    peak = _status_mib("VmHWM")
     return {"rss_before_mib": before, "peak_rss_mib": peak, "cpu_seconds": time.process_time() - start,
             "counts": meta["counts"]}  # fmt: skip
 

@@ -16,12 +16,15 @@ from PIL import Image
 
 from gsrecon.cli import main
 from gsrecon.config import parse_structured
+from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.engine.inference import load_trained_scene, scene_renderer
+from gsrecon.engine.run_dir import RunDir
 from gsrecon.engine.trainer import DefaultTrainer
 from gsrecon.export.lod.merge import halve, merge_pairs, neighbour_pairs
 from gsrecon.export.lod.site import CameraRegion, LodSiteConfig, write_lod_site
 from gsrecon.geometry import quat_scale_to_factor
-from gsrecon.lod.levels import read_levels
+from gsrecon.lod.export import block_cells
+from gsrecon.lod.levels import level_loaders, read_levels
 from gsrecon.logging.console import Logger
 
 
@@ -76,6 +79,55 @@ def _chunk_count(path: Path) -> int:
     return json.loads(path.read_text())["count"]
 
 
+def _chunk_means(meta_path: Path) -> torch.Tensor:
+    """A SOG chunk's centres [count, 3] in storage order, decoded from its 16-bit log positions."""
+    meta = json.loads(meta_path.read_text())
+    low, high = (
+        np.asarray(Image.open(meta_path.parent / name).convert("RGB"), np.int64).reshape(-1, 3)
+        for name in meta["means"]["files"]
+    )
+    fixed = torch.from_numpy(low + 256 * high)[: meta["count"]].double()  # [count, 3]
+    lo, hi = (torch.tensor(meta["means"][key], dtype=torch.float64) for key in ("mins", "maxs"))
+    logs = lo + fixed / 65535 * (hi - lo)
+    return torch.sign(logs) * torch.expm1(logs.abs())
+
+
+def _chunk_cells(site: Path, meta: dict, levels: list[torch.Tensor], cell_of) -> dict[int, torch.Tensor]:
+    """Per chunk (its index in ``filenames``): the cell of each of its rows, each decoded centre taken as the
+    nearest of its level's centres ``levels`` [N_k, 3] (the decoded ones are 16-bit approximations)."""
+    cells = {}
+    for file, name in enumerate(meta["filenames"]):
+        decoded = _chunk_means(site / name)
+        exact = levels[int(name.split("_")[0])].double()
+        cells[file] = cell_of(exact[torch.cdist(decoded, exact).argmin(dim=1)])
+    return cells
+
+
+def _leaf_cells(node: dict, chunk_cells: dict[int, torch.Tensor]) -> set[int]:
+    """The cells of the Gaussians under ``node``."""
+    if "children" in node:
+        return set().union(*(_leaf_cells(child, chunk_cells) for child in node["children"]))
+    runs = node["lods"].values()
+    return {c for e in runs for c in chunk_cells[e["file"]][e["offset"] : e["offset"] + e["count"]].tolist()}
+
+
+def _assert_cells_are_subtrees(tree: dict, chunk_cells: dict[int, torch.Tensor]) -> None:
+    """No chunk holds two cells' Gaussians, and each cell's Gaussians are the whole of one subtree."""
+    assert all(len(torch.unique(cells)) == 1 for cells in chunk_cells.values())
+    tops: list[int] = []  # the cell of each largest subtree holding one cell
+
+    def walk(node: dict) -> None:
+        mine = _leaf_cells(node, chunk_cells)
+        if len(mine) == 1:
+            tops.extend(mine)
+        else:
+            for child in node["children"]:
+                walk(child)
+
+    walk(tree)
+    assert sorted(tops) == sorted({c for cells in chunk_cells.values() for c in cells.tolist()})
+
+
 def test_the_site_splits_chunks_by_count_and_puts_far_gaussians_in_the_environment(tmp_path: Path) -> None:
     fine = _gaussians(6000, spread=3.0)
     fine["means"][:50] *= 100  # far outside the cameras
@@ -96,6 +148,21 @@ def test_the_site_splits_chunks_by_count_and_puts_far_gaussians_in_the_environme
             assert [offset for offset, _ in mine] == list(np.cumsum([0] + [c for _, c in mine])[:-1])
             assert _chunk_count(out.parent / meta["filenames"][file]) == sum(c for _, c in mine)
             assert meta["filenames"][file].startswith(f"{level}_")
+
+
+def test_cells_become_subtrees_split_further_by_count(tmp_path: Path) -> None:
+    fine = _gaussians(6000, spread=3.0)
+    coarse = halve(fine)
+
+    def bands(means: torch.Tensor) -> torch.Tensor:  # three cells: x < -1, -1 <= x < 1, x >= 1
+        return torch.bucketize(means[:, 0].contiguous(), torch.tensor([-1.0, 1.0]), right=True)
+
+    out = tmp_path / "site" / "lod-meta.json"
+    meta = write_lod_site(out, [lambda: fine, lambda: coarse], LodSiteConfig(chunk_count=1), None, cells=bands)
+    assert len(_leaves(meta["tree"])) > 6  # more than 1024 Gaussians per cell: split inside the cells too
+    chunk_cells = _chunk_cells(out.parent, meta, [fine["means"], coarse["means"]], bands)
+    _assert_cells_are_subtrees(meta["tree"], chunk_cells)
+    assert sorted(torch.cat(list(chunk_cells.values())).unique().tolist()) == [0, 1, 2]
 
 
 def test_a_site_interrupted_while_writing_has_no_lod_meta(tmp_path: Path) -> None:
@@ -204,8 +271,31 @@ def test_a_merged_block_run_gets_levels_and_a_site(make_config, tmp_path: Path) 
     out = tmp_path / "site" / "lod-meta.json"
     assert main(["lod", "--exp-dir", str(exp_dir), "--levels", "1", "--steps", "2"]) == 0
     assert main(["export", "--exp-dir", str(exp_dir), "--format", "lod", "--out", str(out)]) == 0
-    merged = len(load_trained_scene(exp_dir=str(exp_dir)).params["means"])
-    assert json.loads(out.read_text())["counts"] == [merged, (merged + 1) // 2]
+    scene = load_trained_scene(exp_dir=str(exp_dir))
+    merged = len(scene.params["means"])
+    meta = json.loads(out.read_text())
+    assert meta["counts"] == [merged, (merged + 1) // 2]
+    # The blocks' cells are the tree's top: each holds the Gaussians the merge kept from its block.
+    levels = [level()["means"] for level in level_loaders(scene, exp_dir, 1)]
+    chunk_cells = _chunk_cells(out.parent, meta, levels, block_cells(exp_dir))
+    _assert_cells_are_subtrees(meta["tree"], chunk_cells)
+    kept = json.loads((exp_dir / "metrics.json").read_text())["kept_per_block"]
+    level_0 = torch.cat([cells for file, cells in chunk_cells.items() if meta["filenames"][file].startswith("0_")])
+    assert torch.bincount(level_0).tolist() == kept and len(meta["tree"]["children"]) == 2
+
+
+def test_levels_start_their_per_view_modules_from_the_runs_trained_ones(make_config, tmp_path: Path) -> None:
+    views = {"pose_opt": {"name": "se3", "trust_px": 0}}  # every view refined
+    cfg = make_config("views", max_steps=14, val_interval=14, views=views)  # 2 epochs of 7 training views
+    assert main(["train", "--config", str(write_yaml(tmp_path / "views.yaml", cfg))]) == 0
+    assert main(["lod", "--exp-dir", str(tmp_path / "views"), "--levels", "1", "--steps", "2"]) == 0
+    trained = load_trained_scene(exp_dir=str(tmp_path / "views")).views
+    level = RunDir(tmp_path / "views" / "lod" / "level_1" / "run").latest_checkpoint()
+    tuned = load_checkpoint_file(level)["views"]
+    run, now = trained["pose_opt"]["module"]["twists"], tuned["pose_opt"]["module"]["twists"]  # [7, 6]
+    # The rows of the views that the level's 2 steps did not visit hold what the run trained them to (not zero).
+    kept = (now == run).all(dim=1) & (run != 0).any(dim=1)  # [7]
+    assert int(kept.sum()) >= 4
 
 
 @pytest.mark.slow  # trains two levels for the default 100 steps each: 5 s on a quiet machine

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,6 +164,12 @@ class Cell:
         """[[u_lo, u_hi], [v_lo, v_hi]], null for an infinite side."""
         return [[_finite_or_none(self.lo[k]), _finite_or_none(self.hi[k])] for k in range(2)]
 
+    @classmethod
+    def from_json(cls, sides: Sequence[Sequence[float | None]]) -> Cell:
+        """The cell written by :meth:`to_json`."""
+        (u_lo, u_hi), (v_lo, v_hi) = sides
+        return cls((_or_inf(u_lo, -1), _or_inf(v_lo, -1)), (_or_inf(u_hi, 1), _or_inf(v_hi, 1)))
+
 
 @dataclass
 class Block:
@@ -200,11 +206,7 @@ class Partition:
 
     def cell_index(self, points: Tensor) -> Tensor:
         """[N] int64: the block whose cell holds each world point of ``points`` [N, 3]."""
-        uv = self.ground.coords(points)
-        index = torch.full((len(points),), -1, dtype=torch.int64)
-        for block in self.blocks:
-            index[block.cell.contains(uv)] = block.index
-        return index
+        return cell_index(self.ground, [block.cell for block in self.blocks], points)  # blocks are in index order
 
     def to_json(self) -> dict[str, Any]:
         """The plan as written to ``partition.json``."""
@@ -226,6 +228,26 @@ class Partition:
                 for b in self.blocks
             ],
         }
+
+
+def cell_index(ground: GroundFrame, cells: Sequence[Cell], points: Tensor) -> Tensor:
+    """[N] int64: the position in ``cells`` (on the plane ``ground``) of the cell holding each world point of
+    ``points`` [N, 3]; -1 where none does."""
+    uv = ground.coords(points)
+    index = torch.full((len(points),), -1, dtype=torch.int64)
+    for position, cell in enumerate(cells):
+        index[cell.contains(uv)] = position
+    return index
+
+
+def plan_cells(plan: Mapping[str, Any]) -> tuple[GroundFrame, list[Cell]]:
+    """The ground plane and the blocks' cells (in block order) of a plan as ``partition.json`` holds it
+    (:meth:`Partition.to_json`)."""
+    ground = GroundFrame(
+        *(torch.tensor(plan["ground"][name], dtype=torch.float64) for name in ("origin", "up", "axes"))
+    )
+    blocks = sorted(plan["blocks"], key=lambda block: block["index"])
+    return ground, [Cell.from_json(block["cell"]) for block in blocks]
 
 
 def plan_partition(scene: Scene, cfg: PartitionConfig) -> Partition:
@@ -399,6 +421,11 @@ def _check_block(block: Block, grid: tuple[int, int], has_points: bool) -> None:
 
 def _span(cell: Cell, axis: int) -> str:
     return f"[{cell.lo[axis]:.3g}, {cell.hi[axis]:.3g})"
+
+
+def _or_inf(value: float | None, sign: int) -> float:
+    """``value``, or infinity of ``sign`` for None (an infinite side in ``partition.json``)."""
+    return sign * math.inf if value is None else float(value)
 
 
 def _finite_or_none(value: float) -> float | None:

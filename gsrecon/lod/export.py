@@ -3,6 +3,7 @@ first where the run has none."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -12,14 +13,16 @@ import torch
 from torch import Tensor
 
 from gsrecon.config import parse_structured
+from gsrecon.data.blocks import cell_index, plan_cells
 from gsrecon.engine.inference import TrainedScene, scene_run
 from gsrecon.engine.resolve import resolve_views_config
 from gsrecon.errors import InputError
-from gsrecon.export.lod.site import CameraRegion, LodSiteConfig, check_site_path, write_lod_site
+from gsrecon.export.lod.site import CameraRegion, CellOf, LodSiteConfig, check_site_path, write_lod_site
 from gsrecon.lod.levels import LodConfig, build_levels, built_levels, camera_region, level_loaders
 from gsrecon.logging.console import Logger
 from gsrecon.model.views.base import view_entries
 from gsrecon.model.views.environment import Environment
+from gsrecon.partition.folder import PLAN_FILE
 from gsrecon.render.environment import far_sphere_gaussians
 
 
@@ -57,7 +60,16 @@ def export_lod(
     loaders = level_loaders(scene, exp_dir, count)
     region = camera_region(exp_dir)
     sky = sky_gaussians(scene, region, 2.0 * max(cfg.env_threshold, 1.0), logger)
-    write_lod_site(out, loaders, cfg, region, sky=sky, antialiased=scene.antialiased, overwrite=overwrite)
+    write_lod_site(
+        out,
+        loaders,
+        cfg,
+        region,
+        cells=block_cells(exp_dir),
+        sky=sky,
+        antialiased=scene.antialiased,
+        overwrite=overwrite,
+    )
     return out
 
 
@@ -78,3 +90,13 @@ def sky_gaussians(
     gaussians = far_sphere_gaussians(sky.colors().detach().cpu(), torch.tensor(region.center), radius)
     logger.info(f"the trained sky joins the environment as {len(gaussians['means'])} Gaussians {radius:.3g} away")
     return gaussians
+
+
+def block_cells(exp_dir: str | Path) -> CellOf | None:
+    """The cell of each centre among the blocks' cells of the block run in ``exp_dir`` (from its plan,
+    ``partition.json``); None for a run that is not a block run."""
+    plan = Path(exp_dir) / PLAN_FILE
+    if not plan.is_file():
+        return None
+    ground, cells = plan_cells(json.loads(plan.read_text()))
+    return lambda centres: cell_index(ground, cells, centres)

@@ -4,7 +4,8 @@ Level 0 is the run's trained scene. Level ``k`` (1..K) is level ``k - 1`` with n
 moment matching (:func:`gsrecon.export.lod.merge.halve`), then trained alone on the training photos at
 ``scale**k`` times the run's ``data.factor`` for ``steps`` steps, by the run's own trainer and config
 (:func:`gsrecon.engine.tuning.tuning_config`: renderer, device, threads, loss and per-view modules; no
-densification). One level is in memory at a time.
+densification), its per-view modules starting from the run's trained ones where their shapes match (a merged block
+run has none: they start untrained). One level is in memory at a time.
 
 ``<exp_dir>/lod/level_<k>/`` holds the level's merged start (``merged.ply``) and its training run (``run/``);
 ``<exp_dir>/lod/levels.json`` records each finished level (Gaussians, factor, steps, test PSNR, CPU seconds, peak
@@ -124,6 +125,10 @@ def build_levels(
         )  # fmt: skip
         source = f"{exp_dir} (level of detail {level})"
         trainer = DefaultTrainer(level_cfg, source, overwrite=not resume, logger=logger)
+        if not resume:  # a resumed level has its own per-view state in its checkpoint
+            untrained = trainer.views.start_from(scene.views)
+            if untrained:
+                logger.info(f"level {level}: per-view modules {', '.join(untrained)} start untrained (not in the run)")
         trainer.train()
         if trainer.stop_reason:
             return LodOutcome(records, f"level {level} stopped: {trainer.stop_reason}", trainer.stop_signal)

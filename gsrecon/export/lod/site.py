@@ -4,12 +4,14 @@ engine streams and ``splat-transform`` writes.
 A site folder holds ``lod-meta.json``, one unbundled SOG (``meta.json`` and WebP images, :mod:`gsrecon.export.sog`)
 per chunk in ``{level}_{i}/``, and ``env/`` for the environment. ``lod-meta.json`` holds ``counts`` (Gaussians per
 level), ``lodLevels``, ``filenames`` (the chunks' ``meta.json``) and ``tree``: a binary tree over the centres of
-every level's Gaussians, split at the median of the widest axis while a node holds more than ``chunk_count``
-thousand Gaussians, or is wider than ``chunk_extent`` and holds more than ``chunk_min`` thousand (and always more
-than 256). Each node has ``bound`` (``min``, ``max``: the box around its Gaussians' one-sigma ellipsoids); a leaf
-has ``lods``: per level, the chunk (``file``) and the run of its rows (``offset``, ``count``) holding the leaf's
-Gaussians of that level. A level's leaves fill its chunks in turn; a chunk is closed once it holds more than
-``chunk_count`` thousand. Within a chunk, each leaf's rows are in Morton order.
+every level's Gaussians. On a merged block run the top of the tree splits the set of the blocks' cells in halves
+(in block order) until each node holds one cell, so that each cell is a subtree. A node of one cell is split at the
+median of the widest axis while it holds more than ``chunk_count`` thousand Gaussians, or is wider than
+``chunk_extent`` and holds more than ``chunk_min`` thousand (and always more than 256). Each node has ``bound``
+(``min``, ``max``: the box around its Gaussians' one-sigma ellipsoids); a leaf has ``lods``: per level, the chunk
+(``file``) and the run of its rows (``offset``, ``count``) holding the leaf's Gaussians of that level. A level's
+leaves fill its chunks in turn; a chunk is closed once it holds more than ``chunk_count`` thousand, or before a leaf
+of another cell (no chunk holds two cells' Gaussians). Within a chunk, each leaf's rows are in Morton order.
 
 The environment (``env/meta.json``, always loaded) is the finest level's Gaussians farther from the centre of the
 cameras than ``env_threshold`` times the cameras' radius (sky, far background); the coarser levels leave theirs
@@ -48,6 +50,7 @@ _CHUNK_DIR = re.compile(r"\d+_\d+")
 _BLOCK_ROWS = 1 << 16
 
 LevelLoader = Callable[[], dict[str, Tensor]]
+CellOf = Callable[[Tensor], Tensor]  # centres [N, 3] -> int64 [N]: the block cell holding each
 
 
 @dataclass
@@ -108,19 +111,21 @@ def write_lod_site(
     region: CameraRegion | None,
     *,
     sky: Mapping[str, Tensor] | None = None,
+    cells: CellOf | None = None,
     antialiased: bool = False,
     overwrite: bool = False,
 ) -> dict[str, Any]:
     """Write the levels (finest first; each loaded when needed, one at a time) as a streamed SOG site whose
-    ``lod-meta.json`` is ``out`` (see the module docstring); ``region`` None: no environment from the levels. ``sky``:
-    Gaussians (pre-activation parameters) that join the environment, as a trained sky on a far sphere. Returns the
-    written ``lod-meta.json`` content.
+    ``lod-meta.json`` is ``out`` (see the module docstring); ``region`` None: no environment from the levels; ``cells``
+    maps centres to the block cells that become subtrees (None: no cells); ``sky``: Gaussians (pre-activation
+    parameters) that join the environment, as a trained sky on a far sphere. Returns the written ``lod-meta.json``
+    content.
 
     Raises InputError for ``out`` not named lod-meta.json, or a folder that holds files already unless
     ``overwrite`` (which removes a previous site's ``lod-meta.json`` first, then its chunks)."""
     out = check_site_path(out, overwrite)
     _clear_site(out.parent)
-    centres, extents, kept, env = [], [], [], None
+    centres, extents, owners, kept, env = [], [], [], [], None
     for level, load in enumerate(levels):
         p = cpu_params(load())
         far = _far(p["means"], region, cfg.env_threshold)  # [N]
@@ -132,23 +137,30 @@ def write_lod_site(
         if cfg.levels_ply:
             save_ply(out.parent / LEVELS_PLY_DIR / f"level_{level}.ply", p, antialiased=antialiased)
         centres.append(p["means"][near].numpy())
+        if cells is not None:
+            owners.append(cells(p["means"][near]).int().numpy())  # [M]
         extents.append(_half_extents(p["quats"][near], p["scales"][near]).numpy())
         kept.append(near)
         del p
     offsets = np.cumsum([0, *(len(c) for c in centres)])  # level k's flat indices: offsets[k] .. offsets[k+1]
     points, halves = np.concatenate(centres), np.concatenate(extents)
-    del centres, extents
+    owned = np.concatenate(owners) if owners else None  # the cell of each centre (None: one cell)
+    del centres, extents, owners
     bin_size, bin_min = cfg.chunk_count * 1024, cfg.chunk_min * 1024
     files: dict[int, list[list[np.ndarray]]] = {}  # level -> chunks -> the leaves' flat indices
+    chunk_cell: dict[int, int] = {}  # level -> the cell its last chunk holds
     filenames: list[str] = []
 
-    def leaf(indices: np.ndarray) -> dict[str, Any]:
+    def leaf(indices: np.ndarray, cell: int) -> dict[str, Any]:
         level_of = np.searchsorted(offsets, indices, side="right") - 1
         lo, hi = (points[indices] - halves[indices]).min(axis=0), (points[indices] + halves[indices]).max(axis=0)
         lods: dict[str, dict[str, int]] = {}
         for level in np.unique(level_of).tolist():
             members = indices[level_of == level]
             chunks = files.setdefault(level, [[]])
+            if chunks[-1] and chunk_cell[level] != cell:
+                chunks.append([])
+            chunk_cell[level] = cell
             filename = f"{level}_{len(chunks) - 1}/meta.json"
             if filename not in filenames:
                 filenames.append(filename)
@@ -159,23 +171,25 @@ def write_lod_site(
                 chunks.append([])
         return {"bound": {"min": lo.tolist(), "max": hi.tolist()}, "lods": lods}
 
-    def build(indices: np.ndarray) -> dict[str, Any]:
+    def build(indices: np.ndarray, cell: int) -> dict[str, Any]:
         lo, hi = _box(points, indices)
         axis = int(np.argmax(hi - lo))
         count = len(indices)
         wide = float(hi[axis] - lo[axis]) > cfg.chunk_extent and count > bin_min
         if count <= BTREE_LEAF or not (count > bin_size or wide):
-            return leaf(indices)
+            return leaf(indices, cell)
         mid = count >> 1
         split = np.argpartition(points[indices, axis], mid)
-        children = [build(indices[split[:mid]]), build(indices[split[mid:]])]
-        bound = {
-            "min": np.minimum(children[0]["bound"]["min"], children[1]["bound"]["min"]).tolist(),
-            "max": np.maximum(children[0]["bound"]["max"], children[1]["bound"]["max"]).tolist(),
-        }
-        return {"bound": bound, "children": children}
+        return _parent(build(indices[split[:mid]], cell), build(indices[split[mid:]], cell))
 
-    tree = build(np.arange(len(points)))
+    def build_cells(indices: np.ndarray, among: list[int]) -> dict[str, Any]:
+        if len(among) == 1:
+            return build(indices, among[0])
+        first = np.isin(owned[indices], among[: len(among) // 2])  # [len(indices)]; two cells or more: owned is set
+        return _parent(build_cells(indices[first], among[: len(among) // 2]),
+                       build_cells(indices[~first], among[len(among) // 2 :]))  # fmt: skip
+
+    tree = build_cells(np.arange(len(points)), [0] if owned is None else np.unique(owned).tolist())
     for level, load in enumerate(levels):
         if level not in files:
             continue
@@ -252,6 +266,15 @@ def _half_extents(quats: Tensor, scales: Tensor) -> Tensor:
     """Half sides [N, 3] of the axis-aligned boxes around Gaussians' one-sigma ellipsoids (log ``scales`` [N, 3])."""
     pairs = zip(_blocks(quats), _blocks(scales))
     return torch.cat([(quat_to_rotmat(q).abs() @ torch.exp(s)[:, :, None]).squeeze(2) for q, s in pairs])
+
+
+def _parent(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
+    """The tree node over the nodes ``first`` and ``second``."""
+    bound = {
+        "min": np.minimum(first["bound"]["min"], second["bound"]["min"]).tolist(),
+        "max": np.maximum(first["bound"]["max"], second["bound"]["max"]).tolist(),
+    }
+    return {"bound": bound, "children": [first, second]}
 
 
 def _box(points: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -216,23 +216,41 @@ class ViewModules:
             for key, module in self.modules.items()
         }
 
+    def start_from(self, state: dict[str, Any]) -> list[str]:
+        """Set each module's parameters to those of another run's :meth:`state_dict` ``state`` (a run trained on the
+        same training views; its optimiser and schedule states are left out: this run trains its own). Returns the
+        keys of the modules left as they were: absent from ``state``, or of other shapes there."""
+        kept = []
+        for key, module in self.modules.items():
+            if key in state and not _shape_mismatch(module, state[key]["module"]):
+                module.load_state_dict(state[key]["module"])
+            else:
+                kept.append(key)
+        return kept
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`; a module whose parameters have other shapes (other training views) is refused."""
         for key, module in self.modules.items():
             if key not in state:
                 continue
-            for name, value in module.state_dict().items():
-                saved = state[key]["module"][name]
-                if saved.shape != value.shape:
-                    raise InputError(
-                        f"the checkpoint's {key} parameter '{name}' has shape {tuple(saved.shape)}, this run's "
-                        f"{tuple(value.shape)}: it was trained on other training views"
-                    )
+            mismatch = _shape_mismatch(module, state[key]["module"])
+            if mismatch:
+                raise InputError(f"the checkpoint's {key} {mismatch}: it was trained on other training views")
             module.load_state_dict(state[key]["module"])
             if self.optimizers[key] is not None:
                 self.optimizers[key].load_state_dict(state[key]["optimizer"])
             if self.schedulers[key] is not None and "scheduler" in state[key]:
                 self.schedulers[key].load_state_dict(state[key]["scheduler"])
+
+
+def _shape_mismatch(module: ViewModule, saved: dict[str, Tensor]) -> str | None:
+    """What in ``saved`` (a module's state dict) has another shape than ``module``'s own; None: nothing."""
+    for name, value in module.state_dict().items():
+        if name not in saved:
+            return f"has no parameter '{name}'"
+        if saved[name].shape != value.shape:
+            return f"parameter '{name}' has shape {tuple(saved[name].shape)}, this run's {tuple(value.shape)}"
+    return None
 
 
 def rows_trained_anywhere(module: ViewModule, names: list[str], dist: DistributedContext) -> Tensor | None:
