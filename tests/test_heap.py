@@ -84,6 +84,7 @@ def test_main_called_in_process_leaves_the_allocator_alone(tmp_path):
     assert run.stdout.split()[-1] == "0"
 
 
+@pytest.mark.slow  # trains in a subprocess: 6 s on a quiet machine
 @glibc_only
 def test_the_command_says_what_it_did_to_the_heap_with_debug(tmp_path):
     command = [sys.executable, "-m", "gsrecon", "hooks", "--config", str(CONFIGS / "synthetic.yaml")]

@@ -245,6 +245,7 @@ def test_depth_image_shows_the_median_depth_black_where_it_is_zero() -> None:
     assert depth_image(out, "expected")[0, 0].sum() > 0  # the expected depth is 1 there
 
 
+@pytest.mark.slow  # trains, then renders every view for the mesh: 9 s on a quiet machine
 def test_export_hook_writes_the_mesh_when_training_ends(make_trainer, tmp_path: Path) -> None:
     ply = tmp_path / "sphere_gaussians.ply"
     save_ply(ply, _sphere_gaussians(3000))

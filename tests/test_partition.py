@@ -282,6 +282,7 @@ def test_bad_block_training_input_is_one_line_and_exit_2(make_config, tmp_path, 
     assert not (tmp_path / "blocks").exists()  # nothing written
 
 
+@pytest.mark.slow  # two torchrun processes, each importing torch and training: 8 s on a quiet machine
 def test_two_torchrun_ranks_share_the_blocks_and_merge_what_one_process_does(make_config, tmp_path: Path) -> None:
     serial = _blocks_config(make_config, tmp_path, "serial")
     assert main(["train", "--config", str(serial)]) == 0

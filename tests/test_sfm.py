@@ -155,6 +155,7 @@ def _size(path: Path) -> tuple[int, int]:
         return image.size
 
 
+@pytest.mark.slow  # structure from motion on 8 real photos: 17 s on a quiet machine
 @needs_pycolmap
 def test_real_photos_of_slightly_different_sizes_register(tmp_path: Path, shared_data: Path) -> None:
     photos = shared_data / "statuette_colmap" / "images"
