@@ -18,12 +18,12 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("pycolmap") is None, re
 IN_NATIVE_WORK = """
 import os, shutil, signal, sys
 from pathlib import Path
-from gsrecon.data.prepare.sfm import exit_on_signal, import_pycolmap
+from gsrecon.data.prepare.sfm import exit_on_signal, import_pycolmap, remove_partial
 pycolmap = import_pycolmap("a test")
 pycolmap.logging.minloglevel = pycolmap.logging.ERROR
 partial = Path(sys.argv[1])
 partial.mkdir()
-with exit_on_signal("structure from motion", cleanup=lambda: shutil.rmtree(partial)):
+with exit_on_signal("structure from motion", cleanup=lambda: remove_partial(partial)):
     os.kill(os.getpid(), int(sys.argv[3]))
     pycolmap.extract_features(partial / "database.db", sys.argv[2])  # native work, minutes on a large capture
 print("the block ended")

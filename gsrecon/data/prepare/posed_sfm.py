@@ -43,6 +43,7 @@ from gsrecon.data.prepare.sfm import (
     listing,
     match_features,
     pycolmap_logging,
+    remove_partial,
 )
 from gsrecon.data.scene import Frame, first_sightings
 
@@ -196,7 +197,7 @@ def training_points(
         log(f"SfM points: {len(triangulation.points)} triangulated points of this capture from the cache ({path})")
         return triangulation
     started = time.perf_counter()
-    with _work_dir() as work, exit_on_signal("triangulation", cleanup=lambda: shutil.rmtree(work, ignore_errors=True)):
+    with _work_dir() as work, exit_on_signal("triangulation", cleanup=lambda: remove_partial(Path(work))):
         triangulation = triangulate_frames(
             root,
             frames_at,

@@ -102,6 +102,17 @@ def import_pycolmap(command: str) -> ModuleType:
     return pycolmap
 
 
+def remove_partial(folder: Path) -> None:
+    """Remove ``folder``, a partial output that native work may still be writing into: renamed aside first, so that
+    nothing new lands in it while it is removed (the work names its files by the old path)."""
+    aside = folder.with_name(f".{folder.name}.removing-{os.getpid()}")
+    try:
+        folder.rename(aside)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(aside, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def exit_on_signal(what: str, cleanup: Callable[[], None] | None = None) -> Iterator[None]:
     """Inside the block (native work that may not return to Python for minutes: structure from motion) a SIGTERM or
@@ -124,7 +135,8 @@ def exit_on_signal(what: str, cleanup: Callable[[], None] | None = None) -> Iter
             received = [signum for signum in STOP_SIGNALS if signum in numbers]
             if received:
                 if cleanup is not None:
-                    cleanup()
+                    with contextlib.suppress(OSError):  # the native work may still write there: the exit comes first
+                        cleanup()
                 removed = "; its partial output removed" if cleanup is not None else ""
                 sys.stderr.write(f"stopped by {received[0].name} during {what}{removed}\n")
                 sys.stderr.flush()

@@ -22,6 +22,7 @@ from gsrecon.data.prepare.sfm import (
     image_names,
     import_pycolmap,
     listing,
+    remove_partial,
     run_sfm,
 )
 from gsrecon.errors import InputError
@@ -130,7 +131,7 @@ def sfm_scene(unposed: Unposed, announcer: StageAnnouncer, log: Callable[[str], 
     shutil.rmtree(partial, ignore_errors=True)
     partial.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with exit_on_signal("structure from motion", cleanup=lambda: shutil.rmtree(partial, ignore_errors=True)):
+        with exit_on_signal("structure from motion", cleanup=lambda: remove_partial(Path(partial))):
             if unposed.photos_dir is not None:
                 report = capture_sfm(partial, announcer, photos=unposed.photos_dir)
             else:
