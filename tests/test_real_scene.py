@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 
+
+@pytest.mark.slow  # trains the statuette's real photos: 8 s on a quiet machine
 def test_statuette_trains_and_test_psnr_rises(make_trainer, shared_data) -> None:
     statuette = shared_data / "statuette_colmap"
     data = {"dataset": "colmap", "path": str(statuette), "factor": 8, "background": "white"}

@@ -89,6 +89,7 @@ def _read_points(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return np.stack([vertex[a] for a in "xyz"], -1), np.stack([vertex[c] for c in ("red", "green", "blue")], -1)
 
 
+@pytest.mark.slow  # triangulates and trains: 7 s on a quiet machine
 def test_triangulated_points_lie_on_the_synthetic_surfaces_and_training_reads_them(
     tmp_path: Path, synthetic_cache: Path, capsys: pytest.CaptureFixture[str], make_config
 ) -> None:
