@@ -19,7 +19,6 @@ can carry them.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -27,6 +26,7 @@ import torch
 from torch import Tensor
 
 from gsrecon.component import RunFacts
+from gsrecon.data.prefetch import host_memory_room
 from gsrecon.model.views.base import ViewModule
 from gsrecon.registry import VIEW_REGISTRY
 from gsrecon.render.environment import camera_rays, composite, cube_lookup
@@ -36,14 +36,6 @@ if TYPE_CHECKING:
     from gsrecon.render.base import RenderOutput
 
 _BYTES_PER_TEXEL = 6 * 3 * 4 * 4  # six faces x RGB x float32 x (value, gradient, two Adam moments)
-
-
-def available_memory() -> int | None:
-    """Bytes of physical memory free now, where the system says (None elsewhere)."""
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 @VIEW_REGISTRY.register("environment")
@@ -66,12 +58,12 @@ class Environment(ViewModule):
             super().__post_init__()
             if isinstance(self.resolution, bool) or not isinstance(self.resolution, int) or self.resolution < 1:
                 raise ValueError(f"resolution must be an integer >= 1 (texels per face side), got {self.resolution!r}")
-            free = available_memory()
+            free, bound = host_memory_room()
             need = _BYTES_PER_TEXEL * self.resolution**2
-            if free is not None and need > free:
+            if need > free:
                 raise ValueError(
                     f"resolution={self.resolution} needs {need / 2**30:.3g} GiB for the cube map and its optimiser, "
-                    f"more than the {free / 2**30:.3g} GiB free; a sky needs 16-64"
+                    f"more than the {free / 2**30:.3g} GiB free ({bound}); a sky needs 16-64"
                 )
             if not (math.isfinite(self.init) and 0.0 < self.init < 1.0):
                 raise ValueError(f"init must be a colour in (0, 1), got {self.init!r}")
