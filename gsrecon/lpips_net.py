@@ -20,17 +20,12 @@ from torch import Tensor
 # ("conv", stride, padding), ("relu",) or ("pool", kernel, stride). LPIPS reads the output of each slice's last layer.
 _CONV_RELU = [("conv", 1, 1), ("relu",)]
 _LAYERS: dict[str, list[tuple]] = {
-    "alex": [("conv", 4, 2), ("relu",), ("pool", 3, 2), ("conv", 1, 2), ("relu",), ("pool", 3, 2)]
-    + _CONV_RELU * 3,
-    "vgg": _CONV_RELU * 2
-    + [("pool", 2, 2)]
-    + _CONV_RELU * 2
-    + [("pool", 2, 2)]
-    + _CONV_RELU * 3
-    + [("pool", 2, 2)]
-    + _CONV_RELU * 3
-    + [("pool", 2, 2)]
-    + _CONV_RELU * 3,
+    "alex": [("conv", 4, 2), ("relu",), ("pool", 3, 2), ("conv", 1, 2), ("relu",), ("pool", 3, 2)] + _CONV_RELU * 3,
+    "vgg": [
+        layer
+        for block, convs in enumerate((2, 2, 3, 3, 3))
+        for layer in [("pool", 2, 2)] * (block > 0) + _CONV_RELU * convs
+    ],
 }
 _SLICE_ENDS = {"alex": (2, 5, 8, 10, 12), "vgg": (4, 9, 16, 23, 30)}  # lpips' slices: layers [previous end, end)
 _SHIFT = (-0.030, -0.088, -0.188)  # lpips' ScalingLayer: ImageNet's mean and spread in [-1, 1] units
