@@ -244,6 +244,7 @@ class LRScheduler:
         self.last_epoch = -1
         self._step_count = 0
         self._is_initial = True
+        self._get_lr_called_within_step = False  # torch's bookkeeping key: the state dicts have the same keys
         self.step()
         self._is_initial = False
 
