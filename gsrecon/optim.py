@@ -83,8 +83,8 @@ class Optimizer:
 
     def load_state_dict(self, state_dict: StateDict) -> None:
         """Take the saved state and group settings (a :meth:`state_dict`, or a ``torch.optim`` optimiser's with the
-        same groups): state tensors are copied onto their parameter's device, floating ones in its dtype (the
-        ``step`` count keeps its dtype, see :meth:`_load_step`).
+        same groups): state tensors are copied (training must not change the checkpoint it resumed from) onto their
+        parameter's device, floating ones in its dtype (the ``step`` count keeps its dtype, see :meth:`_load_step`).
 
         Raises:
             ValueError: the saved groups differ in number or size from this optimiser's.
@@ -130,8 +130,9 @@ def _to_param(value: Any, param: Tensor) -> Any:
     return value.to(device=param.device, copy=True)
 
 
-ADAM_DEFAULTS: dict[str, Any] = {  # torch.optim.Adam's group keys, so state dicts move both ways; only these values
-    "weight_decay": 0,  # are supported (Adam.step checks)
+# torch.optim.Adam's other group keys, so that state dicts move both ways; only these values are supported (step checks)
+ADAM_DEFAULTS: dict[str, Any] = {
+    "weight_decay": 0,
     "amsgrad": False,
     "maximize": False,
     "foreach": None,
