@@ -141,6 +141,19 @@ def test_adam_and_its_schedule_step_bit_for_bit_as_torchs_and_checkpoints_move_b
         _assert_same_state(optimizer, runs[1][1])
 
 
+def test_adam_without_the_fused_op_or_with_settings_it_lacks_says_so(monkeypatch) -> None:
+    param = torch.nn.Parameter(torch.zeros(3))
+    saved = torch.optim.Adam([param], amsgrad=True).state_dict()
+    adam = Adam([param])
+    adam.load_state_dict(saved)
+    param.grad = torch.ones(3)
+    with pytest.raises(ValueError, match="supports none of {'amsgrad': True}"):
+        adam.step()
+    monkeypatch.delattr(torch, "_fused_adam_")  # torch < 2.4
+    with pytest.raises(RuntimeError, match=r"has no fused Adam \(torch._fused_adam_\): install torch >= 2.4"):
+        Adam([param], fused=True)
+
+
 @pytest.mark.filterwarnings("ignore:Detected call of:UserWarning")  # torch warns: stepped without optimiser steps
 def test_the_pose_schedule_gives_torchs_lambda_rates() -> None:
     rates = []
