@@ -21,6 +21,7 @@ from torch import Tensor
 
 from gsrecon.errors import InputError
 from gsrecon.losses.ssim import ssim
+from gsrecon.lpips_net import LPIPS, lpips_linear_weights_path
 from gsrecon.lpips_weights import LPIPS_NETS, lpips_backbone_path
 
 _TORCHVISION_WEIGHTS = {  # torchvision's ImageNet weights files (its AlexNet/VGG16 IMAGENET1K_V1) in its hub cache
@@ -117,7 +118,8 @@ class ImageMetrics:
     """PSNR, SSIM and LPIPS of a rendered image against its ground truth.
 
     SSIM is the training loss's (Gaussian window 11, sigma 1.5, data range 1). LPIPS is ``lpips`` v0.1 with
-    the ``lpips_net`` backbone; its ImageNet backbone comes from the gsrecon cache (see
+    the ``lpips_net`` backbone (its numbers, from the layers it uses only: :mod:`gsrecon.lpips_net`); its ImageNet
+    backbone comes from the gsrecon cache (see
     ``gsrecon weights lpips``) or else from torchvision's own download cache. With neither, LPIPS is
     reported as None and a warning (once per process) says how to get the weights.
     ``lpips_net="none"`` turns LPIPS off (reported as None, no warning); so is LPIPS of an image whose
@@ -193,13 +195,11 @@ def describe_metrics(metrics: Mapping[str, float | None]) -> str:
 
 
 def _build_lpips(net: str) -> tuple[torch.nn.Module | None, str | None]:
-    """``lpips.LPIPS`` with ImageNet backbone weights found on disk, and their file; (None, None) if there are none."""
-    import lpips  # here, not at the top: lpips and torchvision cost 0.2 GB of memory in every process importing them
-
+    """:class:`~gsrecon.lpips_net.LPIPS` with ImageNet backbone weights found on disk, and their file; (None, None)
+    if there are none."""
     global _warned_no_lpips
     path = lpips_backbone_path(net)
-    from_torchvision = not path.is_file()
-    if from_torchvision:
+    if not path.is_file():
         path = Path(torch.hub.get_dir()) / "checkpoints" / _TORCHVISION_WEIGHTS[net]
     if not path.is_file():
         if not _warned_no_lpips:
@@ -210,16 +210,10 @@ def _build_lpips(net: str) -> tuple[torch.nn.Module | None, str | None]:
                 stacklevel=3,
             )
         return None, None
-    with warnings.catch_warnings():  # lpips builds torchvision models through the deprecated `pretrained=`
-        warnings.simplefilter("ignore", UserWarning)
-        model = lpips.LPIPS(net=net, pnet_rand=True, verbose=False)
+    linear = torch.load(lpips_linear_weights_path(net), map_location="cpu", weights_only=True)
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        if from_torchvision:
-            # lpips' backbone keeps torchvision's `features` indices: `sliceK.<i>.*` is `features.<i>.*`
-            state = {key: state["features." + key.split(".", 1)[1]] for key in model.net.state_dict()}
-        model.net.load_state_dict(state, strict=True)
-    except (RuntimeError, KeyError, EOFError, pickle.UnpicklingError) as e:
+        model = LPIPS(net, torch.load(path, map_location="cpu", weights_only=True), linear)
+    except (RuntimeError, KeyError, ValueError, EOFError, pickle.UnpicklingError) as e:
         raise InputError(
             f"{path}: not usable as LPIPS '{net}' backbone weights ({type(e).__name__}); "
             "delete it or run `gsrecon weights lpips --force`"

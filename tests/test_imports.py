@@ -79,7 +79,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 # shared maths and plumbing; each floor above names its packages (or top-level modules) of gsrecon.
 LAYERS = (
     {"__init__", "config", "registry", "plugins", "errors", "atomic", "cache", "heap", "distributed", "geometry"}
-    | {"cameras", "sh", "params", "io", "logging", "lpips_weights"},
+    | {"cameras", "sh", "params", "io", "logging", "lpips_weights", "lpips_net", "optim"},
     {"data"},
     {"component"},
     {"render"},

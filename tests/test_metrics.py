@@ -16,6 +16,7 @@ from torchmetrics.image.lpip import LearnedPerceptualImagePatchSimilarity
 
 from gsrecon import metrics
 from gsrecon.losses.ssim import ssim
+from gsrecon.lpips_net import LPIPS, lpips_linear_weights_path
 from gsrecon.lpips_weights import lpips_backbone_path
 from gsrecon.metrics import ImageMetrics, psnr
 
@@ -195,3 +196,31 @@ def test_lpips_of_images_smaller_than_its_backbone_takes_is_none(net, smallest, 
     assert math.isfinite(small["psnr"]) and 0.0 < small["ssim"] < 1.0
     assert compute(pred[:smallest, :40], gt[:smallest, :40])["lpips"] > 0.0
     assert compute(pred[:40, : smallest - 1], gt[:40, : smallest - 1])["lpips"] is None
+
+
+@pytest.mark.parametrize("net", ["alex", pytest.param("vgg", marks=pytest.mark.slow)])
+def test_our_lpips_network_computes_lpips_packages_numbers_and_draws_nothing_at_random(net: str) -> None:
+    """gsrecon's LPIPS (the feature layers only, weights from files) against ``lpips.LPIPS`` with the same weights:
+    the same bits; building it leaves the global random generator as it was."""
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reference = lpips.LPIPS(net=net, pnet_rand=True, verbose=False).eval()  # random backbone, lpips' linear layers
+    backbone = reference.net.state_dict()
+    linear = torch.load(lpips_linear_weights_path(net), map_location="cpu", weights_only=True)
+    before = torch.get_rng_state()
+    ours = LPIPS(net, backbone, linear).eval()
+    assert torch.equal(torch.get_rng_state(), before)
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in reference.parameters())
+    generator = torch.Generator().manual_seed(1)
+    x = torch.rand(2, 3, 40, 48, generator=generator) * 2 - 1
+    y = (x + 0.2 * torch.randn(x.shape, generator=generator)).clamp(-1, 1)
+    with torch.no_grad():
+        assert torch.equal(ours(x, y), reference(x, y))
+        assert ours(x, x).abs().max() == 0.0
+    # torchvision's file naming (features.<i>) gives the same network; a missing layer is named
+    torchvision_keys = {f"features.{key.split('.', 1)[1]}": value for key, value in backbone.items()}
+    with torch.no_grad():
+        assert torch.equal(LPIPS(net, torchvision_keys, linear)(x, y), reference(x, y))
+    with pytest.raises(KeyError, match="feature layer 0"):
+        LPIPS(net, {k: v for k, v in backbone.items() if not k.endswith("0.weight")}, linear)

@@ -14,7 +14,6 @@ import pickle
 import random
 import resource
 import shutil
-import warnings
 import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -31,6 +30,7 @@ from gsrecon.params import check_params
 
 if TYPE_CHECKING:
     from gsrecon.engine.hook import Hook, TrainerView
+    from gsrecon.optim import LRScheduler, Optimizer
 
 CHECKPOINT_VERSION = 1
 
@@ -81,8 +81,8 @@ def check_version(checkpoint: dict[str, Any]) -> None:
 
 def restore_optimization(
     checkpoint: dict[str, Any],
-    optimizers: Mapping[str, torch.optim.Optimizer],
-    schedulers: Mapping[str, Any],
+    optimizers: Mapping[str, Optimizer],
+    schedulers: Mapping[str, LRScheduler],
     step: int,
 ) -> list[str]:
     """Load the optimiser and scheduler states into optimisers and schedulers built from this run's config.
@@ -112,10 +112,8 @@ def restore_optimization(
         if name in schedulers:
             group["initial_lr"] = group["lr"]
             schedulers[name].load_state_dict(fresh_schedules[name])
-            with warnings.catch_warnings():  # stepping a schedule without optimiser steps is the point here
-                warnings.simplefilter("ignore", UserWarning)
-                for _ in range(step):
-                    schedulers[name].step()
+            for _ in range(step):
+                schedulers[name].step()
     return changed
 
 

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from gsrecon.model.gaussians import GaussianModel
     from gsrecon.model.ops import GaussianEditor
     from gsrecon.model.views.base import ViewModules
+    from gsrecon.optim import LRScheduler, Optimizer
     from gsrecon.render.base import Renderer, RenderOutput
     from gsrecon.strategy.base import Strategy
 
@@ -94,8 +95,8 @@ class TrainerView(Protocol):
     datapipeline: DataPipeline
     model: GaussianModel
     renderer: Renderer
-    optimizers: dict[str, torch.optim.Optimizer]  # one per Gaussian parameter
-    schedulers: dict[str, torch.optim.lr_scheduler.LRScheduler]
+    optimizers: dict[str, Optimizer]  # one per Gaussian parameter (gsrecon.optim: torch.optim's interface)
+    schedulers: dict[str, LRScheduler]
     loss: Loss  # the named terms
     views: ViewModules  # the per-view modules
     strategy: Strategy

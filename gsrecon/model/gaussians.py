@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from scipy.spatial import cKDTree
 from torch import Tensor
 
 from gsrecon.cameras.paths import focus_point
@@ -137,6 +136,8 @@ def nearest_neighbor_distance(points: Tensor, k: int = 3) -> Tensor:
     n = points.shape[0]
     if n < 2:
         return torch.ones(n)
+    from scipy.spatial import cKDTree  # here: only a run initialised from points needs scipy (0.2 s of a start)
+
     k = min(k, n - 1)
     pts = points.detach().cpu().double().numpy()
     dist, _ = cKDTree(pts).query(pts, k=k + 1)  # the first neighbour is the point itself

@@ -20,8 +20,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from gsrecon.optim import Optimizer
+
 Params = torch.nn.ParameterDict  # pre-activation Gaussian parameters keyed by gsrecon.params.PARAM_NAMES
-Optimizers = Mapping[str, torch.optim.Optimizer]  # one optimiser per parameter name
+Optimizers = Mapping[str, Optimizer]  # one optimiser per parameter name
 
 
 class GaussianEditor:

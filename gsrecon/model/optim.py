@@ -7,11 +7,11 @@ with its optimiser state independently.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
+from gsrecon.optim import Adam, ExponentialLR, LRScheduler, Optimizer, sparse_adam_step
 from gsrecon.params import PARAM_NAMES
 
 FUSED_ADAM_DEVICES = ("cpu", "cuda")  # where torch (>= 2.4) has a fused Adam
@@ -60,25 +60,39 @@ class SchedulerConfig:
                 raise ValueError(f"scheduler.final_factor.{name} must be in (0, 1], got {factor!r}")
 
 
-Optimizers = dict[str, torch.optim.Optimizer]
-Schedulers = dict[str, torch.optim.lr_scheduler.LRScheduler]
+Optimizers = dict[str, Optimizer]
+Schedulers = dict[str, LRScheduler]
 
 
-class RowSparseAdam(torch.optim.SparseAdam):
-    """Adam that moves only the Gaussians (rows) whose gradient is non-zero ("lazy" Adam).
+class RowSparseAdam(Optimizer):
+    """Adam that moves only the Gaussians (rows) whose gradient is non-zero ("lazy" Adam, as
+    ``torch.optim.SparseAdam`` computes it, with its state-dict format).
 
     For renderers that return sparse COO gradients (gsplat's ``sparse_grad``: means, quats and
     scales); dense gradients of the other parameters are made row-sparse before the update, so
     every parameter follows the same rule.
     """
 
+    def __init__(
+        self, params: list[dict], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8
+    ) -> None:
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "maximize": False})
+
     @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+    def step(self) -> None:
+        """One lazy Adam update of the rows with a gradient, of every parameter that has one."""
         for group in self.param_groups:
             for param in group["params"]:
-                if param.grad is not None and not param.grad.is_sparse:
+                if param.grad is None:
+                    continue
+                if not param.grad.is_sparse:
                     param.grad = param.grad.to_sparse(sparse_dim=1)
-        return super().step(closure)
+                state = self.state[param]
+                if not state:
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+                sparse_adam_step(param, param.grad, state, group["lr"], group["betas"], group["eps"])
 
 
 def build_optimizers(
@@ -88,11 +102,11 @@ def build_optimizers(
     batch_size: int = 1,
     sparse: bool = False,
 ) -> Optimizers:
-    """One Adam per parameter (`RowSparseAdam` if ``sparse``); rates scale with sqrt(batch_size)
-    (and betas/eps adapt), as in gsplat. The dense Adam is ``fused`` on CPUs and GPUs: one pass over each
-    tensor per step (3x faster than ``foreach`` for 35k Gaussians on one CPU thread, BENCHMARKS.md)."""
+    """One Adam per parameter (:class:`~gsrecon.optim.Adam`; `RowSparseAdam` if ``sparse``); rates scale with
+    sqrt(batch_size) (and betas/eps adapt), as in gsplat. The dense Adam is ``fused`` on CPUs and GPUs: one pass
+    over each tensor per step (3x faster than ``foreach`` for 35k Gaussians on one CPU thread, BENCHMARKS.md)."""
     scale = math.sqrt(batch_size)
-    adam = RowSparseAdam if sparse else torch.optim.Adam
+    adam = RowSparseAdam if sparse else Adam
     optimizers: Optimizers = {}
     for name in PARAM_NAMES:
         lr = getattr(cfg, name) * (scene_extent if name == "means" else 1.0)
@@ -111,5 +125,5 @@ def build_schedulers(optimizers: Optimizers, cfg: SchedulerConfig, max_steps: in
     schedulers: Schedulers = {}
     for name, factor in cfg.final_factor.items():
         gamma = factor ** (1.0 / max_steps)
-        schedulers[name] = torch.optim.lr_scheduler.ExponentialLR(optimizers[name], gamma=gamma)
+        schedulers[name] = ExponentialLR(optimizers[name], gamma=gamma)
     return schedulers

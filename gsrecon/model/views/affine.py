@@ -33,6 +33,7 @@ from gsrecon.data.scene import Frame, SfmPoints
 from gsrecon.errors import InputError
 from gsrecon.model.views.base import EvalAdjust, ViewModule
 from gsrecon.model.views.colour_check import colour_differences
+from gsrecon.optim import Adam
 from gsrecon.registry import VIEW_REGISTRY
 
 if TYPE_CHECKING:
@@ -284,7 +285,7 @@ def fit_left_half(render: Tensor, gt: Tensor, steps: int, lr: float) -> tuple[Te
     half = render.shape[1] // 2
     left, right = render[None, :, :half].detach(), render[None, :, half:].detach()  # [1, H, W', 3]
     affine = torch.nn.Parameter(identity_affine(1, render.device))  # [1, 3, 4]
-    optimizer = torch.optim.Adam([affine], lr=lr)
+    optimizer = Adam([affine], lr=lr)
     with torch.enable_grad():
         for _ in range(steps):
             loss = (apply_affine(left, affine) - gt[None, :, :half]).abs().mean()

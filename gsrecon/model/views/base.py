@@ -29,6 +29,7 @@ from gsrecon.config import ConfigError
 from gsrecon.distributed import DistributedContext
 from gsrecon.errors import InputError, is_out_of_memory, last_line
 from gsrecon.model.views.optim import VisitedRowsAdam
+from gsrecon.optim import LRScheduler, Optimizer
 from gsrecon.registry import VIEW_REGISTRY
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ class ViewModule(torch.nn.Module, RunChecked):
         training view returns None."""
         return self.rows(names, device)
 
-    def build_optimizer(self) -> torch.optim.Optimizer | None:
+    def build_optimizer(self) -> Optimizer | None:
         """The module's own optimiser (None for a module without parameters): Adam at ``cfg.lr`` over the rows of
         the views each step trains on (:class:`~gsrecon.model.views.optim.VisitedRowsAdam`)."""
         params = list(self.parameters())
@@ -92,7 +93,7 @@ class ViewModule(torch.nn.Module, RunChecked):
             return None
         return VisitedRowsAdam([{"params": params, "lr": self.cfg.lr, "name": type(self).__name__}], lr=self.cfg.lr)
 
-    def build_scheduler(self, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler | None:
+    def build_scheduler(self, optimizer: Optimizer) -> LRScheduler | None:
         """The schedule of the module's learning rate, stepped after each optimiser step; None keeps it constant."""
         return None
 

@@ -17,8 +17,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from gsrecon.optim import Optimizer
 
-class VisitedRowsAdam(torch.optim.Optimizer):
+
+class VisitedRowsAdam(Optimizer):
     """Adam that moves only the given rows of its parameters, each row with its own moments and its own count of
     updates for the bias correction; rows not given keep their values and their moments."""
 
@@ -28,7 +30,7 @@ class VisitedRowsAdam(torch.optim.Optimizer):
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps})
 
     @torch.no_grad()
-    def step(self, rows: Tensor | None = None) -> None:  # type: ignore[override]
+    def step(self, rows: Tensor | None = None) -> None:
         """Update the ``rows`` [B] (row indices into every parameter's first dimension; None: every row)."""
         for group in self.param_groups:
             beta1, beta2 = group["betas"]

@@ -45,6 +45,7 @@ from gsrecon.config import run_steps
 from gsrecon.data.scene import Frame
 from gsrecon.errors import InputError
 from gsrecon.model.views.base import ViewModule
+from gsrecon.optim import Adam, LambdaLR, Optimizer
 from gsrecon.registry import VIEW_REGISTRY
 
 if TYPE_CHECKING:
@@ -226,12 +227,10 @@ class PoseCorrection(ViewModule):
                     with torch.no_grad():
                         self.twists[row] = twist.to(self.twists)
 
-    def build_scheduler(self, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
+    def build_scheduler(self, optimizer: Optimizer) -> LambdaLR:
         """Exponential decay from ``lr`` to ``lr × lr_final_factor`` over ``decay_steps``, constant afterwards."""
         cfg = self.cfg
-        return torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: cfg.lr_final_factor ** (min(step, cfg.decay_steps) / cfg.decay_steps)
-        )
+        return LambdaLR(optimizer, lambda step: cfg.lr_final_factor ** (min(step, cfg.decay_steps) / cfg.decay_steps))
 
     def camera_poses(self, viewmats: Tensor, names: list[str]) -> Tensor:
         """The training cameras ``names`` as corrected: their given ``viewmats`` [B, 4, 4] moved by their twists."""
@@ -335,7 +334,7 @@ def fit_pose(batch: Batch, render: Callable[[Batch], RenderOutput], steps: int, 
     scene's parameters get no gradient."""
     cameras = batch.cameras
     twist = torch.zeros(1, 6, device=cameras.viewmats.device, requires_grad=True)  # [1, 6]
-    optimizer = torch.optim.Adam([twist], lr=lr)
+    optimizer = Adam([twist], lr=lr)
     viewmats = cameras.viewmats.detach()
     with torch.enable_grad():
         for _ in range(steps):
