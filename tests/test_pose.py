@@ -235,6 +235,8 @@ def test_eval_writes_the_corrected_training_cameras(make_config, tmp_path: Path)
         ("pose_opt.eval=left", r"key 'pose_opt'.*eval must be one of given, fit"),
         ("pose_opt.lr_final_factor=0", r"key 'pose_opt'.*lr_final_factor must be in \(0, 1\]"),
         ("pose_opt.trust_px=-1", r"key 'pose_opt'.*trust_px must be a finite number >= 0, got -1.0"),
+        ("pose_opt.region_px=-0.5", r"key 'pose_opt'.*region_px must be a finite number >= 0, got -0.5"),
+        ("pose_opt.region_px=nan", r"key 'pose_opt'.*region_px must be a finite number >= 0, got nan"),
         (
             "pose_opt.without_keypoints=fit",
             r"key 'pose_opt'.*without_keypoints must be one of refine, keep, got 'fit'",
@@ -387,6 +389,32 @@ def test_views_whose_poses_miss_their_keypoints_keep_the_poses_their_keypoints_g
     ), log
 
 
+def test_views_off_their_keypoints_are_refined_within_region_px_of_their_resections(
+    make_config, tmp_path: Path
+) -> None:
+    trainer = _colmap_trainer(make_config, tmp_path, "run", {**SE3, "lr": 1e-2, "region_px": 0.2}, max_steps=24)
+    frames = trainer.datapipeline._train
+    _move_three_views(trainer)
+    trainer.train()
+    module = trainer.views.modules["pose_opt"]
+    moved = torch.tensor([module.index[frame.name] for frame in frames[:3]])
+    kept = torch.tensor([module.index[frame.name] for frame in frames[3:]])
+    assert module.refined()[moved].all() and not module.refined()[kept].any()
+    assert torch.equal(module.twists.detach()[kept], torch.zeros(5, 6))  # within trust_px at their given poses
+    twists, start = module.twists.detach()[moved], module.start_twists[moved]  # start: their resections
+    assert (start.abs().amax(-1) > 1e-3).all() and (twists != start).any(-1).all()
+    delta = twists - start
+    px = torch.einsum("bi,bij,bj->b", delta, module.region_metric[moved], delta).sqrt()
+    assert (px > 0.1).all() and (px < 0.2 + 0.05).all(), px  # at most one Adam step beyond the region's edge
+    log = (trainer.exp_dir / "train.log").read_text()
+    assert re.search(
+        r"pose_opt: refining 3 of 8 training views \(3 whose SfM keypoints lie a median 0.00 px from their points, "
+        r"3 of them from their resections\); within trust_px 1: 5 keep .*; "
+        r"3 refined within region_px 0.2 of where they start\n",
+        log,
+    ), log
+
+
 def test_a_resection_from_points_that_cannot_fix_a_pose_leaves_it_where_it_was() -> None:
     K = torch.tensor([[30.0, 0.0, 16.0], [0.0, 30.0, 12.0], [0.0, 0.0, 1.0]])
     frame = Frame(name="a", viewmat=torch.eye(4), K=K, pixels=torch.zeros(24, 32, 3, dtype=torch.uint8), source="x")
@@ -435,9 +463,13 @@ def test_the_posed_capture_script_moves_the_training_poses_in_the_file(tmp_path:
         assert entry["w"] == frame.width and entry["fl_x"] == pytest.approx(frame.K[0, 0].item())
 
 
-@pytest.mark.parametrize("resect", [True, False])  # three views resected and kept, or refined photometrically
-def test_resume_with_some_views_moved_is_bit_identical(make_config, tmp_path: Path, resect: bool) -> None:
-    pose_opt = {**SE3, "resect": resect}
+@pytest.mark.parametrize(  # three views resected and kept, refined photometrically, or both within a region
+    ("resect", "region_px"), [(True, 0.0), (False, 0.0), (True, 0.2)]
+)
+def test_resume_with_some_views_moved_is_bit_identical(
+    make_config, tmp_path: Path, resect: bool, region_px: float
+) -> None:
+    pose_opt = {**SE3, "resect": resect, "region_px": region_px}
     full = _colmap_trainer(make_config, tmp_path, "full", pose_opt, max_steps=12)
     _move_three_views(full)
     full.train()
