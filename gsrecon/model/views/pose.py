@@ -23,6 +23,12 @@ keypoints) has them triangulated from its poses for this. Views without keypoint
 without pycolmap or too few points, fisheye frames of a triangulated capture, fewer than eight points seen by three
 photos) are refined, or keep their given poses with ``without_keypoints: keep``.
 
+With ``region_px`` above zero every refined view that sees enough of its SfM points is held in a trust region: its
+twist may move those points at most ``region_px`` pixels of its training image (root mean square, to first order)
+from where its starting pose puts them; and views without keypoints that see enough of their points (a capture
+triangulated from poses so wrong that few points are seen by three photos) are refined within their regions, also
+with ``without_keypoints: keep``. Views the keypoints agree with, or whose resections they agree with, never move.
+
 Test views have no correction of their own: they are scored at their given poses (``eval: given``), or each at a
 pose fitted to its photo first (``eval: fit``, the test-time pose optimisation of BARF-style evaluations), which
 aligns a test view with a scene whose training cameras moved together.
@@ -100,9 +106,9 @@ class PoseCorrection(ViewModule):
         # Views without keypoints to measure their poses against: refine (as every view without the check) | keep
         # (their given poses; se3 then changes only what keypoints show to be wrong)
         without_keypoints: str = "refine"
-        # > 0: the views beyond trust_px at their given poses are refined photometrically from where they start (their
-        # resections where kept, also those within trust_px), each held where its SfM points move at most this many
-        # pixels of its training image (root mean square) from where that start puts them. 0: no region.
+        # > 0: every refined view is held where its SfM points move at most this many pixels of its training image
+        # (root mean square) from where its starting pose puts them, and views without keypoints that see enough of
+        # their points (seen by fewer than three photos) are refined within it whatever without_keypoints says. 0: none.
         region_px: float = 0.0
 
         def __post_init__(self) -> None:
@@ -135,7 +141,6 @@ class PoseCorrection(ViewModule):
         self.tracks: dict[str, tuple[Tensor, Tensor, float]] = {}  # name -> points, keypoints, scale (setup)
         self.region_points: dict[str, Tensor] = {}  # name -> [P, 3] the SfM points it observed (setup, region_px > 0)
         # Set with reprojection_px, from the poses a run starts from (recomputed on a resumed run, not checkpointed):
-        self.flagged = torch.zeros(len(train_names), dtype=torch.bool)  # [N] beyond trust_px at the given pose
         self.start_twists = torch.zeros(len(train_names), 6)  # [N, 6] the twist each view starts from (its resection)
         # [N, 6, 6] each bounded view's metric: a twist change d moves its points by sqrt(d M d) pixels (RMS); zero
         # where a view has no region (no points seen, or region_px 0)
@@ -181,10 +186,14 @@ class PoseCorrection(ViewModule):
         if self.cfg.trust_px == 0:
             return torch.ones_like(self.reprojection_px, dtype=torch.bool)
         refined = ~(self.reprojection_px <= self.cfg.trust_px)
-        if self.cfg.region_px > 0:
-            refined |= self.flagged
         untracked = torch.isinf(self.reprojection_px)
-        return refined & ~untracked if self.cfg.without_keypoints == "keep" else refined
+        if self.cfg.without_keypoints == "keep":
+            refined &= ~untracked
+        return refined | (untracked & self.bounded())
+
+    def bounded(self) -> Tensor:
+        """[N] bool: whether each training view has a trust region (``region_px``)."""
+        return (self.region_metric != 0).flatten(1).any(-1)
 
     def measure_poses(self) -> None:
         """Measure how far each training view's SfM points fall from its keypoints at its given pose, resect the views
@@ -194,12 +203,11 @@ class PoseCorrection(ViewModule):
             [reprojection_px(frame, *self.tracks.get(frame.name, (None, None, 1.0))) for frame in self.frames]
         )  # [N] pixels at the given poses; inf without keypoints
         self.reprojection_px = given.clone()
-        self.flagged = ~(given <= self.cfg.trust_px) & torch.isfinite(given)
         if self.cfg.resect:
-            self.resect_views(self.flagged)
-        start, refined = self.reprojection_px, self.refined()
+            self.resect_views(~(given <= self.cfg.trust_px) & torch.isfinite(given))
         if self.cfg.region_px > 0:
-            self.measure_regions(refined)
+            self.measure_regions(~(self.reprojection_px <= self.cfg.trust_px))
+        start, refined = self.reprojection_px, self.refined()
         resected, untracked = start < given, torch.isinf(start)
         median = lambda px, rows: f"{px[rows].median().item():.2f} px"  # noqa: E731
         tracked, kept = refined & ~untracked, ~refined
@@ -221,8 +229,7 @@ class PoseCorrection(ViewModule):
             f"; {int((kept & untracked).sum())} without SfM keypoints keep their given poses "
             f"(without_keypoints: {self.cfg.without_keypoints})"
         )
-        bounded = (self.region_metric != 0).flatten(1).any(-1)  # [N]
-        region = f"; {int(bounded.sum())} refined within region_px {self.cfg.region_px:g} of where they start"
+        region = f"; {int((refined & self.bounded()).sum())} of the refined within region_px {self.cfg.region_px:g}"
         self.log(
             f"pose_opt: refining {int(refined.sum())} of {len(start)} training views"
             + (f" ({', '.join(why)})" if why else "")
@@ -249,10 +256,10 @@ class PoseCorrection(ViewModule):
                     with torch.no_grad():
                         self.twists[row] = twist.to(self.twists)
 
-    def measure_regions(self, refined: Tensor) -> None:
-        """Set ``region_metric`` for the ``refined`` views ([N] bool) that see at least :data:`MIN_KEYPOINTS` of their
+    def measure_regions(self, rows: Tensor) -> None:
+        """Set ``region_metric`` for the views ``rows`` ([N] bool) that see at least :data:`MIN_KEYPOINTS` of their
         SfM points from where they start: the Gauss-Newton metric of their points' pixels around that pose."""
-        for row in refined.nonzero().flatten().tolist():
+        for row in rows.nonzero().flatten().tolist():
             frame = self.frames[row]
             points = self.region_points.get(frame.name)
             if points is not None:
