@@ -311,6 +311,25 @@ def test_benchmark_perturbation_moves_each_training_camera_by_the_asked_amount(m
     assert re.search(r"training cameras from their true poses: given 1.000 deg, 1.000 % of the extent; placed", log)
 
 
+def test_benchmark_perturbation_measures_a_capture_against_its_true_poses(make_config, tmp_path: Path) -> None:
+    root = _make_scene(tmp_path / "scene")[0]
+    script = SCRIPTS / "make_posed_capture.py"
+    for name, args in (("true", []), ("wrong", ["--rotation-deg", "1", "--translation", "0.01"])):
+        subprocess.run([sys.executable, str(script), str(root), str(tmp_path / name), *args], check=True)
+    hook = {"rotation_deg": 0.0, "translation": 0.0, "truth": str(tmp_path / "true")}
+    data = {"dataset": "transforms", "path": str(tmp_path / "wrong"), "eval_split": "every_8"}
+    script_module("perturb_poses")  # registers the hook in this test (the run's imports would be a no-op the 2nd time)
+    config = make_config("run", max_steps=2, data=data)
+    config["hooks"] = {"PerturbTrainingPoses": hook, "LogHook": {}}
+    trainer = DefaultTrainer(parse_structured(DefaultTrainer.Config, config))
+    given = [frame.viewmat.clone() for frame in trainer.datapipeline._train]
+    trainer.train()
+    assert all(torch.equal(frame.viewmat, v) for frame, v in zip(trainer.datapipeline._train, given))  # not moved
+    log = (trainer.exp_dir / "train.log").read_text()
+    # the extent the file's own (moved) camera centres span: 1 % of the true one is 0.99-1.01 % of it
+    assert re.search(r"training cameras from their true poses: given 1.000 deg, (0\.99\d|1\.00\d) % of the", log), log
+
+
 def _colmap_trainer(make_config, tmp_path: Path, name: str, pose_opt: dict, max_steps: int = 6, **top):
     """A tiny trainer on a COLMAP scene whose keypoints are where its points project at the given poses."""
     root = tmp_path / "scene"
