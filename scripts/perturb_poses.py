@@ -68,6 +68,12 @@ def perturbed_viewmats(viewmats: Tensor, rotation_deg: float, translation: float
     return out.to(viewmats.dtype)
 
 
+def true_viewmats(names: list[str], capture: str) -> Tensor:
+    """The world-to-camera matrices [N, 4, 4] of the frames ``names`` in the transforms.json ``capture`` (a folder)."""
+    poses = {frame.name: frame.viewmat for frame in load_transforms(capture, eval_split="none", lazy=True).train}
+    return torch.stack([poses[name] for name in names])
+
+
 @HOOK_REGISTRY.register()
 class PerturbTrainingPoses(Hook):
     """Moves the training cameras the data pipeline holds by a known, seeded error before the run."""
@@ -87,8 +93,7 @@ class PerturbTrainingPoses(Hook):
         frames = trainer.datapipeline._train  # the training frames batches are made of
         self.truth = torch.stack([frame.viewmat.cpu() for frame in frames])  # [N, 4, 4]
         if self.cfg.truth:
-            true = {f.name: f.viewmat for f in load_transforms(self.cfg.truth, eval_split="none", lazy=True).train}
-            self.truth = torch.stack([true[frame.name] for frame in frames])
+            self.truth = true_viewmats([frame.name for frame in frames], self.cfg.truth)
         if self.cfg.rotation_deg == 0 and self.cfg.translation == 0:
             return  # measured only: the poses stay as loaded, bit for bit
         shift = self.cfg.translation * trainer.scene_extent
