@@ -23,12 +23,6 @@ keypoints) has them triangulated from its poses for this. Views without keypoint
 without pycolmap or too few points, fisheye frames of a triangulated capture, fewer than eight points seen by three
 photos) are refined, or keep their given poses with ``without_keypoints: keep``.
 
-With ``region_px`` above zero every refined view that sees enough of its SfM points is held in a trust region: its
-twist may move those points at most ``region_px`` pixels of its training image (root mean square, to first order)
-from where its starting pose puts them; and views without keypoints that see enough of their points (a capture
-triangulated from poses so wrong that few points are seen by three photos) are refined within their regions, also
-with ``without_keypoints: keep``. Views the keypoints agree with, or whose resections they agree with, never move.
-
 Test views have no correction of their own: they are scored at their given poses (``eval: given``), or each at a
 pose fitted to its photo first (``eval: fit``, the test-time pose optimisation of BARF-style evaluations), which
 aligns a test view with a scene whose training cameras moved together.
@@ -106,10 +100,6 @@ class PoseCorrection(ViewModule):
         # Views without keypoints to measure their poses against: refine (as every view without the check) | keep
         # (their given poses; se3 then changes only what keypoints show to be wrong)
         without_keypoints: str = "refine"
-        # > 0: every refined view is held where its SfM points move at most this many pixels of its training image
-        # (root mean square) from where its starting pose puts them, and views without keypoints that see enough of
-        # their points (seen by fewer than three photos) are refined within it whatever without_keypoints says. 0: none.
-        region_px: float = 0.0
 
         def __post_init__(self) -> None:
             super().__post_init__()
@@ -119,7 +109,7 @@ class PoseCorrection(ViewModule):
                 raise ValueError(
                     f"without_keypoints must be one of {', '.join(WITHOUT_KEYPOINTS)}, got '{self.without_keypoints}'"
                 )
-            for key in ("reg", "eval_lr", "trust_px", "region_px"):
+            for key in ("reg", "eval_lr", "trust_px"):
                 value = getattr(self, key)
                 if not (math.isfinite(value) and value >= 0):
                     raise ValueError(f"{key} must be a finite number >= 0, got {value!r}")
@@ -139,12 +129,6 @@ class PoseCorrection(ViewModule):
         self.reprojection_px = torch.full((len(train_names),), math.nan)
         self.frames: list[Frame] = []  # the training frames, row for row (setup)
         self.tracks: dict[str, tuple[Tensor, Tensor, float]] = {}  # name -> points, keypoints, scale (setup)
-        self.region_points: dict[str, Tensor] = {}  # name -> [P, 3] the SfM points it observed (setup, region_px > 0)
-        # Set with reprojection_px, from the poses a run starts from (recomputed on a resumed run, not checkpointed):
-        self.start_twists = torch.zeros(len(train_names), 6)  # [N, 6] the twist each view starts from (its resection)
-        # [N, 6, 6] each bounded view's metric: a twist change d moves its points by sqrt(d M d) pixels (RMS); zero
-        # where a view has no region (no points seen, or region_px 0)
-        self.region_metric = torch.zeros(len(train_names), 6, 6)
         self.log: Callable[[str], None] = lambda line: None
 
     def setup(self, run: RunSetup) -> None:
@@ -169,9 +153,6 @@ class PoseCorrection(ViewModule):
             long = counts[sfm.observed[name]] >= MIN_TRACK  # [P_i]
             points = sfm.points[sfm.observed[name][long]]  # [P_i', 3]
             self.tracks[name] = (points, keypoints[long], sfm.keypoint_scale[name])
-        if self.cfg.region_px > 0:
-            observed = sfm.observed.items()
-            self.region_points = {name: evenly(sfm.points[rows], RESECTION_POINTS) for name, rows in observed}
 
     def trained_rows(self, names: list[str], device: torch.device) -> Tensor:
         """The rows of ``names`` whose views are refined: every one with ``trust_px`` 0, else those whose keypoints
@@ -187,13 +168,7 @@ class PoseCorrection(ViewModule):
             return torch.ones_like(self.reprojection_px, dtype=torch.bool)
         refined = ~(self.reprojection_px <= self.cfg.trust_px)
         untracked = torch.isinf(self.reprojection_px)
-        if self.cfg.without_keypoints == "keep":
-            refined &= ~untracked
-        return refined | (untracked & self.bounded())
-
-    def bounded(self) -> Tensor:
-        """[N] bool: whether each training view has a trust region (``region_px``)."""
-        return (self.region_metric != 0).flatten(1).any(-1)
+        return refined & ~untracked if self.cfg.without_keypoints == "keep" else refined
 
     def measure_poses(self) -> None:
         """Measure how far each training view's SfM points fall from its keypoints at its given pose, resect the views
@@ -205,8 +180,6 @@ class PoseCorrection(ViewModule):
         self.reprojection_px = given.clone()
         if self.cfg.resect:
             self.resect_views(~(given <= self.cfg.trust_px) & torch.isfinite(given))
-        if self.cfg.region_px > 0:
-            self.measure_regions(~(self.reprojection_px <= self.cfg.trust_px))
         start, refined = self.reprojection_px, self.refined()
         resected, untracked = start < given, torch.isinf(start)
         median = lambda px, rows: f"{px[rows].median().item():.2f} px"  # noqa: E731
@@ -229,13 +202,11 @@ class PoseCorrection(ViewModule):
             f"; {int((kept & untracked).sum())} without SfM keypoints keep their given poses "
             f"(without_keypoints: {self.cfg.without_keypoints})"
         )
-        region = f"; {int((refined & self.bounded()).sum())} of the refined within region_px {self.cfg.region_px:g}"
         self.log(
             f"pose_opt: refining {int(refined.sum())} of {len(start)} training views"
             + (f" ({', '.join(why)})" if why else "")
             + f"; within trust_px {self.cfg.trust_px:g}: {', '.join(keep) or 'none'}"
             + (unmeasured if (kept & untracked).any() else "")
-            + (region if self.cfg.region_px > 0 else "")
         )
 
     def resect_views(self, rows: Tensor) -> None:
@@ -251,32 +222,9 @@ class PoseCorrection(ViewModule):
             before, after = self.reprojection_px[row].item(), scale * median_px
             if after < RESECTION_GAIN * before and after < before - RESECTION_MIN_PX:
                 self.reprojection_px[row] = after
-                self.start_twists[row] = twist
                 if fresh[row]:
                     with torch.no_grad():
                         self.twists[row] = twist.to(self.twists)
-
-    def measure_regions(self, rows: Tensor) -> None:
-        """Set ``region_metric`` for the views ``rows`` ([N] bool) that see at least :data:`MIN_KEYPOINTS` of their
-        SfM points from where they start: the Gauss-Newton metric of their points' pixels around that pose."""
-        for row in rows.nonzero().flatten().tolist():
-            frame = self.frames[row]
-            points = self.region_points.get(frame.name)
-            if points is not None:
-                self.region_metric[row] = region_metric(frame, points, self.start_twists[row])
-
-    def hold_in_regions(self, rows: Tensor) -> None:
-        """Move each twist of ``rows`` [B] whose view has a region and lies outside it back onto its edge, along the
-        line to where the view started (Adam's steps are taken freely; the region holds the pose the render sees)."""
-        device = self.twists.device
-        start = self.start_twists.to(device)[rows]  # [B, 6]
-        metric = self.region_metric.to(device)[rows]  # [B, 6, 6]
-        with torch.no_grad():
-            delta = self.twists[rows] - start  # [B, 6]
-            px = torch.einsum("bi,bij,bj->b", delta, metric, delta).clamp_min(0).sqrt()  # [B]
-            outside = (px > self.cfg.region_px)[:, None]  # [B, 1]; False where the metric is zero (no region)
-            held = start + delta * (self.cfg.region_px / px.clamp_min(1e-12))[:, None]
-            self.twists[rows] = torch.where(outside, held, self.twists[rows])
 
     def build_scheduler(self, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
         """Exponential decay from ``lr`` to ``lr × lr_final_factor`` over ``decay_steps``, constant afterwards."""
@@ -292,8 +240,6 @@ class PoseCorrection(ViewModule):
     def adjust_cameras(self, batch: Batch) -> Batch:
         if self.frames and torch.isnan(self.reprojection_px).any():
             self.measure_poses()
-        if self.cfg.region_px > 0:
-            self.hold_in_regions(self.rows(batch.names, self.twists.device))
         cameras = batch.cameras
         poses = self.camera_poses(cameras.viewmats, batch.names)
         if not self.refined()[[self.index[name] for name in batch.names]].any():
@@ -347,7 +293,7 @@ def resected_twist(frame: Frame, points: Tensor, keypoints: Tensor) -> tuple[Ten
     points, keypoints = points.cpu().double(), keypoints.cpu().double()
     seen = project_points(points, viewmat, K, model)[1]
     points, keypoints = points[seen], keypoints[seen]
-    fitted = evenly(torch.arange(len(points)), RESECTION_POINTS)  # [F]
+    fitted = torch.linspace(0, len(points) - 1, min(len(points), RESECTION_POINTS)).round().long()  # [F]
 
     def residuals(twist: Tensor, rows: Tensor | slice = fitted) -> Tensor:  # [P, 2] keypoint to projection, pixels
         moved = se3_exp(twist[None])[0] @ viewmat
@@ -361,7 +307,11 @@ def resected_twist(frame: Frame, points: Tensor, keypoints: Tensor) -> tuple[Ten
     twist, damping = torch.zeros(6, dtype=torch.float64), 1e-3
     error = residuals(twist)
     for _ in range(RESECTION_STEPS):
-        jacobian = twist_jacobian(residuals, twist)  # [2F, 6]
+        # Central differences: twelve projections of F points, where forward-mode autodiff costs seconds to set up
+        steps = torch.eye(6, dtype=torch.float64) * RESECTION_DIFF_STEP  # [6, 6]
+        jacobian = torch.stack(
+            [(residuals(twist + d) - residuals(twist - d)).flatten() / (2 * RESECTION_DIFF_STEP) for d in steps], -1
+        )  # [2F, 6]
         weights = (RESECTION_HUBER_PX / error.norm(dim=-1).clamp_min(1e-12)).clamp_max(1.0).repeat_interleave(2)
         normal = jacobian.T @ (weights[:, None] * jacobian)  # [6, 6]
         gradient = jacobian.T @ (weights * error.flatten())  # [6]
@@ -377,39 +327,6 @@ def resected_twist(frame: Frame, points: Tensor, keypoints: Tensor) -> tuple[Ten
         else:
             damping *= 4.0
     return twist.float(), residuals(twist, slice(None)).norm(dim=-1).median().item()
-
-
-def evenly(rows: Tensor, count: int) -> Tensor:
-    """At most ``count`` of ``rows`` [R, ...], evenly spaced along the first dimension (all where R <= count)."""
-    return rows[torch.linspace(0, len(rows) - 1, min(len(rows), count)).round().long()]
-
-
-def twist_jacobian(residuals: Callable[[Tensor], Tensor], twist: Tensor) -> Tensor:
-    """[2P, 6] the Jacobian of ``residuals`` (a twist [6] -> [P, 2] pixels) at ``twist``, by central differences:
-    twelve projections, where forward-mode autodiff costs seconds to set up."""
-    steps = torch.eye(6, dtype=twist.dtype) * RESECTION_DIFF_STEP  # [6, 6]
-    return torch.stack(
-        [(residuals(twist + d) - residuals(twist - d)).flatten() / (2 * RESECTION_DIFF_STEP) for d in steps], -1
-    )
-
-
-def region_metric(frame: Frame, points: Tensor, twist: Tensor) -> Tensor:
-    """[6, 6] ``M`` such that a change ``d`` of ``frame``'s ``twist`` [6] moves its ``points`` [P, 3] (those it sees
-    from there) by ``sqrt(d M d)`` frame pixels, root mean square, to first order; zeros where fewer than
-    :data:`MIN_KEYPOINTS` are seen."""
-    viewmat = frame.viewmat.detach().cpu().double()
-    K, model = frame.K.detach().cpu().double(), frame.camera_model
-    start = twist.detach().cpu().double()
-    points = points.cpu().double()
-    points = points[project_points(points, se3_exp(start[None])[0] @ viewmat, K, model)[1]]
-    if len(points) < MIN_KEYPOINTS:
-        return torch.zeros(6, 6)
-
-    def pixels(moved: Tensor) -> Tensor:  # [P, 2] where the camera moved by ``moved`` sees the points
-        return project_points(points, se3_exp(moved[None])[0] @ viewmat, K, model)[0][:, :2]
-
-    jacobian = twist_jacobian(pixels, start)  # [2P, 6]
-    return (jacobian.T @ jacobian / len(points)).float()
 
 
 def fit_pose(batch: Batch, render: Callable[[Batch], RenderOutput], steps: int, lr: float) -> Batch:
