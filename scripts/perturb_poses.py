@@ -9,6 +9,11 @@ training it logs how far the training cameras are from their true poses, as give
 
     python scripts/bench_sweep.py ... --variant "perturbed=imports=[scripts/perturb_poses.py] \\
         hooks.PerturbTrainingPoses.rotation_deg=1 hooks.PerturbTrainingPoses.translation=0.01"
+
+A capture whose training poses are wrong in its file (``scripts/make_posed_capture.py``) is measured against the
+true poses of another capture of the same frames (matched by name), without moving anything:
+``hooks.PerturbTrainingPoses.rotation_deg=0 hooks.PerturbTrainingPoses.translation=0
+hooks.PerturbTrainingPoses.truth=/tmp/capture_at_exact_poses``.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from gsrecon.data.readers.transforms import load_transforms
 from gsrecon.engine.hook import Hook
 from gsrecon.registry import HOOK_REGISTRY
 
@@ -62,6 +68,12 @@ def perturbed_viewmats(viewmats: Tensor, rotation_deg: float, translation: float
     return out.to(viewmats.dtype)
 
 
+def true_viewmats(names: list[str], capture: str) -> Tensor:
+    """The world-to-camera matrices [N, 4, 4] of the frames ``names`` in the transforms.json ``capture`` (a folder)."""
+    poses = {frame.name: frame.viewmat for frame in load_transforms(capture, eval_split="none", lazy=True).train}
+    return torch.stack([poses[name] for name in names])
+
+
 @HOOK_REGISTRY.register()
 class PerturbTrainingPoses(Hook):
     """Moves the training cameras the data pipeline holds by a known, seeded error before the run."""
@@ -71,6 +83,7 @@ class PerturbTrainingPoses(Hook):
         rotation_deg: float = 1.0  # each training camera turned by this angle
         translation: float = 0.01  # and moved by this fraction of the scene's extent
         seed: int = 0  # draws the axes and directions
+        truth: str = ""  # a transforms.json capture holding the training frames' true poses ("": the poses as loaded)
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
@@ -79,6 +92,10 @@ class PerturbTrainingPoses(Hook):
     def before_run(self, trainer: TrainerView) -> None:
         frames = trainer.datapipeline._train  # the training frames batches are made of
         self.truth = torch.stack([frame.viewmat.cpu() for frame in frames])  # [N, 4, 4]
+        if self.cfg.truth:
+            self.truth = true_viewmats([frame.name for frame in frames], self.cfg.truth)
+        if self.cfg.rotation_deg == 0 and self.cfg.translation == 0:
+            return  # measured only: the poses stay as loaded, bit for bit
         shift = self.cfg.translation * trainer.scene_extent
         moved = perturbed_viewmats(self.truth, self.cfg.rotation_deg, shift, self.cfg.seed)
         for frame, viewmat in zip(frames, moved):

@@ -20,7 +20,7 @@ from gsrecon.cli import main
 from gsrecon.config import parse_structured
 from gsrecon.data.pipeline import Batch
 from gsrecon.data.readers.colmap import load_colmap
-from gsrecon.data.readers.transforms import OPENGL_TO_OPENCV
+from gsrecon.data.readers.transforms import OPENGL_TO_OPENCV, load_transforms
 from gsrecon.data.scene import Frame
 from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.engine.evaluator import evaluate_views
@@ -307,6 +307,23 @@ def test_benchmark_perturbation_moves_each_training_camera_by_the_asked_amount(m
     assert all(torch.equal(f.viewmat, v) for f, v in zip(trainer.datapipeline._test, tests_before))
     log = (trainer.exp_dir / "train.log").read_text()
     assert re.search(r"training cameras from their true poses: given 1.000 deg, 1.000 % of the extent; placed", log)
+
+
+def test_benchmark_perturbation_measures_a_capture_against_its_true_poses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = _make_scene(tmp_path / "scene")[0]
+    perturb = script_module("perturb_poses")  # first: the capture script imports it (its hook registered once)
+    capture = script_module("make_posed_capture")
+    for name, args in (("true", []), ("wrong", ["--rotation-deg", "1", "--translation", "0.01"])):
+        monkeypatch.setattr(sys, "argv", ["make_posed_capture.py", str(root), str(tmp_path / name), *args])
+        capture.main()
+    wrong = load_transforms(str(tmp_path / "wrong"), eval_split="every_8").train
+    truth = perturb.true_viewmats([frame.name for frame in wrong], str(tmp_path / "true"))
+    given = torch.stack([frame.viewmat for frame in wrong])
+    angle, distance = perturb.pose_errors(given, truth)
+    assert angle == pytest.approx(1.0, abs=2e-3) and distance > 0
+    assert perturb.pose_errors(truth, truth)[0] < 0.01  # float32 poses: acos near 1 is coarse
 
 
 def _colmap_trainer(make_config, tmp_path: Path, name: str, pose_opt: dict, max_steps: int = 6, **top):
