@@ -31,7 +31,7 @@ class _Term(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, pred: Tensor, kernels: ModuleType, kernel: str, arguments: dict[str, Any]) -> Tensor:
-        out = getattr(kernels, kernel)(pred=pred.contiguous(), with_grad=ctx.needs_input_grad[0], **arguments)
+        out = getattr(kernels, kernel)(pred=pred.contiguous(), **arguments)
         ctx.save_for_backward(out["grad"])
         return out["value"]
 
@@ -53,6 +53,7 @@ def compiled_term(
     arguments = {
         "target": gt.contiguous(),
         "mask": None if mask is None else mask[..., 0].float().contiguous(),
+        "with_grad": torch.is_grad_enabled() and pred.requires_grad,  # ctx.needs_input_grad holds under no_grad too
         **settings,
     }
     return _Term.apply(pred, kernels, kernel, arguments)
