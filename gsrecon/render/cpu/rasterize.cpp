@@ -170,7 +170,16 @@ Binning bin_gaussians(const float* means2d, const float* conics, const float* lo
   out.slots = at::empty({n_pairs}, at::kLong);
   int32_t* ids = out.ids.data_ptr<int32_t>();
   int64_t* slots = out.slots.data_ptr<int64_t>();
-  for (int64_t g : depth_order(depths, first, total)) {
+  // In depth order the Gaussians' pairs lie far apart: their places are fetched a few Gaussians ahead.
+  const std::vector<int64_t> order = depth_order(depths, first, total);
+  constexpr size_t kAhead = 8;
+  for (size_t q = 0; q < order.size(); ++q) {
+    if (q + 2 * kAhead < order.size()) __builtin_prefetch(first + order[q + 2 * kAhead]);
+    if (q + kAhead < order.size()) {
+      __builtin_prefetch(pair_tile.data() + first[order[q + kAhead]]);
+      __builtin_prefetch(slots + first[order[q + kAhead]], 1);
+    }
+    const int64_t g = order[q];
     for (int64_t p = first[g]; p < first[g + 1]; ++p) {
       slots[p] = fill[pair_tile[p]]++;
       ids[slots[p]] = static_cast<int32_t>(g % n);
