@@ -352,7 +352,7 @@ int composite_row(TilePixels& px, const Splat& s, int p0, int ts, int bx, float 
 // `lanes`: one array of ts lanes per entry of a pair's gradient row (summed over the lanes at the end of the splat,
 // in lane order).
 template <int W>
-void backward_row(TilePixels& px, const Splat& s, int p0, int ts, int bx, float dy, int x0, int x1, int32_t slot,
+inline __attribute__((always_inline)) void backward_row(TilePixels& px, const Splat& s, int p0, int ts, int bx, float dy, int x0, int x1, int32_t slot,
                   float alpha_max, float* lanes) {
   const int w = W > 0 ? W : ts;
   float *T = &px.T[p0], *S = &px.S[p0];
@@ -409,6 +409,23 @@ void sum_lanes(float* lanes, int ts, float* row) {
     width -= half;
   }
   for (int q = 0; q < kPairGrad; ++q) row[q] = lanes[q * w];
+}
+
+// Undoes splat `slot` on its rows of the tile that composited it (row_last[row] > slot) and sums its gradient row
+// into `row`. With W = 16 the lanes are a local array, which the row loop keeps in vector registers instead of
+// loading and storing its 12 accumulators every row; otherwise `lanes` ([kPairGrad][ts]) holds them.
+template <int W>
+void backward_pair(TilePixels& px, const Splat& s, const int32_t* row_last, int ts, int tx, int ty, int32_t slot,
+                   float alpha_max, float* lanes, float* row) {
+  float local[W > 0 ? kPairGrad * W : 1];
+  float* acc = W > 0 ? local : lanes;
+  std::fill(acc, acc + kPairGrad * (W > 0 ? W : ts), 0.f);
+  for (int r = s.row0; r < s.row1; ++r) {
+    if (row_last[r] <= slot) continue;
+    const float dy = static_cast<float>(ty * ts + r) + 0.5f - s.my;
+    backward_row<W>(px, s, r * ts, ts, tx * ts, dy, s.x0, s.x1, slot, alpha_max, acc);
+  }
+  sum_lanes<W>(acc, ts, row);
 }
 
 }  // namespace
@@ -559,20 +576,11 @@ SplatGrads rasterize_backward(const Splats& splats, const Raster& forward, const
           if (in_order) __builtin_prefetch(cam_sums + tile_ids[i - 1] * kPairGrad + kPairGrad - 1);
         }
         const Splat s(cam_splats[tile_ids[i]], tx, ty, ts);
-        std::fill(lanes.begin(), lanes.end(), 0.f);
-        for (int row = s.row0; row < s.row1; ++row) {
-          if (row_last[row] <= i) continue;
-          const float dy = static_cast<float>(ty * ts + row) + 0.5f - s.my;
-          if (ts == 16)
-            backward_row<16>(px, s, row * ts, ts, tx * ts, dy, s.x0, s.x1, i, alpha_max, lanes.data());
-          else
-            backward_row<0>(px, s, row * ts, ts, tx * ts, dy, s.x0, s.x1, i, alpha_max, lanes.data());
-        }
         float row[kPairGrad];
         if (ts == 16)
-          sum_lanes<16>(lanes.data(), ts, row);
+          backward_pair<16>(px, s, row_last.data(), ts, tx, ty, i, alpha_max, lanes.data(), row);
         else
-          sum_lanes<0>(lanes.data(), ts, row);
+          backward_pair<0>(px, s, row_last.data(), ts, tx, ty, i, alpha_max, lanes.data(), row);
         const int64_t pair = offsets[t] + i;
         float* to = in_order ? cam_sums + tile_ids[i] * kPairGrad : &pair_grad[pair * kPairGrad];
         for (int q = 0; q < kPairGrad; ++q) to[q] += row[q];
