@@ -1,7 +1,7 @@
 // The CPU renderer's kernels (project.cpp, rasterize.cpp) and the photometric loss of a CPU step (image_loss.cpp;
-// all bound to Python in bindings.cpp): their declarations, the
-// types they share and the constants of the model they render, which are the torch renderer's
-// (gsrecon/render/torch_renderer.py; tests/test_cpu_renderer.py checks that they are equal).
+// all bound to Python in bindings.cpp): their declarations, the types they share and the constants of the model
+// they render, which are the torch renderer's (gsrecon/render/torch_renderer.py; tests/test_cpu_renderer.py checks
+// that they are equal).
 //
 // Every entry point checks its tensors (float32 or int32/int64 as declared, contiguous, on the CPU, shaped as
 // documented) and raises ValueError naming the argument otherwise. Standard C++17: no C++20 feature.
