@@ -7,11 +7,16 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from gsrecon.losses.base import LossInputs, LossTerm
+from gsrecon.losses.compiled import compiled_kernels, compiled_term
 from gsrecon.registry import LOSS_REGISTRY
 
 
 def l1_loss(pred: Tensor, gt: Tensor, mask: Tensor | None = None) -> Tensor:
-    """Mean absolute difference of ``[B, H, W, 3]`` images, over the pixels ``mask`` ([B, H, W, 1]) keeps."""
+    """Mean absolute difference of ``[B, H, W, 3]`` images, over the pixels ``mask`` ([B, H, W, 1]) keeps (on the CPU
+    kernels where `compiled_kernels` allows)."""
+    kernels = compiled_kernels(pred, gt, mask)
+    if kernels is not None:
+        return compiled_term(kernels, "l1_loss", pred, gt, mask)
     if mask is None:
         return (pred - gt).abs().mean()
     return ((pred - gt).abs() * mask).sum() / (mask.sum() * pred.shape[-1]).clamp_min(1.0)

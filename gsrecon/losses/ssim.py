@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gsrecon.losses.base import LossInputs, LossTerm
+from gsrecon.losses.compiled import compiled_kernels, compiled_term
 from gsrecon.registry import LOSS_REGISTRY
 
 WINDOW = 11  # the Gaussian window's side in pixels (3DGS's)
@@ -55,7 +56,13 @@ def ssim(pred: Tensor, gt: Tensor, mask: Tensor | None = None) -> Tensor:
 
     With ``mask`` ([B, H, W, 1], 1 where a pixel counts, 0 where it is ignored): the mean of the SSIM map over
     the kept pixels, both images' ignored pixels set to 0 first, so that nothing of them enters a window.
+
+    On the CPU kernels where `compiled_kernels` allows and the images are wider and taller than half the window.
     """
+    kernels = compiled_kernels(pred, gt, mask)
+    if kernels is not None and min(pred.shape[1:3]) > WINDOW // 2:
+        window = gaussian_window(torch.float32, pred.device)
+        return compiled_term(kernels, "ssim_loss", pred, gt, mask, window=window, c1=C1, c2=C2)
     if mask is None:
         return ssim_map(pred, gt).mean()
     full = ssim_map(pred * mask, gt * mask)  # [B, 3, H, W]

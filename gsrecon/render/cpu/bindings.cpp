@@ -4,6 +4,7 @@
 #include <torch/extension.h>
 
 #include <initializer_list>
+#include <optional>
 #include <utility>
 
 #include "kernels.h"
@@ -99,4 +100,24 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       py::arg("depths"), py::arg("radii"), py::arg("offsets"), py::arg("ids"), py::arg("first"), py::arg("slots"),
       py::arg("last"), py::arg("trans_final"), py::arg("grad_image"), py::arg("width"), py::arg("height"),
       py::arg("tile_size"), py::arg("alpha_max"));
+  m.def(
+      "l1_loss",
+      [](Tensor pred, Tensor target, std::optional<Tensor> mask, bool with_grad) {
+        const LossTerm l = l1_loss({pred, target, mask.value_or(Tensor())}, with_grad);
+        return named({{"value", l.value}, {"grad", l.grad}});
+      },
+      "The mean L1 difference of [B, H, W, 3] images over a mask's pixels, and its gradient in pred (None unless "
+      "with_grad)",
+      py::kw_only(), py::arg("pred"), py::arg("target"), py::arg("mask"), py::arg("with_grad"));
+
+  m.def(
+      "ssim_loss",
+      [](Tensor pred, Tensor target, std::optional<Tensor> mask, Tensor window, double c1, double c2,
+         bool with_grad) {
+        const LossTerm l = ssim_loss({pred, target, mask.value_or(Tensor())}, {window, c1, c2}, with_grad);
+        return named({{"value", l.value}, {"grad", l.grad}});
+      },
+      "The mean SSIM of [B, H, W, 3] images over a mask's pixels, and its gradient in pred (None unless with_grad)",
+      py::kw_only(), py::arg("pred"), py::arg("target"), py::arg("mask"), py::arg("window"), py::arg("c1"),
+      py::arg("c2"), py::arg("with_grad"));
 }

@@ -1,6 +1,7 @@
-// The CPU renderer's kernels (project.cpp, rasterize.cpp; bound to Python in bindings.cpp): their declarations, the
-// types they share and the constants of the model they render, which are the torch renderer's
-// (gsrecon/render/torch_renderer.py; tests/test_cpu_renderer.py checks that they are equal).
+// The CPU renderer's kernels (project.cpp, rasterize.cpp) and the photometric loss of a CPU step (image_loss.cpp;
+// all bound to Python in bindings.cpp): their declarations, the types they share and the constants of the model
+// they render, which are the torch renderer's (gsrecon/render/torch_renderer.py; tests/test_cpu_renderer.py checks
+// that they are equal).
 //
 // Every entry point checks its tensors (float32 or int32/int64 as declared, contiguous, on the CPU, shaped as
 // documented) and raises ValueError naming the argument otherwise. Standard C++17: no C++20 feature.
@@ -110,6 +111,30 @@ GaussianGrads project_backward(const Gaussians& gaussians, const PinholeCameras&
 Raster rasterize_forward(const Splats& splats, const RasterSettings& settings, bool median_depth);
 SplatGrads rasterize_backward(const Splats& splats, const Raster& forward, const at::Tensor& grad_image,
                               const RasterSettings& settings);
+
+// A render and its photo, [B, H, W, 3] each, and the pixels that count: a mask [B, H, W] (1 keeps a pixel; both
+// images are multiplied by it first, as the torch terms do), or undefined for all.
+struct ImagePair {
+  at::Tensor pred;    // [B, H, W, 3]
+  at::Tensor target;  // [B, H, W, 3]
+  at::Tensor mask;    // [B, H, W] or undefined
+};
+
+struct SsimSettings {
+  at::Tensor window;  // [taps] the normalised 1D Gaussian window (odd taps), gsrecon.losses.ssim.gaussian_window
+  double c1, c2;      // SSIM's stabilising constants
+};
+
+// A loss term's value (a float32 scalar) and, when asked, its gradient in pred ([B, H, W, 3], else undefined).
+struct LossTerm {
+  at::Tensor value;
+  at::Tensor grad;
+};
+
+// The mean |pred - target| over the kept pixels' channels (image_loss.cpp).
+LossTerm l1_loss(const ImagePair& images, bool with_grad);
+// The mean SSIM over the kept pixels' channels, the window's borders reflected (image_loss.cpp).
+LossTerm ssim_loss(const ImagePair& images, const SsimSettings& settings, bool with_grad);
 
 // Raises ValueError unless `t` is a contiguous CPU tensor of `dtype` and of `shape` (-1: any size there).
 inline void check_tensor(const at::Tensor& t, const char* name, at::ScalarType dtype,

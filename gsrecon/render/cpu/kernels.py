@@ -26,7 +26,7 @@ from gsrecon.atomic import atomic_path
 from gsrecon.cache import cache_dir
 from gsrecon.errors import InputError, last_line
 
-SOURCES = ("bindings.cpp", "project.cpp", "rasterize.cpp")
+SOURCES = ("bindings.cpp", "project.cpp", "rasterize.cpp", "image_loss.cpp")
 _CURRENT = "current"  # the file naming the published build's folder
 _BUILD_PREFIX = "build-"
 _LOCK = "build.lock"  # not torch's "lock", which a build of an older gsrecon in the same folder would wait on
@@ -117,6 +117,11 @@ def load_kernels(log: Callable[[str], None] | None = None) -> ModuleType:
     except Exception as exc:  # a loader's failure, of any type
         raise KernelsUnavailableError(f"{library} cannot be loaded: {last_line(exc)}") from None
     return _loaded[name]
+
+
+def loaded_kernels() -> ModuleType | None:
+    """The kernels if this process has loaded them (`load_kernels`), else None: never builds, reads nothing."""
+    return next(reversed(_loaded.values()), None)
 
 
 def published_library(folder: Path, name: str) -> Path | None:

@@ -9,7 +9,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/zeros.h>
-#include <ATen/ops/zeros_like.h>
+#include <ATen/ops/empty_like.h>
 
 #include <algorithm>
 #include <cmath>
@@ -429,8 +429,9 @@ GaussianGrads project_backward(const Gaussians& gs, const PinholeCameras& camera
   // With pose_grad, each (Gaussian, camera)'s gradient of the camera's R (9) and t (3) in its own row, summed in
   // Gaussian order at the end.
   std::vector<float> pose_rows(pose_grad ? n * n_cams * 12 : 0, 0.f);
-  GaussianGrads out{at::zeros_like(gs.means),  at::zeros_like(gs.quats), at::zeros_like(gs.log_scales),
-                    at::zeros_like(gs.logits), at::zeros_like(gs.sh0),   at::zeros_like(gs.shN),
+  // Every row is written below (zeros where a Gaussian is seen by no camera): no zeroing pass first.
+  GaussianGrads out{at::empty_like(gs.means),  at::empty_like(gs.quats), at::empty_like(gs.log_scales),
+                    at::empty_like(gs.logits), at::empty_like(gs.sh0),   at::empty_like(gs.shN),
                     at::zeros({pose_grad ? n_cams : 0, 4, 4}, gs.means.options())};
   const float *means = gs.means.data_ptr<float>(), *quats = gs.quats.data_ptr<float>();
   const float *log_scales = gs.log_scales.data_ptr<float>(), *logits = gs.logits.data_ptr<float>();
@@ -452,6 +453,8 @@ GaussianGrads project_backward(const Gaussians& gs, const PinholeCameras& camera
     float v_M[9] = {0.f}, v_mean[3] = {0.f}, v_log_op = 0.f;
     bool seen = false;
     const float* mean = means + 3 * g;
+    std::fill(v_coeffs.at(g, 0), v_coeffs.at(g, 0) + 3, 0.f);  // sh_color_vjp adds into them
+    std::fill(v_coeffs.shN + 3 * g * v_coeffs.rest, v_coeffs.shN + 3 * (g + 1) * v_coeffs.rest, 0.f);
     for (int64_t c = 0; c < n_cams; ++c) {
       const int64_t id = c * n + g;
       if (radii[2 * id] == 0 && radii[2 * id + 1] == 0) continue;
@@ -477,7 +480,13 @@ GaussianGrads project_backward(const Gaussians& gs, const PinholeCameras& camera
       if (pose_grad)
         pose_vjp(cam, P, mean, v_centre, v_jr_x, v_jr_y, v_offset, pose_rows.data() + (g * n_cams + c) * 12);
     }
-    if (!seen) continue;
+    if (!seen) {
+      std::fill(v_means + 3 * g, v_means + 3 * g + 3, 0.f);
+      std::fill(v_quats + 4 * g, v_quats + 4 * g + 4, 0.f);
+      std::fill(v_log_scales + 3 * g, v_log_scales + 3 * g + 3, 0.f);
+      v_logits[g] = 0.f;
+      continue;
+    }
     for (int j = 0; j < 3; ++j) v_means[3 * g + j] = v_mean[j];
     v_logits[g] = v_log_op / (1.f + std::exp(logits[g]));  // d logsigmoid(x) / dx = sigmoid(-x)
     scale_rotation_vjp(S, v_M, v_log_scales + 3 * g, v_quats + 4 * g);

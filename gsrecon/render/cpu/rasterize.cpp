@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "kernels.h"
@@ -169,7 +170,16 @@ Binning bin_gaussians(const float* means2d, const float* conics, const float* lo
   out.slots = at::empty({n_pairs}, at::kLong);
   int32_t* ids = out.ids.data_ptr<int32_t>();
   int64_t* slots = out.slots.data_ptr<int64_t>();
-  for (int64_t g : depth_order(depths, first, total)) {
+  // In depth order the Gaussians' pairs lie far apart: their places are fetched a few Gaussians ahead.
+  const std::vector<int64_t> order = depth_order(depths, first, total);
+  constexpr size_t kAhead = 8;
+  for (size_t q = 0; q < order.size(); ++q) {
+    if (q + 2 * kAhead < order.size()) __builtin_prefetch(first + order[q + 2 * kAhead]);
+    if (q + kAhead < order.size()) {
+      __builtin_prefetch(pair_tile.data() + first[order[q + kAhead]]);
+      __builtin_prefetch(slots + first[order[q + kAhead]], 1);
+    }
+    const int64_t g = order[q];
     for (int64_t p = first[g]; p < first[g + 1]; ++p) {
       slots[p] = fill[pair_tile[p]]++;
       ids[slots[p]] = static_cast<int32_t>(g % n);
@@ -218,44 +228,50 @@ struct TileGrid {
   }
 };
 
-// A tile's Gaussians, gathered front to back into contiguous columns.
-struct TileGaussians {
-  std::vector<float> mx, my, a, b, c, lo, r, g, bl, z;
-  std::vector<int32_t> x0, x1, y0, y1;  // the pixels of the tile inside the Gaussian's box: [x0, x1) x [y0, y1)
-  void load(const int64_t* offsets, const int32_t* ids, int64_t t, int64_t cam_offset, const SplatData& in, int tx,
-            int ty, int ts) {
-    const int64_t first = offsets[t], k = offsets[t + 1] - first;
-    for (auto* v : {&mx, &my, &a, &b, &c, &lo, &r, &g, &bl, &z}) v->resize(k);
-    for (auto* v : {&x0, &x1, &y0, &y1}) v->resize(k);
-    for (int64_t i = 0; i < k; ++i) {
-      const int64_t id = cam_offset + ids[first + i];
-      mx[i] = in.means2d[2 * id];
-      my[i] = in.means2d[2 * id + 1];
-      a[i] = in.conics[3 * id];
-      b[i] = in.conics[3 * id + 1];
-      c[i] = in.conics[3 * id + 2];
-      lo[i] = in.log_ops[id];
-      r[i] = in.colors[3 * id];
-      g[i] = in.colors[3 * id + 1];
-      bl[i] = in.colors[3 * id + 2];
-      z[i] = in.depths[id];
-      // Pixel centres x + 0.5 within [mx - rx, mx + rx]
-      const float rx = static_cast<float>(in.radii[2 * id]), ry = static_cast<float>(in.radii[2 * id + 1]);
-      x0[i] = std::max(0, static_cast<int>(std::ceil(mx[i] - rx - 0.5f)) - tx * ts);
-      x1[i] = std::min(ts, static_cast<int>(std::floor(mx[i] + rx - 0.5f)) + 1 - tx * ts);
-      y0[i] = std::max(0, static_cast<int>(std::ceil(my[i] - ry - 0.5f)) - ty * ts);
-      y1[i] = std::min(ts, static_cast<int>(std::floor(my[i] + ry - 0.5f)) + 1 - ty * ts);
-    }
-  }
+// A visible Gaussian as the compositing loops read it, in one record: a pair's gather reads one cache line instead
+// of one per field.
+struct alignas(64) PackedSplat {
+  float mx, my, a, b, c, lo;
+  float f[4];              // r, g, b, depth
+  int32_t x0, x1, y0, y1;  // its box's pixels, [x0, x1) x [y0, y1): the centres x + 0.5 within [mx - rx, mx + rx]
 };
+
+// The Gaussians of `in` that have tile pairs (first[g + 1] > first[g]), packed; the others' records are left
+// unwritten (never read).
+std::unique_ptr<PackedSplat[]> pack_splats(const SplatData& in, const int64_t* first, int64_t total) {
+  std::unique_ptr<PackedSplat[]> out(new PackedSplat[total]);
+#pragma omp parallel for schedule(static) num_threads(at::get_num_threads())
+  for (int64_t g = 0; g < total; ++g) {
+    if (first[g + 1] == first[g]) continue;
+    PackedSplat& p = out[g];
+    p.mx = in.means2d[2 * g];
+    p.my = in.means2d[2 * g + 1];
+    p.a = in.conics[3 * g];
+    p.b = in.conics[3 * g + 1];
+    p.c = in.conics[3 * g + 2];
+    p.lo = in.log_ops[g];
+    for (int ch = 0; ch < 3; ++ch) p.f[ch] = in.colors[3 * g + ch];
+    p.f[3] = in.depths[g];
+    const float rx = static_cast<float>(in.radii[2 * g]), ry = static_cast<float>(in.radii[2 * g + 1]);
+    p.x0 = static_cast<int>(std::ceil(p.mx - rx - 0.5f));
+    p.x1 = static_cast<int>(std::floor(p.mx + rx - 0.5f)) + 1;
+    p.y0 = static_cast<int>(std::ceil(p.my - ry - 0.5f));
+    p.y1 = static_cast<int>(std::floor(p.my + ry - 0.5f)) + 1;
+  }
+  return out;
+}
 
 // Gaussian i of a tile, as its rows of pixels see it.
 struct Splat {
   float mx, my, a, b, c, lo, sigma_max, f[4];
-  Splat(const TileGaussians& tg, int64_t i)
-      : mx(tg.mx[i]), my(tg.my[i]), a(tg.a[i]), b(tg.b[i]), c(tg.c[i]), lo(tg.lo[i]),
-        sigma_max(tg.lo[i] - std::log(kAlphaMin)),  // sigma above this: alpha below 1/255
-        f{tg.r[i], tg.g[i], tg.bl[i], tg.z[i]} {}
+  int x0, x1, row0, row1;  // the pixels of the tile inside its box: columns [x0, x1), rows [row0, row1)
+  Splat(const PackedSplat& p, int tx, int ty, int ts)
+      : mx(p.mx), my(p.my), a(p.a), b(p.b), c(p.c), lo(p.lo),
+        sigma_max(p.lo - std::log(kAlphaMin)),  // sigma above this: alpha below 1/255
+        f{p.f[0], p.f[1], p.f[2], p.f[3]}, x0(std::max(0, p.x0 - tx * ts)), x1(std::min(ts, p.x1 - tx * ts)),
+        row0(std::max(0, p.y0 - ty * ts)), row1(std::min(ts, p.y1 - ty * ts)) {
+    narrow_rows(tx * ts, ty * ts);
+  }
   float sigma(float dx, float dy) const { return 0.5f * (a * dx * dx + c * dy * dy) + b * dx * dy; }
   // Whether the ellipse sigma <= sigma_max misses the pixel centres dx in [dx_lo, dx_hi] of the row at dy: its least
   // sigma there (at the clamped minimiser over dx) exceeds sigma_max by more than the rounding of its terms, so that
@@ -265,10 +281,10 @@ struct Splat {
     const float size = 0.5f * (a * dx * dx + c * dy * dy) + std::abs(b * dx * dy);
     return sigma(dx, dy) > sigma_max + 1e-5f * size;
   }
-  // Narrows the tile rows [row0, row1) (pixel y = y_base + row) with pixel columns [x0, x1) (x = x_base + column) to
-  // those the ellipse reaches: an interval, as the ellipse is convex, so only the rows it misses and two more are
-  // tested. A sixth of the rows of bench_render's scenes, for tilted or thin ellipses near a tile's corners.
-  void reached_rows(int x_base, int x0, int x1, int y_base, int& row0, int& row1) const {
+  // Narrows the rows [row0, row1) of the tile at pixel (x_base, y_base) to those the ellipse reaches in columns
+  // [x0, x1): an interval, as the ellipse is convex, so only the rows it misses and two more are tested. A sixth of
+  // the rows of bench_render's scenes, for tilted or thin ellipses near a tile's corners.
+  void narrow_rows(int x_base, int y_base) {
     const float dx_lo = static_cast<float>(x_base + x0) + 0.5f - mx;
     const float dx_hi = static_cast<float>(x_base + x1 - 1) + 0.5f - mx;
     auto misses = [&](int row) { return misses_row(dx_lo, dx_hi, static_cast<float>(y_base + row) + 0.5f - my); };
@@ -336,7 +352,7 @@ int composite_row(TilePixels& px, const Splat& s, int p0, int ts, int bx, float 
 // `lanes`: one array of ts lanes per entry of a pair's gradient row (summed over the lanes at the end of the splat,
 // in lane order).
 template <int W>
-void backward_row(TilePixels& px, const Splat& s, int p0, int ts, int bx, float dy, int x0, int x1, int32_t slot,
+inline __attribute__((always_inline)) void backward_row(TilePixels& px, const Splat& s, int p0, int ts, int bx, float dy, int x0, int x1, int32_t slot,
                   float alpha_max, float* lanes) {
   const int w = W > 0 ? W : ts;
   float *T = &px.T[p0], *S = &px.S[p0];
@@ -378,6 +394,40 @@ void backward_row(TilePixels& px, const Splat& s, int p0, int ts, int bx, float 
   }
 }
 
+// Each entry's sum over a pair's ts lanes (backward_row's `lanes`, [kPairGrad][ts], changed) into row: halving the
+// lanes in a fixed order (vector adds, not one chain of scalar adds), the same sums on every thread.
+template <int W>
+void sum_lanes(float* lanes, int ts, float* row) {
+  const int w = W > 0 ? W : ts;
+  for (int width = w; width > 1;) {
+    const int half = width / 2;
+    for (int q = 0; q < kPairGrad; ++q) {
+      float* lane = lanes + q * w;
+#pragma omp simd
+      for (int j = 0; j < half; ++j) lane[j] += lane[j + width - half];
+    }
+    width -= half;
+  }
+  for (int q = 0; q < kPairGrad; ++q) row[q] = lanes[q * w];
+}
+
+// Undoes splat `slot` on its rows of the tile that composited it (row_last[row] > slot) and sums its gradient row
+// into `row`. With W = 16 the lanes are a local array, which the row loop keeps in vector registers instead of
+// loading and storing its 12 accumulators every row; otherwise `lanes` ([kPairGrad][ts]) holds them.
+template <int W>
+void backward_pair(TilePixels& px, const Splat& s, const int32_t* row_last, int ts, int tx, int ty, int32_t slot,
+                   float alpha_max, float* lanes, float* row) {
+  float local[W > 0 ? kPairGrad * W : 1];
+  float* acc = W > 0 ? local : lanes;
+  std::fill(acc, acc + kPairGrad * (W > 0 ? W : ts), 0.f);
+  for (int r = s.row0; r < s.row1; ++r) {
+    if (row_last[r] <= slot) continue;
+    const float dy = static_cast<float>(ty * ts + r) + 0.5f - s.my;
+    backward_row<W>(px, s, r * ts, ts, tx * ts, dy, s.x0, s.x1, slot, alpha_max, acc);
+  }
+  sum_lanes<W>(acc, ts, row);
+}
+
 }  // namespace
 
 Raster rasterize_forward(const Splats& splats, const RasterSettings& settings, bool median_depth) {
@@ -388,6 +438,7 @@ Raster rasterize_forward(const Splats& splats, const RasterSettings& settings, b
   const SplatData in(splats);
   const Binning bins = bin_gaussians(in.means2d, in.conics, in.log_ops, in.depths, in.radii, n_cams, n, grid.tiles_x,
                                      grid.tiles_y, static_cast<int>(tile_size));
+  const std::unique_ptr<PackedSplat[]> packed = pack_splats(in, bins.first.data_ptr<int64_t>(), n_cams * n);
   const int64_t* offsets = bins.offsets.data_ptr<int64_t>();
   const int32_t* ids = bins.ids.data_ptr<int32_t>();
   auto opts = splats.means2d.options();
@@ -405,7 +456,6 @@ Raster rasterize_forward(const Splats& splats, const RasterSettings& settings, b
 
 #pragma omp parallel num_threads(at::get_num_threads())
   {
-    TileGaussians tg;
     TilePixels px(ts);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < n_cams * grid.tiles; ++t) {
@@ -414,7 +464,8 @@ Raster rasterize_forward(const Splats& splats, const RasterSettings& settings, b
       int64_t cam;
       int tx, ty;
       grid.locate(t, cam, tx, ty);
-      tg.load(offsets, ids, t, cam * n, in, tx, ty, ts);
+      const PackedSplat* cam_splats = packed.get() + cam * n;
+      const int32_t* tile_ids = ids + offsets[t];
       std::fill(px.T.begin(), px.T.end(), 1.f);
       for (auto* v : {&px.r, &px.g, &px.b, &px.z, &px.md}) std::fill(v->begin(), v->end(), 0.f);
       std::fill(px.last.begin(), px.last.end(), 0);
@@ -422,15 +473,14 @@ Raster rasterize_forward(const Splats& splats, const RasterSettings& settings, b
       std::fill(px.row_live.begin(), px.row_live.end(), ts);
       int n_active = n_px;
       for (int64_t i = 0; i < k && n_active > 0; ++i) {
-        const Splat s(tg, i);
-        int row0 = tg.y0[i], row1 = tg.y1[i];
-        s.reached_rows(tx * ts, tg.x0[i], tg.x1[i], ty * ts, row0, row1);
-        for (int row = row0; row < row1; ++row) {
+        if (i + 1 < k) __builtin_prefetch(cam_splats + tile_ids[i + 1]);
+        const Splat s(cam_splats[tile_ids[i]], tx, ty, ts);
+        for (int row = s.row0; row < s.row1; ++row) {
           if (px.row_live[row] == 0) continue;
           const float dy = static_cast<float>(ty * ts + row) + 0.5f - s.my;
           const int stops =
-              ts == 16 ? composite_row<16>(px, s, row * ts, ts, tx * ts, dy, tg.x0[i], tg.x1[i], i, alpha_max)
-                       : composite_row<0>(px, s, row * ts, ts, tx * ts, dy, tg.x0[i], tg.x1[i], i, alpha_max);
+              ts == 16 ? composite_row<16>(px, s, row * ts, ts, tx * ts, dy, s.x0, s.x1, i, alpha_max)
+                       : composite_row<0>(px, s, row * ts, ts, tx * ts, dy, s.x0, s.x1, i, alpha_max);
           px.row_live[row] -= stops;
           n_active -= stops;
         }
@@ -477,6 +527,8 @@ SplatGrads rasterize_backward(const Splats& splats, const Raster& forward, const
   const int64_t* first = first_t.data_ptr<int64_t>();
   const int64_t* slots = slots_t.data_ptr<int64_t>();
   const int64_t n_pairs = ids_t.numel();
+  TORCH_CHECK_VALUE(first[n_cams * n] == n_pairs, "kernel argument 'first' does not end at the pairs' count ", n_pairs);
+  const std::unique_ptr<PackedSplat[]> packed = pack_splats(in, first, n_cams * n);
   const int32_t* last_px = last.data_ptr<int32_t>();
   const float* trans_px = trans_final.data_ptr<float>();
   const float* grad_px = grad_out.data_ptr<float>();
@@ -491,7 +543,6 @@ SplatGrads rasterize_backward(const Splats& splats, const Raster& forward, const
 
 #pragma omp parallel num_threads(at::get_num_threads())
   {
-    TileGaussians tg;
     TilePixels px(ts);
     std::vector<int32_t> row_last(ts);
     std::vector<float> lanes(kPairGrad * ts);
@@ -502,7 +553,9 @@ SplatGrads rasterize_backward(const Splats& splats, const Raster& forward, const
       int64_t cam;
       int tx, ty;
       grid.locate(t, cam, tx, ty);
-      tg.load(offsets, ids, t, cam * n, in, tx, ty, ts);
+      const PackedSplat* cam_splats = packed.get() + cam * n;
+      const int32_t* tile_ids = ids + offsets[t];
+      float* cam_sums = grad_sums.data() + cam * n * kPairGrad;
       std::fill(row_last.begin(), row_last.end(), 0);
       for (int p = 0; p < n_px; ++p) {
         const int x = tx * ts + p % ts, y = ty * ts + p / ts;
@@ -517,23 +570,19 @@ SplatGrads rasterize_backward(const Splats& splats, const Raster& forward, const
       }
       const int32_t max_last = *std::max_element(row_last.begin(), row_last.end());
       for (int32_t i = max_last - 1; i >= 0; --i) {
-        const Splat s(tg, i);
-        int row0 = tg.y0[i], row1 = tg.y1[i];
-        s.reached_rows(tx * ts, tg.x0[i], tg.x1[i], ty * ts, row0, row1);
-        std::fill(lanes.begin(), lanes.end(), 0.f);
-        for (int row = row0; row < row1; ++row) {
-          if (row_last[row] <= i) continue;
-          const float dy = static_cast<float>(ty * ts + row) + 0.5f - s.my;
-          if (ts == 16)
-            backward_row<16>(px, s, row * ts, ts, tx * ts, dy, tg.x0[i], tg.x1[i], i, alpha_max, lanes.data());
-          else
-            backward_row<0>(px, s, row * ts, ts, tx * ts, dy, tg.x0[i], tg.x1[i], i, alpha_max, lanes.data());
+        if (i > 0) {  // the next pair's record and, with one thread, its Gaussian's sums: gathers from far apart
+          __builtin_prefetch(cam_splats + tile_ids[i - 1]);
+          if (in_order) __builtin_prefetch(cam_sums + tile_ids[i - 1] * kPairGrad);
+          if (in_order) __builtin_prefetch(cam_sums + tile_ids[i - 1] * kPairGrad + kPairGrad - 1);
         }
-        float row[kPairGrad] = {};
-        for (int q = 0; q < kPairGrad; ++q)
-          for (int j = 0; j < ts; ++j) row[q] += lanes[q * ts + j];
+        const Splat s(cam_splats[tile_ids[i]], tx, ty, ts);
+        float row[kPairGrad];
+        if (ts == 16)
+          backward_pair<16>(px, s, row_last.data(), ts, tx, ty, i, alpha_max, lanes.data(), row);
+        else
+          backward_pair<0>(px, s, row_last.data(), ts, tx, ty, i, alpha_max, lanes.data(), row);
         const int64_t pair = offsets[t] + i;
-        float* to = in_order ? &grad_sums[(cam * n + ids[pair]) * kPairGrad] : &pair_grad[pair * kPairGrad];
+        float* to = in_order ? cam_sums + tile_ids[i] * kPairGrad : &pair_grad[pair * kPairGrad];
         for (int q = 0; q < kPairGrad; ++q) to[q] += row[q];
       }
     }
