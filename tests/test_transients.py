@@ -81,13 +81,13 @@ def test_other_photos_tell_a_distractor_from_what_the_render_has_not_learnt() ->
     distracted[:, 8:24, 20:36] = torch.tensor([1.0, 0.0, 1.0])
     contradicted = other_views_contradict(distracted, depth, cameras, others, agree=0.1, differ=0.1)
     assert contradicted[0, 8:24, 20:36].all() and contradicted.sum() == 16 * 16
-    assert set_aside(photo, distracted, **RULE, contradicted=contradicted)[0, 8:24, 20:36].all()
+    assert set_aside(photo, distracted, **RULE, contradicted=lambda _: contradicted)[0, 8:24, 20:36].all()
     # a region the render has not learnt yet: the other photos agree with this photo, not with the render
     young = photo.clone()
     young[:, 8:24, 20:36] = 0.9
     assert not other_views_contradict(photo, depth, cameras, others, agree=0.1, differ=0.1).any()
     assert set_aside(young, photo, **RULE)[0, 8:24, 20:36].all()  # the single-photo rule would set it aside
-    assert not set_aside(young, photo, **RULE, contradicted=torch.zeros_like(depth, dtype=torch.bool)).any()
+    assert not set_aside(young, photo, **RULE, contradicted=torch.zeros_like).any()
     # without a surface, or seen by one other photo only, nothing is contradicted
     assert not other_views_contradict(distracted, torch.zeros_like(depth), cameras, others, 0.1, 0.1).any()
     assert not other_views_contradict(distracted, depth, cameras, [others[0][:1]], 0.1, 0.1).any()

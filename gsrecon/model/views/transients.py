@@ -36,6 +36,7 @@ the young scene has not learnt yet): off by default.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -70,19 +71,19 @@ def set_aside(
     patch: int,
     patch_fraction: float,
     mask: Tensor | None = None,
-    contradicted: Tensor | None = None,
+    contradicted: Callable[[Tensor], Tensor] | None = None,
 ) -> Tensor:
     """[B, H, W, 1] bool: the pixels of ``photo`` [B, H, W, 3] that the render ``image`` [B, H, W, 3] disagrees with in
     a patch (the module's rule, see the module docstring); ``mask`` [B, H, W, 1] (1 kept) leaves its ignored pixels
-    out of the statistics and never sets them aside; ``contradicted`` [B, H, W, 1] bool (where other photos contradict
-    this one), when given, keeps every other pixel from being a candidate."""
+    out of the statistics and never sets them aside; ``contradicted``, when given, keeps a candidate only where it
+    says other photos contradict this one (candidates [B, H, W, 1] bool -> the contradicted ones, [B, H, W, 1])."""
     residual = (image.detach() - photo).abs().mean(-1)  # [B, H, W]
     kept = torch.ones_like(residual, dtype=torch.bool) if mask is None else mask[..., 0] > 0  # [B, H, W]
     medians = torch.stack([r[k].median() if k.any() else r.new_tensor(math.inf) for r, k in zip(residual, kept)])
     threshold = torch.clamp(factor * medians, min=min_residual)  # [B]
     candidate = (residual > threshold[:, None, None]) & kept  # [B, H, W]
-    if contradicted is not None:
-        candidate &= contradicted[..., 0]
+    if contradicted is not None and candidate.any():
+        candidate &= contradicted(candidate[..., None])[..., 0]
     candidate = candidate.float()[:, None]  # [B, 1, H, W]
     filled_in = F.avg_pool2d(candidate, 3, stride=1, padding=1, count_include_pad=False) >= 0.5  # holes filled
     candidate = ((candidate > 0) | filled_in).float()
@@ -99,22 +100,31 @@ def set_aside(
 
 
 def other_views_contradict(
-    photo: Tensor, depth: Tensor, cameras: Cameras, others: list[list[Seen]], agree: float, differ: float
+    photo: Tensor,
+    depth: Tensor,
+    cameras: Cameras,
+    others: list[list[Seen]],
+    agree: float,
+    differ: float,
+    where: Tensor | None = None,
 ) -> Tensor:
     """[B, H, W, 1] bool: where the photos of ``others`` (per view of the batch, other training views), looked up
     where each sees the point of the render's expected ``depth`` [B, H, W, 1] (camera z) through ``cameras``,
     contradict ``photo`` [B, H, W, 3]: at least two of them see the point, each one's colour there is within
     ``agree`` of their median colour, and that median is more than ``differ`` from the photo's (the mean absolute
-    difference over channels). A point without depth is never contradicted."""
+    difference over channels). A point without depth is never contradicted; only the pixels ``where`` [B, H, W, 1]
+    bool holds are looked at (None: all; the others are False)."""
     rays = camera_rays(cameras)  # [B, H, W, 3] unit, world
     along = torch.einsum("bhwi,bi->bhw", rays, cameras.viewmats[:, 2, :3])  # [B, H, W]: camera z per unit of ray
     points = camera_centers(cameras.viewmats)[:, None, None] + rays * (depth[..., 0] / along.clamp_min(1e-6))[..., None]
-    contradicted = torch.zeros_like(depth, dtype=torch.bool)  # [B, H, W, 1]
+    looked_at = (depth > 0) if where is None else where & (depth > 0)  # [B, H, W, 1]
+    contradicted = torch.zeros_like(looked_at)  # [B, H, W, 1]
     for b, seen_by in enumerate(others):
+        at = looked_at[b, ..., 0].flatten().nonzero()[:, 0]  # [P]: only these pixels (most steps have few candidates)
         colours = []
         for other in seen_by:
             pixels, in_front = project_points(
-                points[b].reshape(-1, 3), other.cameras.viewmats[0], other.cameras.Ks[0], other.cameras.model
+                points[b].reshape(-1, 3)[at], other.cameras.viewmats[0], other.cameras.Ks[0], other.cameras.model
             )  # [P, 3], [P]
             size = pixels.new_tensor([other.cameras.width, other.cameras.height])
             grid = 2 * pixels[:, :2] / size - 1  # [P, 2] in [-1, 1] inside the frame (pixel centres at +0.5)
@@ -128,9 +138,8 @@ def other_views_contradict(
         consensus = colours.nanmedian(0).values  # [P, 3]
         seen = (~colours[..., 0].isnan()).sum(0)  # [P]
         agreeing = ((colours - consensus).abs().mean(-1) < agree).sum(0)  # [P]
-        differs = (consensus - photo[b].reshape(-1, 3)).abs().mean(-1) > differ  # [P] (False where unseen)
-        found = (agreeing == seen) & (seen >= 2) & differs  # [P]
-        contradicted[b, ..., 0] = found.reshape(depth.shape[1:3]) & (depth[b, ..., 0] > 0)
+        differs = (consensus - photo[b].reshape(-1, 3)[at]).abs().mean(-1) > differ  # [P] (False where unseen)
+        contradicted[b, ..., 0].view(-1)[at] = (agreeing == seen) & (seen >= 2) & differs
     return contradicted
 
 
@@ -205,10 +214,14 @@ class TransientWeights(ViewModule):
         if cfg.check_views:
             if self.depth is None or self.depth[0] is not batch.cameras:
                 return torch.zeros_like(image[..., :1], dtype=torch.bool)
-            others = self.others(batch.names, batch.cameras)
-            contradicted = other_views_contradict(
-                batch.images, self.depth[1], batch.cameras, others, cfg.agree, cfg.min_residual
-            )
+            depth = self.depth[1]
+
+            def contradicted(candidates: Tensor) -> Tensor:
+                others = self.others(batch.names, batch.cameras)
+                return other_views_contradict(
+                    batch.images, depth, batch.cameras, others, cfg.agree, cfg.min_residual, candidates
+                )
+
         return set_aside(
             image, batch.images, cfg.factor, cfg.min_residual, cfg.patch, cfg.patch_fraction, batch.masks, contradicted
         )
