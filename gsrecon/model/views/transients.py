@@ -231,8 +231,12 @@ class TransientWeights(ViewModule):
         has seen ``start`` training steps (this is called once a step)."""
         self.steps += 1
         aside = None if self.steps <= self.cfg.start else self.set_aside(image, batch)
+        self.remember(batch)
+        return image if aside is None else torch.where(aside, batch.images, image)
+
+    def remember(self, batch: Batch) -> None:
+        """Keep ``batch``'s photos and cameras for the check of the other views (with ``check_views``)."""
         if self.cfg.check_views:
             for index, name in enumerate(batch.names):
                 photo = (batch.images[index].detach() * 255).round().to(torch.uint8)  # [H, W, 3]
                 self.seen[name] = Seen(photo, batch.cameras[index])
-        return image if aside is None else torch.where(aside, batch.images, image)
