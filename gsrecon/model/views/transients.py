@@ -24,8 +24,9 @@ comparing the image with the photo) sees no difference there and no gradient rea
 module sets nothing aside in its first ``start`` training steps, while the scene takes shape: from the first step, a
 hard part of the scene (a dark, detailed object on white paper) disagrees in patches before it is learnt and was set
 aside for good (the statuette with distractors lost 0.8 dB, BENCHMARKS.md, issue 52). It has no parameters; its
-checkpoint state is the count of steps it has seen (the photos it keeps for the check are not checkpointed: a resumed
-run sees each again within an epoch, and sets nothing aside in a photo until two others are seen). Test views are
+checkpoint state is the count of steps it has seen (the photos it keeps for the check, a uint8 copy of each training
+photo on the training device, as much memory as ``data.cache: device``, are not checkpointed: a resumed run sees each
+again within an epoch, and sets nothing aside in a photo until two others are seen). Test views are
 scored as rendered. ``hooks.TransientImages`` writes what it sets aside in each training photo after training
 (:mod:`gsrecon.hooks.transients`).
 
