@@ -3,8 +3,9 @@
 Imported by a run (``imports=[scripts/paste_distractors.py]``), it registers the hook ``PasteDistractors``: before the
 run, ``fraction`` of the training photos (drawn from ``seed``) each get one opaque distractor covering U(``min_area``,
 ``max_area``) of the frame at a place of its own: a rectangle cut out of another training photo, or an ellipse of one
-random colour (one in two of each, drawn). Test views keep their pixels, on which they are scored. It changes the
-pixels the data pipeline holds (``data.cache: device`` or ``cpu``).
+random colour (``kind``: ``mixed`` draws one in two of each, ``cutout`` or ``shape`` only that one). Test views keep
+their pixels, on which they are scored. It changes the pixels the data pipeline holds (``data.cache: device`` or
+``cpu``).
 
     python scripts/bench_sweep.py ... --variant "distractors=imports=[scripts/paste_distractors.py] \\
         hooks.PasteDistractors.seed=0 views.transients.name=transients"
@@ -30,16 +31,17 @@ def uniform(generator: torch.Generator, low: float = 0.0, high: float = 1.0) -> 
     return low + (high - low) * torch.rand(1, generator=generator).item()
 
 
-def paste_distractor(pixels: Tensor, other: Tensor, generator: torch.Generator, area: float) -> Tensor:
+def paste_distractor(pixels: Tensor, other: Tensor, generator: torch.Generator, area: float, kind: str) -> Tensor:
     """[H, W] bool where one opaque distractor covering about ``area`` of the frame was pasted into uint8 ``pixels``
     [H, W, 3] (in place): a rectangle cut out of ``other`` [H', W', 3] (where it is large enough) or an ellipse of one
-    colour, drawn from ``generator``."""
+    colour, drawn from ``generator`` (``kind`` mixed) or the one ``kind`` names (cutout, shape)."""
     height, width = pixels.shape[:2]
     aspect = math.exp(uniform(generator, -0.7, 0.7))  # width / height of the distractor
     h = min(height, max(2, round(math.sqrt(area * height * width / aspect))))
     w = min(width, max(2, round(area * height * width / h)))
     top, left = int(uniform(generator) * (height - h + 1)), int(uniform(generator) * (width - w + 1))
-    if uniform(generator) < 0.5 and other.shape[0] >= h and other.shape[1] >= w:
+    cutout = {"mixed": uniform(generator) < 0.5, "cutout": True, "shape": False}[kind]
+    if cutout and other.shape[0] >= h and other.shape[1] >= w:
         y, x = int(uniform(generator) * (other.shape[0] - h + 1)), int(uniform(generator) * (other.shape[1] - w + 1))
         pixels[top : top + h, left : left + w] = other[y : y + h, x : x + w]
         covered = torch.zeros(height, width, dtype=torch.bool)
@@ -65,6 +67,11 @@ class PasteDistractors(Hook):
         min_area: float = 0.05  # each covers U(min_area, max_area) of its frame
         max_area: float = 0.15
         seed: int = 0  # draws the photos, the distractors and their places
+        kind: str = "mixed"  # mixed (one in two of each) | cutout | shape
+
+        def __post_init__(self) -> None:
+            if self.kind not in ("mixed", "cutout", "shape"):
+                raise ValueError(f"kind must be mixed, cutout or shape, got {self.kind!r}")
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
@@ -80,4 +87,6 @@ class PasteDistractors(Hook):
             other = frames[(index + 1 + int(uniform(generator) * (len(frames) - 1))) % len(frames)]
             rgb = frames[index].pixels[..., :3]
             area = uniform(generator, cfg.min_area, cfg.max_area)
-            self.covered[frames[index].name] = paste_distractor(rgb, other.pixels[..., :3].clone(), generator, area)
+            self.covered[frames[index].name] = paste_distractor(
+                rgb, other.pixels[..., :3].clone(), generator, area, cfg.kind
+            )

@@ -9,9 +9,10 @@ import pytest
 import torch
 from conftest import SCRIPTS, script_module, write_yaml
 
+from gsrecon.cameras import Cameras
 from gsrecon.cli import main
 from gsrecon.engine.checkpoints import load_checkpoint_file
-from gsrecon.model.views.transients import TransientWeights, set_aside
+from gsrecon.model.views.transients import Seen, TransientWeights, other_views_contradict, set_aside
 
 RULE = {"factor": 3.0, "min_residual": 0.1, "patch": 8, "patch_fraction": 0.5}
 
@@ -47,7 +48,7 @@ def test_nothing_is_set_aside_where_the_render_is_far_off_everywhere() -> None:
 
 def test_the_module_gives_the_set_aside_pixels_no_gradient_and_leaves_the_others() -> None:
     render, photo = scene_with_a_distractor()
-    module = TransientWeights(TransientWeights.Config(start=1), ["a"])
+    module = TransientWeights(TransientWeights.Config(start=1, check_views=0), ["a"])
     image = render.clone().requires_grad_(True)
     batch = SimpleNamespace(images=photo, masks=None, names=["a"])
     assert module.adjust_image(image, batch) is image  # the first step: nothing is set aside yet
@@ -57,6 +58,59 @@ def test_the_module_gives_the_set_aside_pixels_no_gradient_and_leaves_the_others
     assert torch.equal(adjusted.detach()[aside], photo[aside])
     assert torch.equal(adjusted.detach()[~aside], render[~aside])
     assert not image.grad[aside].any() and image.grad[~aside].abs().min() > 0
+
+
+def photo_of_a_wall(x: float) -> tuple[torch.Tensor, Cameras]:
+    """(photo [1, 48, 64, 3], its camera): a textured wall at z = 2 seen by a pinhole at (x, 0, 0) looking along +z."""
+    focal, depth = 40.0, 2.0
+    K = torch.tensor([[focal, 0.0, 32.0], [0.0, focal, 24.0], [0.0, 0.0, 1.0]])
+    viewmat = torch.eye(4)
+    viewmat[0, 3] = -x  # world to camera: the camera at (x, 0, 0)
+    ys, xs = torch.meshgrid(torch.arange(48) + 0.5, torch.arange(64) + 0.5, indexing="ij")
+    wall_x, wall_y = x + (xs - 32.0) / focal * depth, (ys - 24.0) / focal * depth  # [H, W] each
+    photo = torch.stack([0.5 + 0.4 * torch.sin(3 * wall_x), 0.5 + 0.4 * torch.cos(2 * wall_y), 0.3 + 0.0 * wall_x], -1)
+    return photo[None], Cameras(viewmat[None], K[None], 64, 48)
+
+
+def test_other_photos_tell_a_distractor_from_what_the_render_has_not_learnt() -> None:
+    photo, cameras = photo_of_a_wall(0.0)
+    others = [[Seen((p[0] * 255).round().to(torch.uint8), c) for p, c in (photo_of_a_wall(0.1), photo_of_a_wall(-0.1))]]
+    depth = torch.full((1, 48, 64, 1), 2.0)
+    # a distractor: this photo alone shows it, the other photos contradict it there
+    distracted = photo.clone()
+    distracted[:, 8:24, 20:36] = torch.tensor([1.0, 0.0, 1.0])
+    contradicted = other_views_contradict(distracted, depth, cameras, others, agree=0.1, differ=0.1)
+    assert contradicted[0, 8:24, 20:36].all() and contradicted.sum() == 16 * 16
+    assert set_aside(photo, distracted, **RULE, contradicted=lambda _: contradicted)[0, 8:24, 20:36].all()
+    # a region the render has not learnt yet: the other photos agree with this photo, not with the render
+    young = photo.clone()
+    young[:, 8:24, 20:36] = 0.9
+    assert not other_views_contradict(photo, depth, cameras, others, agree=0.1, differ=0.1).any()
+    assert set_aside(young, photo, **RULE)[0, 8:24, 20:36].all()  # the single-photo rule would set it aside
+    assert not set_aside(young, photo, **RULE, contradicted=torch.zeros_like).any()
+    # without a surface, or seen by one other photo only, nothing is contradicted
+    assert not other_views_contradict(distracted, torch.zeros_like(depth), cameras, others, 0.1, 0.1).any()
+    assert not other_views_contradict(distracted, depth, cameras, [others[0][:1]], 0.1, 0.1).any()
+
+
+def test_the_module_sets_aside_only_what_the_photos_it_saw_before_contradict() -> None:
+    module = TransientWeights(TransientWeights.Config(start=2, check_views=2), ["left", "right", "centre"])
+    depth = torch.full((1, 48, 64, 1), 2.0)
+    for name, x in (("left", -0.1), ("right", 0.1)):  # the first steps: photos seen, nothing set aside
+        photo, cameras = photo_of_a_wall(x)
+        batch = SimpleNamespace(images=photo, masks=None, names=[name], cameras=cameras)
+        module.composite(SimpleNamespace(depth=depth), cameras, torch.zeros(1, 3))
+        assert module.adjust_image(photo.clone(), batch).equal(photo)
+    photo, cameras = photo_of_a_wall(0.0)
+    render, distracted = photo.clone(), photo.clone()
+    distracted[:, 8:24, 20:36] = torch.tensor([1.0, 0.0, 1.0])
+    render[:, 30:46, 40:56] = 0.9  # a region the scene has not learnt yet: the other photos agree with this one
+    batch = SimpleNamespace(images=distracted, masks=None, names=["centre"], cameras=cameras)
+    assert not module.set_aside(render, batch).any()  # no render of these cameras yet: no surface to look up
+    module.composite(SimpleNamespace(depth=depth), cameras, torch.zeros(1, 3))
+    aside = module.set_aside(render, batch)[0, ..., 0]  # [H, W]
+    assert aside[8:24, 20:36].all() and not aside[30:46, 40:56].any()
+    assert set(module.seen) == {"left", "right"}  # its own photo is not one of its checks
 
 
 @pytest.mark.parametrize(
@@ -69,6 +123,9 @@ def test_the_module_gives_the_set_aside_pixels_no_gradient_and_leaves_the_others
         ("views.transients.patch_fraction=0", "patch_fraction must be in (0, 1], got 0"),
         ("views.transients.patch=0", "key 'views.transients': patch must be >= 1 pixel, got 0"),
         ("views.transients.start=-5", "key 'views.transients': start must be >= 0 steps, got -5"),
+        ("views.transients.check_views=-1", "key 'views.transients': check_views must be >= 0 views, got -1"),
+        ("views.transients.agree=0", "key 'views.transients': agree must be in (0, 1] (colours are in [0, 1]), got 0"),
+        ("views.transients.agree=.nan", "agree must be in (0, 1] (colours are in [0, 1]), got nan"),
         ("hooks.TransientImages={}", "key 'hooks.TransientImages': it shows what the per-view module 'transients'"),
     ],
 )
@@ -93,7 +150,8 @@ def test_distractors_pasted_into_training_photos_are_set_aside_and_shown_and_a_r
         "run", data=data, max_steps=100, val_interval=100, hooks=hooks, imports=[str(SCRIPTS / "paste_distractors.py")]
     )
     path = write_yaml(tmp_path / "run.yaml", config)
-    assert main(["train", "--config", str(path), "views.transients.start=50"]) == 0
+    # the single-photo rule (check_views 0): 100 steps leave the 7-view scene too young for other photos to contradict
+    assert main(["train", "--config", str(path), "views.transients.start=50", "views.transients.check_views=0"]) == 0
     exp_dir = tmp_path / "run"
     images = sorted((exp_dir / "transients").glob("*.png"))
     assert len(images) == 7  # every training photo: the photo, and beside it what was set aside

@@ -51,6 +51,11 @@ class TransientImages(Hook):
         aside_total = pixels = 0
         tint = torch.tensor(TINT, device=trainer.device)
         with torch.no_grad():
+            for batch in trainer.datapipeline.train_batches():  # every photo seen, for the check of the others
+                batch = trainer.views.adjust_cameras(batch)
+                for module in modules:
+                    if isinstance(module, TransientWeights):
+                        module.remember(batch)
             for batch in trainer.datapipeline.train_batches():
                 batch = trainer.views.adjust_cameras(batch)
                 image = trainer.render(batch).image

@@ -7,8 +7,15 @@ patch, as RobustNeRF's trimmed loss with its spatial rule does, from the residua
 1. a pixel is a candidate where its residual (the mean over channels of |render - photo|) exceeds both
    ``min_residual`` and ``factor`` x the photo's median residual (early in training, when every pixel is far off,
    the median is high and nothing is set aside);
-2. holes are filled: a pixel at least half of whose 3x3 neighbourhood are candidates is one;
-3. a ``patch`` x ``patch`` patch in which at least ``patch_fraction`` of the pixels are candidates is set aside whole,
+2. with ``check_views`` (default 4), it stays a candidate only where the other photos contradict this one: the
+   point of the render's surface (its expected depth) is looked up in the ``check_views`` training photos nearest
+   to the camera (as the module last saw them); at least two see it, each within ``agree`` of their median colour,
+   and that median is more than ``min_residual`` from this photo's. A region the scene has not learnt yet disagrees
+   with the render in every photo, so the others agree with this photo there and it stays in the loss (the
+   single-photo rule, ``check_views: 0``, set aside 18.7 % of the statuette's pixels, mostly such regions); a
+   distractor is in this photo only;
+3. holes are filled: a pixel at least half of whose 3x3 neighbourhood are candidates is one;
+4. a ``patch`` x ``patch`` patch in which at least ``patch_fraction`` of the pixels are candidates is set aside whole,
    and so are the candidates in the patches next to it (the object's edge); candidates far from any such patch
    (thin edges the scene has not learnt yet, fine texture) stay in the loss.
 
@@ -17,28 +24,45 @@ comparing the image with the photo) sees no difference there and no gradient rea
 module sets nothing aside in its first ``start`` training steps, while the scene takes shape: from the first step, a
 hard part of the scene (a dark, detailed object on white paper) disagrees in patches before it is learnt and was set
 aside for good (the statuette with distractors lost 0.8 dB, BENCHMARKS.md, issue 52). It has no parameters; its
-checkpoint state is the count of steps it has seen. Test views are scored as rendered. ``hooks.TransientImages``
-writes what it sets aside in each training photo after training (:mod:`gsrecon.hooks.transients`).
+checkpoint state is the count of steps it has seen (the photos it keeps for the check, a uint8 copy of each training
+photo on the training device, as much memory as ``data.cache: device``, are not checkpointed: a resumed run sees each
+again within an epoch, and sets nothing aside in a photo until two others are seen). Test views are
+scored as rendered. ``hooks.TransientImages`` writes what it sets aside in each training photo after training
+(:mod:`gsrecon.hooks.transients`).
 
-Measured at 1000 steps it cost PSNR on every capture tried, with and without distractors (it also sets aside what
-the young scene has not learnt yet): off by default.
+Measured (BENCHMARKS.md, issue 52, item 1): with the check it recovers 26 % of what pasted distractors cost the
+statuette at 2000 steps and nothing at 1000, and is not shown harmless on the clean statuette at 2000 steps (without
+the check it cost PSNR everywhere, setting aside what the young scene had not learnt): off by default.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from gsrecon.cameras.lens import project_points
+from gsrecon.geometry import camera_centers
 from gsrecon.model.views.base import ViewModule
 from gsrecon.registry import VIEW_REGISTRY
+from gsrecon.render.environment import camera_rays
 
 if TYPE_CHECKING:
+    from gsrecon.cameras import Cameras
     from gsrecon.data.pipeline import Batch
+    from gsrecon.render.base import RenderOutput
+
+
+class Seen(NamedTuple):
+    """A training photo as the module last saw it, for the other views' check."""
+
+    photo: Tensor  # [H, W, 3] uint8
+    cameras: Cameras  # its one camera
 
 
 def set_aside(
@@ -49,15 +73,20 @@ def set_aside(
     patch: int,
     patch_fraction: float,
     mask: Tensor | None = None,
+    contradicted: Callable[[Tensor], Tensor] | None = None,
 ) -> Tensor:
     """[B, H, W, 1] bool: the pixels of ``photo`` [B, H, W, 3] that the render ``image`` [B, H, W, 3] disagrees with in
     a patch (the module's rule, see the module docstring); ``mask`` [B, H, W, 1] (1 kept) leaves its ignored pixels
-    out of the statistics and never sets them aside."""
+    out of the statistics and never sets them aside; ``contradicted``, when given, keeps a candidate only where it
+    says other photos contradict this one (candidates [B, H, W, 1] bool -> the contradicted ones, [B, H, W, 1])."""
     residual = (image.detach() - photo).abs().mean(-1)  # [B, H, W]
     kept = torch.ones_like(residual, dtype=torch.bool) if mask is None else mask[..., 0] > 0  # [B, H, W]
     medians = torch.stack([r[k].median() if k.any() else r.new_tensor(math.inf) for r, k in zip(residual, kept)])
     threshold = torch.clamp(factor * medians, min=min_residual)  # [B]
-    candidate = ((residual > threshold[:, None, None]) & kept).float()[:, None]  # [B, 1, H, W]
+    candidate = (residual > threshold[:, None, None]) & kept  # [B, H, W]
+    if contradicted is not None and candidate.any():
+        candidate &= contradicted(candidate[..., None])[..., 0]
+    candidate = candidate.float()[:, None]  # [B, 1, H, W]
     filled_in = F.avg_pool2d(candidate, 3, stride=1, padding=1, count_include_pad=False) >= 0.5  # holes filled
     candidate = ((candidate > 0) | filled_in).float()
     height, width = candidate.shape[-2:]
@@ -70,6 +99,50 @@ def set_aside(
 
     aside = to_pixels(core) | (to_pixels(near) & (candidate > 0))  # [B, 1, H, W]
     return aside.permute(0, 2, 3, 1) & kept[..., None]
+
+
+def other_views_contradict(
+    photo: Tensor,
+    depth: Tensor,
+    cameras: Cameras,
+    others: list[list[Seen]],
+    agree: float,
+    differ: float,
+    where: Tensor | None = None,
+) -> Tensor:
+    """[B, H, W, 1] bool: where the photos of ``others`` (per view of the batch, other training views), looked up
+    where each sees the point of the render's expected ``depth`` [B, H, W, 1] (camera z) through ``cameras``,
+    contradict ``photo`` [B, H, W, 3]: at least two of them see the point, each one's colour there is within
+    ``agree`` of their median colour, and that median is more than ``differ`` from the photo's (the mean absolute
+    difference over channels). A point without depth is never contradicted; only the pixels ``where`` [B, H, W, 1]
+    bool holds are looked at (None: all; the others are False)."""
+    rays = camera_rays(cameras)  # [B, H, W, 3] unit, world
+    along = torch.einsum("bhwi,bi->bhw", rays, cameras.viewmats[:, 2, :3])  # [B, H, W]: camera z per unit of ray
+    points = camera_centers(cameras.viewmats)[:, None, None] + rays * (depth[..., 0] / along.clamp_min(1e-6))[..., None]
+    looked_at = (depth > 0) if where is None else where & (depth > 0)  # [B, H, W, 1]
+    contradicted = torch.zeros_like(looked_at)  # [B, H, W, 1]
+    for b, seen_by in enumerate(others):
+        at = looked_at[b, ..., 0].flatten().nonzero()[:, 0]  # [P]: only these pixels (most steps have few candidates)
+        colours = []
+        for other in seen_by:
+            pixels, in_front = project_points(
+                points[b].reshape(-1, 3)[at], other.cameras.viewmats[0], other.cameras.Ks[0], other.cameras.model
+            )  # [P, 3], [P]
+            size = pixels.new_tensor([other.cameras.width, other.cameras.height])
+            grid = 2 * pixels[:, :2] / size - 1  # [P, 2] in [-1, 1] inside the frame (pixel centres at +0.5)
+            inside = in_front & (grid.abs() <= 1).all(-1)  # [P]
+            image = other.photo.permute(2, 0, 1)[None].to(photo.dtype) / 255  # [1, 3, H', W']
+            colour = F.grid_sample(image, grid[None, None], align_corners=False)[0, :, 0].T  # [P, 3]
+            colours.append(torch.where(inside[:, None], colour, torch.nan))
+        if len(colours) < 2:
+            continue
+        colours = torch.stack(colours)  # [K, P, 3], NaN where a view does not see the point
+        consensus = colours.nanmedian(0).values  # [P, 3]
+        seen = (~colours[..., 0].isnan()).sum(0)  # [P]
+        agreeing = ((colours - consensus).abs().mean(-1) < agree).sum(0)  # [P]
+        differs = (consensus - photo[b].reshape(-1, 3)[at]).abs().mean(-1) > differ  # [P] (False where unseen)
+        contradicted[b, ..., 0].view(-1)[at] = (agreeing == seen) & (seen >= 2) & differs
+    return contradicted
 
 
 @VIEW_REGISTRY.register("transients")
@@ -85,6 +158,10 @@ class TransientWeights(ViewModule):
         patch: int = 8  # patch side in pixels (at the resolution trained on)
         patch_fraction: float = 0.5  # a patch this full of candidates is set aside with the candidates next to it
         start: int = 500  # training steps with the module on before it sets anything aside (the scene takes shape)
+        check_views: int = 4  # other training photos (the nearest) that must contradict a photo where it is set aside
+        agree: float = (
+            0.1  # ... agreeing with each other, at the rendered surface, within this; check_views 0: no check
+        )
 
         def __post_init__(self) -> None:
             super().__post_init__()
@@ -100,20 +177,68 @@ class TransientWeights(ViewModule):
                 raise ValueError(f"patch must be >= 1 pixel, got {self.patch}")
             if self.start < 0:
                 raise ValueError(f"start must be >= 0 steps, got {self.start}")
+            if self.check_views < 0:
+                raise ValueError(f"check_views must be >= 0 views, got {self.check_views}")
+            if not (math.isfinite(self.agree) and 0 < self.agree <= 1):
+                raise ValueError(f"agree must be in (0, 1] (colours are in [0, 1]), got {self.agree!r}")
 
     def __init__(self, cfg: Config, train_names: list[str]) -> None:
         super().__init__(cfg, train_names)
         self.register_buffer("steps", torch.zeros((), dtype=torch.int64))  # training steps seen (checkpointed)
+        # each training photo as last seen (not checkpointed: a resumed run sees them again within an epoch)
+        self.seen: dict[str, Seen] = {}
+        self.depth: tuple[Cameras, Tensor] | None = None  # the last render's cameras and expected depth [B, H, W, 1]
+
+    def composite(self, out: RenderOutput, cameras: Cameras, backgrounds: Tensor) -> RenderOutput:
+        """``out`` unchanged; its expected depth is kept for :meth:`set_aside` of the same cameras."""
+        if self.cfg.check_views:
+            self.depth = (cameras, out.depth.detach())
+        return out
+
+    def others(self, names: list[str], cameras: Cameras) -> list[list[Seen]]:
+        """Per view of ``names``, the ``check_views`` other training photos seen so far nearest to its camera."""
+        if not self.seen:
+            return [[] for _ in names]
+        kept = list(self.seen.items())
+        centres = camera_centers(torch.cat([seen.cameras.viewmats for _, seen in kept]))  # [S, 3]
+        distances = torch.cdist(camera_centers(cameras.viewmats), centres.to(cameras.viewmats))  # [B, S]
+        chosen = []
+        for name, row in zip(names, distances):
+            order = [kept[i][1] for i in row.argsort().tolist() if kept[i][0] != name]
+            chosen.append(order[: self.cfg.check_views])
+        return chosen
 
     def set_aside(self, image: Tensor, batch: Batch) -> Tensor:
-        """[B, H, W, 1] bool: the pixels of ``batch``'s photos set aside from the render ``image`` [B, H, W, 3]."""
+        """[B, H, W, 1] bool: the pixels of ``batch``'s photos set aside from the render ``image`` [B, H, W, 3] (with
+        ``check_views``, where the last render was of ``batch``'s cameras: nothing otherwise)."""
         cfg = self.cfg
-        return set_aside(image, batch.images, cfg.factor, cfg.min_residual, cfg.patch, cfg.patch_fraction, batch.masks)
+        contradicted = None
+        if cfg.check_views:
+            if self.depth is None or self.depth[0] is not batch.cameras:
+                return torch.zeros_like(image[..., :1], dtype=torch.bool)
+            depth = self.depth[1]
+
+            def contradicted(candidates: Tensor) -> Tensor:
+                others = self.others(batch.names, batch.cameras)
+                return other_views_contradict(
+                    batch.images, depth, batch.cameras, others, cfg.agree, cfg.min_residual, candidates
+                )
+
+        return set_aside(
+            image, batch.images, cfg.factor, cfg.min_residual, cfg.patch, cfg.patch_fraction, batch.masks, contradicted
+        )
 
     def adjust_image(self, image: Tensor, batch: Batch) -> Tensor:
         """``image`` [B, H, W, 3] with the photo's values where :meth:`set_aside` sets pixels aside, once the module
         has seen ``start`` training steps (this is called once a step)."""
         self.steps += 1
-        if self.steps <= self.cfg.start:
-            return image
-        return torch.where(self.set_aside(image, batch), batch.images, image)
+        aside = None if self.steps <= self.cfg.start else self.set_aside(image, batch)
+        self.remember(batch)
+        return image if aside is None else torch.where(aside, batch.images, image)
+
+    def remember(self, batch: Batch) -> None:
+        """Keep ``batch``'s photos and cameras for the check of the other views (with ``check_views``)."""
+        if self.cfg.check_views:
+            for index, name in enumerate(batch.names):
+                photo = (batch.images[index].detach() * 255).round().to(torch.uint8)  # [H, W, 3]
+                self.seen[name] = Seen(photo, batch.cameras[index])
