@@ -27,7 +27,7 @@ from torch import Tensor
 
 from gsrecon.component import RunFacts
 from gsrecon.data.prefetch import host_memory_room
-from gsrecon.model.views.base import ViewModule
+from gsrecon.model.views.base import ViewModule, ViewModules
 from gsrecon.registry import VIEW_REGISTRY
 from gsrecon.render.environment import camera_rays, composite, cube_lookup
 
@@ -102,3 +102,12 @@ class Environment(ViewModule):
     def regularization(self) -> Tensor | None:
         entropy, self._entropy = self._entropy, None
         return None if entropy is None else self.cfg.opacity_reg * entropy
+
+
+def trained_sky(views: ViewModules | None) -> Tensor | None:
+    """[6, R, R, 3] the cube-map colours (in [0, 1], detached) of the environment among a run's per-view modules
+    ``views``; None where the run has none."""
+    for module in views.modules.values() if views else ():
+        if isinstance(module, Environment):
+            return module.colors().detach()
+    return None
