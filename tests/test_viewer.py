@@ -605,7 +605,7 @@ def test_gsrecon_view_draws_a_runs_sky_in_chromium(make_config, tmp_path) -> Non
         page.send_camera(pose_of(trainer.datapipeline.scene.train[0].viewmat), 0.7, 320, 240)
         wait_for(lambda: any(m["type"] == "GuiDropdownMessage" for m in page.received), "the page's controls")
         page.choose("Display", DISPLAYS["server"])
-        exact = browser.screenshot(tmp_path / "server_sky.png", lambda shot: _red(shot) > 0.3, "the render with the sky")
+        exact = browser.screenshot(tmp_path / "server_sky.png", lambda shot: _red(shot) > 0.3, "the sky render")
         page.close()
     finally:
         browser.close()
