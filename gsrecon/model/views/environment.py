@@ -111,3 +111,20 @@ def trained_sky(views: ViewModules | None) -> Tensor | None:
         if isinstance(module, Environment):
             return module.colors().detach()
     return None
+
+
+def merge_skies(colors: list[Tensor], coverages: list[Tensor]) -> Tensor:
+    """[6, R, R, 3] one cube map from several runs' ``colors`` ([6, R, R, 3] each, in [0, 1]): each texel the mean
+    of theirs weighted by how much each run's training views read it (``coverages`` [6, R, R] each,
+    :func:`~gsrecon.render.environment.texel_coverage`); a texel no run read, their plain mean."""
+    stacked = torch.stack(colors)  # [B, 6, R, R, 3]
+    weights = torch.stack(coverages)[..., None]  # [B, 6, R, R, 1]
+    total = weights.sum(dim=0)  # [6, R, R, 1]
+    weighted = (stacked * weights).sum(dim=0) / total.clamp_min(1e-12)
+    return torch.where(total > 0.0, weighted, stacked.mean(dim=0))
+
+
+def set_sky(module: Environment, colors: Tensor) -> None:
+    """Make the cube map of ``module`` hold ``colors`` [6, R, R, 3] (in [0, 1])."""
+    with torch.no_grad():
+        module.texels.copy_(torch.logit(colors.clamp(1e-6, 1.0 - 1e-6)))
