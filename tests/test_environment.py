@@ -12,6 +12,7 @@ import torch
 from gsrecon.cameras import CameraModel, Cameras
 from gsrecon.cameras.lens import project_points
 from gsrecon.cli import main
+from gsrecon.data.pipeline import Batch
 from gsrecon.data.readers.synthetic import SyntheticConfig, render_view, street_viewmats
 from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.model.views.base import ViewModules
@@ -112,6 +113,26 @@ def test_opacity_reg_pushes_the_opacity_to_either_side() -> None:
     assert module.regularization() is None  # one term per render
 
 
+def test_sky_prior_fades_the_gaussians_only_where_the_environment_draws_the_photo() -> None:
+    """The prior's term (of training renders only) lowers the opacity where the sky's colour is the photo's, and
+    leaves it where the photo shows something else."""
+    module = Environment(Environment.Config(resolution=2, init=0.25, sky_prior=1.0), ["a"])
+    cameras = Cameras(torch.eye(4)[None], K[None], 64, 48)
+    photo = torch.full((1, 48, 64, 3), 0.25)  # the grey the environment starts as ...
+    photo[:, 24:] = 0.9  # ... above, something else below
+    batch = Batch(photo, cameras, torch.zeros(1, 3), ["a"])
+    alpha = torch.full((1, 48, 64, 1), 0.5, requires_grad=True)
+    out = RenderOutput(torch.zeros(1, 48, 64, 3), alpha, torch.zeros(1, 48, 64, 1), {})
+    with torch.no_grad():
+        module.adjust_image(module.composite(out, cameras, torch.zeros(1, 3)).image, batch)
+    assert module.regularization() is None  # validation renders add nothing
+    module.adjust_image(module.composite(out, cameras, torch.zeros(1, 3)).image, batch)
+    term = module.regularization()
+    term.backward()
+    assert term > 0 and (alpha.grad[:, :24] > 0).all()  # descent lowers the opacity in front of the sky
+    assert alpha.grad[:, 24:].abs().max() < 1e-6 * alpha.grad[:, :24].min()  # and not in front of the rest
+    assert module.regularization() is None  # one term per step
+
 def test_without_modules_the_render_is_untouched() -> None:
     out = object()
     assert ViewModules({}).composite(out, None) is out  # a run without the module renders as before
@@ -180,6 +201,8 @@ def test_environment_from_the_command_line_trains_resumes_evaluates_and_exports(
         ({"sky": {"name": "environment", "lr": -1.0}}, {}, "views.sky"),
         ({"sky": {"name": "environment", "init": 1.5}}, {}, "views.sky"),
         ({"sky": {"name": "environment", "opacity_reg": float("nan")}}, {}, "views.sky"),
+        ({"sky": {"name": "environment", "sky_prior": -0.1}}, {}, "views.sky"),
+        ({"sky": {"name": "environment", "sky_match": 0.0}}, {}, "views.sky"),
         (SKY, {"background": "random"}, "views.sky"),
     ],
 )

@@ -33,6 +33,7 @@ from gsrecon.render.environment import camera_rays, composite, cube_lookup
 
 if TYPE_CHECKING:
     from gsrecon.cameras import Cameras
+    from gsrecon.data.pipeline import Batch
     from gsrecon.render.base import RenderOutput
 
 _BYTES_PER_TEXEL = 6 * 3 * 4 * 4  # six faces x RGB x float32 x (value, gradient, two Adam moments)
@@ -53,6 +54,11 @@ class Environment(ViewModule):
         # Weight of the mean binary entropy of the Gaussians' accumulated opacity in training renders: pushes each
         # pixel to be drawn by the Gaussians or by the environment, not half by each. 0: off
         opacity_reg: float = 0.0
+        # Weight of the mean, over training pixels, of the Gaussians' accumulated opacity where the environment
+        # already draws the photo (weighted by exp(-(colour difference / sky_match)^2), a colour difference of 0
+        # to 1 per channel, RMS): breaks the tie between a Gaussian of the sky's colour and the sky itself. 0: off
+        sky_prior: float = 0.0
+        sky_match: float = 0.1
 
         def __post_init__(self) -> None:
             super().__post_init__()
@@ -67,8 +73,11 @@ class Environment(ViewModule):
                 )
             if not (math.isfinite(self.init) and 0.0 < self.init < 1.0):
                 raise ValueError(f"init must be a colour in (0, 1), got {self.init!r}")
-            if not (math.isfinite(self.opacity_reg) and self.opacity_reg >= 0.0):
-                raise ValueError(f"opacity_reg must be a finite number >= 0, got {self.opacity_reg!r}")
+            for name in ("opacity_reg", "sky_prior"):
+                if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0.0):
+                    raise ValueError(f"{name} must be a finite number >= 0, got {getattr(self, name)!r}")
+            if not (math.isfinite(self.sky_match) and self.sky_match > 0.0):
+                raise ValueError(f"sky_match must be a finite number > 0, got {self.sky_match!r}")
 
     def __init__(self, cfg: Config, train_names: list[str]) -> None:
         super().__init__(cfg, train_names)
@@ -76,6 +85,8 @@ class Environment(ViewModule):
         res = cfg.resolution
         self.texels = torch.nn.Parameter(torch.full((6, res, res, 3), logit))  # [6, R, R, 3] pre-sigmoid
         self._entropy: Tensor | None = None  # the opacity's entropy in the last render with gradients
+        self._drawn: tuple[Tensor, Tensor] | None = None  # the last such render's alpha [C, H, W, 1], env [C, H, W, 3]
+        self._prior: Tensor | None = None  # the sky prior's term of the last training step
 
     def check(self, run: RunFacts) -> None:
         if run.config["data"]["background"] == "random":
@@ -97,11 +108,27 @@ class Environment(ViewModule):
         if self.cfg.opacity_reg > 0.0 and torch.is_grad_enabled():
             alpha = out.alpha.clamp(1e-6, 1.0 - 1e-6)  # [C, H, W, 1]
             self._entropy = -(alpha * alpha.log() + (1.0 - alpha) * (1.0 - alpha).log()).mean()
+        if self.cfg.sky_prior > 0.0 and torch.is_grad_enabled():
+            self._drawn = out.alpha, environment.detach()
         return composite(out, environment, backgrounds)
 
+    def adjust_image(self, image: Tensor, batch: Batch) -> Tensor:
+        if self._drawn is not None:
+            alpha, environment = self._drawn  # [C, H, W, 1], [C, H, W, 3]
+            self._drawn = None
+            difference = (environment - batch.images[..., :3]).square().mean(dim=-1, keepdim=True)  # [C, H, W, 1]
+            self._prior = (alpha * torch.exp(-difference / self.cfg.sky_match**2)).mean()
+        return image
+
     def regularization(self) -> Tensor | None:
+        terms = []
         entropy, self._entropy = self._entropy, None
-        return None if entropy is None else self.cfg.opacity_reg * entropy
+        if entropy is not None:
+            terms.append(self.cfg.opacity_reg * entropy)
+        prior, self._prior = self._prior, None
+        if prior is not None:
+            terms.append(self.cfg.sky_prior * prior)
+        return sum(terms) if terms else None
 
 
 def trained_sky(views: ViewModules | None) -> Tensor | None:
