@@ -133,6 +133,7 @@ def test_sky_prior_fades_the_gaussians_only_where_the_environment_draws_the_phot
     assert alpha.grad[:, 24:].abs().max() < 1e-6 * alpha.grad[:, :24].min()  # and not in front of the rest
     assert module.regularization() is None  # one term per step
 
+
 def test_without_modules_the_render_is_untouched() -> None:
     out = object()
     assert ViewModules({}).composite(out, None) is out  # a run without the module renders as before
