@@ -127,7 +127,7 @@ class ViewerHook(Hook):
     def _show(self, trainer: TrainerView) -> None:
         """Send a copy of the current Gaussians to the viewer (training goes on changing the originals)."""
         params = {k: v.detach().clone() for k, v in trainer.model.params.items()}
-        sky = trained_sky(trainer.views)
+        sky = trained_sky(trainer.views, trainer.datapipeline.fixed_background())
         self.viewer.set_scene(params, trainer.model.active_sh_degree(trainer.step), trainer.step, sky=sky)
         if trainer.views:  # the training cameras where the per-view modules place them (pose refinement)
             frames = trainer.datapipeline.scene.train

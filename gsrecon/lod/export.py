@@ -86,7 +86,8 @@ def sky_gaussians(
         return None
     run = scene_run(scene, "export", "cpu", logger)
     radius = radii * max(region.radius, 1e-3)
-    gaussians = far_sphere_gaussians(trained_sky(run.views).cpu(), torch.tensor(region.center), radius)
+    colors = trained_sky(run.views, run.datapipeline.fixed_background()).cpu()  # [6, R, R, 3]
+    gaussians = far_sphere_gaussians(colors, torch.tensor(region.center), radius)
     logger.info(f"the trained sky joins the environment as {len(gaussians['means'])} Gaussians {radius:.3g} away")
     return gaussians
 

@@ -20,6 +20,7 @@ from torch import Tensor
 from gsrecon.atomic import atomic_paths
 from gsrecon.cameras import Cameras
 from gsrecon.cameras.model import CameraModel
+from gsrecon.component import RunSetup
 from gsrecon.data.blocks import Partition, cell_box, image_coverage
 from gsrecon.distributed import DistributedContext
 from gsrecon.engine.checkpoints import (
@@ -138,7 +139,7 @@ def merge_blocks(
         )
     loaded = [_block_gaussians(exp_dir, block.index, partition, resolved["model"]) for block in partition.blocks]
     pieces = [params for params, _ in loaded]
-    sky = _merged_sky(cfg, partition, pipeline, [block_sky for _, block_sky in loaded])
+    sky = _merged_sky(cfg, partition, pipeline, [block_sky for _, block_sky in loaded], logger)
     params = torch.nn.ParameterDict({k: torch.nn.Parameter(v, requires_grad=False) for k, v in pieces[0].items()})
     for piece in pieces[1:]:
         ops.append_rows(params, {}, {}, (), piece)
@@ -219,11 +220,11 @@ def _block_gaussians(
 
 
 def _merged_sky(
-    cfg: RunConfig, partition: Partition, pipeline: DataPipeline, skies: list[Tensor | None]
+    cfg: RunConfig, partition: Partition, pipeline: DataPipeline, skies: list[Tensor | None], logger: Logger
 ) -> ViewModules | None:
     """The run's ``environment`` module holding the blocks' ``skies`` merged (:func:`merge_skies`: each texel
-    weighted by how much the block's training views read it); None where the run has no sky. Raises InputError
-    naming the blocks that kept no sky, or one of another resolution."""
+    weighted by how much the block's training views read it), set up for the whole capture (its horizon); None
+    where the run has no sky. Raises InputError naming the blocks that kept no sky, or one of another resolution."""
     exp_dir = Path(cfg.exp_dir)
     views = build_views(resolve_views_config(cfg, str(exp_dir)), [f.name for f in pipeline.scene.train], "cpu")
     keys = [key for key, module in views.modules.items() if isinstance(module, Environment)]
@@ -242,6 +243,7 @@ def _merged_sky(
     frames = {frame.name: frame for frame in pipeline.scene.train}
     coverages = [_sky_coverage([frames[name] for name in block.train], shape[1]) for block in partition.blocks]
     set_sky(module, merge_skies([sky.float() for sky in skies], coverages))
+    module.setup(RunSetup(logger.info, pipeline))
     return ViewModules({keys[0]: module})
 
 

@@ -39,7 +39,8 @@ def view(args: argparse.Namespace) -> int:
     try:
         viewer.set_camera_poses(training_cameras(run))
         params = {k: v.to(device) for k, v in scene.params.items()}
-        viewer.set_scene(params, scene.sh_degree, scene.step, sky=trained_sky(run.views))
+        sky = trained_sky(run.views, pipeline.fixed_background())
+        viewer.set_scene(params, scene.sh_degree, scene.step, sky=sky)
         print(f"viewer of {scene.source}: {viewer.url} (Ctrl-C to stop)", flush=True)
         viewer.serve_forever()
     except KeyboardInterrupt:
