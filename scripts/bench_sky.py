@@ -184,7 +184,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--runs", type=Path, default=Path("/tmp/bench_sky"))
     parser.add_argument("--picture", type=Path, default=None)
-    parser.add_argument("--arms", choices=["both", "env"], default="both", help="env: only the runs with the sky")
+    parser.add_argument("--arms", choices=["both", "env", "off"], default="both", help="env / off: only those runs")
     parser.add_argument("--tag", default="", help="appended to the run folders' names")
     parser.add_argument("extra", nargs="*", help="key=value overrides (after the sky's entry, so views.sky.* apply)")
     args = parser.parse_args()
@@ -192,7 +192,7 @@ def main() -> None:
     for seed in args.seeds:
         pictures = {}
         arms = (False, True) if seed % 2 == 0 else (True, False)  # A/B, then B/A
-        for env in arms if args.arms == "both" else (True,):
+        for env in arms if args.arms == "both" else (args.arms == "env",):
             exp_dir = args.runs / f"{args.scene}_s{seed}_{'env' if env else 'off'}_{args.steps}{args.tag}"
             load = open("/proc/loadavg").read().split()[0]
             cpu = train(args.scene, seed, args.steps, env, exp_dir, args.extra)
