@@ -471,6 +471,15 @@ def _dark(shot: np.ndarray) -> float:
     return float((shot[SCENE_AREA].max(axis=-1) < 80).mean())
 
 
+def _show_server_render(url: str, frame: Frame) -> None:
+    """Switch the served pages to gsrecon's render, as a page looking through ``frame`` does."""
+    page = Page(url)
+    page.send_camera(pose_of(frame.viewmat), 0.7, 320, 240)  # viser serves pages that did
+    wait_for(lambda: any(m["type"] == "GuiDropdownMessage" for m in page.received), "the page's controls")
+    page.choose("Display", DISPLAYS["server"])
+    page.close()
+
+
 def test_gsrecon_view_draws_the_scene_in_chromium(make_config, tmp_path) -> None:
     if shutil.which("chromium") is None:
         pytest.skip("needs chromium (apt-get install chromium)")
@@ -492,12 +501,8 @@ def test_gsrecon_view_draws_the_scene_in_chromium(make_config, tmp_path) -> None
             lambda shot: _white(shot) < 0.8 and np.abs(shot - first)[SCENE_AREA].mean() > 10.0,
             "the splats from another camera",
         )
-        page = Page(url)
-        page.send_camera(pose_of(scene.train[0].viewmat), 0.7, 320, 240)  # viser serves pages that did
-        wait_for(lambda: any(m["type"] == "GuiDropdownMessage" for m in page.received), "the page's controls")
-        page.choose("Display", DISPLAYS["server"])
+        _show_server_render(url, scene.train[0])
         exact = browser.screenshot(tmp_path / "gsrecon_render.png", lambda shot: _dark(shot) > 0.25, "gsrecon's render")
-        page.close()
     finally:
         browser.close()
         proc.send_signal(signal.SIGINT)
@@ -601,12 +606,8 @@ def test_gsrecon_view_draws_a_runs_sky_in_chromium(make_config, tmp_path) -> Non
     try:
         browser.open(url)
         splats = browser.screenshot(tmp_path / "browser_sky.png", lambda shot: _red(shot) > 0.3, "the sky's splats")
-        page = Page(url)
-        page.send_camera(pose_of(trainer.datapipeline.scene.train[0].viewmat), 0.7, 320, 240)
-        wait_for(lambda: any(m["type"] == "GuiDropdownMessage" for m in page.received), "the page's controls")
-        page.choose("Display", DISPLAYS["server"])
+        _show_server_render(url, trainer.datapipeline.scene.train[0])
         exact = browser.screenshot(tmp_path / "server_sky.png", lambda shot: _red(shot) > 0.3, "the sky render")
-        page.close()
     finally:
         browser.close()
         proc.send_signal(signal.SIGINT)
