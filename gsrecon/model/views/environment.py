@@ -11,6 +11,11 @@ transparency (the sky is no reason to grow them), and the environment's own grad
 serves every view (its parameters are not per view: every texel steps each step), every renderer (torch, cpu and
 gsplat all return ``alpha``) and test views alike.
 
+Two options for real photos: ``horizon`` draws it only above the training cameras' mean horizon (the ground, seen
+in one direction with one colour from every photo, is otherwise drawn through the Gaussians), and ``sky_prior``
+adds the Gaussians' opacity where the environment already draws the photo (a Gaussian of the sky's colour explains
+the sky as well as the environment does: nothing else makes it give way).
+
 PLY and the other per-Gaussian formats hold the Gaussians without it (the export says so);
 :func:`~gsrecon.render.environment.far_sphere_gaussians` turns it into Gaussians on a far sphere for a format that
 can carry them.
