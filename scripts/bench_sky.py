@@ -10,6 +10,9 @@ afterwards the final checkpoint's Gaussians are rendered alone (no environment) 
 - ``sky_gaussians``: Gaussians (opacity above 0.05) whose centre some training view sees on a sky pixel (nothing is
   there but sky: a floater painting it), the same masks on the training views; ``sky_gaussians_most``: those whose
   centre lies on the sky in most of the training views that see it (not a skyline's edge seen past in one view);
+- ``sky_gaussians_inside``: those whose centre some training view sees at least :data:`INSIDE` pixels inside its sky
+  (not on a skyline the sky mask's edge clips); ``sky_opacity``: the sum of the opacities of ``sky_gaussians``
+  (a Gaussian half-faded counts half);
 - ``far_gaussians``: Gaussians farther from every camera than twice the largest distance between two cameras (the
   cameras' region).
 
@@ -36,6 +39,7 @@ SCENES = {
     "statuette": ["--config", "configs/statuette.yaml", "data.path=/work/shared/data/statuette_colmap"],
 }
 ENV = "views={sky: {name: environment}}"
+INSIDE = 4  # px: how far inside a view's sky a centre lies to count in sky_gaussians_inside
 
 
 def train(scene: str, seed: int, steps: int, env: bool, exp_dir: Path, extra: list[str]) -> float:
@@ -77,6 +81,8 @@ def sky_masks(scene: str, pipeline, batches) -> list[np.ndarray]:
 
 def analyse(scene: str, exp_dir: Path) -> tuple[dict, dict]:
     """The run's figures, and what the picture needs of its first test view."""
+    from scipy import ndimage
+
     from gsrecon.cameras.lens import project_points
     from gsrecon.data.pipeline import DataPipeline
     from gsrecon.engine.inference import batch_renderer, load_trained_scene, scene_run
@@ -106,6 +112,7 @@ def analyse(scene: str, exp_dir: Path) -> tuple[dict, dict]:
         opacity = torch.sigmoid(params["opacities"])
         means = params["means"]
         on_sky = torch.zeros(len(means), dtype=torch.bool)
+        inside_sky = torch.zeros(len(means), dtype=torch.bool)
         sky_views, seen_views = torch.zeros(len(means)), torch.zeros(len(means))  # [N] each
         for batch, mask in zip(train_batches, train_masks):
             cams = batch.cameras
@@ -116,6 +123,8 @@ def analyse(scene: str, exp_dir: Path) -> tuple[dict, dict]:
             hit = torch.zeros_like(inside)
             hit[inside] = torch.from_numpy(mask)[y[inside], x[inside]]
             on_sky |= hit
+            deep = torch.from_numpy(ndimage.binary_erosion(mask, iterations=INSIDE))  # [H, W]
+            inside_sky[inside] |= deep[y[inside], x[inside]]
             sky_views += hit.float()
             seen_views += inside.float()
         centres = torch.stack([torch.linalg.inv(b.cameras.viewmats[0])[:3, 3] for b in train_batches])  # [F, 3]
@@ -129,6 +138,8 @@ def analyse(scene: str, exp_dir: Path) -> tuple[dict, dict]:
         "scene_alpha": float(np.mean(scene_alphas)),
         "sky_gaussians": int((on_sky & (opacity > 0.05)).sum()),
         "sky_gaussians_most": int(((sky_views > 0.5 * seen_views) & (opacity > 0.05)).sum()),
+        "sky_gaussians_inside": int((inside_sky & (opacity > 0.05)).sum()),
+        "sky_opacity": float(opacity[on_sky & (opacity > 0.05)].sum()),
         "far_gaussians": int(far.sum()),
     }
     return figures, picture
@@ -173,7 +184,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--runs", type=Path, default=Path("/tmp/bench_sky"))
     parser.add_argument("--picture", type=Path, default=None)
-    parser.add_argument("--arms", choices=["both", "env"], default="both", help="env: only the runs with the sky")
+    parser.add_argument("--arms", choices=["both", "env", "off"], default="both", help="env / off: only those runs")
     parser.add_argument("--tag", default="", help="appended to the run folders' names")
     parser.add_argument("extra", nargs="*", help="key=value overrides (after the sky's entry, so views.sky.* apply)")
     args = parser.parse_args()
@@ -181,7 +192,7 @@ def main() -> None:
     for seed in args.seeds:
         pictures = {}
         arms = (False, True) if seed % 2 == 0 else (True, False)  # A/B, then B/A
-        for env in arms if args.arms == "both" else (True,):
+        for env in arms if args.arms == "both" else (args.arms == "env",):
             exp_dir = args.runs / f"{args.scene}_s{seed}_{'env' if env else 'off'}_{args.steps}{args.tag}"
             load = open("/proc/loadavg").read().split()[0]
             cpu = train(args.scene, seed, args.steps, env, exp_dir, args.extra)

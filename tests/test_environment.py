@@ -12,10 +12,11 @@ import torch
 from gsrecon.cameras import CameraModel, Cameras
 from gsrecon.cameras.lens import project_points
 from gsrecon.cli import main
+from gsrecon.data.pipeline import Batch
 from gsrecon.data.readers.synthetic import SyntheticConfig, render_view, street_viewmats
 from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.model.views.base import ViewModules
-from gsrecon.model.views.environment import Environment
+from gsrecon.model.views.environment import Environment, above_horizon, trained_sky
 from gsrecon.registry import RENDERER_REGISTRY
 from gsrecon.render.base import RenderOutput
 from gsrecon.render.environment import (
@@ -112,6 +113,53 @@ def test_opacity_reg_pushes_the_opacity_to_either_side() -> None:
     assert module.regularization() is None  # one term per render
 
 
+def test_sky_prior_fades_the_gaussians_only_where_the_environment_draws_the_photo() -> None:
+    """The prior's term (of training renders only) lowers the opacity where the sky's colour is the photo's, and
+    leaves it where the photo shows something else."""
+    module = Environment(Environment.Config(resolution=2, init=0.25, sky_prior=1.0), ["a"])
+    cameras = Cameras(torch.eye(4)[None], K[None], 64, 48)
+    photo = torch.full((1, 48, 64, 3), 0.25)  # the grey the environment starts as ...
+    photo[:, 24:] = 0.9  # ... above, something else below
+    batch = Batch(photo, cameras, torch.zeros(1, 3), ["a"])
+    alpha = torch.full((1, 48, 64, 1), 0.5, requires_grad=True)
+    out = RenderOutput(torch.zeros(1, 48, 64, 3), alpha, torch.zeros(1, 48, 64, 1), {})
+    with torch.no_grad():
+        module.adjust_image(module.composite(out, cameras, torch.zeros(1, 3)).image, batch)
+    assert module.regularization() is None  # validation renders add nothing
+    module.adjust_image(module.composite(out, cameras, torch.zeros(1, 3)).image, batch)
+    term = module.regularization()
+    term.backward()
+    assert term > 0 and (alpha.grad[:, :24] > 0).all()  # descent lowers the opacity in front of the sky
+    assert alpha.grad[:, 24:].abs().max() < 1e-6 * alpha.grad[:, :24].min()  # and not in front of the rest
+    assert module.regularization() is None  # one term per step
+
+
+def test_horizon_draws_the_environment_above_it_and_the_background_below() -> None:
+    up = torch.tensor([0.0, -1.0, 0.0])  # an upright camera's (identity pose: y down) up
+    rays = torch.tensor([[0.0, -1.0, 0.0], [0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, -0.02, 1.0]])
+    torch.testing.assert_close(above_horizon(rays, up)[:, 0], torch.tensor([1.0, 0.0, 0.5, 0.7]), atol=1e-3, rtol=0)
+    assert (above_horizon(rays, torch.zeros(3)) == 1.0).all()  # up unknown: everywhere
+    module = Environment(Environment.Config(resolution=2, init=0.8, horizon=True), ["a"])
+    module.up.copy_(up)
+    cameras = Cameras(torch.eye(4)[None], K[None], 64, 48)
+    background = torch.full((1, 48, 64, 3), 0.1)  # what the renderer drew where no Gaussian is
+    out = RenderOutput(background, torch.zeros(1, 48, 64, 1), torch.zeros(1, 48, 64, 1), {})
+    image = module.composite(out, cameras, torch.full((1, 3), 0.1)).image  # [1, 48, 64, 3]
+    torch.testing.assert_close(image[0, :20], torch.full((20, 64, 3), 0.8))  # the sky above
+    torch.testing.assert_close(image[0, 28:], torch.full((20, 64, 3), 0.1))  # the background below
+    drawn = trained_sky(ViewModules({"sky": module}), torch.full((3,), 0.1))  # [6, 2, 2, 3] what a viewer shows
+    assert drawn[2].max() < 0.2 and drawn[3].min() > 0.7  # the +y face (down) background, -y (up) the sky
+
+
+def test_horizon_and_sky_prior_from_the_command_line(make_config, tmp_path: Path) -> None:
+    views = {"sky": {"name": "environment", "resolution": 4, "horizon": True, "sky_prior": 0.1}}
+    config = write_yaml(tmp_path / "h.yaml", make_config("h", views=views, max_steps=3, val_interval=3))
+    assert main(["train", "--config", str(config)]) == 0
+    up = load_checkpoint_file(tmp_path / "h" / "checkpoints" / "last.pt")["views"]["sky"]["module"]["up"]
+    assert float(up.norm()) == pytest.approx(1.0)  # the training cameras' up, kept for eval, render and view
+    assert main(["eval", "--exp-dir", str(tmp_path / "h"), "--device", "cpu"]) == 0
+
+
 def test_without_modules_the_render_is_untouched() -> None:
     out = object()
     assert ViewModules({}).composite(out, None) is out  # a run without the module renders as before
@@ -180,6 +228,8 @@ def test_environment_from_the_command_line_trains_resumes_evaluates_and_exports(
         ({"sky": {"name": "environment", "lr": -1.0}}, {}, "views.sky"),
         ({"sky": {"name": "environment", "init": 1.5}}, {}, "views.sky"),
         ({"sky": {"name": "environment", "opacity_reg": float("nan")}}, {}, "views.sky"),
+        ({"sky": {"name": "environment", "sky_prior": -0.1}}, {}, "views.sky"),
+        ({"sky": {"name": "environment", "sky_match": 0.0}}, {}, "views.sky"),
         (SKY, {"background": "random"}, "views.sky"),
     ],
 )

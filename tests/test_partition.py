@@ -21,6 +21,7 @@ from gsrecon.data.scene import Frame, Scene
 from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.errors import InputError
 from gsrecon.geometry import look_at
+from gsrecon.model.views.environment import merge_skies
 
 WIDTH, HEIGHT = 16, 12
 K = torch.tensor([[12.0, 0.0, WIDTH / 2], [0.0, 12.0, HEIGHT / 2], [0.0, 0.0, 1.0]])
@@ -324,6 +325,51 @@ def test_every_feature_works_per_block_and_a_fine_tune_of_the_merged_scene(make_
         torch.testing.assert_close(value, finetuned[name], rtol=0, atol=0)
     before = load_checkpoint_file(exp_dir / "blocks" / "0" / "block.pt")["params"]["means"]
     assert not torch.equal(merged["params"]["means"][: len(before)], before[: len(merged["params"]["means"])])
+
+
+@pytest.mark.slow  # 12 s: two blocks, a fine-tune and an eval
+def test_a_merge_keeps_the_blocks_sky_weighted_by_what_each_block_saw(make_config, tmp_path: Path, capsys) -> None:
+    sky = {"sky": {"name": "environment", "resolution": 4, "lr": 0.2}}
+    config = _blocks_config(make_config, tmp_path, views=sky, partition={"blocks": 2, "merge_steps": 2})
+    assert main(["train", "--config", str(config)]) == 0
+    exp_dir = tmp_path / "blocks"
+    skies = [load_checkpoint_file(exp_dir / "blocks" / str(i) / "block.pt")["sky"] for i in range(2)]  # [6, 4, 4, 3]
+    assert not torch.equal(skies[0], skies[1])  # each block trained its own
+    merged = load_checkpoint_file(exp_dir / "checkpoints" / "last.pt")
+    finetuned = load_checkpoint_file(exp_dir / "blocks" / "finetune" / "checkpoints" / "last.pt")
+    texels = merged["views"]["sky"]["module"]["texels"]
+    torch.testing.assert_close(texels, finetuned["views"]["sky"]["module"]["texels"], rtol=0, atol=1e-6)
+    # The fine-tune started from the blocks' skies merged (each texel between theirs; its two steps move a colour by
+    # less than 0.1), not from grey.
+    colours, stacked = torch.sigmoid(texels), torch.stack(skies)  # [6, 4, 4, 3], [2, 6, 4, 4, 3]
+    low, high = stacked.amin(dim=0) - 0.1, stacked.amax(dim=0) + 0.1
+    assert bool(((colours >= low) & (colours <= high)).all())
+    assert bool(((low > 0.5) | (high < 0.5)).any())
+    # gsrecon eval reads the merged sky: it scores the test views as the merge did.
+    metrics = json.loads((exp_dir / "metrics.json").read_text())
+    assert main(["eval", "--exp-dir", str(exp_dir)]) == 0
+    evaluated = json.loads((exp_dir / "eval" / "metrics.json").read_text())
+    assert evaluated["mean"]["psnr"] == pytest.approx(metrics["mean"]["psnr"], abs=1e-4)
+    # A block that kept no sky (an older gsrecon's) is refused by name, nothing written.
+    block = exp_dir / "blocks" / "1" / "block.pt"
+    result = load_checkpoint_file(block)  # its tensors read from the file when used: written beside it, then moved
+    del result["sky"]
+    torch.save(result, block.with_suffix(".new"))
+    block.with_suffix(".new").replace(block)
+    capsys.readouterr()
+    assert main(["merge", "--exp-dir", str(exp_dir)]) == 2
+    assert "block 1 kept no sky" in capsys.readouterr().err
+
+
+def test_skies_merge_texel_by_texel_weighted_by_what_each_run_saw() -> None:
+    red, blue = torch.tensor([1.0, 0.0, 0.0]).expand(6, 2, 2, 3), torch.tensor([0.0, 0.0, 1.0]).expand(6, 2, 2, 3)
+    seen_red, seen_blue = torch.zeros(6, 2, 2), torch.zeros(6, 2, 2)
+    seen_red[0], seen_blue[0, 0], seen_blue[1] = 3.0, 1.0, 2.0
+    merged = merge_skies([red, blue], [seen_red, seen_blue])
+    torch.testing.assert_close(merged[0, 0, 0], torch.tensor([0.75, 0.0, 0.25]))  # seen by both, 3 : 1
+    torch.testing.assert_close(merged[0, 1, 1], torch.tensor([1.0, 0.0, 0.0]))  # by red's views alone
+    torch.testing.assert_close(merged[1, 0, 0], torch.tensor([0.0, 0.0, 1.0]))  # by blue's alone
+    torch.testing.assert_close(merged[2, 0, 0], torch.tensor([0.5, 0.0, 0.5]))  # by neither: their mean
 
 
 def test_torchrun_ranks_with_different_configs_are_refused_before_training(make_config, tmp_path: Path) -> None:

@@ -471,6 +471,15 @@ def _dark(shot: np.ndarray) -> float:
     return float((shot[SCENE_AREA].max(axis=-1) < 80).mean())
 
 
+def _show_server_render(url: str, frame: Frame) -> None:
+    """Switch the served pages to gsrecon's render, as a page looking through ``frame`` does."""
+    page = Page(url)
+    page.send_camera(pose_of(frame.viewmat), 0.7, 320, 240)  # viser serves pages that did
+    wait_for(lambda: any(m["type"] == "GuiDropdownMessage" for m in page.received), "the page's controls")
+    page.choose("Display", DISPLAYS["server"])
+    page.close()
+
+
 def test_gsrecon_view_draws_the_scene_in_chromium(make_config, tmp_path) -> None:
     if shutil.which("chromium") is None:
         pytest.skip("needs chromium (apt-get install chromium)")
@@ -492,12 +501,8 @@ def test_gsrecon_view_draws_the_scene_in_chromium(make_config, tmp_path) -> None
             lambda shot: _white(shot) < 0.8 and np.abs(shot - first)[SCENE_AREA].mean() > 10.0,
             "the splats from another camera",
         )
-        page = Page(url)
-        page.send_camera(pose_of(scene.train[0].viewmat), 0.7, 320, 240)  # viser serves pages that did
-        wait_for(lambda: any(m["type"] == "GuiDropdownMessage" for m in page.received), "the page's controls")
-        page.choose("Display", DISPLAYS["server"])
+        _show_server_render(url, scene.train[0])
         exact = browser.screenshot(tmp_path / "gsrecon_render.png", lambda shot: _dark(shot) > 0.25, "gsrecon's render")
-        page.close()
     finally:
         browser.close()
         proc.send_signal(signal.SIGINT)
@@ -552,3 +557,61 @@ def test_viewer_hook_draws_the_corrected_training_cameras(make_trainer, hook_reg
     drawn = trainer.hooks["FrustumRecorderHook"].positions[-1]
     np.testing.assert_allclose(drawn, camera_centers(placed).numpy(), atol=1e-5)
     assert np.abs(drawn - camera_centers(given).numpy()).max() > 1e-3
+
+
+RED_SKY = torch.tensor([1.0, 0.0, 0.0]).expand(6, 4, 4, 3)  # a cube map: red in every direction
+
+
+def test_server_and_browser_displays_draw_the_sky_behind_the_gaussians(scene_viewer) -> None:
+    viewer, trainer = scene_viewer
+    params = {k: v.detach().clone() for k, v in trainer.model.params.items()}
+    page = Page(viewer.url)
+    page.look_through(trainer.datapipeline.scene.train[0])
+    serve_until(viewer, page.renders, "a server-side render")
+    plain = np.asarray(Image.open(io.BytesIO(page.renders()[-1])).convert("RGB")).astype(np.float32)
+    viewer.set_scene(params, 1, 0, sky=RED_SKY)
+    serve_until(viewer, lambda: len(page.renders()) >= 2, "a render with the sky")
+    sky = np.asarray(Image.open(io.BytesIO(page.renders()[-1])).convert("RGB")).astype(np.float32)
+    background = plain.max(axis=-1) < 20  # where the Gaussians left the black background
+    assert 0.02 < background.mean() < 0.98
+    assert sky[background, 0].mean() > 200 and sky[background, 1:].mean() < 40  # the sky, red, drawn there
+    assert np.abs(sky[..., 1:] - plain[..., 1:]).mean() < 3.0  # a red sky adds red only (and JPEG's loss)
+    assert (sky[..., 0] >= plain[..., 0] - 3.0).all()
+
+    viewer.display_dropdown.value = DISPLAYS["browser"]
+    viewer.process()
+    wait_for(lambda: page.of_type("GaussianSplatsMessage"), "the splats")
+    buffer = viewer._splats.buffer  # [N, 8] uint32: what the page got
+    assert len(buffer) == len(params["means"]) + 6 * 4 * 4  # the scene's and one splat per texel
+    page.close()
+
+
+def _red(shot: np.ndarray) -> float:
+    """Fraction of the scene area showing a red sky."""
+    area = shot[SCENE_AREA]
+    return float(((area[..., 0] > 180) & (area[..., 1:].max(axis=-1) < 80)).mean())
+
+
+@pytest.mark.slow  # 27 s: Chromium's software WebGL
+def test_gsrecon_view_draws_a_runs_sky_in_chromium(make_config, tmp_path) -> None:
+    if shutil.which("chromium") is None:
+        pytest.skip("needs chromium (apt-get install chromium)")
+    config = make_config(max_steps=3, views={"sky": {"name": "environment", "resolution": 4}})
+    trainer = DefaultTrainer(parse_structured(DefaultTrainer.Config, config))
+    with torch.no_grad():
+        trainer.views.modules["sky"].texels.copy_(torch.tensor([8.0, -8.0, -8.0]))  # red; 3 steps keep it red
+    trainer.train()
+    proc, url = _start_view("--exp-dir", config["exp_dir"], "--port", "0", "--resolution", "256")
+    browser = Chromium(tmp_path / "chromium")
+    try:
+        browser.open(url)
+        splats = browser.screenshot(tmp_path / "browser_sky.png", lambda shot: _red(shot) > 0.3, "the sky's splats")
+        _show_server_render(url, trainer.datapipeline.scene.train[0])
+        exact = browser.screenshot(tmp_path / "server_sky.png", lambda shot: _red(shot) > 0.3, "the sky render")
+    finally:
+        browser.close()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=DEADLINE_S)
+    assert proc.returncode == 0, proc.stderr.read()
+    assert _white(splats) < 0.05  # the sky fills the page around the scene's splats
+    assert _red(exact) > 0.3 and _dark(exact) < 0.05  # gsrecon's render draws it where it drew black

@@ -154,12 +154,16 @@ def _check_registered(cfg: RunConfig, stored_imports: list[str], source: str) ->
 
 
 def scene_renderer(
-    scene: TrainedScene, device: torch.device, logger: Logger, median_depth: bool = False
+    scene: TrainedScene,
+    device: torch.device,
+    logger: Logger,
+    median_depth: bool = False,
+    views: ViewModules | None = None,
 ) -> Callable[[Batch], RenderOutput]:
     """A function rendering the scene on ``device`` from a batch's cameras, with the renderer a run built for it
-    draws with (:func:`~gsrecon.engine.build.scene_renderer_entry`)."""
+    draws with (:func:`~gsrecon.engine.build.scene_renderer_entry`), in front of what ``views`` draw behind it."""
     renderer = build_renderer(scene_renderer_entry(scene.cfg, device, logger, median_depth), logger)
-    return batch_renderer(scene, renderer, device)
+    return batch_renderer(scene, renderer, device, views)
 
 
 def batch_renderer(

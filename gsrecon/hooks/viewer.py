@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from gsrecon.engine.hook import Hook, Priority
+from gsrecon.model.views.environment import trained_sky
 from gsrecon.registry import HOOK_REGISTRY
 from gsrecon.viewer import check_view_settings, require_viser
 
@@ -126,7 +127,8 @@ class ViewerHook(Hook):
     def _show(self, trainer: TrainerView) -> None:
         """Send a copy of the current Gaussians to the viewer (training goes on changing the originals)."""
         params = {k: v.detach().clone() for k, v in trainer.model.params.items()}
-        self.viewer.set_scene(params, trainer.model.active_sh_degree(trainer.step), trainer.step)
+        sky = trained_sky(trainer.views, trainer.datapipeline.fixed_background())
+        self.viewer.set_scene(params, trainer.model.active_sh_degree(trainer.step), trainer.step, sky=sky)
         if trainer.views:  # the training cameras where the per-view modules place them (pose refinement)
             frames = trainer.datapipeline.scene.train
             given = torch.stack([frame.viewmat for frame in frames]).float().to(trainer.device)  # [F, 4, 4]

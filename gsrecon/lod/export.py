@@ -21,7 +21,7 @@ from gsrecon.export.lod.site import CameraRegion, CellOf, LodSiteConfig, check_s
 from gsrecon.lod.levels import LodConfig, build_levels, built_levels, camera_region, level_loaders
 from gsrecon.logging.console import Logger
 from gsrecon.model.views.base import view_entries
-from gsrecon.model.views.environment import Environment
+from gsrecon.model.views.environment import trained_sky
 from gsrecon.partition.folder import PLAN_FILE
 from gsrecon.render.environment import far_sphere_gaussians
 
@@ -85,9 +85,9 @@ def sky_gaussians(
         logger.warning("lod.env_threshold=inf: the site has no environment, so the trained sky is left out of it")
         return None
     run = scene_run(scene, "export", "cpu", logger)
-    (sky,) = [module for module in run.views.modules.values() if isinstance(module, Environment)]
     radius = radii * max(region.radius, 1e-3)
-    gaussians = far_sphere_gaussians(sky.colors().detach().cpu(), torch.tensor(region.center), radius)
+    colors = trained_sky(run.views, run.datapipeline.fixed_background()).cpu()  # [6, R, R, 3]
+    gaussians = far_sphere_gaussians(colors, torch.tensor(region.center), radius)
     logger.info(f"the trained sky joins the environment as {len(gaussians['means'])} Gaussians {radius:.3g} away")
     return gaussians
 

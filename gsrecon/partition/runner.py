@@ -35,6 +35,7 @@ from gsrecon.engine.trainer import DefaultTrainer
 from gsrecon.errors import InputError
 from gsrecon.logging.console import Logger
 from gsrecon.metrics import describe_metrics
+from gsrecon.model.views.environment import trained_sky
 from gsrecon.partition.folder import PLAN_FILE
 from gsrecon.partition.merge import (
     BLOCK_RESULT,
@@ -155,9 +156,9 @@ def _train_own_blocks(
         if trainer.stop_reason:
             outcome.stop_reason, outcome.stop_signal = f"block {index}: {trainer.stop_reason}", trainer.stop_signal
             return outcome
-        save_block_result(
-            cfg.exp_dir, index, trainer.step, trainer.model.params, partition, trainer.resolved_config["model"]
-        )
+        model = trainer.resolved_config["model"]
+        sky = trained_sky(trainer.views)
+        save_block_result(cfg.exp_dir, index, trainer.step, trainer.model.params, partition, model, sky)
         outcome.trained.append(index)
         del trainer  # its Gaussians and images, before the next block's
         gc.collect()

@@ -88,6 +88,15 @@ def cube_lookup(texture: Tensor, directions: Tensor) -> Tensor:
     return top * (1.0 - wj) + bottom * wj
 
 
+def texel_coverage(res: int, directions: Tensor) -> Tensor:
+    """[6, R, R] how much :func:`cube_lookup` reads each texel of an ``R`` x ``R`` cube map along unit
+    ``directions`` [..., 3]: the sum of its bilinear weights (0 for a texel none of them reads)."""
+    texture = torch.zeros(6, res, res, 3, device=directions.device, requires_grad=True)
+    with torch.enable_grad():
+        (weights,) = torch.autograd.grad(cube_lookup(texture, directions.detach())[..., 0].sum(), texture)
+    return weights[..., 0]
+
+
 def texel_directions(res: int, device: torch.device | str = "cpu") -> Tensor:
     """[6, R, R, 3] unit directions through the centres of a cube map's texels (where :func:`cube_lookup` reads
     each texel alone)."""

@@ -12,6 +12,7 @@ def view(args: argparse.Namespace) -> int:
     require_viser()
     from gsrecon.engine.inference import load_trained_scene, scene_run, training_cameras
     from gsrecon.logging.console import Logger
+    from gsrecon.model.views.environment import trained_sky
     from gsrecon.viewer.server import SceneViewer
 
     scene = load_trained_scene(
@@ -37,7 +38,9 @@ def view(args: argparse.Namespace) -> int:
     )
     try:
         viewer.set_camera_poses(training_cameras(run))
-        viewer.set_scene({k: v.to(device) for k, v in scene.params.items()}, scene.sh_degree, scene.step)
+        params = {k: v.to(device) for k, v in scene.params.items()}
+        sky = trained_sky(run.views, pipeline.fixed_background())
+        viewer.set_scene(params, scene.sh_degree, scene.step, sky=sky)
         print(f"viewer of {scene.source}: {viewer.url} (Ctrl-C to stop)", flush=True)
         viewer.serve_forever()
     except KeyboardInterrupt:

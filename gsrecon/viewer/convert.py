@@ -68,6 +68,9 @@ def view_of(pose: Pose, fov: float, aspect: float, max_side: int) -> Cameras:
     return Cameras(viewmat.float()[None], K[None], width, height)  # one camera
 
 
+SPLAT_KEYS = ("means", "scales", "quats", "opacities", "sh0")  # the parameters :func:`splat_arrays` reads
+
+
 @torch.no_grad()
 def splat_arrays(params: Mapping[str, Tensor]) -> SplatArrays:
     """Activate pre-activation Gaussian ``params`` into viser's splat arrays (colours without view dependence)."""

@@ -4,6 +4,9 @@ Two displays, switched in the page: viser's WebGL splat renderer in the browser 
 only), or gsrecon's own renderer on the server (exact: the scene's SH degree and the renderer's
 mode; colour, depth or alpha), whose image is sent as the page's background for each browser's
 camera. Training cameras are drawn as frustums; clicking one moves that browser's camera to it.
+A run's trained sky (the ``environment`` module's cube map) is drawn behind the Gaussians in both: on
+the server as the run renders it, in the browser as Gaussians on a far sphere (those of ``export
+--format lod``).
 
 Threads: viser calls back from its own threads; those callbacks only record what is asked for.
 All rendering and sending happens in the thread that calls :meth:`SceneViewer.set_scene` and
@@ -30,13 +33,16 @@ from gsrecon.data.scene import Scene
 from gsrecon.geometry import camera_centers
 from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
 from gsrecon.render.colormap import depth_image
+from gsrecon.render.environment import camera_rays, composite, cube_lookup, far_sphere_gaussians
 from gsrecon.viewer import DISPLAYS, RESOLUTIONS, check_view_settings
-from gsrecon.viewer.convert import Pose, pose_of, splat_arrays, thumbnail, vertical_fov, view_of
+from gsrecon.viewer.convert import SPLAT_KEYS, Pose, pose_of, splat_arrays, thumbnail, vertical_fov, view_of
 
 OUTPUTS = ("rgb", "depth", "median depth", "alpha")  # "median depth" where the renderer renders it
 OVERVIEW_DISTANCE = 1.6  # the first view is the first camera's, this much farther from what it looks at
 THUMBNAIL_SIDE = 96  # px, longer side of the image shown in each training camera's frustum
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+SKY_RADIUS = 50.0  # scene extents from the cameras' centre to the browser's sky sphere: moving about the scene
+# shifts it by about 1/50 of the angle (the sky is at infinity; WebGL needs a finite sphere)
 
 
 class SceneViewer:
@@ -81,6 +87,7 @@ class SceneViewer:
         self.paused = False
         self._params: Mapping[str, Tensor] | None = None
         self._sh_degree = 0
+        self._sky: Tensor | None = None  # [6, R, R, 3] the environment's cube map; None: the run has none
         self._splats_stale = True
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -105,10 +112,14 @@ class SceneViewer:
         """Browsers connected now."""
         return len(self.server.get_clients())
 
-    def set_scene(self, params: Mapping[str, Tensor], sh_degree: int, step: int | None = None) -> None:
+    def set_scene(
+        self, params: Mapping[str, Tensor], sh_degree: int, step: int | None = None, sky: Tensor | None = None
+    ) -> None:
         """Show ``params`` (pre-activation Gaussians, kept by reference: pass a copy of tensors that
-        will change) rendered at ``sh_degree``, at training ``step`` (None: unknown)."""
+        will change) rendered at ``sh_degree``, at training ``step`` (None: unknown), in front of the
+        environment cube map ``sky`` [6, R, R, 3] (colours in [0, 1]; None: the background)."""
         self._params, self._sh_degree, self.step = params, sh_degree, step
+        self._sky = None if sky is None else sky.detach().float()
         self.num_gaussians = int(params["means"].shape[0])
         self._splats_stale = True
         self.info_text.content = self._info()
@@ -171,7 +182,13 @@ class SceneViewer:
     def _send_splats(self) -> None:
         if self._params is None:
             return
-        arrays = splat_arrays(self._params)
+        gaussians = self._params
+        if self._sky is not None:  # one set of splats, so that the browser sorts the sky's with the scene's
+            device = gaussians["means"].device
+            sphere = far_sphere_gaussians(self._sky.to(device), self._sky_center.to(device), self._sky_radius)
+            gaussians = {key: torch.cat([gaussians[key].float(), sphere[key]]) for key in SPLAT_KEYS}
+            self.server.initial_camera.far = max(self.server.initial_camera.far, 4.0 * self._sky_radius)
+        arrays = splat_arrays(gaussians)
         self._splats = self.server.scene.add_gaussian_splats(
             "/gaussians", arrays.centers, arrays.covariances, arrays.rgbs, arrays.opacities
         )
@@ -192,7 +209,10 @@ class SceneViewer:
         view = view_of(Pose(camera.wxyz, camera.position), camera.fov, camera.aspect, self.resolution_slider.value)
         device = self._params["means"].device
         with torch.no_grad():
-            out = self.renderer.render(self._params, view.to(device), self._sh_degree, self.background.to(device)[None])
+            cameras, background = view.to(device), self.background.to(device)[None]  # [1, 3]
+            out = self.renderer.render(self._params, cameras, self._sh_degree, background)
+            if self._sky is not None:
+                out = composite(out, cube_lookup(self._sky.to(device), camera_rays(cameras)), background)
         image = output_image(out, self.output_dropdown.value)
         with warnings.catch_warnings():  # the page may have closed during the render: nothing to send to
             warnings.filterwarnings("ignore", message="Queued a .* on a closed connection")
@@ -227,6 +247,8 @@ class SceneViewer:
 
     def _add_cameras(self, scene: Scene) -> None:
         viewmats = torch.stack([f.viewmat for f in scene.train]).double().cpu()  # [F, 4, 4]
+        self._sky_center = camera_centers(viewmats).mean(dim=0).float()  # [3]
+        self._sky_radius = SKY_RADIUS * scene.extent
         self.server.scene.set_up_direction(tuple(mean_up(viewmats).tolist()))
         first, distance = scene.train[0], orbit_distance(viewmats, scene)
         forward = viewmats[0, 2, :3]  # [3] the first camera's optical axis in world coordinates

@@ -11,6 +11,11 @@ transparency (the sky is no reason to grow them), and the environment's own grad
 serves every view (its parameters are not per view: every texel steps each step), every renderer (torch, cpu and
 gsplat all return ``alpha``) and test views alike.
 
+Two options for real photos: ``horizon`` draws it only above the training cameras' mean horizon (the ground, seen
+in one direction with one colour from every photo, is otherwise drawn through the Gaussians), and ``sky_prior``
+adds the Gaussians' opacity where the environment already draws the photo (a Gaussian of the sky's colour explains
+the sky as well as the environment does: nothing else makes it give way).
+
 PLY and the other per-Gaussian formats hold the Gaussians without it (the export says so);
 :func:`~gsrecon.render.environment.far_sphere_gaussians` turns it into Gaussians on a far sphere for a format that
 can carry them.
@@ -25,17 +30,20 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from gsrecon.component import RunFacts
+from gsrecon.cameras.paths import mean_up
+from gsrecon.component import RunFacts, RunSetup
 from gsrecon.data.prefetch import host_memory_room
-from gsrecon.model.views.base import ViewModule
+from gsrecon.model.views.base import ViewModule, ViewModules
 from gsrecon.registry import VIEW_REGISTRY
-from gsrecon.render.environment import camera_rays, composite, cube_lookup
+from gsrecon.render.environment import camera_rays, composite, cube_lookup, texel_directions
 
 if TYPE_CHECKING:
     from gsrecon.cameras import Cameras
+    from gsrecon.data.pipeline import Batch
     from gsrecon.render.base import RenderOutput
 
 _BYTES_PER_TEXEL = 6 * 3 * 4 * 4  # six faces x RGB x float32 x (value, gradient, two Adam moments)
+HORIZON_BAND = 0.1  # radians (about 6 degrees) over which the environment fades in above the horizon
 
 
 @VIEW_REGISTRY.register("environment")
@@ -53,6 +61,15 @@ class Environment(ViewModule):
         # Weight of the mean binary entropy of the Gaussians' accumulated opacity in training renders: pushes each
         # pixel to be drawn by the Gaussians or by the environment, not half by each. 0: off
         opacity_reg: float = 0.0
+        # Weight of the mean, over training pixels, of the Gaussians' accumulated opacity where the environment
+        # already draws the photo (weighted by exp(-(colour difference / sky_match)^2), a colour difference of 0
+        # to 1 per channel, RMS): breaks the tie between a Gaussian of the sky's colour and the sky itself. 0: off
+        sky_prior: float = 0.0
+        sky_match: float = 0.1
+        # Draw the environment only above the horizon (the training cameras' mean up): a sky, not the ground, which
+        # a capture's photos also see in one direction with one colour, so that the cube map would draw it through
+        # the Gaussians there. Below it, data.background
+        horizon: bool = False
 
         def __post_init__(self) -> None:
             super().__post_init__()
@@ -67,15 +84,23 @@ class Environment(ViewModule):
                 )
             if not (math.isfinite(self.init) and 0.0 < self.init < 1.0):
                 raise ValueError(f"init must be a colour in (0, 1), got {self.init!r}")
-            if not (math.isfinite(self.opacity_reg) and self.opacity_reg >= 0.0):
-                raise ValueError(f"opacity_reg must be a finite number >= 0, got {self.opacity_reg!r}")
+            for name in ("opacity_reg", "sky_prior"):
+                if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0.0):
+                    raise ValueError(f"{name} must be a finite number >= 0, got {getattr(self, name)!r}")
+            if not (math.isfinite(self.sky_match) and self.sky_match > 0.0):
+                raise ValueError(f"sky_match must be a finite number > 0, got {self.sky_match!r}")
 
     def __init__(self, cfg: Config, train_names: list[str]) -> None:
         super().__init__(cfg, train_names)
         logit = math.log(cfg.init / (1.0 - cfg.init))
         res = cfg.resolution
         self.texels = torch.nn.Parameter(torch.full((6, res, res, 3), logit))  # [6, R, R, 3] pre-sigmoid
+        if cfg.horizon:  # [3] world-space up, the training cameras' mean (setup); zero: not yet known
+            self.register_buffer("up", torch.zeros(3))
         self._entropy: Tensor | None = None  # the opacity's entropy in the last render with gradients
+        # The last such render's alpha [C, H, W, 1], environment [C, H, W, 3] and its share above the horizon
+        self._drawn: tuple[Tensor, Tensor, Tensor | None] | None = None
+        self._prior: Tensor | None = None  # the sky prior's term of the last training step
 
     def check(self, run: RunFacts) -> None:
         if run.config["data"]["background"] == "random":
@@ -83,6 +108,11 @@ class Environment(ViewModule):
                 "the environment is drawn where the Gaussians leave room, which data.background=random (a new "
                 "background each step, to learn transparency) would fight; use data.background=black or white"
             )
+
+    def setup(self, run: RunSetup) -> None:
+        if self.cfg.horizon and run.data is not None:
+            viewmats = torch.stack([frame.viewmat for frame in run.data.scene.train])  # [F, 4, 4]
+            self.up.copy_(mean_up(viewmats.double()).to(self.up))
 
     def colors(self) -> Tensor:
         """[6, R, R, 3] the cube map's colours in [0, 1]."""
@@ -94,11 +124,71 @@ class Environment(ViewModule):
     def composite(self, out: RenderOutput, cameras: Cameras, backgrounds: Tensor) -> RenderOutput:
         rays = camera_rays(cameras)  # [C, H, W, 3]
         environment = cube_lookup(self.colors().to(rays.device), rays.to(self.texels.dtype))  # [C, H, W, 3]
+        if self.cfg.horizon:
+            sky = above_horizon(rays, self.up.to(rays))  # [C, H, W, 1]
+            environment = sky * environment + (1.0 - sky) * backgrounds[:, None, None, :].to(environment)
         if self.cfg.opacity_reg > 0.0 and torch.is_grad_enabled():
             alpha = out.alpha.clamp(1e-6, 1.0 - 1e-6)  # [C, H, W, 1]
             self._entropy = -(alpha * alpha.log() + (1.0 - alpha) * (1.0 - alpha).log()).mean()
+        if self.cfg.sky_prior > 0.0 and torch.is_grad_enabled():
+            self._drawn = out.alpha, environment.detach(), sky if self.cfg.horizon else None
         return composite(out, environment, backgrounds)
 
+    def adjust_image(self, image: Tensor, batch: Batch) -> Tensor:
+        if self._drawn is not None:
+            alpha, environment, sky = self._drawn  # [C, H, W, 1], [C, H, W, 3], [C, H, W, 1] or None
+            self._drawn = None
+            difference = (environment - batch.images[..., :3]).square().mean(dim=-1, keepdim=True)  # [C, H, W, 1]
+            match = torch.exp(-difference / self.cfg.sky_match**2)
+            self._prior = (alpha * (match if sky is None else match * sky)).mean()
+        return image
+
     def regularization(self) -> Tensor | None:
+        terms = []
         entropy, self._entropy = self._entropy, None
-        return None if entropy is None else self.cfg.opacity_reg * entropy
+        if entropy is not None:
+            terms.append(self.cfg.opacity_reg * entropy)
+        prior, self._prior = self._prior, None
+        if prior is not None:
+            terms.append(self.cfg.sky_prior * prior)
+        return sum(terms) if terms else None
+
+
+def above_horizon(rays: Tensor, up: Tensor) -> Tensor:
+    """[..., 1] how much of each unit ray [..., 3] is above the horizon of ``up`` [3]: 1 above, 0 below, a ramp
+    over :data:`HORIZON_BAND` radians about it (the environment's edge, not a seam); 1 everywhere for a zero
+    ``up``."""
+    if not bool(up.any()):
+        return torch.ones_like(rays[..., :1])
+    return (0.5 + (rays @ up)[..., None] / HORIZON_BAND).clamp(0.0, 1.0)
+
+
+def trained_sky(views: ViewModules | None, background: Tensor | None = None) -> Tensor | None:
+    """[6, R, R, 3] the cube-map colours (in [0, 1], detached) of the environment among a run's per-view modules
+    ``views``; None where the run has none. With a ``background`` [3], as the run draws them: that colour in the
+    texels below its horizon (``horizon: true``; each texel as :func:`above_horizon` weighs its centre)."""
+    for module in views.modules.values() if views else ():
+        if isinstance(module, Environment):
+            colors = module.colors().detach()
+            if background is None or not module.cfg.horizon:
+                return colors
+            sky = above_horizon(texel_directions(colors.shape[1], colors.device), module.up.to(colors))  # [6, R, R, 1]
+            return sky * colors + (1.0 - sky) * background.to(colors)
+    return None
+
+
+def merge_skies(colors: list[Tensor], coverages: list[Tensor]) -> Tensor:
+    """[6, R, R, 3] one cube map from several runs' ``colors`` ([6, R, R, 3] each, in [0, 1]): each texel the mean
+    of theirs weighted by how much each run's training views read it (``coverages`` [6, R, R] each,
+    :func:`~gsrecon.render.environment.texel_coverage`); a texel no run read, their plain mean."""
+    stacked = torch.stack(colors)  # [B, 6, R, R, 3]
+    weights = torch.stack(coverages)[..., None]  # [B, 6, R, R, 1]
+    total = weights.sum(dim=0)  # [6, R, R, 1]
+    weighted = (stacked * weights).sum(dim=0) / total.clamp_min(1e-12)
+    return torch.where(total > 0.0, weighted, stacked.mean(dim=0))
+
+
+def set_sky(module: Environment, colors: Tensor) -> None:
+    """Make the cube map of ``module`` hold ``colors`` [6, R, R, 3] (in [0, 1])."""
+    with torch.no_grad():
+        module.texels.copy_(torch.logit(colors.clamp(1e-6, 1.0 - 1e-6)))
