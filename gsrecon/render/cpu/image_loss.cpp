@@ -3,8 +3,9 @@
 // gsrecon/losses/ssim.py compute them (tests/test_compiled_loss.py checks values and gradients against those).
 //
 // SSIM's five blurred maps per channel (x, y, x^2, y^2, x y) are two 1D passes (the window is separable); its
-// gradient is the transposed blur of three maps of d SSIM / d (mu_x, E[x^2], E[x y]). Planes (an image's channel)
-// are handed to OpenMP threads and summed in plane order: results do not depend on the thread count.
+// gradient is the transposed blur of three maps of d SSIM / d (mu_x, E[x^2], E[x y]). Rows of pixels (the three
+// channels interleaved, as stored) are handed to OpenMP threads; each row's terms are summed in a fixed order and
+// the rows' sums in row order: results do not depend on the thread count.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -44,106 +45,149 @@ double weight_total(const ImagePair& images) {
 // Reflected index of p into [0, n) (n > radius), as F.pad(mode="reflect").
 inline int reflect(int p, int n) { return p < 0 ? -p : (p >= n ? 2 * (n - 1) - p : p); }
 
-// The separable blur of one plane of h x w values and its transpose, with a symmetric window of 2 r + 1 taps.
-class Blur {
+// One dimension of the blur with reflected borders over n positions, as lists of (source, weight) per output: the
+// blur out[i] = sum_k w_k in[reflect(i + k - r)], or its transpose (what each input received, folded back onto the
+// position its border copied). An output's terms are summed in their list's order, whichever thread computes it.
+struct BlurTaps {
+  std::vector<int> start;  // [n + 1] output i's terms are [start[i], start[i + 1])
+  std::vector<int> source;
+  std::vector<float> weight;
+};
+
+BlurTaps blur_taps(const float* window, int taps, int n, bool transpose) {
+  const int r = taps / 2;
+  std::vector<std::vector<std::pair<int, float>>> terms(n);
+  for (int i = 0; i < n; ++i)
+    for (int k = 0; k < taps; ++k) {
+      const int j = reflect(i + k - r, n);
+      if (transpose)
+        terms[j].emplace_back(i, window[k]);
+      else
+        terms[i].emplace_back(j, window[k]);
+    }
+  BlurTaps out;
+  out.start.push_back(0);
+  for (const auto& list : terms) {
+    for (const auto& [source, weight] : list) {
+      out.source.push_back(source);
+      out.weight.push_back(weight);
+    }
+    out.start.push_back(static_cast<int>(out.source.size()));
+  }
+  return out;
+}
+
+// The horizontal blur of a row of w pixels x 3 interleaved channels (3 w values) and its transpose. The channels
+// stay interleaved: a tap is a shift by 3 values, so every pass is one vector loop over the whole row.
+class RowBlur {
  public:
-  Blur(const float* window, int taps, int h, int w) : window_(window, window + taps), r_(taps / 2), h_(h), w_(w) {
-    line_.resize(static_cast<size_t>(std::max(h, w) + 4 * r_ + 1));
-    rows_.resize(static_cast<size_t>(h + 2 * r_) * w);
+  RowBlur(const float* window, int taps, int w) : window_(window, window + taps), r_(taps / 2), w_(w) {
+    padded_.resize(static_cast<size_t>(kChannels) * (w + 4 * r_));
+    full_.resize(static_cast<size_t>(kChannels) * (w + 2 * r_));
   }
 
-  // out = blur(in): the vertical pass, then the horizontal one (F.pad's reflected borders, then two conv2d).
+  // out = blur(in): F.pad's reflected borders, then the 1D window.
   void forward(const float* in, float* out) {
-    const int taps = static_cast<int>(window_.size());
-    for (int i = 0; i < h_; ++i) {
-      float* row = &rows_[static_cast<size_t>(i) * w_];
-      std::fill(row, row + w_, 0.f);
-      for (int k = 0; k < taps; ++k) {
-        const float wk = window_[k];
-        const float* src = in + static_cast<size_t>(reflect(i + k - r_, h_)) * w_;
+    float* padded = padded_.data();
+    for (int p = 0; p < w_ + 2 * r_; ++p)
+      for (int ch = 0; ch < kChannels; ++ch) padded[kChannels * p + ch] = in[kChannels * reflect(p - r_, w_) + ch];
+    const int n = kChannels * w_;
+    std::fill(out, out + n, 0.f);
+    for (size_t k = 0; k < window_.size(); ++k) {
+      const float wk = window_[k];
+      const float* shifted = padded + kChannels * k;
 #pragma omp simd
-        for (int j = 0; j < w_; ++j) row[j] += wk * src[j];
-      }
-    }
-    float* padded = line_.data();
-    for (int i = 0; i < h_; ++i) {
-      const float* row = &rows_[static_cast<size_t>(i) * w_];
-      for (int p = 0; p < w_ + 2 * r_; ++p) padded[p] = row[reflect(p - r_, w_)];
-      float* dst = out + static_cast<size_t>(i) * w_;
-      std::fill(dst, dst + w_, 0.f);
-      for (int k = 0; k < taps; ++k) {
-        const float wk = window_[k];
-#pragma omp simd
-        for (int j = 0; j < w_; ++j) dst[j] += wk * padded[j + k];
-      }
+      for (int e = 0; e < n; ++e) out[e] += wk * shifted[e];
     }
   }
 
-  // out = blur^T(in): the horizontal pass's transpose, then the vertical one's. A reflected border's transpose
-  // adds what the padding read back onto the pixel it copied.
+  // out = blur^T(in): each padded position's share (sum_k w_k in[p - k]), folded back onto the pixel it copied.
   void transpose(const float* in, float* out) {
-    const int taps = static_cast<int>(window_.size());
-    // Horizontal: full[p] = sum_k w_k in[p - k] over the padded positions p in [0, w + 2 r), then folded.
-    float* zero_padded = line_.data();  // in, with 2 r zeros either side
-    std::vector<float>& full = full_;
-    full.resize(static_cast<size_t>(w_ + 2 * r_));
-    for (int i = 0; i < h_; ++i) {
-      const float* src = in + static_cast<size_t>(i) * w_;
-      std::fill(zero_padded, zero_padded + w_ + 4 * r_, 0.f);
-      std::copy(src, src + w_, zero_padded + 2 * r_);
-      std::fill(full.begin(), full.end(), 0.f);
-      for (int k = 0; k < taps; ++k) {
-        const float wk = window_[k];
-        const float* shifted = zero_padded + 2 * r_ - k;
+    float* zero_padded = padded_.data();  // in, with 2 r zero pixels either side
+    float* full = full_.data();
+    const int n_full = kChannels * (w_ + 2 * r_);
+    std::fill(zero_padded, zero_padded + padded_.size(), 0.f);
+    std::copy(in, in + kChannels * w_, zero_padded + kChannels * 2 * r_);
+    std::fill(full, full + n_full, 0.f);
+    for (size_t k = 0; k < window_.size(); ++k) {
+      const float wk = window_[k];
+      const float* shifted = zero_padded + kChannels * (2 * r_ - static_cast<int>(k));
 #pragma omp simd
-        for (int p = 0; p < w_ + 2 * r_; ++p) full[p] += wk * shifted[p];
-      }
-      float* row = &rows_[static_cast<size_t>(i) * w_];
-      std::copy(full.begin() + r_, full.begin() + r_ + w_, row);
-      for (int p = 0; p < r_; ++p) row[reflect(p - r_, w_)] += full[p];
-      for (int p = w_ + r_; p < w_ + 2 * r_; ++p) row[reflect(p - r_, w_)] += full[p];
+      for (int e = 0; e < n_full; ++e) full[e] += wk * shifted[e];
     }
-    // Vertical: the same on rows, into out (each input row scattered to the rows that read it).
-    std::fill(out, out + static_cast<size_t>(h_) * w_, 0.f);
-    for (int i = 0; i < h_; ++i) {
-      const float* src = &rows_[static_cast<size_t>(i) * w_];
-      for (int k = 0; k < taps; ++k) {
-        const float wk = window_[k];
-        float* dst = out + static_cast<size_t>(reflect(i + k - r_, h_)) * w_;
-#pragma omp simd
-        for (int j = 0; j < w_; ++j) dst[j] += wk * src[j];
-      }
+    std::copy(full + kChannels * r_, full + kChannels * (r_ + w_), out);
+    for (int p = 0; p < w_ + 2 * r_; ++p) {
+      if (p >= r_ && p < w_ + r_) continue;
+      for (int ch = 0; ch < kChannels; ++ch) out[kChannels * reflect(p - r_, w_) + ch] += full[kChannels * p + ch];
     }
   }
 
  private:
   std::vector<float> window_;
-  int r_, h_, w_;
-  std::vector<float> line_, rows_, full_;
+  int r_, w_;
+  std::vector<float> padded_, full_;
 };
+
+// Adds w times x, y, x^2, y^2 and x y of a row of n values (x = pred m, y = target m; m = 1 where mask is null)
+// to sums [5][n]: one vector loop for each case, none testing the mask per value.
+inline void add_moments(const float* pred, const float* target, const float* mask, float w, int n, float* sums) {
+  float *s_x = sums, *s_y = s_x + n, *s_xx = s_y + n, *s_yy = s_xx + n, *s_xy = s_yy + n;
+  auto add = [&](int e, float x, float y) {
+    s_x[e] += w * x;
+    s_y[e] += w * y;
+    s_xx[e] += w * (x * x);
+    s_yy[e] += w * (y * y);
+    s_xy[e] += w * (x * y);
+  };
+  if (mask) {
+#pragma omp simd
+    for (int e = 0; e < n; ++e) add(e, pred[e] * mask[e], target[e] * mask[e]);
+  } else {
+#pragma omp simd
+    for (int e = 0; e < n; ++e) add(e, pred[e], target[e]);
+  }
+}
+
+// A mask [B, H, W] as one weight per value of the interleaved rows ([B, H, W, 3]), or empty for no mask.
+std::vector<float> channel_weights(const ImagePair& images) {
+  if (!images.mask.defined()) return {};
+  const float* mask = images.mask.data_ptr<float>();
+  const int64_t pixels = images.mask.numel();
+  std::vector<float> out(kChannels * pixels);
+#pragma omp parallel for schedule(static) num_threads(at::get_num_threads())
+  for (int64_t p = 0; p < pixels; ++p)
+    for (int ch = 0; ch < kChannels; ++ch) out[kChannels * p + ch] = mask[p];
+  return out;
+}
 
 }  // namespace
 
 LossTerm l1_loss(const ImagePair& images, bool with_grad) {
   check_images(images);
-  const int64_t n_pixels = images.pred.numel() / kChannels;
+  const int64_t rows = images.pred.size(0) * images.pred.size(1);
+  const int n = static_cast<int>(kChannels * images.pred.size(2));  // values in a row
   const float *pred = images.pred.data_ptr<float>(), *target = images.target.data_ptr<float>();
-  const float* mask = images.mask.defined() ? images.mask.data_ptr<float>() : nullptr;
+  const std::vector<float> weights = channel_weights(images);
+  const float* mask = weights.empty() ? nullptr : weights.data();
   const double total = weight_total(images);
   at::Tensor grad = with_grad ? at::empty_like(images.pred) : at::Tensor();
-  float* g = with_grad ? grad.data_ptr<float>() : nullptr;
+  float* g_out = with_grad ? grad.data_ptr<float>() : nullptr;
   const float scale = static_cast<float>(1.0 / total);
-  double sum = 0.0;
-  for (int64_t p = 0; p < n_pixels; ++p) {
-    const float w = mask ? mask[p] : 1.f;
-    float row = 0.f;
-    for (int ch = 0; ch < kChannels; ++ch) {
-      const float d = pred[kChannels * p + ch] - target[kChannels * p + ch];
-      row += std::abs(d) * w;
-      if (g) g[kChannels * p + ch] = d > 0.f ? w * scale : (d < 0.f ? -w * scale : 0.f);
+  std::vector<double> row_sums(rows);
+#pragma omp parallel for schedule(static) num_threads(at::get_num_threads())
+  for (int64_t row = 0; row < rows; ++row) {
+    const float *p = pred + row * n, *q = target + row * n, *m = mask ? mask + row * n : nullptr;
+    double sum = 0.0;
+#pragma omp simd reduction(+ : sum)
+    for (int e = 0; e < n; ++e) {
+      const float weight = m ? m[e] : 1.f, d = p[e] - q[e];
+      sum += std::abs(d) * weight;
+      if (g_out) g_out[row * n + e] = d > 0.f ? weight * scale : (d < 0.f ? -weight * scale : 0.f);
     }
-    sum += row;
+    row_sums[row] = sum;
   }
+  double sum = 0.0;
+  for (double s : row_sums) sum += s;
   return {at::scalar_tensor(static_cast<float>(sum / total), images.pred.options()), grad};
 }
 
@@ -157,80 +201,99 @@ LossTerm ssim_loss(const ImagePair& images, const SsimSettings& settings, bool w
                     " pixels is smaller than the window of ", taps, " taps needs (more than ", taps / 2, " a side)");
   const float* window = settings.window.data_ptr<float>();
   const float *pred = images.pred.data_ptr<float>(), *target = images.target.data_ptr<float>();
-  const float* mask = images.mask.defined() ? images.mask.data_ptr<float>() : nullptr;
+  const std::vector<float> weights = channel_weights(images);
+  const float* mask = weights.empty() ? nullptr : weights.data();
   const double total = weight_total(images);
+  const float scale = static_cast<float>(1.0 / total);
   const float c1 = static_cast<float>(settings.c1), c2 = static_cast<float>(settings.c2);
+  const int n = kChannels * w;  // values in a row
+  const int64_t rows = batch * h;
+  const BlurTaps down = blur_taps(window, taps, h, false), up = blur_taps(window, taps, h, true);
   at::Tensor grad = with_grad ? at::empty_like(images.pred) : at::Tensor();
   float* g_out = with_grad ? grad.data_ptr<float>() : nullptr;
-  const int64_t planes = batch * kChannels, plane_size = static_cast<int64_t>(h) * w;
-  std::vector<double> plane_sums(planes, 0.0);
+  std::vector<double> row_sums(rows);
+  // d SSIM / d (mu_x, E[x^2], E[x y]) of every row, through the horizontal blur's transpose already.
+  std::vector<float> row_grads(with_grad ? 3 * rows * n : 0);
 
-#pragma omp parallel num_threads(std::min<int64_t>(at::get_num_threads(), planes))
+#pragma omp parallel num_threads(at::get_num_threads())
   {
-    Blur blur(window, taps, h, w);
-    // x, y, x^2, y^2, x y of the plane (masked), their blurs, and the gradient's three maps.
-    std::vector<float> maps(5 * plane_size), blurred(5 * plane_size), grads(3 * plane_size);
+    RowBlur row_blur(window, taps, w);
+    std::vector<float> column(5 * n), blurred(5 * n), maps(3 * n);
+    // Each row: the vertical blur of x, y, x^2, y^2, x y (x = pred m, y = target m) from the rows it reads, the
+    // horizontal blur, SSIM and the three gradient maps, and their horizontal transpose.
 #pragma omp for schedule(static)
-    for (int64_t plane = 0; plane < planes; ++plane) {
-      const int64_t b = plane / kChannels;
-      const int ch = static_cast<int>(plane % kChannels);
-      float *x = &maps[0], *y = x + plane_size, *xx = y + plane_size, *yy = xx + plane_size, *xy = yy + plane_size;
-      for (int64_t p = 0; p < plane_size; ++p) {
-        const int64_t pixel = b * plane_size + p;
-        const float m = mask ? mask[pixel] : 1.f;
-        x[p] = pred[kChannels * pixel + ch] * m;
-        y[p] = target[kChannels * pixel + ch] * m;
-        xx[p] = x[p] * x[p];
-        yy[p] = y[p] * y[p];
-        xy[p] = x[p] * y[p];
+    for (int64_t row = 0; row < rows; ++row) {
+      const int64_t b = row / h, i = row % h;
+      std::fill(column.begin(), column.end(), 0.f);
+      for (int t = down.start[i]; t < down.start[i + 1]; ++t) {
+        const int64_t at_row = (b * h + down.source[t]) * n;
+        const float wk = down.weight[t];
+        const float *p = pred + at_row, *q = target + at_row;
+        if (mask)
+          add_moments(p, q, mask + at_row, wk, n, column.data());
+        else
+          add_moments(p, q, nullptr, wk, n, column.data());
       }
-      for (int q = 0; q < 5; ++q) blur.forward(&maps[q * plane_size], &blurred[q * plane_size]);
-      const float *mu_x = &blurred[0], *mu_y = mu_x + plane_size, *e_xx = mu_y + plane_size;
-      const float *e_yy = e_xx + plane_size, *e_xy = e_yy + plane_size;
-      float *g_mu = &grads[0], *g_xx = g_mu + plane_size, *g_xy = g_xx + plane_size;
-      const float scale = static_cast<float>(1.0 / total);
+      for (int map = 0; map < 5; ++map) row_blur.forward(&column[map * n], &blurred[map * n]);
+      const float *mu_x = blurred.data(), *mu_y = mu_x + n, *e_xx = mu_y + n, *e_yy = e_xx + n, *e_xy = e_yy + n;
+      float *g_mu = maps.data(), *g_xx = g_mu + n, *g_xy = g_xx + n;
+      const float* m = mask ? mask + row * n : nullptr;
       double sum = 0.0;
-      for (int i = 0; i < h; ++i) {
-        float row_sum = 0.f;
-        for (int j = 0; j < w; ++j) {
-          const int64_t p = static_cast<int64_t>(i) * w + j;
-          const float weight = mask ? mask[b * plane_size + p] : 1.f;
-          const float mx = mu_x[p], my = mu_y[p];
-          const float var_x_raw = e_xx[p] - mx * mx, var_y = std::max(e_yy[p] - my * my, 0.f);
-          const float var_x = std::max(var_x_raw, 0.f), cov = e_xy[p] - mx * my;
-          const float a1 = 2.f * mx * my + c1, a2 = 2.f * cov + c2;
-          const float b1 = mx * mx + my * my + c1, b2 = var_x + var_y + c2;
-          const float s = (a1 * a2) / (b1 * b2);
-          row_sum += s * weight;
-          if (!g_out) continue;
-          // d s / d (a1, a2, b1, b2), times the pixel's share of the mean; var_x's clamp passes the gradient where
-          // its input is >= 0 (torch's clamp_min).
-          const float share = weight * scale, denom = b1 * b2;
-          const float d_a1 = share * a2 / denom, d_a2 = share * a1 / denom;
-          const float d_b1 = -share * s / b1, d_b2 = var_x_raw >= 0.f ? -share * s / b2 : 0.f;
-          g_mu[p] = 2.f * my * (d_a1 - d_a2) + 2.f * mx * (d_b1 - d_b2);
-          g_xx[p] = d_b2;
-          g_xy[p] = 2.f * d_a2;
-        }
-        sum += row_sum;
+#pragma omp simd reduction(+ : sum)
+      for (int e = 0; e < n; ++e) {
+        const float weight = m ? m[e] : 1.f;
+        const float mx = mu_x[e], my = mu_y[e];
+        const float var_x_raw = e_xx[e] - mx * mx, var_y = std::max(e_yy[e] - my * my, 0.f);
+        const float var_x = std::max(var_x_raw, 0.f), cov = e_xy[e] - mx * my;
+        const float a1 = 2.f * mx * my + c1, a2 = 2.f * cov + c2;
+        const float b1 = mx * mx + my * my + c1, b2 = var_x + var_y + c2;
+        const float s = (a1 * a2) / (b1 * b2);
+        sum += s * weight;
+        // d s / d (a1, a2, b1, b2), times the value's share of the mean; var_x's clamp passes the gradient where
+        // its input is >= 0 (torch's clamp_min).
+        const float share = weight * scale, denom = b1 * b2;
+        const float d_a1 = share * a2 / denom, d_a2 = share * a1 / denom;
+        const float d_b1 = -share * s / b1, d_b2 = var_x_raw >= 0.f ? -share * s / b2 : 0.f;
+        g_mu[e] = 2.f * my * (d_a1 - d_a2) + 2.f * mx * (d_b1 - d_b2);
+        g_xx[e] = d_b2;
+        g_xy[e] = 2.f * d_a2;
       }
-      plane_sums[plane] = sum;
+      row_sums[row] = sum;
       if (!g_out) continue;
-      // d / d x = blur^T(g_mu) + 2 x blur^T(g_xx) + y blur^T(g_xy), then through the mask (x = pred m); the
-      // transposes go where x^2, y^2 and x y were.
-      float *t_mu = xx, *t_xx = yy, *t_xy = xy;
-      blur.transpose(g_mu, t_mu);
-      blur.transpose(g_xx, t_xx);
-      blur.transpose(g_xy, t_xy);
-      for (int64_t p = 0; p < plane_size; ++p) {
-        const int64_t pixel = b * plane_size + p;
-        const float m = mask ? mask[pixel] : 1.f;
-        g_out[kChannels * pixel + ch] = m * (t_mu[p] + 2.f * x[p] * t_xx[p] + y[p] * t_xy[p]);
+      for (int map = 0; map < 3; ++map) row_blur.transpose(&maps[map * n], &row_grads[(map * rows + row) * n]);
+    }
+    // Each row: the vertical blur's transpose of the three maps, then d / d x = blur^T(g_mu) + 2 x blur^T(g_xx)
+    // + y blur^T(g_xy), through the mask (x = pred m).
+    if (g_out) {
+#pragma omp for schedule(static)
+      for (int64_t row = 0; row < rows; ++row) {
+        const int64_t b = row / h, i = row % h;
+        float *t_mu = maps.data(), *t_xx = t_mu + n, *t_xy = t_xx + n;
+        std::fill(maps.begin(), maps.end(), 0.f);
+        for (int t = up.start[i]; t < up.start[i + 1]; ++t) {
+          const int64_t source = b * h + up.source[t];
+          const float wk = up.weight[t];
+          const float *s_mu = &row_grads[source * n], *s_xx = &row_grads[(rows + source) * n];
+          const float* s_xy = &row_grads[(2 * rows + source) * n];
+#pragma omp simd
+          for (int e = 0; e < n; ++e) {
+            t_mu[e] += wk * s_mu[e];
+            t_xx[e] += wk * s_xx[e];
+            t_xy[e] += wk * s_xy[e];
+          }
+        }
+        const float *p = pred + row * n, *q = target + row * n, *m = mask ? mask + row * n : nullptr;
+        float* g = g_out + row * n;
+#pragma omp simd
+        for (int e = 0; e < n; ++e) {
+          const float weight = m ? m[e] : 1.f;
+          g[e] = weight * (t_mu[e] + 2.f * (p[e] * weight) * t_xx[e] + (q[e] * weight) * t_xy[e]);
+        }
       }
     }
   }
   double sum = 0.0;
-  for (double s : plane_sums) sum += s;
+  for (double s : row_sums) sum += s;
   return {at::scalar_tensor(static_cast<float>(sum / total), images.pred.options()), grad};
 }
 
