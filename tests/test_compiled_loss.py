@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from gsrecon.losses.l1 import l1_loss
-from gsrecon.losses.ssim import ssim
+from gsrecon.losses.ssim import gaussian_window, ssim
 from gsrecon.render.cpu.kernels import load_kernels, missing_toolchain
 
 if missing_toolchain() is not None:
@@ -71,3 +71,14 @@ def test_without_gradients_the_compiled_terms_give_the_same_values():
     value = ssim(pred, gt_grad, mask)
     assert "_Term" not in type(value.grad_fn).__name__ and value.item() == pytest.approx(with_grad.item(), abs=1e-6)
     assert torch.autograd.grad(value, gt_grad)[0].abs().sum() > 0
+
+
+def test_the_window_first_made_in_inference_mode_serves_a_step_with_gradients():
+    """The SSIM window is made once per dtype and device: made first under inference mode (a validation), it must
+    still be a tensor autograd can save (the torch code's convolutions save it for backward)."""
+    gaussian_window.cache_clear()
+    pred, gt, _ = _images((1, 20, 24), masked=False)
+    with torch.inference_mode():
+        ssim(pred.double(), gt.double())
+    _, grad = _value_and_grad(ssim, pred.double(), gt.double(), None)
+    assert torch.isfinite(grad).all() and grad.abs().sum() > 0
