@@ -8,8 +8,9 @@
 // slower; only bindings.cpp needs it.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/zeros.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros.h>
 
 #include <algorithm>
 #include <cmath>
@@ -21,6 +22,8 @@
 namespace gsrecon {
 namespace {
 
+constexpr int64_t kChunk = 256;  // Gaussians a thread takes at a time: tens of microseconds of work
+
 constexpr double kC0 = 0.28209479177387814;
 constexpr double kC1 = 0.4886025119029199;
 constexpr double kC2[5] = {1.0925484305920792, -1.0925484305920792, 0.31539156525252005, -1.0925484305920792,
@@ -30,8 +33,9 @@ constexpr double kC3[7] = {-0.5900435899266435, 2.890611442640554,  -0.457045799
 
 // The first n (<= kMaxShCoeffs) SH basis functions at the unit direction (x, y, z), and with grad != nullptr their
 // derivatives d basis_k / d (x, y, z) in grad[3 k .. 3 k + 2] (the polynomials of gsrecon.sh.sh_basis, derived
-// term by term).
-void sh_basis(int n, float x, float y, float z, float* basis, float* grad) {
+// term by term). Out of line: one compiled body for forward and backward (inlined or cloned where grad is null, its
+// products contract into FMAs differently and the colours move by an ulp).
+__attribute__((noinline, noclone)) void sh_basis(int n, float x, float y, float z, float* basis, float* grad) {
   basis[0] = static_cast<float>(kC0);
   if (grad) grad[0] = grad[1] = grad[2] = 0.f;
   if (n <= 1) return;
@@ -355,9 +359,10 @@ Projection project_forward(const Gaussians& gs, const PinholeCameras& cameras, c
   const int64_t n = gs.means.size(0), n_cams = cameras.viewmats.size(0);
   const int n_coeffs = static_cast<int>((settings.sh_degree + 1) * (settings.sh_degree + 1));
   const auto opts = gs.means.options();
-  Projection out{at::zeros({n_cams, n, 2}, opts), at::zeros({n_cams, n, 3}, opts), at::zeros({n_cams, n}, opts),
-                 at::zeros({n_cams, n, 2}, opts.dtype(at::kInt)), at::zeros({n_cams, n}, opts),
-                 at::zeros({n_cams, n, 3}, opts)};
+  // Every entry is written below (zeros where a Gaussian is not visible): no serial zeroing pass first.
+  Projection out{at::empty({n_cams, n, 2}, opts), at::empty({n_cams, n, 3}, opts), at::empty({n_cams, n}, opts),
+                 at::empty({n_cams, n, 2}, opts.dtype(at::kInt)), at::empty({n_cams, n}, opts),
+                 at::empty({n_cams, n, 3}, opts)};
   const float *means = gs.means.data_ptr<float>(), *quats = gs.quats.data_ptr<float>();
   const float *log_scales = gs.log_scales.data_ptr<float>(), *logits = gs.logits.data_ptr<float>();
   const ShCoeffs coeffs{gs.sh0.data_ptr<float>(), gs.shN.data_ptr<float>(), gs.shN.size(1)};
@@ -370,7 +375,9 @@ Projection project_forward(const Gaussians& gs, const PinholeCameras& cameras, c
   const float eps2d = static_cast<float>(settings.eps2d);
   const float width = static_cast<float>(cameras.width), height = static_cast<float>(cameras.height);
 
-#pragma omp parallel for schedule(static) num_threads(at::get_num_threads())
+  // Chunks handed out as threads free up: a culled Gaussian costs a fraction of a visible one, and the culled ones
+  // lie together (outside one view), so equal static shares would leave one thread waiting.
+#pragma omp parallel for schedule(dynamic, kChunk) num_threads(at::get_num_threads())
   for (int64_t g = 0; g < n; ++g) {
     Shape S;
     shape_of(quats + 4 * g, log_scales + 3 * g, S);
@@ -382,7 +389,17 @@ Projection project_forward(const Gaussians& gs, const PinholeCameras& cameras, c
       Projected P;
       project_one(cam, mean, S.M, near, far, eps2d, P);
       depths[id] = P.centre_cam[2];
-      if (!P.valid) continue;
+      auto hide = [&] {
+        std::fill(means2d + 2 * id, means2d + 2 * id + 2, 0.f);
+        std::fill(conics + 3 * id, conics + 3 * id + 3, 0.f);
+        std::fill(radii + 2 * id, radii + 2 * id + 2, 0);
+        log_ops[id] = 0.f;
+        std::fill(colors + 3 * id, colors + 3 * id + 3, 0.f);
+      };
+      if (!P.valid) {
+        hide();
+        continue;
+      }
       float log_op = log_op_model;
       if (settings.antialiased)
         log_op += 0.5f * (std::log(std::max(P.det_raw, kTinyDeterminant)) - std::log(P.det));
@@ -393,7 +410,10 @@ Projection project_forward(const Gaussians& gs, const PinholeCameras& cameras, c
       const float rx = std::ceil(extent * std::sqrt(P.cov_xx)), ry = std::ceil(extent * std::sqrt(P.cov_yy));
       const float px = cam.fx * P.u + cam.cx, py = cam.fy * P.v + cam.cy;
       const bool inside = px + rx > 0.f && px - rx < width && py + ry > 0.f && py - ry < height;
-      if (!(inside && opacity >= kAlphaMin && (rx > 0.f || ry > 0.f))) continue;
+      if (!(inside && opacity >= kAlphaMin && (rx > 0.f || ry > 0.f))) {
+        hide();
+        continue;
+      }
       means2d[2 * id] = px;
       means2d[2 * id + 1] = py;
       conics[3 * id] = P.cov_yy / P.det;
@@ -447,7 +467,7 @@ GaussianGrads project_backward(const Gaussians& gs, const PinholeCameras& camera
   const float near = static_cast<float>(settings.near_plane), far = static_cast<float>(settings.far_plane);
   const float eps2d = static_cast<float>(settings.eps2d);
 
-#pragma omp parallel for schedule(static) num_threads(at::get_num_threads())
+#pragma omp parallel for schedule(dynamic, kChunk) num_threads(at::get_num_threads())  // as forward's
   for (int64_t g = 0; g < n; ++g) {
     Shape S;
     float v_M[9] = {0.f}, v_mean[3] = {0.f}, v_log_op = 0.f;

@@ -533,10 +533,13 @@ SplatGrads rasterize_backward(const Splats& splats, const Raster& forward, const
   const float* trans_px = trans_final.data_ptr<float>();
   const float* grad_px = grad_out.data_ptr<float>();
   // One thread takes the tiles in pair order and adds each pair's row straight to its Gaussian's sum; more threads
-  // keep the rows apart and then sum each Gaussian's in pair order: the same additions either way.
+  // keep the rows apart and then sum each Gaussian's in pair order: the same additions either way. Only the pairs
+  // a tile's pixels reached (i < its max_last; `reached` says which) have a row: the others add nothing, and their
+  // rows are neither zeroed nor touched (at 1M Gaussians most pairs lie behind saturated pixels).
   const bool in_order = at::get_num_threads() == 1;
-  std::vector<float> pair_grad(in_order ? 0 : n_pairs * kPairGrad, 0.f);
-  std::vector<float> grad_sums(n_cams * n * kPairGrad, 0.f);
+  const std::unique_ptr<float[]> pair_grad(in_order ? nullptr : new float[n_pairs * kPairGrad]);
+  const std::unique_ptr<uint8_t[]> reached(in_order ? nullptr : new uint8_t[n_pairs]);
+  std::vector<float> grad_sums(in_order ? n_cams * n * kPairGrad : 0, 0.f);
   const float alpha_max = static_cast<float>(settings.alpha_max);
   const int ts = static_cast<int>(tile_size);
   const int n_px = ts * ts;
@@ -569,6 +572,10 @@ SplatGrads rasterize_backward(const Splats& splats, const Raster& forward, const
         row_last[p / ts] = std::max(row_last[p / ts], px.last[p]);
       }
       const int32_t max_last = *std::max_element(row_last.begin(), row_last.end());
+      if (!in_order) {
+        std::fill(&reached[offsets[t]], &reached[offsets[t]] + max_last, uint8_t{1});
+        std::fill(&reached[offsets[t]] + max_last, &reached[offsets[t + 1]], uint8_t{0});
+      }
       for (int32_t i = max_last - 1; i >= 0; --i) {
         if (i > 0) {  // the next pair's record and, with one thread, its Gaussian's sums: gathers from far apart
           __builtin_prefetch(cam_splats + tile_ids[i - 1]);
@@ -581,9 +588,11 @@ SplatGrads rasterize_backward(const Splats& splats, const Raster& forward, const
           backward_pair<16>(px, s, row_last.data(), ts, tx, ty, i, alpha_max, lanes.data(), row);
         else
           backward_pair<0>(px, s, row_last.data(), ts, tx, ty, i, alpha_max, lanes.data(), row);
-        const int64_t pair = offsets[t] + i;
-        float* to = in_order ? cam_sums + tile_ids[i] * kPairGrad : &pair_grad[pair * kPairGrad];
-        for (int q = 0; q < kPairGrad; ++q) to[q] += row[q];
+        float* to = in_order ? cam_sums + tile_ids[i] * kPairGrad : &pair_grad[(offsets[t] + i) * kPairGrad];
+        if (in_order)
+          for (int q = 0; q < kPairGrad; ++q) to[q] += row[q];
+        else
+          std::copy(row, row + kPairGrad, to);
       }
     }
   }
@@ -600,11 +609,13 @@ SplatGrads rasterize_backward(const Splats& splats, const Raster& forward, const
   float* v_colors = g_colors.data_ptr<float>();
   float* v_depths = g_depths.data_ptr<float>();
   float* v_abs = g_abs.data_ptr<float>();
-  // Each Gaussian's pairs summed in pair order, whichever thread sums it.
+  // Each Gaussian's reached pairs summed in pair order, whichever thread sums it.
 #pragma omp parallel for schedule(static) num_threads(at::get_num_threads())
   for (int64_t g = 0; g < n_cams * n; ++g) {
-    float* sum = &grad_sums[g * kPairGrad];
+    float local[kPairGrad] = {0.f};
+    float* sum = in_order ? &grad_sums[g * kPairGrad] : local;
     for (int64_t q = first[g]; q < first[g + 1] && !in_order; ++q) {
+      if (!reached[slots[q]]) continue;
       const float* row = &pair_grad[slots[q] * kPairGrad];
       for (int c = 0; c < kPairGrad; ++c) sum[c] += row[c];
     }
