@@ -12,6 +12,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/zeros.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -28,6 +29,11 @@ namespace {
 // A pair's gradient row: d means2d (x, y), d conic (a, b, c), d log opacity, d colour (r, g, b), d depth, and
 // |d means2d| (x, y) summed over its pixels.
 constexpr int kPairGrad = 12;
+
+constexpr int64_t kChunk = 256;  // Gaussians a thread takes at a time in binning's per-Gaussian passes
+// Binning's sorts split their work into parts from this many items on: below it a part's barriers would cost more
+// than the second thread saves.
+constexpr int64_t kPartsFrom = 1 << 16;
 
 // The bits of a float as an integer and back (std::bit_cast is C++20).
 inline uint32_t float_bits(float x) {
@@ -78,28 +84,71 @@ inline float min_sigma(float x0, float y0, float x1, float y1, float a, float b,
 
 // The Gaussians that have tile pairs (counts[g + 1] > counts[g]), ordered by depth, ties by index: a stable radix
 // sort of the depths' bits (which order positive floats as their values), instead of a comparison sort per tile.
+// Each thread takes a contiguous part of the Gaussians in every pass and places its part's after the earlier parts'
+// of the same digit: the order is the one stable order, whatever the number of parts.
 std::vector<int64_t> depth_order(const float* depths, const int64_t* counts, int64_t total) {
   constexpr int kBits = 11, kBuckets = 1 << kBits;
+  const int max_parts = total < kPartsFrom ? 1 : at::get_num_threads();
+  std::vector<int64_t> start(static_cast<size_t>(max_parts) * kBuckets);  // [part][bucket]
   std::vector<int64_t> order, next;
   std::vector<uint32_t> keys, next_keys;
-  for (int64_t g = 0; g < total; ++g) {
-    if (counts[g + 1] == counts[g]) continue;
-    order.push_back(g);
-    keys.push_back(float_bits(depths[g]));
-  }
-  next.resize(order.size());
-  next_keys.resize(order.size());
-  for (int shift = 0; shift < 32; shift += kBits) {
-    std::vector<int64_t> start(kBuckets + 1, 0);
-    for (uint32_t key : keys) ++start[((key >> shift) & (kBuckets - 1)) + 1];
-    for (int d = 0; d < kBuckets; ++d) start[d + 1] += start[d];
-    for (size_t q = 0; q < keys.size(); ++q) {
-      const int64_t to = start[(keys[q] >> shift) & (kBuckets - 1)]++;
-      next[to] = order[q];
-      next_keys[to] = keys[q];
+#pragma omp parallel num_threads(max_parts)
+  {
+    const int parts = omp_get_num_threads(), part = omp_get_thread_num();
+    int64_t* mine = &start[static_cast<size_t>(part) * kBuckets];
+    // The Gaussians with pairs, in index order: each part counts its own, then copies them after the earlier parts'.
+    const int64_t g0 = total * part / parts, g1 = total * (part + 1) / parts;
+    int64_t kept = 0;
+    for (int64_t g = g0; g < g1; ++g) kept += counts[g + 1] > counts[g];
+    mine[0] = kept;
+#pragma omp barrier
+#pragma omp single
+    {
+      int64_t place = 0;
+      for (int r = 0; r < parts; ++r) {
+        const int64_t c = start[static_cast<size_t>(r) * kBuckets];
+        start[static_cast<size_t>(r) * kBuckets] = place;
+        place += c;
+      }
+      order.resize(place);
+      keys.resize(place);
+      next.resize(place);
+      next_keys.resize(place);
     }
-    order.swap(next);
-    keys.swap(next_keys);
+    for (int64_t g = g0, to = mine[0]; g < g1; ++g) {
+      if (counts[g + 1] == counts[g]) continue;
+      order[to] = g;
+      keys[to++] = float_bits(depths[g]);
+    }
+    const int64_t m = static_cast<int64_t>(order.size());
+    const int64_t q0 = m * part / parts, q1 = m * (part + 1) / parts;
+    for (int shift = 0; shift < 32; shift += kBits) {
+#pragma omp barrier
+      std::fill(mine, mine + kBuckets, 0);
+      for (int64_t q = q0; q < q1; ++q) ++mine[(keys[q] >> shift) & (kBuckets - 1)];
+#pragma omp barrier
+#pragma omp single
+      {
+        int64_t place = 0;
+        for (int d = 0; d < kBuckets; ++d)
+          for (int r = 0; r < parts; ++r) {
+            const int64_t c = start[static_cast<size_t>(r) * kBuckets + d];
+            start[static_cast<size_t>(r) * kBuckets + d] = place;
+            place += c;
+          }
+      }
+      for (int64_t q = q0; q < q1; ++q) {
+        const int64_t to = mine[(keys[q] >> shift) & (kBuckets - 1)]++;
+        next[to] = order[q];
+        next_keys[to] = keys[q];
+      }
+#pragma omp barrier
+#pragma omp single
+      {
+        order.swap(next);
+        keys.swap(next_keys);
+      }
+    }
   }
   return order;
 }
@@ -127,22 +176,28 @@ Binning bin_gaussians(const float* means2d, const float* conics, const float* lo
     return log_ops[g] - s >= log_alpha_min;
   };
   // Each Gaussian's box of tiles holds its candidate pairs; those it reaches are kept, in its own place:
-  // order-independent.
-  std::vector<int64_t> boxes(total + 1, 0);
-#pragma omp parallel for schedule(static) num_threads(at::get_num_threads())
+  // order-independent. Buffers every entry of which is written before it is read are left unzeroed (a serial fill
+  // of tens of MB at 1M Gaussians), and chunks of Gaussians are handed out as threads free up (culled ones cost
+  // nothing).
+  std::unique_ptr<int64_t[]> boxes(new int64_t[total + 1]);
+  boxes[0] = 0;
+#pragma omp parallel for schedule(dynamic, kChunk) num_threads(at::get_num_threads())
   for (int64_t g = 0; g < total; ++g) {
+    boxes[g + 1] = 0;
     if (radii[2 * g] <= 0 && radii[2 * g + 1] <= 0) continue;
     int x0, y0, x1, y1;
     rect(g, x0, y0, x1, y1);
     boxes[g + 1] = static_cast<int64_t>(x1 - x0) * (y1 - y0);
   }
   for (int64_t g = 0; g < total; ++g) boxes[g + 1] += boxes[g];
-  std::vector<int64_t> box_tile(boxes[total]);
+  std::unique_ptr<int64_t[]> box_tile(new int64_t[boxes[total]]);
   Binning out;
-  out.first = at::zeros({total + 1}, at::kLong);
+  out.first = at::empty({total + 1}, at::kLong);
   int64_t* first = out.first.data_ptr<int64_t>();
-#pragma omp parallel for schedule(static) num_threads(at::get_num_threads())
+  first[0] = 0;
+#pragma omp parallel for schedule(dynamic, kChunk) num_threads(at::get_num_threads())
   for (int64_t g = 0; g < total; ++g) {
+    first[g + 1] = 0;
     if (boxes[g + 1] == boxes[g]) continue;
     int x0, y0, x1, y1;
     rect(g, x0, y0, x1, y1);
@@ -155,35 +210,65 @@ Binning bin_gaussians(const float* means2d, const float* conics, const float* lo
   }
   for (int64_t g = 0; g < total; ++g) first[g + 1] += first[g];
   const int64_t n_pairs = first[total];
-  std::vector<int64_t> pair_tile(n_pairs);
+  std::unique_ptr<int64_t[]> pair_tile(new int64_t[n_pairs]);
 #pragma omp parallel for schedule(static) num_threads(at::get_num_threads())
   for (int64_t g = 0; g < total; ++g)
-    std::copy(box_tile.begin() + boxes[g], box_tile.begin() + boxes[g] + (first[g + 1] - first[g]),
-              pair_tile.begin() + first[g]);
+    std::copy(&box_tile[boxes[g]], &box_tile[boxes[g]] + (first[g + 1] - first[g]), &pair_tile[first[g]]);
   // Counting sort by tile of the pairs, taken in depth order: each tile's list comes out sorted by (depth, index).
-  out.offsets = at::zeros({n_cams * tiles + 1}, at::kLong);
-  int64_t* offsets = out.offsets.data_ptr<int64_t>();
-  for (int64_t p = 0; p < n_pairs; ++p) ++offsets[pair_tile[p] + 1];
-  for (int64_t t = 0; t < n_cams * tiles; ++t) offsets[t + 1] += offsets[t];
-  std::vector<int64_t> fill(offsets, offsets + n_cams * tiles);
+  // Each thread takes a contiguous part of the depth order: it counts its part's pairs per tile, and then places
+  // them after those of the parts before it; the same places whatever the number of parts.
+  const std::vector<int64_t> order = depth_order(depths, first, total);
+  const int64_t n_tiles = n_cams * tiles;
+  out.offsets = at::empty({n_tiles + 1}, at::kLong);
   out.ids = at::empty({n_pairs}, at::kInt);
   out.slots = at::empty({n_pairs}, at::kLong);
+  int64_t* offsets = out.offsets.data_ptr<int64_t>();
   int32_t* ids = out.ids.data_ptr<int32_t>();
   int64_t* slots = out.slots.data_ptr<int64_t>();
+  const int max_parts = n_pairs < kPartsFrom ? 1 : at::get_num_threads();
+  std::vector<int64_t> fill(static_cast<size_t>(max_parts) * n_tiles);  // [part][tile]
   // In depth order the Gaussians' pairs lie far apart: their places are fetched a few Gaussians ahead.
-  const std::vector<int64_t> order = depth_order(depths, first, total);
-  constexpr size_t kAhead = 8;
-  for (size_t q = 0; q < order.size(); ++q) {
-    if (q + 2 * kAhead < order.size()) __builtin_prefetch(first + order[q + 2 * kAhead]);
-    if (q + kAhead < order.size()) {
-      __builtin_prefetch(pair_tile.data() + first[order[q + kAhead]]);
-      __builtin_prefetch(slots + first[order[q + kAhead]], 1);
+  constexpr int64_t kAhead = 8;
+  auto walk = [&](int64_t q0, int64_t q1, auto&& visit) {
+    for (int64_t q = q0; q < q1; ++q) {
+      if (q + 2 * kAhead < q1) __builtin_prefetch(first + order[q + 2 * kAhead]);
+      if (q + kAhead < q1) {
+        __builtin_prefetch(&pair_tile[first[order[q + kAhead]]]);
+        __builtin_prefetch(slots + first[order[q + kAhead]], 1);
+      }
+      const int64_t g = order[q];
+      for (int64_t p = first[g]; p < first[g + 1]; ++p) visit(g, p);
     }
-    const int64_t g = order[q];
-    for (int64_t p = first[g]; p < first[g + 1]; ++p) {
-      slots[p] = fill[pair_tile[p]]++;
+  };
+  const int64_t m = static_cast<int64_t>(order.size());
+#pragma omp parallel num_threads(max_parts)
+  {
+    const int parts = omp_get_num_threads(), part = omp_get_thread_num();
+    const int64_t q0 = m * part / parts, q1 = m * (part + 1) / parts;
+    int64_t* count = &fill[static_cast<size_t>(part) * n_tiles];
+    std::fill(count, count + n_tiles, 0);
+    if (parts > 1) walk(q0, q1, [&](int64_t, int64_t p) { ++count[pair_tile[p]]; });
+#pragma omp barrier
+#pragma omp single
+    {
+      if (parts == 1) {  // one part: counted in pair order, a sequential pass
+        for (int64_t p = 0; p < n_pairs; ++p) ++fill[pair_tile[p]];
+      }
+      offsets[0] = 0;
+      for (int64_t t = 0; t < n_tiles; ++t) {
+        int64_t place = offsets[t];
+        for (int r = 0; r < parts; ++r) {
+          const int64_t c = fill[static_cast<size_t>(r) * n_tiles + t];
+          fill[static_cast<size_t>(r) * n_tiles + t] = place;
+          place += c;
+        }
+        offsets[t + 1] = place;
+      }
+    }
+    walk(q0, q1, [&](int64_t g, int64_t p) {
+      slots[p] = count[pair_tile[p]]++;
       ids[slots[p]] = static_cast<int32_t>(g % n);
-    }
+    });
   }
   return out;
 }
