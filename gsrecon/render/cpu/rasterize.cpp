@@ -513,6 +513,15 @@ void backward_pair(TilePixels& px, const Splat& s, const int32_t* row_last, int 
   sum_lanes<W>(acc, ts, row);
 }
 
+// The tiles 0..cost.size() - 1 by decreasing cost (ties by index): handed out so, the dynamic schedule ends on
+// cheap tiles instead of one thread compositing the last heavy tile alone while the others wait.
+std::vector<int64_t> heavy_first(const std::vector<int64_t>& cost) {
+  std::vector<int64_t> order(cost.size());
+  for (size_t t = 0; t < order.size(); ++t) order[t] = static_cast<int64_t>(t);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return cost[a] > cost[b]; });
+  return order;
+}
+
 }  // namespace
 
 Raster rasterize_forward(const Splats& splats, const RasterSettings& settings, bool median_depth) {
@@ -527,10 +536,11 @@ Raster rasterize_forward(const Splats& splats, const RasterSettings& settings, b
   const int64_t* offsets = bins.offsets.data_ptr<int64_t>();
   const int32_t* ids = bins.ids.data_ptr<int32_t>();
   auto opts = splats.means2d.options();
-  auto out = at::zeros({n_cams, height, width, kComposited}, opts);
-  auto median = at::zeros({n_cams, height, width}, opts);
-  auto last = at::zeros({n_cams, height, width}, opts.dtype(at::kInt));
-  auto trans_final = at::ones({n_cams, height, width}, opts);
+  // Every pixel is written by its tile below (an empty tile's too): no serial fill first.
+  auto out = at::empty({n_cams, height, width, kComposited}, opts);
+  auto median = at::empty({n_cams, height, width}, opts);
+  auto last = at::empty({n_cams, height, width}, opts.dtype(at::kInt));
+  auto trans_final = at::empty({n_cams, height, width}, opts);
   float* image_px = out.data_ptr<float>();
   float* median_px = median.data_ptr<float>();
   int32_t* last_px = last.data_ptr<int32_t>();
@@ -539,13 +549,16 @@ Raster rasterize_forward(const Splats& splats, const RasterSettings& settings, b
   const int ts = static_cast<int>(tile_size);
   const int n_px = ts * ts;
 
+  std::vector<int64_t> pairs(n_cams * grid.tiles);  // a tile's cost
+  for (int64_t t = 0; t < n_cams * grid.tiles; ++t) pairs[t] = offsets[t + 1] - offsets[t];
+  const std::vector<int64_t> tiles = heavy_first(pairs);
+
 #pragma omp parallel num_threads(at::get_num_threads())
   {
     TilePixels px(ts);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t t = 0; t < n_cams * grid.tiles; ++t) {
-      const int64_t k = offsets[t + 1] - offsets[t];
-      if (k == 0) continue;
+    for (int64_t j = 0; j < n_cams * grid.tiles; ++j) {
+      const int64_t t = tiles[j], k = pairs[t];
       int64_t cam;
       int tx, ty;
       grid.locate(t, cam, tx, ty);
@@ -580,7 +593,7 @@ Raster rasterize_forward(const Splats& splats, const RasterSettings& settings, b
         rgbza[2] = px.b[p];
         rgbza[3] = px.z[p];
         rgbza[4] = 1.f - px.T[p];
-        if (median_depth) median_px[pix] = px.md[p];
+        median_px[pix] = median_depth ? px.md[p] : 0.f;
         last_px[pix] = px.last[p];
         trans_px[pix] = px.T[p];
       }
@@ -629,14 +642,28 @@ SplatGrads rasterize_backward(const Splats& splats, const Raster& forward, const
   const int ts = static_cast<int>(tile_size);
   const int n_px = ts * ts;
 
+  // A tile's cost: the slots its pixels composited. One thread takes the tiles in order (see above).
+  std::vector<int64_t> tiles(n_tiles);
+  if (in_order) {
+    for (int64_t t = 0; t < n_tiles; ++t) tiles[t] = t;
+  } else {
+    std::vector<int64_t> slots_done(n_tiles, 0);
+    for (int64_t cam = 0; cam < n_cams; ++cam)
+      for (int64_t y = 0; y < height; ++y)
+        for (int64_t x = 0; x < width; ++x)
+          slots_done[cam * grid.tiles + y / tile_size * grid.tiles_x + x / tile_size] +=
+              last_px[(cam * height + y) * width + x];
+    tiles = heavy_first(slots_done);
+  }
+
 #pragma omp parallel num_threads(at::get_num_threads())
   {
     TilePixels px(ts);
     std::vector<int32_t> row_last(ts);
     std::vector<float> lanes(kPairGrad * ts);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t t = 0; t < n_cams * grid.tiles; ++t) {
-      const int64_t k = offsets[t + 1] - offsets[t];
+    for (int64_t j = 0; j < n_tiles; ++j) {
+      const int64_t t = tiles[j], k = offsets[t + 1] - offsets[t];
       if (k == 0) continue;
       int64_t cam;
       int tx, ty;
