@@ -8,8 +8,6 @@
 // slower; only bindings.cpp needs it.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/empty_like.h>
 #include <ATen/ops/zeros.h>
 
 #include <algorithm>
@@ -360,9 +358,9 @@ Projection project_forward(const Gaussians& gs, const PinholeCameras& cameras, c
   const int n_coeffs = static_cast<int>((settings.sh_degree + 1) * (settings.sh_degree + 1));
   const auto opts = gs.means.options();
   // Every entry is written below (zeros where a Gaussian is not visible): no serial zeroing pass first.
-  Projection out{at::empty({n_cams, n, 2}, opts), at::empty({n_cams, n, 3}, opts), at::empty({n_cams, n}, opts),
-                 at::empty({n_cams, n, 2}, opts.dtype(at::kInt)), at::empty({n_cams, n}, opts),
-                 at::empty({n_cams, n, 3}, opts)};
+  Projection out{empty_large({n_cams, n, 2}, opts), empty_large({n_cams, n, 3}, opts),
+                 empty_large({n_cams, n}, opts),      empty_large({n_cams, n, 2}, opts.dtype(at::kInt)),
+                 empty_large({n_cams, n}, opts),      empty_large({n_cams, n, 3}, opts)};
   const float *means = gs.means.data_ptr<float>(), *quats = gs.quats.data_ptr<float>();
   const float *log_scales = gs.log_scales.data_ptr<float>(), *logits = gs.logits.data_ptr<float>();
   const ShCoeffs coeffs{gs.sh0.data_ptr<float>(), gs.shN.data_ptr<float>(), gs.shN.size(1)};
@@ -450,8 +448,9 @@ GaussianGrads project_backward(const Gaussians& gs, const PinholeCameras& camera
   // Gaussian order at the end.
   std::vector<float> pose_rows(pose_grad ? n * n_cams * 12 : 0, 0.f);
   // Every row is written below (zeros where a Gaussian is seen by no camera): no zeroing pass first.
-  GaussianGrads out{at::empty_like(gs.means),  at::empty_like(gs.quats), at::empty_like(gs.log_scales),
-                    at::empty_like(gs.logits), at::empty_like(gs.sh0),   at::empty_like(gs.shN),
+  auto like = [](const at::Tensor& t) { return empty_large(t.sizes(), t.options()); };
+  GaussianGrads out{like(gs.means),  like(gs.quats), like(gs.log_scales),
+                    like(gs.logits), like(gs.sh0),   like(gs.shN),
                     at::zeros({pose_grad ? n_cams : 0, 4, 4}, gs.means.options())};
   const float *means = gs.means.data_ptr<float>(), *quats = gs.quats.data_ptr<float>();
   const float *log_scales = gs.log_scales.data_ptr<float>(), *logits = gs.logits.data_ptr<float>();

@@ -10,8 +10,6 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/ones.h>
-#include <ATen/ops/zeros.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -179,7 +177,7 @@ Binning bin_gaussians(const float* means2d, const float* conics, const float* lo
   // order-independent. Buffers every entry of which is written before it is read are left unzeroed (a serial fill
   // of tens of MB at 1M Gaussians), and chunks of Gaussians are handed out as threads free up (culled ones cost
   // nothing).
-  std::unique_ptr<int64_t[]> boxes(new int64_t[total + 1]);
+  LargeArray<int64_t> boxes = large_array<int64_t>(total + 1);
   boxes[0] = 0;
 #pragma omp parallel for schedule(dynamic, kChunk) num_threads(at::get_num_threads())
   for (int64_t g = 0; g < total; ++g) {
@@ -190,9 +188,9 @@ Binning bin_gaussians(const float* means2d, const float* conics, const float* lo
     boxes[g + 1] = static_cast<int64_t>(x1 - x0) * (y1 - y0);
   }
   for (int64_t g = 0; g < total; ++g) boxes[g + 1] += boxes[g];
-  std::unique_ptr<int64_t[]> box_tile(new int64_t[boxes[total]]);
+  LargeArray<int64_t> box_tile = large_array<int64_t>(boxes[total]);
   Binning out;
-  out.first = at::empty({total + 1}, at::kLong);
+  out.first = empty_large({total + 1}, at::kLong);
   int64_t* first = out.first.data_ptr<int64_t>();
   first[0] = 0;
 #pragma omp parallel for schedule(dynamic, kChunk) num_threads(at::get_num_threads())
@@ -210,7 +208,7 @@ Binning bin_gaussians(const float* means2d, const float* conics, const float* lo
   }
   for (int64_t g = 0; g < total; ++g) first[g + 1] += first[g];
   const int64_t n_pairs = first[total];
-  std::unique_ptr<int64_t[]> pair_tile(new int64_t[n_pairs]);
+  LargeArray<int64_t> pair_tile = large_array<int64_t>(n_pairs);
 #pragma omp parallel for schedule(static) num_threads(at::get_num_threads())
   for (int64_t g = 0; g < total; ++g)
     std::copy(&box_tile[boxes[g]], &box_tile[boxes[g]] + (first[g + 1] - first[g]), &pair_tile[first[g]]);
@@ -220,8 +218,8 @@ Binning bin_gaussians(const float* means2d, const float* conics, const float* lo
   const std::vector<int64_t> order = depth_order(depths, first, total);
   const int64_t n_tiles = n_cams * tiles;
   out.offsets = at::empty({n_tiles + 1}, at::kLong);
-  out.ids = at::empty({n_pairs}, at::kInt);
-  out.slots = at::empty({n_pairs}, at::kLong);
+  out.ids = empty_large({n_pairs}, at::kInt);
+  out.slots = empty_large({n_pairs}, at::kLong);
   int64_t* offsets = out.offsets.data_ptr<int64_t>();
   int32_t* ids = out.ids.data_ptr<int32_t>();
   int64_t* slots = out.slots.data_ptr<int64_t>();
@@ -323,8 +321,8 @@ struct alignas(64) PackedSplat {
 
 // The Gaussians of `in` that have tile pairs (first[g + 1] > first[g]), packed; the others' records are left
 // unwritten (never read).
-std::unique_ptr<PackedSplat[]> pack_splats(const SplatData& in, const int64_t* first, int64_t total) {
-  std::unique_ptr<PackedSplat[]> out(new PackedSplat[total]);
+LargeArray<PackedSplat> pack_splats(const SplatData& in, const int64_t* first, int64_t total) {
+  LargeArray<PackedSplat> out = large_array<PackedSplat>(total);
 #pragma omp parallel for schedule(static) num_threads(at::get_num_threads())
   for (int64_t g = 0; g < total; ++g) {
     if (first[g + 1] == first[g]) continue;
@@ -532,15 +530,15 @@ Raster rasterize_forward(const Splats& splats, const RasterSettings& settings, b
   const SplatData in(splats);
   const Binning bins = bin_gaussians(in.means2d, in.conics, in.log_ops, in.depths, in.radii, n_cams, n, grid.tiles_x,
                                      grid.tiles_y, static_cast<int>(tile_size));
-  const std::unique_ptr<PackedSplat[]> packed = pack_splats(in, bins.first.data_ptr<int64_t>(), n_cams * n);
+  const LargeArray<PackedSplat> packed = pack_splats(in, bins.first.data_ptr<int64_t>(), n_cams * n);
   const int64_t* offsets = bins.offsets.data_ptr<int64_t>();
   const int32_t* ids = bins.ids.data_ptr<int32_t>();
   auto opts = splats.means2d.options();
   // Every pixel is written by its tile below (an empty tile's too): no serial fill first.
-  auto out = at::empty({n_cams, height, width, kComposited}, opts);
-  auto median = at::empty({n_cams, height, width}, opts);
-  auto last = at::empty({n_cams, height, width}, opts.dtype(at::kInt));
-  auto trans_final = at::empty({n_cams, height, width}, opts);
+  auto out = empty_large({n_cams, height, width, kComposited}, opts);
+  auto median = empty_large({n_cams, height, width}, opts);
+  auto last = empty_large({n_cams, height, width}, opts.dtype(at::kInt));
+  auto trans_final = empty_large({n_cams, height, width}, opts);
   float* image_px = out.data_ptr<float>();
   float* median_px = median.data_ptr<float>();
   int32_t* last_px = last.data_ptr<int32_t>();
@@ -626,7 +624,7 @@ SplatGrads rasterize_backward(const Splats& splats, const Raster& forward, const
   const int64_t* slots = slots_t.data_ptr<int64_t>();
   const int64_t n_pairs = ids_t.numel();
   TORCH_CHECK_VALUE(first[n_cams * n] == n_pairs, "kernel argument 'first' does not end at the pairs' count ", n_pairs);
-  const std::unique_ptr<PackedSplat[]> packed = pack_splats(in, first, n_cams * n);
+  const LargeArray<PackedSplat> packed = pack_splats(in, first, n_cams * n);
   const int32_t* last_px = last.data_ptr<int32_t>();
   const float* trans_px = trans_final.data_ptr<float>();
   const float* grad_px = grad_out.data_ptr<float>();
@@ -635,9 +633,10 @@ SplatGrads rasterize_backward(const Splats& splats, const Raster& forward, const
   // a tile's pixels reached (i < its max_last; `reached` says which) have a row: the others add nothing, and their
   // rows are neither zeroed nor touched (at 1M Gaussians most pairs lie behind saturated pixels).
   const bool in_order = at::get_num_threads() == 1;
-  const std::unique_ptr<float[]> pair_grad(in_order ? nullptr : new float[n_pairs * kPairGrad]);
-  const std::unique_ptr<uint8_t[]> reached(in_order ? nullptr : new uint8_t[n_pairs]);
-  std::vector<float> grad_sums(in_order ? n_cams * n * kPairGrad : 0, 0.f);
+  const LargeArray<float> pair_grad = large_array<float>(in_order ? 0 : n_pairs * kPairGrad);
+  const LargeArray<uint8_t> reached = large_array<uint8_t>(in_order ? 0 : n_pairs);
+  const LargeArray<float> grad_sums = large_array<float>(in_order ? n_cams * n * kPairGrad : 0);
+  std::fill(grad_sums.get(), grad_sums.get() + (in_order ? n_cams * n * kPairGrad : 0), 0.f);
   const float alpha_max = static_cast<float>(settings.alpha_max);
   const int ts = static_cast<int>(tile_size);
   const int n_px = ts * ts;
@@ -670,7 +669,7 @@ SplatGrads rasterize_backward(const Splats& splats, const Raster& forward, const
       grid.locate(t, cam, tx, ty);
       const PackedSplat* cam_splats = packed.get() + cam * n;
       const int32_t* tile_ids = ids + offsets[t];
-      float* cam_sums = grad_sums.data() + cam * n * kPairGrad;
+      float* cam_sums = grad_sums.get() + cam * n * kPairGrad;
       std::fill(row_last.begin(), row_last.end(), 0);
       for (int p = 0; p < n_px; ++p) {
         const int x = tx * ts + p % ts, y = ty * ts + p / ts;
@@ -709,12 +708,12 @@ SplatGrads rasterize_backward(const Splats& splats, const Raster& forward, const
     }
   }
   auto opts = splats.means2d.options();
-  auto g_means2d = at::empty({n_cams, n, 2}, opts);
-  auto g_conics = at::empty({n_cams, n, 3}, opts);
-  auto g_log_ops = at::empty({n_cams, n}, opts);
-  auto g_colors = at::empty({n_cams, n, 3}, opts);
-  auto g_depths = at::empty({n_cams, n}, opts);
-  auto g_abs = at::empty({n_cams, n, 2}, opts);
+  auto g_means2d = empty_large({n_cams, n, 2}, opts);
+  auto g_conics = empty_large({n_cams, n, 3}, opts);
+  auto g_log_ops = empty_large({n_cams, n}, opts);
+  auto g_colors = empty_large({n_cams, n, 3}, opts);
+  auto g_depths = empty_large({n_cams, n}, opts);
+  auto g_abs = empty_large({n_cams, n, 2}, opts);
   float* v_means2d = g_means2d.data_ptr<float>();
   float* v_conics = g_conics.data_ptr<float>();
   float* v_log_ops = g_log_ops.data_ptr<float>();
