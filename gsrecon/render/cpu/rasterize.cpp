@@ -28,7 +28,6 @@ namespace {
 // |d means2d| (x, y) summed over its pixels.
 constexpr int kPairGrad = 12;
 
-constexpr int64_t kChunk = 256;  // Gaussians a thread takes at a time in binning's per-Gaussian passes
 // Binning's sorts split their work into parts from this many items on: below it a part's barriers would cost more
 // than the second thread saves.
 constexpr int64_t kPartsFrom = 1 << 16;
@@ -175,11 +174,10 @@ Binning bin_gaussians(const float* means2d, const float* conics, const float* lo
   };
   // Each Gaussian's box of tiles holds its candidate pairs; those it reaches are kept, in its own place:
   // order-independent. Buffers every entry of which is written before it is read are left unzeroed (a serial fill
-  // of tens of MB at 1M Gaussians), and chunks of Gaussians are handed out as threads free up (culled ones cost
-  // nothing).
+  // of tens of MB at 1M Gaussians).
   LargeArray<int64_t> boxes = large_array<int64_t>(total + 1);
   boxes[0] = 0;
-#pragma omp parallel for schedule(dynamic, kChunk) num_threads(at::get_num_threads())
+#pragma omp parallel for schedule(static) num_threads(at::get_num_threads())
   for (int64_t g = 0; g < total; ++g) {
     boxes[g + 1] = 0;
     if (radii[2 * g] <= 0 && radii[2 * g + 1] <= 0) continue;
@@ -193,7 +191,7 @@ Binning bin_gaussians(const float* means2d, const float* conics, const float* lo
   out.first = empty_large({total + 1}, at::kLong);
   int64_t* first = out.first.data_ptr<int64_t>();
   first[0] = 0;
-#pragma omp parallel for schedule(dynamic, kChunk) num_threads(at::get_num_threads())
+#pragma omp parallel for schedule(static) num_threads(at::get_num_threads())
   for (int64_t g = 0; g < total; ++g) {
     first[g + 1] = 0;
     if (boxes[g + 1] == boxes[g]) continue;
