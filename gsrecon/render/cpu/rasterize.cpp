@@ -28,6 +28,8 @@ namespace {
 // |d means2d| (x, y) summed over its pixels.
 constexpr int kPairGrad = 12;
 
+constexpr int64_t kAhead = 8;  // how far ahead the gathers from scattered places prefetch (Gaussians, pairs)
+
 // Binning's sorts split their work into parts from this many items on: below it a part's barriers would cost more
 // than the second thread saves.
 constexpr int64_t kPartsFrom = 1 << 16;
@@ -224,7 +226,6 @@ Binning bin_gaussians(const float* means2d, const float* conics, const float* lo
   const int max_parts = n_pairs < kPartsFrom ? 1 : at::get_num_threads();
   std::vector<int64_t> fill(static_cast<size_t>(max_parts) * n_tiles);  // [part][tile]
   // In depth order the Gaussians' pairs lie far apart: their places are fetched a few Gaussians ahead.
-  constexpr int64_t kAhead = 8;
   auto walk = [&](int64_t q0, int64_t q1, auto&& visit) {
     for (int64_t q = q0; q < q1; ++q) {
       if (q + 2 * kAhead < q1) __builtin_prefetch(first + order[q + 2 * kAhead]);
@@ -724,6 +725,13 @@ SplatGrads rasterize_backward(const Splats& splats, const Raster& forward, const
     float local[kPairGrad] = {0.f};
     float* sum = in_order ? &grad_sums[g * kPairGrad] : local;
     for (int64_t q = first[g]; q < first[g + 1] && !in_order; ++q) {
+      // The rows lie apart, in tile order: fetched a few pairs ahead.
+      if (q + 2 * kAhead < n_pairs) __builtin_prefetch(&reached[slots[q + 2 * kAhead]]);
+      if (q + kAhead < n_pairs) {
+        const float* ahead = &pair_grad[slots[q + kAhead] * kPairGrad];
+        __builtin_prefetch(ahead);
+        __builtin_prefetch(ahead + kPairGrad - 1);
+      }
       if (!reached[slots[q]]) continue;
       const float* row = &pair_grad[slots[q] * kPairGrad];
       for (int c = 0; c < kPairGrad; ++c) sum[c] += row[c];
