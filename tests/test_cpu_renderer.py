@@ -277,12 +277,14 @@ def test_faint_and_tilted_gaussians_get_fewer_tile_pairs_and_the_same_image():
     assert all(torch.equal(g0, g1) for g0, g1 in zip(results[0][1], results[1][1]))
 
 
-def test_gradients_are_bit_identical_across_renders_and_thread_counts():
-    params = _scene(n=2000)
+# 40k Gaussians in two cameras: over 2^16 Gaussians and pairs, where binning's sorts split into a part per thread.
+@pytest.mark.parametrize("n", [2000, 40_000])
+def test_gradients_are_bit_identical_across_renders_and_thread_counts(n):
+    params = _scene(n=n)
     threads = torch.get_num_threads()
     try:
         results = []
-        for n_threads in (1, 1, 2):
+        for n_threads in (1, 1, 2, 3):
             torch.set_num_threads(n_threads)
             out, grads = _render(CpuRenderer(), params)
             results.append((out.image.detach(), out.info["means2d"].grad, grads))
