@@ -378,19 +378,26 @@ def _view_parser() -> argparse.ArgumentParser:
     return build_parser()
 
 
-def _start_view(*args: str) -> tuple[subprocess.Popen, str]:
-    """Run ``gsrecon view ARGS`` and return it with the URL it prints."""
+def _start_view(*args: str) -> tuple[subprocess.Popen, str, list[str]]:
+    """Run ``gsrecon view ARGS``; return it, the URL it prints and the lines of its stderr so far (read as they come:
+    a full pipe would block the server, which then never exits)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gsrecon", "view", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+        [sys.executable, "-m", "gsrecon", "view", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # Ctrl-C's signal as a terminal delivers it, even where this test runs in a background job (which ignores
+        # SIGINT, and a child started from it would too: the server would never see the test's SIGINT).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
     lines: queue.Queue[str] = queue.Queue()
+    errors: list[str] = []
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    threading.Thread(target=lambda: errors.extend(proc.stderr), daemon=True).start()
     try:
         line = lines.get(timeout=DEADLINE_S)
     except queue.Empty:
         proc.kill()
-        raise AssertionError(f"gsrecon view printed no URL: {proc.stderr.read()}") from None
-    return proc, next(word for word in line.split() if word.startswith("http://"))
+        proc.wait(timeout=DEADLINE_S)
+        raise AssertionError(f"gsrecon view printed no URL: {''.join(errors)}") from None
+    return proc, next(word for word in line.split() if word.startswith("http://")), errors
 
 
 class Chromium:
@@ -489,7 +496,7 @@ def test_gsrecon_view_draws_the_scene_in_chromium(make_config, tmp_path) -> None
     scene = trainer.datapipeline.scene
     focus = focus_point(torch.stack([f.viewmat for f in scene.train]), scene.points).numpy()
     closer = 0.5 * (focus + camera_centers(scene.train[4].viewmat).numpy())  # inside the ring of cameras
-    proc, url = _start_view("--exp-dir", config["exp_dir"], "--port", "0", "--resolution", "256")
+    proc, url, errors = _start_view("--exp-dir", config["exp_dir"], "--port", "0", "--resolution", "256")
     browser = Chromium(tmp_path / "chromium")
     try:
         assert url.startswith("http://127.0.0.1:")
@@ -507,7 +514,7 @@ def test_gsrecon_view_draws_the_scene_in_chromium(make_config, tmp_path) -> None
         browser.close()
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=DEADLINE_S)
-    assert proc.returncode == 0, proc.stderr.read()
+    assert proc.returncode == 0, "".join(errors)
     assert _dark(first) < 0.05 and _dark(moved) < 0.05  # the browser's splats leave the page white around them
     assert _white(exact) < 0.05  # gsrecon's render fills the page
 
@@ -601,7 +608,7 @@ def test_gsrecon_view_draws_a_runs_sky_in_chromium(make_config, tmp_path) -> Non
     with torch.no_grad():
         trainer.views.modules["sky"].texels.copy_(torch.tensor([8.0, -8.0, -8.0]))  # red; 3 steps keep it red
     trainer.train()
-    proc, url = _start_view("--exp-dir", config["exp_dir"], "--port", "0", "--resolution", "256")
+    proc, url, errors = _start_view("--exp-dir", config["exp_dir"], "--port", "0", "--resolution", "256")
     browser = Chromium(tmp_path / "chromium")
     try:
         browser.open(url)
@@ -612,6 +619,6 @@ def test_gsrecon_view_draws_a_runs_sky_in_chromium(make_config, tmp_path) -> Non
         browser.close()
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=DEADLINE_S)
-    assert proc.returncode == 0, proc.stderr.read()
+    assert proc.returncode == 0, "".join(errors)
     assert _white(splats) < 0.05  # the sky fills the page around the scene's splats
     assert _red(exact) > 0.3 and _dark(exact) < 0.05  # gsrecon's render draws it where it drew black
