@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import io
 import json
 import math
@@ -16,7 +17,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -400,6 +401,21 @@ def _start_view(*args: str) -> tuple[subprocess.Popen, str, list[str]]:
     return proc, next(word for word in line.split() if word.startswith("http://")), errors
 
 
+@contextlib.contextmanager
+def _view_in_chromium(exp_dir: str, profile: Path) -> Iterator[tuple[str, Chromium]]:
+    """``gsrecon view`` of a run and a headless Chromium; on leaving, the browser is closed, the server gets Ctrl-C,
+    and (where the body raised nothing) its exit is asserted clean."""
+    proc, url, errors = _start_view("--exp-dir", exp_dir, "--port", "0", "--resolution", "256")
+    browser = Chromium(profile)
+    try:
+        yield url, browser
+    finally:
+        browser.close()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=DEADLINE_S)
+    assert proc.returncode == 0, "".join(errors)
+
+
 class Chromium:
     """Headless Chromium (software WebGL, an 800 x 600 page) driven over the DevTools protocol."""
 
@@ -496,9 +512,7 @@ def test_gsrecon_view_draws_the_scene_in_chromium(make_config, tmp_path) -> None
     scene = trainer.datapipeline.scene
     focus = focus_point(torch.stack([f.viewmat for f in scene.train]), scene.points).numpy()
     closer = 0.5 * (focus + camera_centers(scene.train[4].viewmat).numpy())  # inside the ring of cameras
-    proc, url, errors = _start_view("--exp-dir", config["exp_dir"], "--port", "0", "--resolution", "256")
-    browser = Chromium(tmp_path / "chromium")
-    try:
+    with _view_in_chromium(config["exp_dir"], tmp_path / "chromium") as (url, browser):
         assert url.startswith("http://127.0.0.1:")
         browser.open(url)
         first = browser.screenshot(tmp_path / "browser_splats.png", lambda shot: _white(shot) < 0.8, "the splats")
@@ -510,11 +524,6 @@ def test_gsrecon_view_draws_the_scene_in_chromium(make_config, tmp_path) -> None
         )
         _show_server_render(url, scene.train[0])
         exact = browser.screenshot(tmp_path / "gsrecon_render.png", lambda shot: _dark(shot) > 0.25, "gsrecon's render")
-    finally:
-        browser.close()
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=DEADLINE_S)
-    assert proc.returncode == 0, "".join(errors)
     assert _dark(first) < 0.05 and _dark(moved) < 0.05  # the browser's splats leave the page white around them
     assert _white(exact) < 0.05  # gsrecon's render fills the page
 
@@ -608,17 +617,10 @@ def test_gsrecon_view_draws_a_runs_sky_in_chromium(make_config, tmp_path) -> Non
     with torch.no_grad():
         trainer.views.modules["sky"].texels.copy_(torch.tensor([8.0, -8.0, -8.0]))  # red; 3 steps keep it red
     trainer.train()
-    proc, url, errors = _start_view("--exp-dir", config["exp_dir"], "--port", "0", "--resolution", "256")
-    browser = Chromium(tmp_path / "chromium")
-    try:
+    with _view_in_chromium(config["exp_dir"], tmp_path / "chromium") as (url, browser):
         browser.open(url)
         splats = browser.screenshot(tmp_path / "browser_sky.png", lambda shot: _red(shot) > 0.3, "the sky's splats")
         _show_server_render(url, trainer.datapipeline.scene.train[0])
         exact = browser.screenshot(tmp_path / "server_sky.png", lambda shot: _red(shot) > 0.3, "the sky render")
-    finally:
-        browser.close()
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=DEADLINE_S)
-    assert proc.returncode == 0, "".join(errors)
     assert _white(splats) < 0.05  # the sky fills the page around the scene's splats
     assert _red(exact) > 0.3 and _dark(exact) < 0.05  # gsrecon's render draws it where it drew black
