@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gsrecon.data.pipeline import DataPipeline
+    from torch import Tensor
+
+    from gsrecon.data.pipeline import Batch, DataPipeline
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,9 @@ class RunSetup:
     # The run's scene (points, SfM tracks, extent) and training frames; None where a renderer is set up only to draw
     # (a trained scene, a benchmark): training always gives it.
     data: DataPipeline | None = None
+    # Draws a batch as the loss of a training step sees it: draw(params, batch, step) -> image [B, H, W, 3] (the
+    # renderer at the step's SH degree, behind the per-view modules); None where the run does not train.
+    draw: Callable[[Mapping[str, Tensor], Batch, int], Tensor] | None = None
 
 
 class RunChecked:

@@ -197,8 +197,12 @@ class DataPipeline:
 
     def train_batches(self) -> Iterator[Batch]:
         """Every training view once, a batch each, over the fixed background (black for ``random``)."""
-        for frame in self._train:
-            yield self._batch([frame], self._background[None])
+        for index in range(len(self._train)):
+            yield self.train_view(index)
+
+    def train_view(self, index: int) -> Batch:
+        """The training view ``index`` alone, over the fixed background (black for ``random``)."""
+        return self._batch([self._train[index]], self._background[None])
 
     def fixed_background(self) -> Tensor:
         """The background colour used where it is not random, [3]."""

@@ -17,7 +17,7 @@ import torch
 from gsrecon.component import RunChecked, RunFacts, RunSetup
 from gsrecon.config import ConfigError, parse_structured
 from gsrecon.data.blocks import block_scene, plan_partition
-from gsrecon.data.pipeline import DataPipeline
+from gsrecon.data.pipeline import Batch, DataPipeline
 from gsrecon.data.scene import Scene
 from gsrecon.distributed import DistributedContext
 from gsrecon.engine.hook import Hook
@@ -118,9 +118,22 @@ def build_run(
     facts = run_facts(run.resolved, run.model, run.datapipeline.scene)
     components = run_components(cfg, run.model, run.renderer, run.strategy, run.loss, run.views, run.hooks)
     check_run(components, facts, source)
-    setup_run(components, RunSetup(logger.info, run.datapipeline))
+    setup_run(components, RunSetup(logger.info, run.datapipeline, training_draw(run)))
     run.notices = [notice for notice in (old_views_notice(cfg, source),) if notice is not None]
     return run
+
+
+def training_draw(run: Run) -> Callable[[Mapping[str, torch.Tensor], Batch, int], torch.Tensor]:
+    """``run``'s image of a batch as its loss sees it at a step (:attr:`~gsrecon.component.RunSetup.draw`): the
+    cameras adjusted by the per-view modules, the renderer at the step's SH degree, the modules' composite and image
+    adjustment (the trainer's own step draws the same)."""
+
+    def draw(params: Mapping[str, torch.Tensor], batch: Batch, step: int) -> torch.Tensor:
+        batch = run.views.adjust_cameras(batch)
+        out = run.views.composite(run.renderer.render_batch(params, batch, run.model.active_sh_degree(step)), batch)
+        return run.views.adjust_image(out.image, batch)
+
+    return draw
 
 
 def _scene_run(

@@ -118,7 +118,7 @@ class DefaultStrategy(Strategy):
             and step % cfg.refine_every == 0
             and step % cfg.reset_every >= cfg.pause_refine_after_reset
         ):
-            self._grow(params, optimizers, state, step)
+            self._grow(params, optimizers, state, step, self.growth_gate(params, step, dist))
             self._prune(params, optimizers, state, step)
             for key in self.per_gaussian_state:
                 if state[key] is not None:
@@ -167,10 +167,19 @@ class DefaultStrategy(Strategy):
                 state["radii"] = torch.zeros(n, device=grads.device)
             state["radii"] = torch.maximum(state["radii"], increments[2])
 
-    def _grow(self, params: Params, optimizers: Optimizers, state: dict[str, Any], step: int) -> None:
+    def growth_gate(self, params: Params, step: int, dist: DistributedContext) -> Tensor | None:
+        """Which Gaussians may grow at the refinement of ``step`` ([N] bool, alike on every rank), or None: every one
+        whose screen-space gradient asks for it."""
+        return None
+
+    def _grow(
+        self, params: Params, optimizers: Optimizers, state: dict[str, Any], step: int, gate: Tensor | None
+    ) -> None:
         cfg = self.cfg
         grads = state["grad2d"] / state["count"].clamp_min(1)  # [N]
         high = grads > cfg.grow_grad2d
+        if gate is not None:
+            high &= gate
         small = torch.exp(params["scales"]).max(dim=-1).values <= cfg.grow_scale3d * state["scene_scale"]
         is_dupli = high & small
         is_split = high & ~small
