@@ -39,6 +39,7 @@ HOOK_POINTS = (
     "after_load_checkpoint",
     "before_train",
     "before_train_iter",
+    "after_loss",
     "after_train_iter",
     "before_val",
     "before_val_iter",
@@ -137,6 +138,9 @@ class TrainerView(Protocol):
     def request_stop(self, signum: int | None = None) -> None:
         """Stop cleanly after the current step."""
 
+    def skip_update(self) -> None:
+        """Leave out this step's backward pass and optimiser step (only from ``after_loss``)."""
+
     def checkpoint(self) -> dict[str, Any]:
         """Everything needed to resume exactly (hooks may add to it)."""
 
@@ -153,7 +157,7 @@ class Hook(RunChecked):
         before_run
         [after_load_checkpoint]                  when resuming
         before_train
-          per step: before_train_iter -> (step) -> after_train_iter
+          per step: before_train_iter -> (render, loss) -> after_loss -> (update) -> after_train_iter
           every val_interval and at the end:
             before_val -> per view: before_val_iter -> after_val_iter -> after_val
           [before_save_checkpoint]               whenever a checkpoint is written
@@ -177,6 +181,10 @@ class Hook(RunChecked):
 
     def before_train_iter(self, trainer: TrainerView) -> None:
         """Before each training step; ``trainer.step`` is the step about to run (0-based)."""
+
+    def after_loss(self, trainer: TrainerView, batch: Batch, losses: dict[str, torch.Tensor]) -> None:
+        """After the loss of step ``trainer.step`` (its weighted terms by key, for ``batch``), before the backward
+        pass; a hook may ask the trainer to leave out this step's update (:meth:`TrainerView.skip_update`)."""
 
     def after_train_iter(self, trainer: TrainerView) -> None:
         """After each optimiser step; ``trainer.outputs`` holds the step's loss terms and timings,

@@ -62,6 +62,7 @@ class DefaultTrainer:
         self.stop_signal: int | None = None  # the signal that stopped training early, if one did
         self.failed = False  # True when training ended with an exception (nothing more is saved)
         self._stop_requested = False
+        self._skip_update = False
         self._metrics: ImageMetrics | None = None
         self.run_dir = RunDir(cfg.exp_dir, source)
         resume = cfg.resume is not False and cfg.resume is not None
@@ -170,6 +171,11 @@ class DefaultTrainer:
         self._stop_requested = True
         self.stop_signal = signum
 
+    def skip_update(self) -> None:
+        """Leave out this step's backward pass and optimiser step (asked by a hook in ``after_loss``; the step still
+        counts, and the schedules and the strategy advance)."""
+        self._skip_update = True
+
     def render(self, batch: Batch, sh_degree: int | None = None) -> RenderOutput:
         """Render the model (and what per-view modules draw behind it) from ``batch``'s cameras at the SH degree."""
         degree = self.model.active_sh_degree(self.step) if sh_degree is None else sh_degree
@@ -183,7 +189,8 @@ class DefaultTrainer:
     def run_step(self) -> None:
         """One optimisation step; afterwards ``self.step`` counts it and ``self.outputs`` describes it:
         ``loss`` (the sum), ``losses`` (its weighted terms by key: the loss terms, the per-view modules' and the
-        strategy's regularisation), ``data_time``, ``num_gaussians`` and ``sh_degree``."""
+        strategy's regularisation), ``updated`` (False where a hook skipped the update), ``data_time``,
+        ``num_gaussians`` and ``sh_degree``."""
         self.call_hook("before_train_iter")
         params, state = self.model.params, self.strategy_state
         start = time.perf_counter()
@@ -198,12 +205,15 @@ class DefaultTrainer:
         if regularization is not None:
             losses["strategy"] = regularization
         total = sum(losses.values())
-        total.backward()
-        self.dist.all_reduce_grads(params)
-        self.views.step(batch.names, self.dist)
-        for optimizer in self.optimizers.values():
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+        self._skip_update = False
+        self.call_hook("after_loss", batch=batch, losses=losses)
+        if not self._skip_update:
+            total.backward()
+            self.dist.all_reduce_grads(params)
+            self.views.step(batch.names, self.dist)
+            for optimizer in self.optimizers.values():
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
         for scheduler in self.schedulers.values():
             scheduler.step()
         self.strategy.step_post_backward(params, self.optimizers, state, self.step, out.info, self.dist)
@@ -211,6 +221,7 @@ class DefaultTrainer:
         self.outputs = {
             "loss": total.detach(),
             "losses": {key: value.detach() for key, value in losses.items()},
+            "updated": not self._skip_update,
             "data_time": data_time,
             "num_gaussians": self.model.num_gaussians,
             "sh_degree": self.model.active_sh_degree(self.step - 1),

@@ -9,6 +9,7 @@ from gsrecon.hooks import (  # noqa: F401
     invalid_loss,
     log,
     metrics,
+    skip_views,
     timer,
     transients,
     viewer,
