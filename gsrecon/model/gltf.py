@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from gsrecon.errors import InputError
-from gsrecon.io.gltf import Attribute, PointPrimitive, read_points, write_points
+from gsrecon.io.gltf import Attribute, PointPrimitive, describe, read_points, write_points
 from gsrecon.model.ply import cpu_params
 from gsrecon.params import check_params
 from gsrecon.sh import MAX_SH_DEGREE, SH_C0, axis_flip_sh_signs
@@ -118,8 +118,10 @@ def load_gltf(path: str | os.PathLike) -> dict[str, Tensor]:
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        InputError: naming the file and what is wrong: not glTF 2.0; not exactly one splat primitive; a kernel or
-            colour space gsrecon does not train; an attribute missing, of another type or count, holding NaN or
+        InputError: naming the file and what is wrong: not glTF 2.0; a JSON member of another type than glTF's
+            (by its JSON path); an extension required that gsrecon does not implement; not exactly one splat
+            primitive, or one the scene moves with a transform or draws twice; a kernel or colour space gsrecon does
+            not train; an attribute missing, of another type or count, holding NaN or
             inf, a negative scale or an opacity outside [0, 1]; SH degrees given in part.
     """
     points = read_points(path, EXTENSION)
@@ -166,7 +168,7 @@ def _check_extension(points: PointPrimitive) -> None:
     for key, value in (("kernel", KERNEL), ("colorSpace", COLOR_SPACE)):
         if points.extension.get(key) != value:
             raise InputError(
-                f"{points.path}: {EXTENSION} {key} is {points.extension.get(key)!r}; gsrecon reads {value!r}"
+                f"{points.path}: {EXTENSION} {key} is {describe(points.extension.get(key))}; gsrecon reads {value!r}"
             )
 
 
