@@ -299,6 +299,41 @@ def test_glb_export_refuses_another_file_ending_before_writing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("quats", [0.0, 0, 0, 0], "has a zero quaternion, which is no rotation"),
+        ("scales", [0.0, 88.73, 0], r"has a log scale of 88\.73, whose exp is infinite in float32 \(above 88\.72"),
+    ],
+)
+def test_glb_export_refuses_what_gltf_cannot_hold_naming_the_file_and_the_gaussian(tmp_path, key, value, message):
+    params = _params(n=10)
+    params[key][[3, 6]] = torch.tensor(value)
+    with pytest.raises(InputError, match=rf"^{tmp_path / 'scene.glb'}: not written: Gaussian 3 \(2 of 10\) {message}"):
+        export_gaussians(params, tmp_path / "scene.glb", "glb")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_log_scale_just_under_float32s_limit_is_written_finite(tmp_path):
+    params = _params(n=10)
+    params["scales"][2, 1] = 88.72
+    export_gaussians(params, tmp_path / "scene.glb", "glb")
+    scale = _attributes(*_parse_glb(tmp_path / "scene.glb"))[f"{KHR}SCALE"]
+    assert np.isfinite(scale).all() and scale[2, 1] > 3e38
+    assert torch.equal(load_gltf(tmp_path / "scene.glb")["scales"], params["scales"])
+
+
+def test_a_scene_glb_cannot_hold_is_one_line_and_exit_2_from_the_cli(tmp_path, config, capsys):
+    params = _params(n=10)
+    params["quats"][4] = 0
+    save_ply(tmp_path / "scene.ply", params)
+    code = main(["export", "--ply", str(tmp_path / "scene.ply"), "--config", str(config), "--format", "glb",
+                 "--out", str(tmp_path / "scene.glb")])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and not (tmp_path / "scene.glb").exists()
+    assert f"{tmp_path / 'scene.glb'}: not written: Gaussian 4 (1 of 10) has a zero quaternion" in err
+
+
 @pytest.mark.parametrize("case", BAD_FILES)
 def test_bad_glb_is_refused_naming_what(tmp_path, case):
     change, message = BAD_FILES[case]

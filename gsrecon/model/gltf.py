@@ -77,16 +77,14 @@ def save_gltf(
     """Write Gaussians as ``KHR_gaussian_splatting`` (layout and axes in the module docstring), ``.glb`` or
     ``.gltf`` with a ``.bin`` beside it, atomically.
 
-    Raises InputError, before writing, for SH above degree 3 or a Gaussian whose quaternion is zero (it has no
-    rotation to write).
+    Raises InputError, before writing, naming ``path`` and the first Gaussian the file cannot hold: a zero
+    quaternion (no rotation) or a log scale whose ``exp`` is infinite in float32 (above 88.72; glTF holds finite
+    floats, and no finite value stands for it), and for parameters `check_params` refuses.
     """
     p = cpu_params(params)
-    n, degree = p["means"].shape[0], check_params(p)
-    if degree > MAX_SH_DEGREE:
-        raise InputError(f"{EXTENSION} holds SH up to degree {MAX_SH_DEGREE}; the scene has degree {degree}")
-    zero = torch.nonzero(p["quats"].norm(dim=1) == 0).flatten()
-    if zero.numel():
-        raise InputError(f"{zero.numel()} Gaussians have a zero quaternion (first: {int(zero[0])}); no rotation")
+    check_params(p)
+    _check_writable(path, p)
+    n = p["means"].shape[0]
     turned = p["means"] * TURN  # [N, 3]
     signs = axis_flip_sh_signs(TURN, p["shN"].shape[1])[:, None]  # [K, 1]
     bounds = (turned.amin(0).tolist(), turned.amax(0).tolist())
@@ -199,6 +197,29 @@ def _check_range(points: PointPrimitive, semantic: str, values: Tensor, low: flo
             f"{points.path}: attribute '{semantic}' has values outside [{low}, {high}] at {bad.numel()} points "
             f"(first at point {int(bad[0])}: {values[bad[0]].tolist()})"
         )
+
+
+def _check_writable(path: str | os.PathLike, p: Mapping[str, Tensor]) -> None:
+    """Refuse to write ``path``, naming the first such Gaussian, when a Gaussian has a zero quaternion or a log
+    scale whose activation (:func:`_activated_scales`, as written) is infinite."""
+    largest = p["scales"].amax(dim=1)  # [N]: exp grows with its argument, so the largest log scale decides
+    refused = [  # [N] marks of the Gaussians, and what is wrong with Gaussian i
+        (p["quats"].norm(dim=1) == 0, lambda i: "has a zero quaternion, which is no rotation"),
+        (
+            _activated_scales(largest).isinf(),
+            lambda i: (
+                f"has a log scale of {largest[i].item():.6g}, whose exp is infinite in float32 (above 88.72): "
+                "glTF holds finite values only"
+            ),
+        ),
+    ]
+    for bad, what in refused:
+        if bad.any():
+            first = int(bad.long().argmax())
+            raise InputError(
+                f"{path}: not written: Gaussian {first} ({int(bad.sum())} of {len(bad)}) {what(first)}; remove "
+                "those Gaussians first"
+            )
 
 
 def _rest_semantic(k: int) -> str:
