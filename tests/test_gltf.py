@@ -576,7 +576,7 @@ def test_a_data_uri_buffer_is_read_and_bad_base64_is_refused(tmp_path):
         load_gltf(bad)
 
 
-_WRONG_VALUES = (None, True, -1, 2**64, 0.5, "x", [0], {"a": 1})  # of every JSON type, and integers out of range
+_WRONG_VALUES = (None, True, -1, 2**64, 0.5, "x", "\x00", [0], {"a": 1})  # every JSON type, out of range, a NUL
 
 
 def _members(value: object, where: tuple = ()) -> list[tuple]:

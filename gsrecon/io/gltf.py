@@ -530,8 +530,8 @@ def _buffer(path: Path, document: dict[str, Any], index: int, chunk: memoryview 
             raise InputError(f"{path}: {where} is a data URI whose base64 cannot be read ({e})") from None
     else:
         name = urllib.parse.unquote(uri)
-        source = (path.parent / name).resolve()
-        if "://" in uri or "\x00" in name or not source.is_relative_to(path.parent.resolve()):
+        source = None if "://" in uri or "\x00" in name else (path.parent / name).resolve()
+        if source is None or not source.is_relative_to(path.parent.resolve()):
             raise InputError(f"{path}: {where} is {describe(uri)}; gsrecon reads buffers in the file's own folder")
         try:
             data = _mapped(source) if source.is_file() else None
