@@ -1,5 +1,6 @@
 """glTF 2.0 files holding one point primitive: writing ``.glb`` (or ``.gltf`` with a ``.bin`` beside it) in bounded
-memory, and reading one back with every accessor checked against the bytes it names before it is trusted.
+memory, and reading one back with every JSON member it reads checked against glTF's type (one walk of the document
+by a schema of those members) and every accessor checked against the bytes it names before it is trusted.
 
 The layouts live with their users: Gaussian splats (``KHR_gaussian_splatting``) in `gsrecon.model.gltf`.
 """
@@ -443,7 +444,7 @@ def _parse_json(path: Path, text: memoryview) -> dict[str, Any]:
     _DOCUMENT.check(path, document, "")
     version = document["asset"]["version"]
     if not version.startswith("2."):
-        raise InputError(f"{path}: not a glTF 2.0 file (asset.version is {version!r})")
+        raise InputError(f"{path}: not a glTF 2.0 file (asset.version is {describe(version)})")
     return document
 
 
