@@ -4,6 +4,7 @@ Babylon.js, PlayCanvas's splat-transform) where node and the web readers are ins
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import struct
@@ -257,7 +258,7 @@ BAD_FILES = {
     ),
     "a node transform": (
         lambda d, _: d["nodes"][0].update(scale=[2, 2, 2]),
-        "node 0 places the splats with a transform .scale.",
+        "node 0, which holds the splats, moves them with a transform .scale.",
     ),
     "triangles": (
         lambda d, _: d["meshes"][0]["primitives"][0].pop("mode"),
@@ -296,6 +297,41 @@ def test_glb_export_refuses_another_file_ending_before_writing(tmp_path):
     with pytest.raises(InputError, match="scene.ply: a glTF file is named .glb .binary. or .gltf"):
         export_gaussians(_params(n=5), tmp_path / "scene.ply", "glb")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("quats", [0.0, 0, 0, 0], "has a zero quaternion, which is no rotation"),
+        ("scales", [0.0, 88.73, 0], r"has a log scale of 88\.73, whose exp is infinite in float32 \(above 88\.72"),
+    ],
+)
+def test_glb_export_refuses_what_gltf_cannot_hold_naming_the_file_and_the_gaussian(tmp_path, key, value, message):
+    params = _params(n=10)
+    params[key][[3, 6]] = torch.tensor(value)
+    with pytest.raises(InputError, match=rf"^{tmp_path / 'scene.glb'}: not written: Gaussian 3 \(2 of 10\) {message}"):
+        export_gaussians(params, tmp_path / "scene.glb", "glb")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_log_scale_just_under_float32s_limit_is_written_finite(tmp_path):
+    params = _params(n=10)
+    params["scales"][2, 1] = 88.72
+    export_gaussians(params, tmp_path / "scene.glb", "glb")
+    scale = _attributes(*_parse_glb(tmp_path / "scene.glb"))[f"{KHR}SCALE"]
+    assert np.isfinite(scale).all() and scale[2, 1] > 3e38
+    assert torch.equal(load_gltf(tmp_path / "scene.glb")["scales"], params["scales"])
+
+
+def test_a_scene_glb_cannot_hold_is_one_line_and_exit_2_from_the_cli(tmp_path, config, capsys):
+    params = _params(n=10)
+    params["quats"][4] = 0
+    save_ply(tmp_path / "scene.ply", params)
+    code = main(["export", "--ply", str(tmp_path / "scene.ply"), "--config", str(config), "--format", "glb",
+                 "--out", str(tmp_path / "scene.glb")])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and not (tmp_path / "scene.glb").exists()
+    assert f"{tmp_path / 'scene.glb'}: not written: Gaussian 4 (1 of 10) has a zero quaternion" in err
 
 
 @pytest.mark.parametrize("case", BAD_FILES)
@@ -437,3 +473,222 @@ def test_splat_transform_writes_the_same_glb_from_the_same_ply(web_readers, tmp_
             assert np.allclose(theirs[name], ours[name], rtol=1e-6, atol=1e-7), name
     assert _attribute(ours_document, "POSITION")["min"] == _attribute(theirs_document, "POSITION")["min"]
     assert _attribute(ours_document, "POSITION")["max"] == _attribute(theirs_document, "POSITION")["max"]
+
+
+# The JSON's structure: every member gsrecon reads has the type glTF gives it, or the file is refused naming the
+# JSON path of the member.
+
+WRONG_STRUCTURE = {
+    "an accessor type that is a list": (
+        _set(f"{KHR}SCALE", type=["VEC3"]),
+        r"accessors\[3\]\.type is an array of 1 item; it must be a string",
+    ),
+    "the extension object a boolean": (
+        lambda d, _: d["meshes"][0]["primitives"][0]["extensions"].update({"KHR_gaussian_splatting": True}),
+        r"meshes\[0\]\.primitives\[0\]\.extensions\.KHR_gaussian_splatting is true; it must be an object",
+    ),
+    "asset a string": (lambda d, _: d.update(asset="2.0"), "asset is '2.0'; it must be an object"),
+    "meshes an object": (
+        lambda d, _: d.update(meshes={"0": d["meshes"][0]}),
+        "meshes is an object; it must be an array",
+    ),
+    "byteStride a string": (
+        lambda d, _: d["bufferViews"][3].update(byteStride="12"),
+        r"bufferViews\[3\]\.byteStride is '12'; it must be an integer >= 0",
+    ),
+    "an attribute index that is a string": (
+        lambda d, _: d["meshes"][0]["primitives"][0]["attributes"].update(POSITION="0"),
+        r"meshes\[0\]\.primitives\[0\]\.attributes\.POSITION is '0'; it must be an integer >= 0",
+    ),
+    "a negative byte offset": (
+        lambda d, _: d["bufferViews"][2].update(byteOffset=-4),
+        r"bufferViews\[2\]\.byteOffset is -4; it must be an integer >= 0",
+    ),
+    "a count that is a float": (_set("POSITION", count=10.0), r"accessors\[0\]\.count is 10\.0; it must be an integer"),
+    "a buffer view without its length": (
+        lambda d, _: d["bufferViews"][1].pop("byteLength"),
+        r"bufferViews\[1\] has no member 'byteLength', which glTF requires",
+    ),
+    "a translation of two numbers": (
+        lambda d, _: d["nodes"][0].update(translation=[0, 0]),
+        r"nodes\[0\]\.translation is an array of 2 items; it must be an array of 3 numbers",
+    ),
+    "an empty JSON object": (lambda d, _: d.clear(), "the JSON document has no member 'asset', which glTF requires"),
+}
+
+
+@pytest.mark.parametrize("case", WRONG_STRUCTURE)
+def test_wrong_json_structure_is_refused_naming_the_json_path(tmp_path, case):
+    change, message = WRONG_STRUCTURE[case]
+    export_gaussians(_params(n=10), tmp_path / "scene.glb", "glb")
+    edited = _edit(tmp_path / "scene.glb", change)
+    with pytest.raises(InputError, match=f"^{edited}: {message}"):
+        load_gltf(edited)
+
+
+def _with_json_text(path: Path, text: bytes) -> Path:
+    """A copy of the glb ``path`` whose JSON chunk is ``text`` (the binary chunk kept)."""
+    _, binary = _parse_glb(path)
+    text += b" " * (-len(text) % 4)
+    edited = path.with_name("edited.glb")
+    edited.write_bytes(
+        struct.pack("<4sII", b"glTF", 2, 28 + len(text) + len(binary))
+        + struct.pack("<I4s", len(text), b"JSON")
+        + text
+        + struct.pack("<I4s", len(binary), b"BIN\x00")
+        + binary
+    )
+    return edited
+
+
+def test_json_nested_past_the_parser_and_numbers_past_its_digits_are_refused(tmp_path, config, capsys):
+    export_gaussians(_params(n=10), tmp_path / "scene.glb", "glb")
+    text = json.dumps(_parse_glb(tmp_path / "scene.glb")[0]).encode()
+    deep = _with_json_text(tmp_path / "scene.glb", text[:-1] + b', "extras": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+    with pytest.raises(InputError, match=f"^{deep}: not a glTF file .its JSON nests deeper than"):
+        load_gltf(deep)
+    assert main(["eval", "--ply", str(deep), "--config", str(config), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(deep) in err
+    long = _with_json_text(tmp_path / "scene.glb", text[:-1] + b', "extras": ' + b"7" * 5000 + b"}")
+    with pytest.raises(InputError, match=f"^{long}: not a glTF file .its JSON cannot be read"):
+        load_gltf(long)
+
+
+def _gltf_with_data_uri(tmp_path: Path, params: dict[str, torch.Tensor], payload: str | None = None) -> Path:
+    """``params`` as a .gltf (standard attributes only) whose buffer is a base64 ``data:`` URI of its bytes (or
+    ``payload``)."""
+    export_gaussians(params, tmp_path / "scene.gltf", "glb", options={"exact": False})
+    document = json.loads((tmp_path / "scene.gltf").read_text())
+    data = base64.b64encode((tmp_path / "scene.bin").read_bytes()).decode() if payload is None else payload
+    document["buffers"][0]["uri"] = f"data:application/octet-stream;base64,{data}"
+    (tmp_path / "scene.bin").unlink()
+    (tmp_path / "scene.gltf").write_text(json.dumps(document))
+    return tmp_path / "scene.gltf"
+
+
+def test_a_data_uri_buffer_is_read_and_bad_base64_is_refused(tmp_path):
+    params = _params(n=10, sh_degree=1)
+    loaded = load_gltf(_gltf_with_data_uri(tmp_path, params))
+    assert torch.equal(loaded["means"], params["means"]) and torch.equal(loaded["shN"], params["shN"])
+    bad = _gltf_with_data_uri(tmp_path, params, payload="AAAA@@@=")
+    with pytest.raises(InputError, match=rf"^{bad}: buffers\[0\]\.uri is a data URI whose base64 cannot be read"):
+        load_gltf(bad)
+
+
+_WRONG_VALUES = (None, True, -1, 2**64, 0.5, "x", "\x00", [0], {"a": 1})  # every JSON type, out of range, a NUL
+
+
+def _members(value: object, where: tuple = ()) -> list[tuple]:
+    """The paths (keys and indices) of every member and item under ``value``."""
+    children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    return [path for key, child in children for path in [(*where, key), *_members(child, (*where, key))]]
+
+
+def _json_with(document: dict, where: tuple, value: object) -> str:
+    """``document`` as JSON with the member at ``where`` replaced by ``value`` (``document`` is left as it was)."""
+    parent = document
+    for key in where[:-1]:
+        parent = parent[key]
+    original, parent[where[-1]] = parent[where[-1]], value
+    try:
+        return json.dumps(document)
+    finally:
+        parent[where[-1]] = original
+
+
+def test_every_member_of_another_type_is_refused_as_input_and_never_crashes(tmp_path):
+    """Every member of a valid file, in turn, replaced by a value of each JSON type: the file either loads or is
+    refused with an InputError naming it, and never raises anything else (a .gltf whose buffer is a data: URI, so
+    that the JSON holds everything and its ``uri`` is walked too)."""
+    document = json.loads(_gltf_with_data_uri(tmp_path, _params(n=4, sh_degree=0)).read_text())
+    members, refused, edited = _members(document), 0, tmp_path / "edited.gltf"
+    for where in members:
+        for value in _WRONG_VALUES:
+            edited.write_text(_json_with(document, where, value))
+            try:
+                load_gltf(edited)
+            except InputError as e:
+                assert str(e).startswith(f"{edited}: ") and "\n" not in str(e), (where, value, e)
+                refused += 1
+            except Exception as e:  # the point of the test: nothing but InputError
+                pytest.fail(f"{'.'.join(map(str, where))} = {value!r}: {type(e).__name__}: {e}")
+    assert len(members) > 100 and refused > len(members) * len(_WRONG_VALUES) // 2
+
+
+# The scene's node tree: a transform anywhere on the way from the scene to the splats is refused naming its node.
+
+
+def _nodes(*nodes: dict, roots: list[int] | None = None) -> Callable[[dict, bytearray], None]:
+    """A change that gives the file ``nodes`` and the scene ``roots`` (default: node 0)."""
+
+    def change(document: dict, _: bytearray) -> None:
+        document["nodes"] = list(nodes)
+        document["scenes"] = [{"nodes": [0] if roots is None else roots}]
+
+    return change
+
+
+SCENE_TREES = {
+    "a translation on the parent": (
+        _nodes({"children": [1], "translation": [5, 0, 0]}, {"mesh": 0}),
+        r"node 0, above node 1 which holds the splats, moves them with a transform \(translation\); gsrecon reads",
+    ),
+    "a matrix two levels up": (
+        _nodes(
+            {"children": [1], "matrix": [2, 0, 0, 0, 0, 2, 0, 0, 0, 0, 2, 0, 0, 0, 0, 1]},
+            {"children": [2]},
+            {"mesh": 0},
+        ),
+        r"node 0, above node 2 which holds the splats, moves them with a transform \(matrix\)",
+    ),
+    "the splats drawn twice": (
+        _nodes({"mesh": 0}, {"children": [2]}, {"mesh": 0}, roots=[0, 1]),
+        r"the scene draws the splats 2 times \(nodes 0, 2\)",
+    ),
+    "a node with two parents": (
+        _nodes({"children": [2]}, {"children": [2]}, {"mesh": 0}, roots=[0, 1]),
+        "node 2 is a child of node 0 and of node 1; a glTF node has one parent",
+    ),
+    "a cycle": (
+        _nodes({"children": [1]}, {"children": [0], "mesh": 0}),
+        r"scenes\[0\]\.nodes names node 0, a child of node 1; it must be a root",
+    ),
+    "a root named twice": (_nodes({"mesh": 0}, roots=[0, 0]), r"scenes\[0\]\.nodes names a node twice"),
+    "a child that is not there": (
+        _nodes({"children": [7]}, {"mesh": 0}),
+        r"nodes\[0\]\.children names node 7, which the file does not have",
+    ),
+    "a scene that is not there": (lambda d, _: d.update(scene=3), "scene names scene 3, which the file does not have"),
+    "an extension required that gsrecon does not implement": (
+        lambda d, _: d.update(extensionsRequired=["KHR_gaussian_splatting", "KHR_draco_mesh_compression"]),
+        "extensionsRequired names KHR_draco_mesh_compression, which gsrecon does not implement",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", SCENE_TREES)
+def test_a_scene_that_moves_or_repeats_the_splats_is_refused_naming_the_node(tmp_path, case):
+    change, message = SCENE_TREES[case]
+    export_gaussians(_params(n=10), tmp_path / "scene.glb", "glb")
+    edited = _edit(tmp_path / "scene.glb", change)
+    with pytest.raises(InputError, match=f"^{edited}: {message}"):
+        load_gltf(edited)
+
+
+def test_identity_transforms_nodes_outside_the_scene_and_a_long_chain_are_read(tmp_path):
+    """Identity transforms on the way, a moved node the scene does not draw, the splats 5,000 nodes deep (walked
+    without recursion) and the extension gsrecon implements required: read as the file stores them."""
+    params = _params(n=10)
+    export_gaussians(params, tmp_path / "scene.glb", "glb")
+    chain = [{"children": [i + 1], "rotation": [0, 0, 0, 1.0]} for i in range(5000)]
+    identity = {"matrix": [1.0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1], "scale": [1, 1, 1]}
+    outside = {"mesh": 0, "translation": [5, 0, 0]}
+
+    def change(document: dict, binary: bytearray) -> None:
+        _nodes(*chain, {"mesh": 0, **identity}, outside)(document, binary)
+        document["extensionsRequired"] = ["KHR_gaussian_splatting"]
+
+    loaded = load_gltf(_edit(tmp_path / "scene.glb", change))
+    for key, value in params.items():
+        assert torch.equal(loaded[key], value), key

@@ -1,5 +1,6 @@
 """glTF 2.0 files holding one point primitive: writing ``.glb`` (or ``.gltf`` with a ``.bin`` beside it) in bounded
-memory, and reading one back with every accessor checked against the bytes it names before it is trusted.
+memory, and reading one back with every JSON member it reads checked against glTF's type (one walk of the document
+by a schema of those members) and every accessor checked against the bytes it names before it is trusted.
 
 The layouts live with their users: Gaussian splats (``KHR_gaussian_splatting``) in `gsrecon.model.gltf`.
 """
@@ -7,6 +8,7 @@ The layouts live with their users: Gaussian splats (``KHR_gaussian_splatting``) 
 from __future__ import annotations
 
 import base64
+import binascii
 import json
 import mmap
 import os
@@ -152,7 +154,8 @@ def _write_attributes(f: Any, count: int, attributes: Sequence[Attribute]) -> No
 @dataclass
 class PointPrimitive:
     """The one mesh primitive of a glTF file that carries ``extension``: its attributes and extension object,
-    readable by :meth:`read` (``count``: the points of its ``POSITION``)."""
+    readable by :meth:`read` (``count``: the points of its ``POSITION``). ``document`` has passed the type checks of
+    :func:`read_points`."""
 
     path: Path
     document: dict[str, Any]
@@ -177,19 +180,17 @@ class PointPrimitive:
             raise InputError(f"{self.path}: the splat primitive has no attribute '{semantic}'")
         accessor = _item(self.path, self.document, "accessors", self.primitive["attributes"][semantic], semantic)
         what = f"{self.path}: attribute '{semantic}'"
-        kind, ctype = accessor.get("type"), accessor.get("componentType")
-        normalized = bool(accessor.get("normalized", False))
+        kind, ctype, normalized = accessor["type"], accessor["componentType"], accessor.get("normalized", False)
         if _WIDTHS.get(kind) != width:
-            raise InputError(f"{what} is {kind!r}; it must be {_TYPES[width]}")
+            raise InputError(f"{what} is {describe(kind)}; it must be {_TYPES[width]}")
         if ctype not in component_types or component_types[ctype] not in (None, normalized):
             allowed = ", ".join(
                 f"{'normalized ' if norm else ''}{_COMPONENT_NAMES[t]}" for t, norm in component_types.items()
             )
             got = f"{'normalized ' if normalized else ''}{_COMPONENT_NAMES.get(ctype, ctype)}"
             raise InputError(f"{what} has component type {got}; it must be one of: {allowed}")
-        count = accessor.get("count")
-        if count != self.count:
-            raise InputError(f"{what} has {count} values, but POSITION has {self.count}")
+        if accessor["count"] != self.count:
+            raise InputError(f"{what} has {accessor['count']} values, but POSITION has {self.count}")
         if "sparse" in accessor or "bufferView" not in accessor:
             raise InputError(f"{what} is a sparse accessor or has no buffer view; gsrecon reads plain ones")
         values = self._view(accessor, width, what)
@@ -210,23 +211,22 @@ class PointPrimitive:
     def _view(self, accessor: dict[str, Any], width: int, what: str) -> np.ndarray:
         """The accessor's elements ``[count, width]`` in their stored type, after checking they lie in its view."""
         view = _item(self.path, self.document, "bufferViews", accessor["bufferView"], what)
-        buffer_index = view.get("buffer")
-        known = isinstance(buffer_index, int) and 0 <= buffer_index < len(self.buffers)
-        data = self.buffers[buffer_index] if known else None
+        buffer_index = view["buffer"]
+        data = self.buffers[buffer_index] if buffer_index < len(self.buffers) else None
         if data is None:
-            raise InputError(f"{what}: its buffer view names buffer {buffer_index!r}, which the file does not hold")
+            raise InputError(f"{what}: its buffer view names buffer {buffer_index}, which the file does not hold")
         dtype = np.dtype(_COMPONENT_TYPES[accessor["componentType"]])
         element = dtype.itemsize * width
         stride = view.get("byteStride") or element
-        view_start, view_length = _natural(view.get("byteOffset", 0), what), _natural(view.get("byteLength"), what)
+        view_start, view_length = view.get("byteOffset", 0), view["byteLength"]
         if view_start + view_length > len(data):
             raise InputError(
                 f"{what}: its buffer view ends at byte {view_start + view_length} of buffer {buffer_index}, which "
                 f"has {len(data)}; the file is truncated or corrupt"
             )
-        start = _natural(accessor.get("byteOffset", 0), what)
-        end = start + stride * (self.count - 1) + element if isinstance(stride, int) else -1
-        if not element <= stride or end > view_length:
+        start = accessor.get("byteOffset", 0)
+        end = start + stride * (self.count - 1) + element
+        if stride < element or end > view_length:
             raise InputError(
                 f"{what} ends at byte {end} of its buffer view, which has {view_length} (stride {stride}); "
                 "the file is corrupt"
@@ -238,8 +238,11 @@ class PointPrimitive:
 def read_points(path: str | os.PathLike, extension: str) -> PointPrimitive:
     """Read a ``.glb`` or ``.gltf`` file and find its one mesh primitive that carries ``extension``.
 
-    Raises FileNotFoundError, or InputError naming ``path`` and what is wrong: not glTF 2.0, no such primitive or
-    more than one, a node that transforms it, a mode other than POINTS, a buffer that is missing or too short.
+    Every member of the JSON that gsrecon reads is checked to have glTF's type first. Raises FileNotFoundError, or
+    InputError naming ``path`` and what is wrong (a member by its JSON path, e.g.
+    ``meshes[0].primitives[0].attributes.POSITION``): not glTF 2.0, an extension required that gsrecon does not
+    implement (anything but ``extension``), no such primitive or more than one, a transform on the way from the
+    scene to it, a mode other than POINTS, a buffer that is missing or too short.
     """
     path = Path(path)
     if not path.is_file():
@@ -249,16 +252,152 @@ def read_points(path: str | os.PathLike, extension: str) -> PointPrimitive:
         document, chunk = _parse_glb(path, raw)
     else:
         document, chunk = _parse_json(path, raw), None
+    unknown = [name for name in document.get("extensionsRequired", []) if name != extension]
+    if unknown:
+        raise InputError(
+            f"{path}: extensionsRequired names {', '.join(unknown)}, which gsrecon does not implement (it reads "
+            f"{extension}); a glTF loader must refuse such a file"
+        )
     primitive, mesh_index = _splat_primitive(path, document, extension)
-    _check_untransformed(path, document, mesh_index)
-    buffers = [_buffer(path, document, i, chunk) for i in range(len(document.get("buffers") or []))]
+    _check_placement(path, document, mesh_index)
+    buffers = [_buffer(path, document, i, chunk) for i in range(len(document.get("buffers", [])))]
     if "POSITION" not in primitive["attributes"]:
         raise InputError(f"{path}: the splat primitive has no attribute 'POSITION'")
-    position = _item(path, document, "accessors", primitive["attributes"]["POSITION"], "POSITION")
-    count = position.get("count")
-    if not isinstance(count, int) or count < 1:
-        raise InputError(f"{path}: attribute 'POSITION' has count {count!r}; there are no Gaussians to load")
+    count = _item(path, document, "accessors", primitive["attributes"]["POSITION"], "POSITION")["count"]
+    if count < 1:
+        raise InputError(f"{path}: attribute 'POSITION' has count {count}; there are no Gaussians to load")
     return PointPrimitive(path, document, primitive, primitive["extensions"][extension], buffers, count)
+
+
+def describe(value: Any) -> str:
+    """A JSON value as a message names it: a number, string or boolean as JSON writes it (cut at 40 characters),
+    an array or object by its kind."""
+    if isinstance(value, list):
+        return f"an array of {len(value)} item{'s' * (len(value) != 1)}"
+    if isinstance(value, dict):
+        return "an object"
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
+@dataclass(frozen=True)
+class _Scalar:
+    """A JSON number, string or boolean that ``test`` accepts (``expected``, ``plural``: what that is)."""
+
+    expected: str
+    plural: str
+    test: Callable[[Any], bool]
+
+    def check(self, path: Path, value: Any, where: str) -> None:
+        if not self.test(value):
+            raise _wrong_type(path, value, where, self.expected)
+
+
+@dataclass(frozen=True)
+class _Array:
+    """A JSON array whose items are all ``item`` (exactly ``length`` of them, where given)."""
+
+    item: _Scalar | _Object | _Array | _Map
+    length: int | None = None
+
+    def check(self, path: Path, value: Any, where: str) -> None:
+        if not isinstance(value, list) or self.length not in (None, len(value)):
+            expected = "an array" if self.length is None else f"an array of {self.length} {self.item.plural}"
+            raise _wrong_type(path, value, where, expected)
+        for index, item in enumerate(value):
+            self.item.check(path, item, f"{where}[{index}]")
+
+
+@dataclass(frozen=True)
+class _Object:
+    """A JSON object: its ``members`` checked where present (``required`` ones must be), any others not read."""
+
+    members: Mapping[str, _Scalar | _Object | _Array | _Map] = field(default_factory=dict)
+    required: tuple[str, ...] = ()
+
+    def check(self, path: Path, value: Any, where: str) -> None:
+        if not isinstance(value, dict):
+            raise _wrong_type(path, value, where, "an object")
+        for key in self.required:
+            if key not in value:
+                raise InputError(f"{path}: {where or 'the JSON document'} has no member '{key}', which glTF requires")
+        for key, member in self.members.items():
+            if key in value:
+                member.check(path, value[key], f"{where}.{key}" if where else key)
+
+
+@dataclass(frozen=True)
+class _Map:
+    """A JSON object whose every member is ``item``, whatever its name (a primitive's attributes, extensions)."""
+
+    item: _Scalar | _Object | _Array | _Map
+
+    def check(self, path: Path, value: Any, where: str) -> None:
+        if not isinstance(value, dict):
+            raise _wrong_type(path, value, where, "an object")
+        for key, member in value.items():
+            self.item.check(path, member, f"{where}.{key}")
+
+
+def _wrong_type(path: Path, value: Any, where: str, expected: str) -> InputError:
+    return InputError(f"{path}: {where or 'the JSON document'} is {describe(value)}; it must be {expected}")
+
+
+_NATURAL = _Scalar("an integer >= 0", "integers >= 0", lambda v: type(v) is int and v >= 0)  # indices, bytes, counts
+_NUMBER = _Scalar("a number", "numbers", lambda v: type(v) in (int, float))
+_STRING = _Scalar("a string", "strings", lambda v: isinstance(v, str))
+_BOOLEAN = _Scalar("true or false", "booleans", lambda v: isinstance(v, bool))
+_TRANSFORM = {"matrix": 16, "translation": 3, "rotation": 4, "scale": 3}  # a node's members and their lengths
+_IDENTITY = {"matrix": [1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1], "translation": [0, 0, 0]}
+_IDENTITY |= {"rotation": [0, 0, 0, 1], "scale": [1, 1, 1]}
+_DOCUMENT = _Object(  # glTF 2.0's types of the members gsrecon reads (indices and byte counts are never negative)
+    {
+        "asset": _Object({"version": _STRING}, required=("version",)),
+        "extensionsRequired": _Array(_STRING),
+        "scene": _NATURAL,
+        "scenes": _Array(_Object({"nodes": _Array(_NATURAL)})),
+        "nodes": _Array(
+            _Object(
+                {"mesh": _NATURAL, "children": _Array(_NATURAL)}
+                | {key: _Array(_NUMBER, length) for key, length in _TRANSFORM.items()}
+            )
+        ),
+        "meshes": _Array(
+            _Object(
+                {
+                    "primitives": _Array(
+                        _Object(
+                            {"attributes": _Map(_NATURAL), "mode": _NATURAL, "extensions": _Map(_Object())},
+                            required=("attributes",),
+                        )
+                    )
+                },
+                required=("primitives",),
+            )
+        ),
+        "accessors": _Array(
+            _Object(
+                {
+                    "bufferView": _NATURAL,
+                    "byteOffset": _NATURAL,
+                    "componentType": _NATURAL,
+                    "normalized": _BOOLEAN,
+                    "count": _NATURAL,
+                    "type": _STRING,
+                },
+                required=("componentType", "count", "type"),
+            )
+        ),
+        "bufferViews": _Array(
+            _Object(
+                {"buffer": _NATURAL, "byteOffset": _NATURAL, "byteLength": _NATURAL, "byteStride": _NATURAL},
+                required=("buffer", "byteLength"),
+            )
+        ),
+        "buffers": _Array(_Object({"uri": _STRING, "byteLength": _NATURAL}, required=("byteLength",))),
+    },
+    required=("asset",),
+)
 
 
 def _mapped(path: Path) -> memoryview:
@@ -294,14 +433,18 @@ def _parse_glb(path: Path, raw: memoryview) -> tuple[dict[str, Any], memoryview 
 
 
 def _parse_json(path: Path, text: memoryview) -> dict[str, Any]:
-    """The glTF JSON document, refused unless it is an object whose asset says version 2.x."""
+    """The glTF JSON document, refused unless every member gsrecon reads has glTF's type and the asset says
+    version 2.x."""
     try:
         document = json.loads(bytes(text).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except RecursionError:
+        raise InputError(f"{path}: not a glTF file (its JSON nests deeper than gsrecon reads)") from None
+    except ValueError as e:  # not UTF-8, not JSON, or an integer of more digits than Python converts
         raise InputError(f"{path}: not a glTF file (its JSON cannot be read: {e})") from e
-    version = str((document.get("asset") or {}).get("version", "")) if isinstance(document, dict) else ""
+    _DOCUMENT.check(path, document, "")
+    version = document["asset"]["version"]
     if not version.startswith("2."):
-        raise InputError(f"{path}: not a glTF 2.0 file (asset.version is {version or 'missing'!r})")
+        raise InputError(f"{path}: not a glTF 2.0 file (asset.version is {describe(version)})")
     return document
 
 
@@ -309,9 +452,9 @@ def _splat_primitive(path: Path, document: dict[str, Any], extension: str) -> tu
     """The one primitive carrying ``extension`` and the index of its mesh; refused unless it is a POINTS one."""
     found = [
         (primitive, mesh_index)
-        for mesh_index, mesh in enumerate(document.get("meshes") or [])
-        for primitive in mesh.get("primitives") or []
-        if extension in (primitive.get("extensions") or {})
+        for mesh_index, mesh in enumerate(document.get("meshes", []))
+        for primitive in mesh["primitives"]
+        if extension in primitive.get("extensions", {})
     ]
     if len(found) != 1:
         raise InputError(
@@ -321,61 +464,91 @@ def _splat_primitive(path: Path, document: dict[str, Any], extension: str) -> tu
     mode = primitive.get("mode", 4)  # glTF's default: TRIANGLES
     if mode != _POINTS:
         raise InputError(f"{path}: the {extension} primitive has mode {mode}; it must be 0 (POINTS)")
-    if not isinstance(primitive.get("attributes"), dict):
-        raise InputError(f"{path}: the {extension} primitive has no attributes")
     return primitive, mesh_index
 
 
-def _check_untransformed(path: Path, document: dict[str, Any], mesh_index: int) -> None:
-    """Refuse a node that places the mesh with a transform (gsrecon reads the points as they are stored)."""
-    identity = {"matrix": [1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1], "translation": [0, 0, 0]}
-    identity |= {"rotation": [0, 0, 0, 1], "scale": [1, 1, 1]}
-    for index, node in enumerate(document.get("nodes") or []):
-        if node.get("mesh") != mesh_index:
-            continue
-        moved = [key for key, value in identity.items() if key in node and node[key] != value]
-        if moved:
-            raise InputError(
-                f"{path}: node {index} places the splats with a transform ({', '.join(moved)}); gsrecon reads "
-                "splats stored in the file's own frame: bake the transform into them first"
-            )
+def _check_placement(path: Path, document: dict[str, Any], mesh_index: int) -> None:
+    """Refuse a scene that draws the mesh moved by a transform, on its own node or on any node above it, or draws it
+    more than once (gsrecon reads the points as they are stored, once), and node trees glTF forbids (a node with
+    two parents, a scene root that is a child). The scene is ``scene``, else the first of ``scenes``, else every
+    node that is no node's child; nodes outside it are not drawn."""
+    nodes, parents = document.get("nodes", []), {}
+    for index, node in enumerate(nodes):
+        for child in node.get("children", []):
+            if child in parents:
+                raise InputError(
+                    f"{path}: node {child} is a child of node {parents[child]} and of node {index}; a glTF node has "
+                    "one parent"
+                )
+            parents[child] = index
+    if "scene" in document or document.get("scenes"):
+        scene = document.get("scene", 0)
+        roots, where = _item(path, document, "scenes", scene, "scene").get("nodes", []), f"scenes[{scene}].nodes"
+    else:
+        roots, where = [index for index in range(len(nodes)) if index not in parents], "nodes"
+    if len(set(roots)) < len(roots):
+        raise InputError(f"{path}: {where} names a node twice; a scene's root nodes are distinct")
+    child = next((root for root in roots if root in parents), None)
+    if child is not None:
+        raise InputError(f"{path}: {where} names node {child}, a child of node {parents[child]}; it must be a root")
+    pending = [(root, where, None) for root in reversed(roots)]  # (node, who names it, the first transform above it)
+    placed = []
+    while pending:  # depth first, without recursion: a chain of nodes may be as long as the file
+        index, named_by, moved = pending.pop()
+        node = _item(path, document, "nodes", index, named_by)
+        transform = [key for key in _TRANSFORM if key in node and node[key] != _IDENTITY[key]]
+        moved = moved or ((index, transform) if transform else None)
+        if node.get("mesh") == mesh_index:
+            placed.append((index, moved))
+        pending += [(child, f"nodes[{index}].children", moved) for child in reversed(node.get("children", []))]
+    if len(placed) > 1:
+        raise InputError(
+            f"{path}: the scene draws the splats {len(placed)} times (nodes {', '.join(str(i) for i, _ in placed)}); "
+            "gsrecon reads a file that draws them once"
+        )
+    if placed and placed[0][1] is not None:
+        index, (mover, transform) = placed[0]
+        whose = f"node {index}, which" if mover == index else f"node {mover}, above node {index} which"
+        raise InputError(
+            f"{path}: {whose} holds the splats, moves them with a transform ({', '.join(transform)}); gsrecon "
+            "reads splats stored in the file's own frame: bake the transform into them first"
+        )
 
 
 def _buffer(path: Path, document: dict[str, Any], index: int, chunk: memoryview | None) -> memoryview | bytes | None:
     """The bytes of buffer ``index``: the GLB binary chunk, a base64 ``data:`` URI, or a file beside ``path``."""
-    buffer = document["buffers"][index]
+    buffer, where = document["buffers"][index], f"buffers[{index}].uri"
     uri = buffer.get("uri")
     if uri is None:
         data = chunk if index == 0 else None
     elif uri.startswith("data:"):
         header, _, payload = uri.partition(",")
         if not header.endswith(";base64"):
-            raise InputError(f"{path}: buffer {index} is a data URI that is not base64")
-        data = base64.b64decode(payload)
+            raise InputError(f"{path}: {where} is a data URI that is not base64")
+        try:
+            data = base64.b64decode(payload, validate=True)
+        except binascii.Error as e:
+            raise InputError(f"{path}: {where} is a data URI whose base64 cannot be read ({e})") from None
     else:
         name = urllib.parse.unquote(uri)
-        source = (path.parent / name).resolve()
-        if "://" in uri or not source.is_relative_to(path.parent.resolve()):
-            raise InputError(f"{path}: buffer {index} names {uri!r}; gsrecon reads buffers in the file's own folder")
-        if not source.is_file():
-            raise InputError(f"{path}: buffer {index} names {name}, which is not there")
-        data = _mapped(source)
-    length = buffer.get("byteLength")
-    if data is not None and (not isinstance(length, int) or length > len(data)):
+        source = None if "://" in uri or "\x00" in name else (path.parent / name).resolve()
+        if source is None or not source.is_relative_to(path.parent.resolve()):
+            raise InputError(f"{path}: {where} is {describe(uri)}; gsrecon reads buffers in the file's own folder")
+        try:
+            data = _mapped(source) if source.is_file() else None
+        except OSError as e:
+            raise InputError(f"{path}: {where} names {describe(name)}, which cannot be read ({e.strerror})") from e
+        if data is None:
+            raise InputError(f"{path}: {where} names {name}, which is not there")
+    length = buffer["byteLength"]
+    if data is not None and length > len(data):
         raise InputError(f"{path}: buffer {index} declares {length} bytes but holds {len(data)}; it is truncated")
     return data
 
 
-def _item(path: Path, document: dict[str, Any], kind: str, index: Any, what: str) -> dict[str, Any]:
+def _item(path: Path, document: dict[str, Any], kind: str, index: int, what: str) -> dict[str, Any]:
     """``document[kind][index]``, refused with an InputError naming ``what`` when there is no such item."""
-    items = document.get(kind) or []
-    if not isinstance(index, int) or not 0 <= index < len(items) or not isinstance(items[index], dict):
-        raise InputError(f"{path}: {what} names {kind[:-1]} {index!r}, which the file does not have")
+    items = document.get(kind, [])
+    if index >= len(items):
+        raise InputError(f"{path}: {what} names {kind[:-1]} {index}, which the file does not have")
     return items[index]
-
-
-def _natural(value: Any, what: str) -> int:
-    """``value`` when it is an integer >= 0 (a byte offset or length), else an InputError naming ``what``."""
-    if not isinstance(value, int) or value < 0 or isinstance(value, bool):
-        raise InputError(f"{what}: a byte offset or length is {value!r}, not an integer >= 0")
-    return value

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from gsrecon.errors import InputError
-from gsrecon.io.gltf import Attribute, PointPrimitive, read_points, write_points
+from gsrecon.io.gltf import Attribute, PointPrimitive, describe, read_points, write_points
 from gsrecon.model.ply import cpu_params
 from gsrecon.params import check_params
 from gsrecon.sh import MAX_SH_DEGREE, SH_C0, axis_flip_sh_signs
@@ -77,16 +77,14 @@ def save_gltf(
     """Write Gaussians as ``KHR_gaussian_splatting`` (layout and axes in the module docstring), ``.glb`` or
     ``.gltf`` with a ``.bin`` beside it, atomically.
 
-    Raises InputError, before writing, for SH above degree 3 or a Gaussian whose quaternion is zero (it has no
-    rotation to write).
+    Raises InputError, before writing, naming ``path`` and the first Gaussian the file cannot hold: a zero
+    quaternion (no rotation) or a log scale whose ``exp`` is infinite in float32 (above 88.72; glTF holds finite
+    floats, and no finite value stands for it), and for parameters `check_params` refuses.
     """
     p = cpu_params(params)
-    n, degree = p["means"].shape[0], check_params(p)
-    if degree > MAX_SH_DEGREE:
-        raise InputError(f"{EXTENSION} holds SH up to degree {MAX_SH_DEGREE}; the scene has degree {degree}")
-    zero = torch.nonzero(p["quats"].norm(dim=1) == 0).flatten()
-    if zero.numel():
-        raise InputError(f"{zero.numel()} Gaussians have a zero quaternion (first: {int(zero[0])}); no rotation")
+    check_params(p)
+    _check_writable(path, p)
+    n = p["means"].shape[0]
     turned = p["means"] * TURN  # [N, 3]
     signs = axis_flip_sh_signs(TURN, p["shN"].shape[1])[:, None]  # [K, 1]
     bounds = (turned.amin(0).tolist(), turned.amax(0).tolist())
@@ -118,8 +116,10 @@ def load_gltf(path: str | os.PathLike) -> dict[str, Tensor]:
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        InputError: naming the file and what is wrong: not glTF 2.0; not exactly one splat primitive; a kernel or
-            colour space gsrecon does not train; an attribute missing, of another type or count, holding NaN or
+        InputError: naming the file and what is wrong: not glTF 2.0; a JSON member of another type than glTF's
+            (by its JSON path); an extension required that gsrecon does not implement; not exactly one splat
+            primitive, or one the scene moves with a transform or draws twice; a kernel or colour space gsrecon does
+            not train; an attribute missing, of another type or count, holding NaN or
             inf, a negative scale or an opacity outside [0, 1]; SH degrees given in part.
     """
     points = read_points(path, EXTENSION)
@@ -166,7 +166,7 @@ def _check_extension(points: PointPrimitive) -> None:
     for key, value in (("kernel", KERNEL), ("colorSpace", COLOR_SPACE)):
         if points.extension.get(key) != value:
             raise InputError(
-                f"{points.path}: {EXTENSION} {key} is {points.extension.get(key)!r}; gsrecon reads {value!r}"
+                f"{points.path}: {EXTENSION} {key} is {describe(points.extension.get(key))}; gsrecon reads {value!r}"
             )
 
 
@@ -197,6 +197,29 @@ def _check_range(points: PointPrimitive, semantic: str, values: Tensor, low: flo
             f"{points.path}: attribute '{semantic}' has values outside [{low}, {high}] at {bad.numel()} points "
             f"(first at point {int(bad[0])}: {values[bad[0]].tolist()})"
         )
+
+
+def _check_writable(path: str | os.PathLike, p: Mapping[str, Tensor]) -> None:
+    """Refuse to write ``path``, naming the first such Gaussian, when a Gaussian has a zero quaternion or a log
+    scale whose activation (:func:`_activated_scales`, as written) is infinite."""
+    largest = p["scales"].amax(dim=1)  # [N]: exp grows with its argument, so the largest log scale decides
+    refused = [  # [N] marks of the Gaussians, and what is wrong with Gaussian i
+        (p["quats"].norm(dim=1) == 0, lambda i: "has a zero quaternion, which is no rotation"),
+        (
+            _activated_scales(largest).isinf(),
+            lambda i: (
+                f"has a log scale of {largest[i].item():.6g}, whose exp is infinite in float32 (above 88.72): "
+                "glTF holds finite values only"
+            ),
+        ),
+    ]
+    for bad, what in refused:
+        if bad.any():
+            first = int(bad.long().argmax())
+            raise InputError(
+                f"{path}: not written: Gaussian {first} ({int(bad.sum())} of {len(bad)}) {what(first)}; remove "
+                "those Gaussians first"
+            )
 
 
 def _rest_semantic(k: int) -> str:
