@@ -66,7 +66,10 @@ def _mismatch(value: Any, schema: Any, key: str) -> str | None:
     where = f"key '{key}'" if key else "the record"
     if isinstance(schema, tuple):
         problems = [_mismatch(value, alternative, key) for alternative in schema]
-        if all(problems):
+        if all(problems):  # an object or a list where one alternative is one: what is wrong inside it
+            alike = [p for s, p in zip(schema, problems) if isinstance(s, dict if isinstance(value, dict) else ListOf)]
+            if len(alike) == 1 and isinstance(value, (dict, list)):
+                return alike[0]
             return f"{where} must be {' or '.join(_describe(s) for s in schema)}, got {_shown(value)}"
         return None
     if isinstance(schema, dict):
