@@ -255,8 +255,8 @@ def write_lod_site(
 
 
 def check_site_path(out: str | Path, overwrite: bool) -> Path:
-    """``out`` as a Path; raises InputError for one not named lod-meta.json or that is a folder, or in a folder that
-    holds files already unless ``overwrite``."""
+    """``out`` as a Path; raises InputError for one not named lod-meta.json or that is a folder, in a folder that
+    holds files already unless ``overwrite``, or in one whose previous site's records are damaged."""
     out = Path(out)
     if out.name != META_NAME:
         raise InputError(f"--format lod writes a site folder's {META_NAME}: --out must end in {META_NAME}, got {out}")
@@ -264,6 +264,7 @@ def check_site_path(out: str | Path, overwrite: bool) -> Path:
         raise InputError(f"--out {out} is a folder; move it away or choose another --out")
     if out.parent.is_dir() and any(out.parent.iterdir()) and not overwrite:
         raise InputError(f"{out.parent} already holds files; pass --overwrite to replace the site there")
+    _previous_outputs(out.parent)
     return out
 
 
