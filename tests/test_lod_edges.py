@@ -78,7 +78,11 @@ def _files(folder: Path) -> dict[str, bytes]:
 def test_fewer_steps_than_a_level_was_built_with_build_it_anew_and_more_resume_it(run: Path, capsys) -> None:
     assert _lod(run, 4) == 0
     four = _level_checkpoint(run)["params"]
+    capsys.readouterr()
     assert _lod(run, 2) == 0  # the level's checkpoint is at step 4: past the 2 asked, so trained anew
+    assert "its run is at step 4 at data.factor 2, not before step 2 at data.factor 2: trained anew" in " ".join(
+        capsys.readouterr().err.split()
+    )
     record = read_levels(run)["levels"][0]
     assert record["steps"] == 2 and _level_checkpoint(run)["step"] == 2 and record["psnr"] is not None
     assert _lod(run, 4) == 0  # from step 2 on to 4: as if built with 4 steps at once

@@ -162,7 +162,13 @@ def _build_levels(
         merged = halve(params)
         del params
         same_start = place_start(merged, folder / f"level_{level}" / "merged.ply", run, scene.antialiased)
-        resume = same_start and _resumable(run, factor, lod.steps)
+        stopped = _stopped_at(run) if same_start else None
+        resume = stopped is not None and stopped[0] < lod.steps and stopped[1] == factor
+        if stopped is not None and not resume:
+            logger.info(
+                f"level {level}: its run is at step {stopped[0]} at data.factor {stopped[1]}, not before step "
+                f"{lod.steps} at data.factor {factor}: trained anew"
+            )
         level_cfg = tuning_config(
             cfg, folder / f"level_{level}" / "merged.ply", run, lod.steps, resume,
             data=dataclasses.replace(cfg.data, factor=factor),
@@ -196,17 +202,17 @@ def _build_levels(
     return LodOutcome(records)
 
 
-def _resumable(run: Path, factor: int, steps: int) -> bool:
-    """Whether the level's run in ``run`` goes on from its newest checkpoint towards ``steps`` steps at
-    ``data.factor`` ``factor``: it stopped before them, at that factor (a readable checkpoint)."""
+def _stopped_at(run: Path) -> tuple[int, int | None] | None:
+    """The step and ``data.factor`` of the newest checkpoint of the level's run in ``run``; None where it has no
+    readable one."""
     found = RunDir(run).latest_checkpoint()
     if found is None:
-        return False
+        return None
     try:
         checkpoint = load_checkpoint_file(found)
     except InputError:
-        return False
-    return int(checkpoint["step"]) < steps and checkpoint.get("config", {}).get("data", {}).get("factor") == factor
+        return None
+    return int(checkpoint["step"]), checkpoint.get("config", {}).get("data", {}).get("factor")
 
 
 def camera_region(exp_dir: str | Path) -> CameraRegion | None:
