@@ -223,14 +223,14 @@ def write_lod_site(
             rows = np.concatenate([part[morton_order(torch.from_numpy(points[part])).numpy()] for part in chunk])
             local = kept[level][torch.from_numpy(rows - offsets[level])]  # [C]: rows of the level's Gaussians
             save_sog(
-                out.parent / f"{level}_{index}" / "meta.json",
+                folder / f"{level}_{index}" / "meta.json",
                 {key: value[local] for key, value in p.items()},
                 antialiased=antialiased,
                 order=torch.arange(len(local)),
             )
         del p
     if env is not None:
-        save_sog(out.parent / ENV_DIR / "meta.json", env, antialiased=antialiased)
+        save_sog(folder / ENV_DIR / "meta.json", env, antialiased=antialiased)
     counts = [int(offsets[k + 1] - offsets[k]) for k in range(len(levels))]
     meta = {
         "version": LOD_META_VERSION,
