@@ -77,7 +77,7 @@ class LodOutcome:
             return [f"{self.stop_reason}; run gsrecon lod again to resume"]
         return [
             f"level {r['level']}: {r['gaussians']} Gaussians at data.factor {r['factor']}, "
-            f"{'no test views' if r['psnr'] is None else 'test PSNR ' + format(r['psnr'], '.2f')} "
+            f"{'no test PSNR' if r['psnr'] is None else 'test PSNR ' + format(r['psnr'], '.2f')} "
             f"({r['cpu_seconds']:.0f} CPU s{', kept' if r.get('kept') else ''})"
             for r in self.records
         ]
