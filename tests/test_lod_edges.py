@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import tiny_config
+from test_lod import _gaussians
 
 from gsrecon.cli import EXIT_TERMINATED, main
 from gsrecon.config import parse_structured
@@ -226,7 +227,7 @@ def test_overwrite_over_a_symlinked_chunk_folder_replaces_the_link_not_its_targe
 def test_a_damaged_record_of_a_previous_site_is_refused_before_anything_is_removed(
     tmp_path: Path, capsys, name: str, content: str, named: str
 ) -> None:
-    fine = {k: v.float() for k, v in _gaussians().items()}
+    fine = _gaussians(500)
     out = tmp_path / "site" / "lod-meta.json"
     write_lod_site(out, [lambda: fine], LodSiteConfig(), None)
     (out.parent / name).write_text(content)
@@ -238,7 +239,7 @@ def test_a_damaged_record_of_a_previous_site_is_refused_before_anything_is_remov
 
 
 def test_an_interrupted_site_is_replaced_by_the_next_overwrite(tmp_path: Path) -> None:
-    fine = _gaussians()
+    fine = _gaussians(500)
     out = tmp_path / "site" / "lod-meta.json"
     calls = []
 
@@ -303,15 +304,3 @@ def test_the_record_reader_names_the_key_of_a_wrong_type(tmp_path: Path) -> None
     with pytest.raises(RecordError, match=r"key 'a\[1\]' must be an integer, got true; fix it"):
         read_record(path, {"a": ListOf(int)}, "fix it")
     assert read_record(path, {"a": ListOf((int, bool))}, "fix it") == {"a": [1, True]}
-
-
-def _gaussians(n: int = 500) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
-    return {
-        "means": torch.randn(n, 3, generator=g),
-        "scales": torch.rand(n, 3, generator=g) * 2 - 4,
-        "quats": torch.randn(n, 4, generator=g),
-        "opacities": torch.randn(n, generator=g),
-        "sh0": torch.randn(n, 1, 3, generator=g),
-        "shN": torch.randn(n, 3, 3, generator=g),
-    }
