@@ -255,7 +255,8 @@ def _add_lod(sub: argparse._SubParsersAction) -> None:
         "level above (moment matching: mass, mean, covariance and colour kept), then trains alone on the training "
         "photos at --scale times the resolution divisor of the level above, with the run's renderer, device, "
         "threads, loss and per-view modules (no densification). Run again to resume; levels already built with the "
-        "same settings are kept. gsrecon export --format lod writes them for streaming.",
+        "same settings are kept (a level trained past --steps or at another resolution is trained anew). The run's "
+        "lock is held meanwhile. gsrecon export --format lod writes them for streaming.",
     )  # fmt: skip
     p.add_argument("--exp-dir", required=True, help="the trained run's folder (a merged block run too)")
     p.add_argument("--levels", type=int, default=LodConfig.levels, help="levels below the trained scene, each half")

@@ -78,8 +78,8 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 # The house's floors, lowest first: a module imports only modules of its own floor or below. The ground floor is the
 # shared maths and plumbing; each floor above names its packages (or top-level modules) of gsrecon.
 LAYERS = (
-    {"__init__", "config", "registry", "plugins", "errors", "atomic", "cache", "heap", "distributed", "geometry"}
-    | {"cameras", "sh", "params", "io", "logging", "lpips_weights", "lpips_net", "optim"},
+    {"__init__", "config", "registry", "plugins", "errors", "atomic", "records", "cache", "heap", "distributed"}
+    | {"geometry", "cameras", "sh", "params", "io", "logging", "lpips_weights", "lpips_net", "optim"},
     {"data"},
     {"component"},
     {"render"},

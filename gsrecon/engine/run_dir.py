@@ -94,7 +94,7 @@ class RunDir:
         write, and remove a previous run's outputs (with ``overwrite``). Returns what the replaced run
         left in place (files it did not write)."""
         self.path.mkdir(parents=True, exist_ok=True)
-        self._lock()
+        self.lock()
         for leftover in [*self.path.glob(".*.tmp*"), *self.checkpoints.glob(".*.tmp*")]:
             if _TEMPORARY.match(leftover.name) and leftover.is_file():  # a write killed before its rename
                 leftover.unlink()
@@ -140,7 +140,9 @@ class RunDir:
             os.close(self._lock_fd)
             self._lock_fd = None
 
-    def _lock(self) -> None:
+    def lock(self) -> None:
+        """Hold the folder's lock until :meth:`release` (or this process ends): no other process trains there, nor
+        builds from it meanwhile. Raises ConfigError naming the folder and the holder where another process has it."""
         fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

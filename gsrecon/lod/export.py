@@ -3,7 +3,6 @@ first where the run has none."""
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -22,7 +21,7 @@ from gsrecon.lod.levels import LodConfig, build_levels, built_levels, camera_reg
 from gsrecon.logging.console import Logger
 from gsrecon.model.views.base import view_entries
 from gsrecon.model.views.environment import trained_sky
-from gsrecon.partition.folder import PLAN_FILE
+from gsrecon.partition.folder import PLAN_FILE, read_plan
 from gsrecon.render.environment import far_sphere_gaussians
 
 
@@ -95,8 +94,7 @@ def sky_gaussians(
 def block_cells(exp_dir: str | Path) -> CellOf | None:
     """The cell of each centre among the blocks' cells of the block run in ``exp_dir`` (from its plan,
     ``partition.json``); None for a run that is not a block run."""
-    plan = Path(exp_dir) / PLAN_FILE
-    if not plan.is_file():
+    if not (Path(exp_dir) / PLAN_FILE).is_file():
         return None
-    ground, cells = plan_cells(json.loads(plan.read_text()))
+    ground, cells = plan_cells(read_plan(exp_dir))
     return lambda centres: cell_index(ground, cells, centres)

@@ -9,14 +9,16 @@ run has none: they start untrained). One level is in memory at a time.
 
 ``<exp_dir>/lod/level_<k>/`` holds the level's merged start (``merged.ply``) and its training run (``run/``);
 ``<exp_dir>/lod/levels.json`` records each finished level (Gaussians, factor, steps, test PSNR, CPU seconds, peak
-memory) and the cameras' region, and is rewritten after each. A level whose record matches what is asked is kept;
-an interrupted level resumes from its run's checkpoint, and everything after a level built anew is built anew.
+memory), the cameras' region and what was asked (levels, steps, scale); it is written before the first level is
+trained and rewritten after each, so that a build stopped part-way is known as unfinished. A level whose record
+matches what is asked is kept; an interrupted level resumes from its run's checkpoint where that stopped before the
+level's steps at the level's factor (one at or past them, or at another factor, is trained anew), and everything
+after a level built anew is built anew. The run's lock is held meanwhile: no other process trains it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import resource
 import time
 from collections.abc import Callable, Sequence
@@ -29,18 +31,36 @@ from torch import Tensor
 
 from gsrecon.atomic import write_json
 from gsrecon.data.formats.images import FACTORS
+from gsrecon.distributed import DistributedContext
 from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.engine.inference import TrainedScene
+from gsrecon.engine.resolve import RunConfig
 from gsrecon.engine.run_dir import RunDir
+from gsrecon.engine.runtime import resolve_device
 from gsrecon.engine.tuning import place_start, tuning_config
 from gsrecon.errors import InputError
 from gsrecon.export.lod.merge import halve
 from gsrecon.export.lod.site import CameraRegion
 from gsrecon.lod.config import LodConfig
 from gsrecon.logging.console import Logger
+from gsrecon.records import ListOf, MayLack, read_record
 
 LOD_DIR = "lod"
 LEVELS_FILE = "levels.json"
+_LEVEL_RECORD = {
+    "level": int,
+    "factor": int,
+    "steps": int,
+    "gaussians": int,
+    "psnr": (float, None),
+    "cpu_seconds": float,
+}
+_LEVELS_SCHEMA = {
+    "source_step": (int, None),
+    "camera_region": (None, {"center": ListOf(float, 3), "radius": float}),
+    MayLack("asked"): {"levels": int, "steps": int, "scale": int},  # older records: what they hold was asked
+    "levels": ListOf(_LEVEL_RECORD),
+}
 
 
 @dataclass
@@ -56,8 +76,9 @@ class LodOutcome:
         if self.stop_reason:
             return [f"{self.stop_reason}; run gsrecon lod again to resume"]
         return [
-            f"level {r['level']}: {r['gaussians']} Gaussians at data.factor {r['factor']}, test PSNR "
-            f"{r['psnr']:.2f} ({r['cpu_seconds']:.0f} CPU s{', kept' if r.get('kept') else ''})"
+            f"level {r['level']}: {r['gaussians']} Gaussians at data.factor {r['factor']}, "
+            f"{'no test PSNR' if r['psnr'] is None else 'test PSNR ' + format(r['psnr'], '.2f')} "
+            f"({r['cpu_seconds']:.0f} CPU s{', kept' if r.get('kept') else ''})"
             for r in self.records
         ]
 
@@ -68,9 +89,13 @@ def lod_dir(exp_dir: str | Path) -> Path:
 
 
 def read_levels(exp_dir: str | Path) -> dict[str, Any] | None:
-    """The run's ``levels.json``, or None where no level was built."""
+    """The run's ``levels.json``, or None where no level was built; raises RecordError naming the file and the key
+    where it does not read back as gsrecon writes it."""
     path = lod_dir(exp_dir) / LEVELS_FILE
-    return json.loads(path.read_text()) if path.is_file() else None
+    if not path.exists():
+        return None
+    fix = f"remove it, and gsrecon lod --exp-dir {exp_dir} builds the levels again"
+    return read_record(path, _LEVELS_SCHEMA, fix)
 
 
 def level_loaders(scene: TrainedScene, exp_dir: str | Path, levels: int) -> list[Callable[[], dict[str, Tensor]]]:
@@ -94,31 +119,56 @@ def build_levels(
     scene: TrainedScene, exp_dir: str | Path, lod: LodConfig, device: str = "auto", logger: Logger | None = None
 ) -> LodOutcome:
     """Build (or keep, or resume) levels 1..``lod.levels`` of the run in ``exp_dir`` whose trained scene is ``scene``
-    (see the module docstring)."""
+    (see the module docstring).
+
+    Raises InputError for a ``device`` this machine lacks, or a run another process holds (its lock), before
+    anything is written."""
+    cfg = scene.cfg if device == "auto" else dataclasses.replace(scene.cfg, device=device)
+    resolve_device(cfg.device, DistributedContext())
+    run_dir = RunDir(exp_dir, "gsrecon lod")
+    run_dir.lock()
+    try:
+        return _build_levels(scene, exp_dir, lod, cfg, logger or Logger())
+    finally:
+        run_dir.release()
+
+
+def _build_levels(
+    scene: TrainedScene, exp_dir: str | Path, lod: LodConfig, cfg: RunConfig, logger: Logger
+) -> LodOutcome:
     from gsrecon.engine.trainer import DefaultTrainer
 
-    logger = logger or Logger()
     folder = lod_dir(exp_dir)
     previous = read_levels(exp_dir) or {}
-    kept = previous.get("levels", []) if previous.get("source_step") == scene.step else []
-    records: list[dict[str, Any]] = []
+    recorded = previous.get("levels", []) if previous.get("source_step") == scene.step else []
     region = previous.get("camera_region")
-    params: dict[str, Tensor] = scene.params
-    cfg = scene.cfg if device == "auto" else dataclasses.replace(scene.cfg, device=device)
-    for level in range(1, lod.levels + 1):
-        factor = level_factor(cfg.data.factor, lod.scale, level)
-        asked = {"level": level, "factor": factor, "steps": lod.steps}
+    asked = [
+        {"level": level, "factor": level_factor(cfg.data.factor, lod.scale, level), "steps": lod.steps}
+        for level in range(1, lod.levels + 1)
+    ]
+    kept = 0  # the levels kept: the first ones whose record matches what is asked and whose run has a checkpoint
+    for old, wanted in zip(recorded, asked):
+        run = folder / f"level_{wanted['level']}" / "run"
+        if any(old[k] != v for k, v in wanted.items()) or RunDir(run).latest_checkpoint() is None:
+            break
+        kept += 1
+    records = [{**old, "kept": True} for old in recorded[:kept]]
+    _write_levels(exp_dir, scene, region, records, lod)  # before any training: a build stopped part-way is known
+    params: dict[str, Tensor] = level_loaders(scene, exp_dir, kept)[kept]()
+    for wanted in asked[kept:]:
+        level, factor = wanted["level"], wanted["factor"]
         run = folder / f"level_{level}" / "run"
-        old = kept[level - 1] if len(kept) >= level else None
-        if old is not None and all(old[k] == v for k, v in asked.items()) and RunDir(run).latest_checkpoint():
-            records.append({**old, "kept": True})
-            params = level_loaders(scene, exp_dir, level)[level]()
-            continue
-        kept = []  # this level is built anew: so is every one after it
         start_cpu, start_wall = _cpu_seconds(), time.perf_counter()
         merged = halve(params)
         del params
-        resume = place_start(merged, folder / f"level_{level}" / "merged.ply", run, scene.antialiased)
+        same_start = place_start(merged, folder / f"level_{level}" / "merged.ply", run, scene.antialiased)
+        stopped = _stopped_at(run) if same_start else None
+        resume = stopped is not None and stopped[0] < lod.steps and stopped[1] == factor
+        if stopped is not None and not resume:
+            logger.info(
+                f"level {level}: its run is at step {stopped[0]} at data.factor {stopped[1]}, not before step "
+                f"{lod.steps} at data.factor {factor}: trained anew"
+            )
         level_cfg = tuning_config(
             cfg, folder / f"level_{level}" / "merged.ply", run, lod.steps, resume,
             data=dataclasses.replace(cfg.data, factor=factor),
@@ -138,7 +188,7 @@ def build_levels(
         params = {name: value.detach().cpu() for name, value in trainer.model.params.items()}
         records.append(
             {
-                **asked,
+                **wanted,
                 "gaussians": len(params["means"]),
                 "psnr": trainer.val_metrics.get("psnr"),
                 "cpu_seconds": _cpu_seconds() - start_cpu,
@@ -148,9 +198,21 @@ def build_levels(
         )
         del trainer
         logger.info(f"level {level}: {len(params['means'])} Gaussians at data.factor {factor}")
-        _write_levels(exp_dir, scene, region, records)
-    _write_levels(exp_dir, scene, region, records)
+        _write_levels(exp_dir, scene, region, records, lod)
     return LodOutcome(records)
+
+
+def _stopped_at(run: Path) -> tuple[int, int | None] | None:
+    """The step and ``data.factor`` of the newest checkpoint of the level's run in ``run``; None where it has no
+    readable one."""
+    found = RunDir(run).latest_checkpoint()
+    if found is None:
+        return None
+    try:
+        checkpoint = load_checkpoint_file(found)
+    except InputError:
+        return None
+    return int(checkpoint["step"]), checkpoint.get("config", {}).get("data", {}).get("factor")
 
 
 def camera_region(exp_dir: str | Path) -> CameraRegion | None:
@@ -160,19 +222,37 @@ def camera_region(exp_dir: str | Path) -> CameraRegion | None:
 
 
 def built_levels(exp_dir: str | Path, step: int | None) -> int:
-    """How many levels below the trained scene (at ``step``) the run's ``levels.json`` records as built."""
+    """How many levels below the trained scene (at ``step``) the run's ``levels.json`` records as built.
+
+    Raises InputError where the build it records stopped before the last level it was asked for (a site of fewer
+    levels than asked would say nothing of it)."""
     recorded = read_levels(exp_dir) or {}
-    return len(recorded.get("levels", [])) if recorded.get("source_step") == step else 0
+    if recorded.get("source_step") != step:
+        return 0
+    done, asked = len(recorded["levels"]), recorded.get("asked")
+    if asked is not None and done < asked["levels"]:
+        again = f"gsrecon lod --exp-dir {exp_dir} --steps {asked['steps']} --scale {asked['scale']} --levels"
+        keep = f", or keep the {done} finished with {again} {done}" if done else ""
+        raise InputError(
+            f"{lod_dir(exp_dir) / LEVELS_FILE}: level {done + 1} of the {asked['levels']} levels gsrecon lod was asked "
+            f"for is unfinished (the build was stopped); finish it with {again} {asked['levels']}{keep}"
+        )
+    return done
 
 
 def _write_levels(
-    exp_dir: str | Path, scene: TrainedScene, region: dict[str, Any] | None, records: Sequence[dict[str, Any]]
+    exp_dir: str | Path,
+    scene: TrainedScene,
+    region: dict[str, Any] | None,
+    records: Sequence[dict[str, Any]],
+    lod: LodConfig,
 ) -> None:
     write_json(
         lod_dir(exp_dir) / LEVELS_FILE,
         {
             "source_step": scene.step,
             "camera_region": region,
+            "asked": {"levels": lod.levels, "steps": lod.steps, "scale": lod.scale},
             "levels": [{k: v for k, v in r.items() if k != "kept"} for r in records],
         },
     )

@@ -36,7 +36,7 @@ from gsrecon.errors import InputError
 from gsrecon.logging.console import Logger
 from gsrecon.metrics import describe_metrics
 from gsrecon.model.views.environment import trained_sky
-from gsrecon.partition.folder import PLAN_FILE
+from gsrecon.partition.folder import PLAN_FILE, read_plan
 from gsrecon.partition.merge import (
     BLOCK_RESULT,
     BLOCKS_DIR,
@@ -240,14 +240,7 @@ def _take_folder(
 def _check_plan(path: Path, partition: Partition) -> None:
     """Refuse a plan that differs from the one in ``path`` (the blocks there were trained on that one), and a
     ``path`` that does not hold one."""
-    try:
-        written = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(
-            f"{path} is not valid JSON ({exc}); remove it, and gsrecon train --config {path.parent / 'config.yaml'} "
-            "partition.only=0 --resume writes it again from the config (the merge checks each block against it)"
-        ) from None
-    if written != json.loads(json.dumps(partition.to_json())):
+    if read_plan(path.parent) != json.loads(json.dumps(partition.to_json())):
         raise ConfigError(
             f"{path}: this config splits the capture differently from the blocks already in {path.parent} (another "
             "partition, capture or data setting); use the config in that folder, or another exp_dir"

@@ -16,6 +16,10 @@ of another cell (no chunk holds two cells' Gaussians). Within a chunk, each leaf
 The environment (``env/meta.json``, always loaded) is the finest level's Gaussians farther from the centre of the
 cameras than ``env_threshold`` times the cameras' radius (sky, far background); the coarser levels leave theirs
 out. ``lod-meta.json`` is written last: a site interrupted while writing has none, so no viewer loads half of it.
+
+The folder is the user's: before the first chunk, :data:`SITE_MARKER` lists what the site writes there (with what
+a site it replaces wrote), and ``--overwrite`` removes only what that list or a previous ``lod-meta.json`` names,
+after every check has passed; a path the new site needs that neither names is refused, never written into.
 """
 
 from __future__ import annotations
@@ -33,20 +37,28 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gsrecon.atomic import atomic_path
+from gsrecon.atomic import atomic_path, write_json
 from gsrecon.errors import InputError
 from gsrecon.export.compressed_ply import morton_order
 from gsrecon.export.sog import save_sog
 from gsrecon.geometry import quat_to_rotmat
 from gsrecon.model.ply import cpu_params, save_ply
+from gsrecon.records import ListOf, MayLack, read_record
 
 META_NAME = "lod-meta.json"
 LOD_META_VERSION = 1
 ENV_DIR = "env"
 LEVELS_PLY_DIR = "levels"  # lod.levels_ply: each level's Gaussians as level_<k>.ply in this folder
+SITE_MARKER = ".gsrecon-site"  # JSON: the paths the site in the folder writes; `--overwrite` removes only those
 BTREE_LEAF = 256  # a node of at most this many centres is never split (splat-transform's BTree leaf)
 _SIGNIFICANT_DIGITS = 7  # lod-meta.json's numbers, as splat-transform writes them (about float32's precision)
-_CHUNK_DIR = re.compile(r"\d+_\d+")
+_FOLDER = rf"\d+_\d+|{ENV_DIR}"  # a chunk's folder ({level}_{i}) or the environment's
+_LEVEL_PLY = rf"{LEVELS_PLY_DIR}/level_\d+\.ply"
+_MARKER_SCHEMA = {"gsrecon_site": int, "outputs": ListOf(re.compile(rf"{_FOLDER}|{_LEVEL_PLY}"))}
+_META_SCHEMA = {
+    "filenames": ListOf(re.compile(rf"({_FOLDER})/meta\.json")),
+    MayLack("environment"): re.compile(rf"{ENV_DIR}/meta\.json"),
+}
 _BLOCK_ROWS = 1 << 16
 
 LevelLoader = Callable[[], dict[str, Tensor]]
@@ -121,10 +133,13 @@ def write_lod_site(
     parameters) that join the environment, as a trained sky on a far sphere. Returns the written ``lod-meta.json``
     content.
 
-    Raises InputError for ``out`` not named lod-meta.json, or a folder that holds files already unless
-    ``overwrite`` (which removes a previous site's ``lod-meta.json`` first, then its chunks)."""
+    Raises InputError for ``out`` not named lod-meta.json, a folder that holds files already unless ``overwrite``
+    (which removes what a previous site wrote: its ``lod-meta.json`` first, then its chunks), a damaged record of a
+    previous site, a path the site needs that holds what no previous site wrote, or levels it cannot hold (all
+    before anything is removed or written)."""
     out = check_site_path(out, overwrite)
-    _clear_site(out.parent)
+    folder = out.parent
+    previous = _previous_outputs(folder)
     centres, extents, owners, kept, env = [], [], [], [], None
     for level, load in enumerate(levels):
         p = cpu_params(load())
@@ -133,9 +148,10 @@ def write_lod_site(
             env = {key: value[far] for key, value in p.items()}
         near = torch.nonzero(~far).squeeze(1)  # [M]
         if len(near) == 0:
-            raise InputError(f"level {level} has no Gaussians inside the environment threshold {cfg.env_threshold}")
-        if cfg.levels_ply:
-            save_ply(out.parent / LEVELS_PLY_DIR / f"level_{level}.ply", p, antialiased=antialiased)
+            raise InputError(
+                f"lod.env_threshold={cfg.env_threshold}: level {level} has no Gaussians inside the environment "
+                "threshold; raise it"
+            )
         centres.append(p["means"][near].numpy())
         if cells is not None:
             owners.append(cells(p["means"][near]).int().numpy())  # [M]
@@ -190,26 +206,31 @@ def write_lod_site(
                        build_cells(indices[~first], among[len(among) // 2 :]))  # fmt: skip
 
     tree = build_cells(np.arange(len(points)), [0] if owned is None else np.unique(owned).tolist())
+    if sky is not None:
+        env = cpu_params(sky) if env is None else _joined(env, cpu_params(sky))
+    outputs = [name.split("/")[0] for name in filenames] + ([ENV_DIR] if env is not None else [])
+    outputs += [f"{LEVELS_PLY_DIR}/level_{level}.ply" for level in range(len(levels))] if cfg.levels_ply else []
+    _check_in_the_way(folder, outputs, previous)
+    write_json(folder / SITE_MARKER, {"gsrecon_site": 1, "outputs": sorted({*previous, *outputs})})
+    _remove_site(folder, previous)
     for level, load in enumerate(levels):
-        if level not in files:
-            continue
         p = cpu_params(load())
-        for index, chunk in enumerate(files[level]):
+        if cfg.levels_ply:
+            save_ply(folder / LEVELS_PLY_DIR / f"level_{level}.ply", p, antialiased=antialiased)
+        for index, chunk in enumerate(files.get(level, [])):
             if not chunk:
                 continue
             rows = np.concatenate([part[morton_order(torch.from_numpy(points[part])).numpy()] for part in chunk])
             local = kept[level][torch.from_numpy(rows - offsets[level])]  # [C]: rows of the level's Gaussians
             save_sog(
-                out.parent / f"{level}_{index}" / "meta.json",
+                folder / f"{level}_{index}" / "meta.json",
                 {key: value[local] for key, value in p.items()},
                 antialiased=antialiased,
                 order=torch.arange(len(local)),
             )
         del p
-    if sky is not None:
-        env = cpu_params(sky) if env is None else _joined(env, cpu_params(sky))
     if env is not None:
-        save_sog(out.parent / ENV_DIR / "meta.json", env, antialiased=antialiased)
+        save_sog(folder / ENV_DIR / "meta.json", env, antialiased=antialiased)
     counts = [int(offsets[k + 1] - offsets[k]) for k in range(len(levels))]
     meta = {
         "version": LOD_META_VERSION,
@@ -229,28 +250,73 @@ def write_lod_site(
     }
     with atomic_path(out) as tmp:  # last: only now is the site whole
         tmp.write_text(json.dumps(meta, separators=(",", ":")))
+    write_json(folder / SITE_MARKER, {"gsrecon_site": 1, "outputs": sorted(set(outputs))})
     return meta
 
 
 def check_site_path(out: str | Path, overwrite: bool) -> Path:
-    """``out`` as a Path; raises InputError for one not named lod-meta.json, or in a folder that holds files
-    already unless ``overwrite``."""
+    """``out`` as a Path; raises InputError for one not named lod-meta.json or that is a folder, in a folder that
+    holds files already unless ``overwrite``, or in one whose previous site's records are damaged."""
     out = Path(out)
     if out.name != META_NAME:
         raise InputError(f"--format lod writes a site folder's {META_NAME}: --out must end in {META_NAME}, got {out}")
+    if out.is_dir():
+        raise InputError(f"--out {out} is a folder; move it away or choose another --out")
     if out.parent.is_dir() and any(out.parent.iterdir()) and not overwrite:
         raise InputError(f"{out.parent} already holds files; pass --overwrite to replace the site there")
+    _previous_outputs(out.parent)
     return out
 
 
-def _clear_site(folder: Path) -> None:
-    """Remove a previous site from ``folder``: ``lod-meta.json`` first (no viewer loads it from then on), then its
-    chunks, environment and level PLYs; other files stay."""
+def _previous_outputs(folder: Path) -> list[str]:
+    """What sites gsrecon wrote in ``folder`` put there (paths relative to it): what its :data:`SITE_MARKER` lists,
+    and the chunks and environment a ``lod-meta.json`` there names. Raises RecordError for a damaged one."""
+    fix = f"move the site in {folder} away, or choose another --out"
+    listed: list[str] = []
+    if (folder / SITE_MARKER).is_file():
+        listed += read_record(folder / SITE_MARKER, _MARKER_SCHEMA, fix)["outputs"]
+    if (folder / META_NAME).is_file():
+        meta = read_record(folder / META_NAME, _META_SCHEMA, fix)
+        named = [*meta["filenames"], *([meta["environment"]] if "environment" in meta else [])]
+        listed += [name.split("/")[0] for name in named]
+    return list(dict.fromkeys(listed))
+
+
+def _check_in_the_way(folder: Path, outputs: Sequence[str], previous: Sequence[str]) -> None:
+    """Refuse a path the site writes (``outputs``, relative to ``folder``) that holds something no previous site
+    wrote (``previous``), or that a previous site wrote as another kind (a file where it wrote a folder)."""
+    for name in [*outputs, *previous]:
+        path = folder / name
+        is_file = name.startswith(f"{LEVELS_PLY_DIR}/")  # a level's PLY; the others are folders
+        if not (path.exists() or path.is_symlink()):
+            continue
+        if name not in previous:
+            raise InputError(
+                f"{path} is in the way: no site gsrecon wrote in {folder} holds it; move it away, or choose another "
+                "--out"
+            )
+        if not path.is_symlink() and path.is_file() != is_file:
+            kind = "a file" if is_file else "a folder"
+            raise InputError(f"{path} is not {kind} as the site gsrecon wrote there had; move it away")
+    if (folder / LEVELS_PLY_DIR).is_file() and any(name.startswith(f"{LEVELS_PLY_DIR}/") for name in outputs):
+        raise InputError(f"{folder / LEVELS_PLY_DIR} is a file where the site writes its level PLYs; move it away")
+
+
+def _remove_site(folder: Path, previous: Sequence[str]) -> None:
+    """Remove what a previous site wrote in ``folder`` (``previous``, checked by :func:`_check_in_the_way`):
+    ``lod-meta.json`` first (no viewer loads it from then on), then its chunks, environment and level PLYs (a
+    symbolic link: the link, not what it points to); the folder of the level PLYs goes where nothing else is in it."""
     (folder / META_NAME).unlink(missing_ok=True)
-    if folder.is_dir():
-        for entry in folder.iterdir():
-            if entry.is_dir() and (_CHUNK_DIR.fullmatch(entry.name) or entry.name in (ENV_DIR, LEVELS_PLY_DIR)):
-                shutil.rmtree(entry)
+    for name in previous:
+        path = folder / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    levels = folder / LEVELS_PLY_DIR
+    wrote_levels = any(name.startswith(f"{LEVELS_PLY_DIR}/") for name in previous)
+    if wrote_levels and levels.is_dir() and not levels.is_symlink() and not any(levels.iterdir()):
+        levels.rmdir()
 
 
 def _far(means: Tensor, region: CameraRegion | None, threshold: float) -> Tensor:
