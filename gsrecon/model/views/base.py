@@ -29,7 +29,7 @@ from gsrecon.config import ConfigError
 from gsrecon.distributed import DistributedContext
 from gsrecon.errors import InputError, is_out_of_memory, last_line
 from gsrecon.model.views.optim import VisitedRowsAdam
-from gsrecon.optim import LRScheduler, Optimizer
+from gsrecon.optim import LRScheduler, Optimizer, load_optimizer_state
 from gsrecon.registry import VIEW_REGISTRY
 
 if TYPE_CHECKING:
@@ -239,7 +239,7 @@ class ViewModules:
                 raise InputError(f"the checkpoint's {key} {mismatch}: it was trained on other training views")
             module.load_state_dict(state[key]["module"])
             if self.optimizers[key] is not None:
-                self.optimizers[key].load_state_dict(state[key]["optimizer"])
+                load_optimizer_state(self.optimizers[key], state[key]["optimizer"], f"views.{key}.optimizer")
             if self.schedulers[key] is not None and "scheduler" in state[key]:
                 self.schedulers[key].load_state_dict(state[key]["scheduler"])
 
