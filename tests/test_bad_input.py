@@ -110,9 +110,12 @@ def test_random_init_trains_a_colmap_scene_without_points(capsys, make_config, t
         ("optimizer.opacities=nan", "optimizer.opacities must be a finite number >= 0, got nan"),
         ("optimizer.eps=0", "optimizer.eps must be a finite number > 0, got 0.0"),
         ("scheduler.final_factor.means=inf", "scheduler.final_factor.means must be in (0, 1], got inf"),
+        ("model.sh_degree=-1", "model.sh_degree must be between 0 and 3, got -1"),  # issue 60: an exit 1 in init
+        ("model.sh_degree=4", "model.sh_degree must be between 0 and 3, got 4"),
+        ("model.sh_degree_interval=0", "model.sh_degree_interval must be >= 1, got 0"),
     ],
 )
-def test_bad_learning_rates_are_one_line_and_exit_2(
+def test_values_out_of_range_are_one_line_and_exit_2(
     capsys, make_config, tmp_path: Path, override: str, message: str
 ) -> None:
     code, _, err = _train(capsys, make_config(max_steps=1), override)
