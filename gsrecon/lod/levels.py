@@ -29,6 +29,7 @@ from torch import Tensor
 
 from gsrecon.atomic import write_json
 from gsrecon.data.formats.images import FACTORS
+from gsrecon.data.pipeline import read_scene
 from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.engine.inference import TrainedScene
 from gsrecon.engine.run_dir import RunDir
@@ -38,6 +39,7 @@ from gsrecon.export.lod.merge import halve
 from gsrecon.export.lod.site import CameraRegion
 from gsrecon.lod.config import LodConfig
 from gsrecon.logging.console import Logger
+from gsrecon.losses.ssim import WINDOW
 
 LOD_DIR = "lod"
 LEVELS_FILE = "levels.json"
@@ -85,9 +87,15 @@ def level_loaders(scene: TrainedScene, exp_dir: str | Path, levels: int) -> list
     return [lambda: scene.params, *[lambda level=level: load(level) for level in range(1, levels + 1)]]
 
 
-def level_factor(base: int, scale: int, level: int) -> int:
-    """The ``data.factor`` level ``level`` trains at: ``base * scale**level``, at most the largest of FACTORS."""
-    return min(base * scale**level, FACTORS[-1])
+def level_factor(base: int, scale: int, level: int, shortest: int) -> int:
+    """The ``data.factor`` level ``level`` trains at: ``base * scale**level``, at most the largest of FACTORS; the
+    halving stops (the factor of the level before) where the shortest side of the training photos, ``shortest``
+    pixels at ``base``, would get under the SSIM window's reach (6 px: each window reaches 5 px to either side; under
+    it a level's D-SSIM sees mostly reflected borders)."""
+    factor = min(base * scale**level, FACTORS[-1])
+    while factor > base and shortest * base / factor < WINDOW // 2 + 1:
+        factor //= scale
+    return factor
 
 
 def build_levels(
@@ -105,8 +113,11 @@ def build_levels(
     region = previous.get("camera_region")
     params: dict[str, Tensor] = scene.params
     cfg = scene.cfg if device == "auto" else dataclasses.replace(scene.cfg, device=device)
+    shortest = min(
+        min(frame.width, frame.height) for frame in read_scene(dataclasses.replace(cfg.data, cache="disk")).train
+    )
     for level in range(1, lod.levels + 1):
-        factor = level_factor(cfg.data.factor, lod.scale, level)
+        factor = level_factor(cfg.data.factor, lod.scale, level, shortest)
         asked = {"level": level, "factor": factor, "steps": lod.steps}
         run = folder / f"level_{level}" / "run"
         old = kept[level - 1] if len(kept) >= level else None
