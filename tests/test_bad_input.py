@@ -199,3 +199,12 @@ def test_a_ply_or_checkpoint_of_sh_degree_above_3_is_one_line_and_exit_2(capsys,
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "deep.pt: Gaussian parameter 'shN'" in err and f"SH degree {degree}, above the highest" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_an_old_per_view_key_beside_a_new_one_is_one_line_naming_both_and_exit_2(capsys, make_config, tmp_path):
+    """Issue 60: the old shape's `appearance.lr` silently won over `views.appearance.lr`."""
+    config = make_config(max_steps=1, views={"appearance": {"name": "affine", "lr": 0.01}}, appearance={"lr": 0.5})
+    code, _, err = _train(capsys, config)
+    assert code == 2
+    assert "key 'appearance.lr' (0.5) and key 'views.appearance.lr' (0.01) set the same option" in err, err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
