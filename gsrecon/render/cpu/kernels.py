@@ -159,7 +159,7 @@ def build_lock(folder: Path) -> Iterator[None]:
     """Hold ``folder``'s build lock (one build at a time across processes; the system frees it when its holder dies,
     so a killed build leaves no stale lock). The lock file is opened for reading (created if missing): another user
     may build in a shared cache whose lock this user created."""
-    handle = os.open(folder / _LOCK, os.O_RDONLY | os.O_CREAT)
+    handle = os.open(folder / _LOCK, os.O_RDONLY | os.O_CREAT, 0o644)
     try:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
