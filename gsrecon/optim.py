@@ -139,7 +139,7 @@ class Optimizer:
                 kind = f"a tensor of {value.dtype}" if isinstance(value, Tensor) else f"a {type(value).__name__}"
                 raise InputError(f"{key}.{name} is {kind}, not a floating-point tensor")
             elif tuple(value.shape) != shape:
-                raise InputError(f"{key}.{name} has shape {tuple(value.shape)}; its parameter's is {shape}")
+                raise InputError(f"{key}.{name} has shape {tuple(value.shape)}, not {shape} (its parameter's state)")
         unknown = [name for name in saved if name not in layout]
         if unknown:
             raise InputError(f"{key} has entries {', '.join(map(str, unknown))} this optimizer does not keep")
