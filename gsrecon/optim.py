@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from gsrecon.errors import InputError
+
 StateDict = dict[str, Any]
 
 
@@ -87,13 +89,15 @@ class Optimizer:
         parameter's device, floating ones in its dtype (the ``step`` count keeps its dtype, see :meth:`_load_step`).
 
         Raises:
-            ValueError: the saved groups differ in number or size from this optimiser's.
+            InputError: the saved groups differ in number or size from this optimiser's, or a parameter's saved
+                state does not fit it (:meth:`state_layout`); the message starts with the entry's key
+                (``state.0.exp_avg``).
         """
         saved_groups = deepcopy(state_dict["param_groups"])
         if len(saved_groups) != len(self.param_groups) or any(
             len(saved["params"]) != len(group["params"]) for saved, group in zip(saved_groups, self.param_groups)
         ):
-            raise ValueError("the saved optimizer state has other parameter groups than this optimizer")
+            raise InputError("param_groups differ in number or size from this optimizer's")
         pairs = zip(saved_groups, self.param_groups)
         params = {i: p for saved, group in pairs for i, p in zip(saved["params"], group["params"])}
         groups_of = {i: saved for saved in saved_groups for i in saved["params"]}
@@ -103,6 +107,7 @@ class Optimizer:
                 state[key] = value
                 continue
             param = params[key]
+            self._check_state(value, param, f"state.{key}")
             state[param] = {
                 name: self._load_step(v, param, groups_of[key]) if name == "step" else _to_param(v, param)
                 for name, v in value.items()
@@ -111,9 +116,46 @@ class Optimizer:
             saved["params"] = group["params"]
         self.state, self.param_groups = state, saved_groups
 
+    def state_layout(self, param: Tensor) -> dict[str, tuple[int, ...] | None]:
+        """The entries of ``param``'s state once it has stepped: each tensor's shape, None for a number."""
+        raise NotImplementedError
+
+    def _check_state(self, saved: Any, param: Tensor, key: str) -> None:
+        """Refuse a parameter's saved state (empty: not stepped yet) whose entries are not :meth:`state_layout`'s:
+        a step writes the state in place, over the parameter's own buffers."""
+        if not isinstance(saved, dict):
+            raise InputError(f"{key} is a {type(saved).__name__}, not a dict of state entries")
+        if not saved:
+            return
+        layout = self.state_layout(param)
+        for name, shape in layout.items():
+            if name not in saved:
+                raise InputError(f"{key} has no '{name}' (it holds {', '.join(map(str, saved))})")
+            value = saved[name]
+            if shape is None:
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise InputError(f"{key}.{name} is a {type(value).__name__}, not a number")
+            elif not isinstance(value, Tensor) or not value.is_floating_point():
+                kind = f"a tensor of {value.dtype}" if isinstance(value, Tensor) else f"a {type(value).__name__}"
+                raise InputError(f"{key}.{name} is {kind}, not a floating-point tensor")
+            elif tuple(value.shape) != shape:
+                raise InputError(f"{key}.{name} has shape {tuple(value.shape)}, not {shape} (its parameter's state)")
+        unknown = [name for name in saved if name not in layout]
+        if unknown:
+            raise InputError(f"{key} has entries {', '.join(map(str, unknown))} this optimizer does not keep")
+
     def _load_step(self, value: Any, param: Tensor, group: dict[str, Any]) -> Any:
         """A saved ``step`` count: as saved (torch keeps it on the CPU unless the group is fused)."""
         return _copy(value)
+
+
+def load_optimizer_state(optimizer: Optimizer, state: StateDict, key: str) -> None:
+    """Load a checkpoint's entry ``key``, an optimiser's ``state``, into ``optimizer``; a refusal names the entry
+    (``optimizers.means.state.0.exp_avg``)."""
+    try:
+        optimizer.load_state_dict(state)
+    except InputError as exc:
+        raise InputError(f"{key}.{exc}") from None
 
 
 def _copy(value: Any) -> Any:
@@ -184,6 +226,9 @@ class Adam(Optimizer):
             else:
                 for param in params:
                     self._single_step(group, param)
+
+    def state_layout(self, param: Tensor) -> dict[str, tuple[int, ...] | None]:
+        return {"step": (), "exp_avg": tuple(param.shape), "exp_avg_sq": tuple(param.shape)}
 
     def _fused_step(self, group: dict[str, Any], params: list[Tensor]) -> None:
         """Fused Adam over ``params``, one call per device and dtype (as torch groups them)."""

@@ -110,9 +110,12 @@ def test_random_init_trains_a_colmap_scene_without_points(capsys, make_config, t
         ("optimizer.opacities=nan", "optimizer.opacities must be a finite number >= 0, got nan"),
         ("optimizer.eps=0", "optimizer.eps must be a finite number > 0, got 0.0"),
         ("scheduler.final_factor.means=inf", "scheduler.final_factor.means must be in (0, 1], got inf"),
+        ("model.sh_degree=-1", "model.sh_degree must be between 0 and 3, got -1"),  # issue 60: an exit 1 in init
+        ("model.sh_degree=4", "model.sh_degree must be between 0 and 3, got 4"),
+        ("model.sh_degree_interval=0", "model.sh_degree_interval must be >= 1, got 0"),
     ],
 )
-def test_bad_learning_rates_are_one_line_and_exit_2(
+def test_values_out_of_range_are_one_line_and_exit_2(
     capsys, make_config, tmp_path: Path, override: str, message: str
 ) -> None:
     code, _, err = _train(capsys, make_config(max_steps=1), override)
@@ -196,3 +199,12 @@ def test_a_ply_or_checkpoint_of_sh_degree_above_3_is_one_line_and_exit_2(capsys,
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "deep.pt: Gaussian parameter 'shN'" in err and f"SH degree {degree}, above the highest" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_an_old_per_view_key_beside_a_new_one_is_one_line_naming_both_and_exit_2(capsys, make_config, tmp_path):
+    """Issue 60: the old shape's `appearance.lr` silently won over `views.appearance.lr`."""
+    config = make_config(max_steps=1, views={"appearance": {"name": "affine", "lr": 0.01}}, appearance={"lr": 0.5})
+    code, _, err = _train(capsys, config)
+    assert code == 2
+    assert "key 'appearance.lr' (0.5) and key 'views.appearance.lr' (0.01) set the same option" in err, err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "run").exists()

@@ -11,7 +11,7 @@ from conftest import write_yaml
 
 from gsrecon.cli import main
 from gsrecon.component import RunFacts, RunSetup
-from gsrecon.config import parse_structured
+from gsrecon.config import ConfigError, parse_structured
 from gsrecon.engine.build import SCENE_PURPOSES, build_run
 from gsrecon.engine.hook import Hook
 from gsrecon.engine.resolve import RunConfig
@@ -78,17 +78,24 @@ def test_per_view_modules_have_one_shape_under_views_and_the_old_keys_read_with_
     old = _views(make_config(appearance={"mode": "affine", "lr": 0.01}, pose_opt={"name": "se3"}), notices)
     assert old == new and new["appearance"]["name"] == "affine" and new["appearance"]["lr"] == 0.01
     assert len(notices) == 1 and "'appearance:' as views.appearance" in notices[0] and "views:" in notices[0]
-    # the old keys, as a later layer, still switch a module by name or its alias mode, or change its options
-    layered = make_config(views={"appearance": {"name": "affine", "lr": 0.01}}, appearance={"mode": "bilateral_grid"})
-    assert _views(layered)["appearance"]["name"] == "bilateral_grid" and "lr" not in layered["appearance"]
-    merged = _views(make_config(views={"appearance": {"name": "affine", "lr": 0.01}}, appearance={"lr": 0.5}))
-    assert merged["appearance"]["name"] == "affine" and merged["appearance"]["lr"] == 0.5
+    # the old keys beside the new ones add options or name the module; one set both ways to other values is refused
+    # naming both keys (issue 60: the old one silently won, even where the new one was written in a later layer)
+    merged = _views(make_config(views={"appearance": {"name": "affine", "lr": 0.01}}, appearance={"trust": 0.5}))
+    assert merged["appearance"]["name"] == "affine" and merged["appearance"]["trust"] == 0.5
+    named = _views(make_config(views={"appearance": {"lr": 0.01}}, appearance={"mode": "affine"}))
+    assert named["appearance"]["name"] == "affine" and named["appearance"]["lr"] == 0.01
+    same = _views(make_config(views={"appearance": {"name": "affine"}}, appearance={"mode": "affine", "lr": 0.01}))
+    assert same["appearance"]["name"] == "affine" and same["appearance"]["lr"] == 0.01
+    for old, message in [
+        ({"lr": 0.5}, r"key 'appearance.lr' \(0.5\) and key 'views.appearance.lr' \(0.01\) set the same option"),
+        ({"mode": "bilateral_grid"}, r"key 'appearance.mode' \('bilateral_grid'\) and key 'views.appearance.name'"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            _views(make_config(views={"appearance": {"name": "affine", "lr": 0.01}}, appearance=old))
     assert _views(make_config())["pose_opt"] == {"name": "none"}  # off unless named
 
 
 def test_a_view_section_takes_a_module_of_its_kind_named_by_the_key_written(make_config) -> None:
-    from gsrecon.config import ConfigError
-
     with pytest.raises(ConfigError, match=r"key 'views.pose_opt.name': 'affine' is an appearance module"):
         _views(make_config(views={"pose_opt": {"name": "affine"}}))
     with pytest.raises(ConfigError, match=r"key 'pose_opt.mode': 'affine' is an appearance module"):
@@ -114,9 +121,11 @@ def test_a_checkpoint_of_the_old_views_shape_resumes_exactly(make_config, make_t
 
     stored = load_trained_scene(checkpoint=str(old))
     assert resolve_views_config(stored.cfg, "c")["views"]["appearance"]["eval"] == "fit_left"
-    for override in ("views.appearance.eval=identity", "appearance.eval=identity"):  # either shape's key
-        scene = load_trained_scene(checkpoint=str(old), overrides=[override])
-        assert resolve_views_config(scene.cfg, "c")["views"]["appearance"]["eval"] == "identity"
+    scene = load_trained_scene(checkpoint=str(old), overrides=["views.appearance.eval=identity"])
+    assert resolve_views_config(scene.cfg, "c")["views"]["appearance"]["eval"] == "identity"
+    scene = load_trained_scene(checkpoint=str(old), overrides=["appearance.eval=identity"])  # the old key: refused
+    with pytest.raises(ConfigError, match=r"key 'appearance.eval' \('identity'\) and key 'views.appearance.eval'"):
+        resolve_views_config(scene.cfg, "c")
     same = {"name": "affine", "eval": "fit_left", "eval_steps": 2}
     resumed = make_trainer("resumed", views={"appearance": same}, resume=str(old))
     resumed.train()

@@ -8,11 +8,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import read_scalars
+from conftest import read_scalars, write_yaml
 
+from gsrecon.cli import main
 from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.engine.trainer import HookError
+from gsrecon.errors import InputError
 from gsrecon.hooks import Hook
+from gsrecon.model.optim import RowSparseAdam
+from gsrecon.model.views.optim import VisitedRowsAdam
+from gsrecon.optim import Adam
 
 
 class SigintAtStepHook(Hook):
@@ -231,3 +236,121 @@ def test_non_finite_parameters_stop_training_even_with_a_finite_loss(make_traine
         trainer.train()
     assert load_checkpoint_file(trainer.exp_dir / "checkpoints" / "last.pt")["step"] == 2
     assert not (trainer.exp_dir / "point_cloud.ply").exists()
+
+
+def _damaged_checkpoint(make_trainer, tmp_path: Path, damage) -> Path:
+    """A 3-step run's last checkpoint, its dict changed by ``damage(checkpoint)``, saved as ``tmp_path/damaged.pt``."""
+    trainer = make_trainer("source", max_steps=3, hooks=_hooks(3))
+    trainer.train()
+    checkpoint = torch.load(trainer.exp_dir / "checkpoints" / "last.pt", weights_only=True)
+    damage(checkpoint)
+    torch.save(checkpoint, tmp_path / "damaged.pt")
+    return tmp_path / "damaged.pt"
+
+
+def _means_state(checkpoint: dict) -> dict:
+    return checkpoint["optimizers"]["means"]["state"][0]
+
+
+def _short_exp_avg(checkpoint: dict) -> None:
+    _means_state(checkpoint)["exp_avg"] = _means_state(checkpoint)["exp_avg"][:-1].clone()
+
+
+def _integer_exp_avg_sq(checkpoint: dict) -> None:
+    _means_state(checkpoint)["exp_avg_sq"] = torch.zeros(
+        _means_state(checkpoint)["exp_avg_sq"].shape, dtype=torch.int32
+    )
+
+
+def _no_exp_avg(checkpoint: dict) -> None:
+    del _means_state(checkpoint)["exp_avg"]
+
+
+def _matrix_step(checkpoint: dict) -> None:
+    _means_state(checkpoint)["step"] = torch.zeros(4)
+
+
+def _unknown_optimizer(checkpoint: dict) -> None:
+    checkpoint["optimizers"]["colours"] = checkpoint["optimizers"]["sh0"]
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (_short_exp_avg, r"optimizers\.means\.state\.0\.exp_avg has shape \(299, 3\), not \(300, 3\)"),
+        (_integer_exp_avg_sq, r"optimizers\.means\.state\.0\.exp_avg_sq is a tensor of torch\.int32"),
+        (_no_exp_avg, r"optimizers\.means\.state\.0 has no 'exp_avg'"),
+        (_matrix_step, r"optimizers\.means\.state\.0\.step has shape \(4,\), not \(\)"),
+        (_unknown_optimizer, r"optimizers\.colours: this run has no optimiser 'colours'"),
+    ],
+)
+def test_optimiser_state_that_does_not_fit_its_parameter_is_refused(make_trainer, tmp_path: Path, damage, message):
+    """Adam's state is written in place over its parameter's buffer: a file's state of another shape or dtype must
+    never reach a step (the fused Adam wrote past the buffer). Resumed at the checkpoint's step, so that a
+    checkpoint accepted without a check runs no step."""
+    path = _damaged_checkpoint(make_trainer, tmp_path, damage)
+    resumed = make_trainer("resumed", max_steps=3, hooks=_hooks(3), resume=str(path))
+    with pytest.raises(InputError, match=rf"cannot resume {path}: {message}"):
+        resumed.train()
+
+
+def test_a_bad_optimiser_state_exits_2_naming_the_checkpoint_and_key(capsys, make_config, make_trainer, tmp_path):
+    path = _damaged_checkpoint(make_trainer, tmp_path, _short_exp_avg)
+    config = write_yaml(tmp_path / "c.yaml", make_config("cli", max_steps=3, hooks=_hooks(3)))
+    assert main(["train", "--config", str(config), f"resume={path}"]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot resume {path}: optimizers.means.state.0.exp_avg has shape (299, 3), not (300, 3)" in err
+
+
+def _no_means_optimizer(checkpoint: dict) -> None:
+    del checkpoint["optimizers"]["means"]
+
+
+def _empty_scales_state(checkpoint: dict) -> None:
+    checkpoint["optimizers"]["scales"]["state"] = {}
+
+
+@pytest.mark.parametrize(("damage", "name"), [(_no_means_optimizer, "means"), (_empty_scales_state, "scales")])
+def test_a_checkpoint_without_a_parameters_optimiser_state_says_it_is_no_exact_resume(
+    make_trainer, tmp_path: Path, damage, name: str
+) -> None:
+    path = _damaged_checkpoint(make_trainer, tmp_path, damage)
+    resumed = make_trainer("resumed", max_steps=4, hooks=_hooks(3), resume=str(path))
+    resumed.train()
+    assert resumed.step == 4
+    log = (resumed.exp_dir / "train.log").read_text()
+    assert f"{path} holds no optimiser state of {name}: its Adam moments start at zero (not an exact resume)" in log
+
+
+def test_a_whole_checkpoint_says_nothing_about_optimiser_state(make_trainer, tmp_path: Path) -> None:
+    path = _damaged_checkpoint(make_trainer, tmp_path, lambda checkpoint: None)
+    resumed = make_trainer("resumed", max_steps=4, hooks=_hooks(3), resume=str(path))
+    resumed.train()
+    assert "optimiser state" not in (resumed.exp_dir / "train.log").read_text()
+
+
+def _stepped(kind: str):
+    """A fresh optimiser of ``kind`` over a [5, 3] parameter, and the state dict of another one stepped once."""
+
+    def build():
+        param = torch.nn.Parameter(torch.ones(5, 3))
+        make = {"adam": Adam, "fused": lambda p, lr: Adam(p, lr=lr, fused=True), "sparse": RowSparseAdam}
+        return param, make.get(kind, VisitedRowsAdam)([{"params": [param]}], lr=0.1)
+
+    param, optimizer = build()
+    param.grad = torch.ones(5, 3)
+    optimizer.step()
+    return build()[1], optimizer.state_dict()
+
+
+@pytest.mark.parametrize("kind", ["adam", "fused", "sparse", "visited_rows"])
+def test_every_optimiser_checks_each_state_entry_against_its_parameter(kind: str) -> None:
+    fresh, saved = _stepped(kind)
+    fresh.load_state_dict(saved)  # its own state fits
+    for name, value in saved["state"][0].items():
+        if not isinstance(value, torch.Tensor) or value.dim() == 0:
+            continue
+        fresh, damaged = _stepped(kind)
+        damaged["state"][0][name] = value[:-1]
+        with pytest.raises(InputError, match=rf"^state\.0\.{name} has shape \({value.shape[0] - 1},"):
+            fresh.load_state_dict(damaged)

@@ -39,6 +39,17 @@ def test_the_rule_sets_aside_a_coherent_disagreement_and_keeps_scattered_ones() 
     assert not set_aside(render, photo, **RULE, mask=mask).any()
 
 
+def test_a_patch_larger_than_the_photo_is_the_whole_photo() -> None:
+    """A patch up to the largest allowed covers a smaller photo whole, as one cell (each pixel takes its cell's value:
+    the cells are no longer spread patch x patch each before the crop to the photo, issue 60's out of memory)."""
+    render, photo = scene_with_a_distractor()
+    rule = {**RULE, "patch_fraction": 0.05}  # the distractor is 8 % of the photo: the whole photo is set aside
+    whole = set_aside(render, photo, **{**rule, "patch": 64})
+    assert whole.all() and torch.equal(set_aside(render, photo, **{**rule, "patch": 1024}), whole)
+    cells = set_aside(render, photo, **{**rule, "patch": 40})[0, ..., 0]  # 2x2 cells, the last ones partial
+    assert cells[:40, :40].all() and not cells[40:, :40].any()  # the distractor's cell whole, one without candidates
+
+
 def test_nothing_is_set_aside_where_the_render_is_far_off_everywhere() -> None:
     render, photo = scene_with_a_distractor()
     early = torch.rand(render.shape, generator=torch.Generator().manual_seed(1))  # the first steps' render
@@ -121,9 +132,14 @@ def test_the_module_sets_aside_only_what_the_photos_it_saw_before_contradict() -
         ("views.transients.min_residual=2", "min_residual must be at most 1 (colours are in [0, 1]), got 2"),
         ("views.transients.patch_fraction=1.5", "key 'views.transients': patch_fraction must be in (0, 1], got 1.5"),
         ("views.transients.patch_fraction=0", "patch_fraction must be in (0, 1], got 0"),
-        ("views.transients.patch=0", "key 'views.transients': patch must be >= 1 pixel, got 0"),
+        ("views.transients.patch=0", "key 'views.transients': patch must be between 1 and 1024 pixels, got 0"),
         ("views.transients.start=-5", "key 'views.transients': start must be >= 0 steps, got -5"),
-        ("views.transients.check_views=-1", "key 'views.transients': check_views must be >= 0 views, got -1"),
+        ("views.transients.check_views=-1", "key 'views.transients': check_views must be 0 (no check) or >= 2, got -1"),
+        ("views.transients.check_views=1", "key 'views.transients': check_views must be 0 (no check) or >= 2, got 1"),
+        (  # issue 60: accepted, then out of memory naming no key
+            "views.transients.patch=100000",
+            "key 'views.transients': patch must be between 1 and 1024 pixels, got 100000",
+        ),
         ("views.transients.agree=0", "key 'views.transients': agree must be in (0, 1] (colours are in [0, 1]), got 0"),
         ("views.transients.agree=.nan", "agree must be in (0, 1] (colours are in [0, 1]), got nan"),
         ("hooks.TransientImages={}", "key 'hooks.TransientImages': it shows what the per-view module 'transients'"),

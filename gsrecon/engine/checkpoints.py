@@ -26,6 +26,7 @@ from gsrecon.config import ConfigError, check_config_data
 from gsrecon.engine.run_dir import RunDir
 from gsrecon.errors import InputError
 from gsrecon.model.views.base import current_shape
+from gsrecon.optim import load_optimizer_state
 from gsrecon.params import check_params
 
 if TYPE_CHECKING:
@@ -90,11 +91,17 @@ def restore_optimization(
     Where this config's learning rate, Adam settings or schedule of a group differ from the saved
     ones, the group keeps its Adam moments and follows this config's schedule from ``step`` on, as
     if the run had used it from the start. Returns the names of those groups.
+
+    Raises:
+        InputError: the checkpoint holds an optimiser this run has not, or state that does not fit its parameter
+            (named by its key in the checkpoint, ``optimizers.means.state.0.exp_avg``).
     """
     fresh = {name: _settings(o.param_groups[0]) for name, o in optimizers.items()}  # this config's, at step 0
     fresh_schedules = {name: s.state_dict() for name, s in schedulers.items()}
     for name, state in checkpoint["optimizers"].items():
-        optimizers[name].load_state_dict(state)
+        if name not in optimizers:
+            raise InputError(f"optimizers.{name}: this run has no optimiser '{name}' (it has {', '.join(optimizers)})")
+        load_optimizer_state(optimizers[name], state, f"optimizers.{name}")
     for name, state in checkpoint["schedulers"].items():
         if name in schedulers:
             schedulers[name].load_state_dict(state)
@@ -115,6 +122,15 @@ def restore_optimization(
             for _ in range(step):
                 schedulers[name].step()
     return changed
+
+
+def unrestored_optimizers(optimizers: Mapping[str, Optimizer]) -> list[str]:
+    """The names of ``optimizers`` holding no state for one of their parameters (their moments start at zero)."""
+    return [
+        name
+        for name, optimizer in optimizers.items()
+        if any(not optimizer.state.get(param) for group in optimizer.param_groups for param in group["params"])
+    ]
 
 
 def _settings(group: dict[str, Any], lr_key: str = "lr") -> dict[str, Any]:

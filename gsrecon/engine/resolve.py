@@ -247,14 +247,14 @@ def resolve_views_config(cfg: RunConfig, source: str) -> dict[str, Any]:
     """The per-view modules' part of the resolved config: ``{"views": {key: entry}}``, where the keys of
     :data:`VIEW_SECTIONS` (``appearance``, ``pose_opt``) always appear (``name: none`` when off) and take a module of
     their kind. The old shape's top-level sections of those names are read for one release (``mode``: ``name``'s
-    alias), on top of the ``views:`` entry of the same key (:func:`old_views_notice`)."""
+    alias), merged with the ``views:`` entry of the same key (:func:`fold_view_section`, :func:`old_views_notice`)."""
     views = entry_map(cfg.views, "views") if cfg.views is not None else {}
     old = [section for section in VIEW_SECTIONS if getattr(cfg, section)]
     resolved = {}
     for section, kind in VIEW_SECTIONS.items():
         written, entry = f"views.{section}", dict(views.get(section) or {})
         if section in old:
-            written, entry = section, fold_view_section(entry, getattr(cfg, section))
+            written, entry = section, fold_view_section(entry, getattr(cfg, section), section, source)
         resolved[section] = resolve_view_section(entry, source, written, kind, cfg.max_steps)
     others = {key: value for key, value in views.items() if key not in VIEW_SECTIONS}
     resolved.update(resolve_entry_map(VIEW_REGISTRY, others, {}, source, "views", cfg.max_steps))

@@ -21,6 +21,7 @@ from gsrecon.engine import build, checkpoints, resolve, runtime
 from gsrecon.engine.evaluator import build_metrics, evaluate_views
 from gsrecon.engine.run_dir import RunDir
 from gsrecon.engine.signals import stop_at_step_boundary
+from gsrecon.errors import InputError
 from gsrecon.logging.console import Logger
 from gsrecon.logging.writers import Writers
 from gsrecon.losses.base import LossInputs
@@ -291,6 +292,14 @@ class DefaultTrainer:
             return
         path, checkpoint = self._resume_from
         self._resume_from = None
-        self.load_checkpoint(checkpoint)
+        try:
+            self.load_checkpoint(checkpoint)
+        except InputError as exc:
+            raise InputError(f"cannot resume {path}: {exc}") from None
+        if self.step > 0:
+            for name in checkpoints.unrestored_optimizers(self.optimizers):
+                self.logger.warning(
+                    f"{path} holds no optimiser state of {name}: its Adam moments start at zero (not an exact resume)"
+                )
         for line in checkpoints.resume_notes(path, checkpoint, self.resolved_config, self.max_steps):
             self.logger.info(line)

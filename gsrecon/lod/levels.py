@@ -31,6 +31,7 @@ from torch import Tensor
 
 from gsrecon.atomic import write_json
 from gsrecon.data.formats.images import FACTORS
+from gsrecon.data.pipeline import read_scene
 from gsrecon.distributed import DistributedContext
 from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.engine.inference import TrainedScene
@@ -43,6 +44,7 @@ from gsrecon.export.lod.merge import halve
 from gsrecon.export.lod.site import CameraRegion
 from gsrecon.lod.config import LodConfig
 from gsrecon.logging.console import Logger
+from gsrecon.losses.ssim import WINDOW
 from gsrecon.records import ListOf, MayLack, read_record
 
 LOD_DIR = "lod"
@@ -110,9 +112,15 @@ def level_loaders(scene: TrainedScene, exp_dir: str | Path, levels: int) -> list
     return [lambda: scene.params, *[lambda level=level: load(level) for level in range(1, levels + 1)]]
 
 
-def level_factor(base: int, scale: int, level: int) -> int:
-    """The ``data.factor`` level ``level`` trains at: ``base * scale**level``, at most the largest of FACTORS."""
-    return min(base * scale**level, FACTORS[-1])
+def level_factor(base: int, scale: int, level: int, shortest: int) -> int:
+    """The ``data.factor`` level ``level`` trains at: ``base * scale**level``, at most the largest of FACTORS; the
+    halving stops (the factor of the level before) where the shortest side of the training photos, ``shortest``
+    pixels at ``base``, would get under the SSIM window's reach (6 px: each window reaches 5 px to either side; under
+    it a level's D-SSIM sees mostly reflected borders)."""
+    factor = min(base * scale**level, FACTORS[-1])
+    while factor > base and shortest * base / factor < WINDOW // 2 + 1:
+        factor //= scale
+    return factor
 
 
 def build_levels(
@@ -142,8 +150,11 @@ def _build_levels(
     previous = read_levels(exp_dir) or {}
     recorded = previous.get("levels", []) if previous.get("source_step") == scene.step else []
     region = previous.get("camera_region")
+    shortest = min(
+        min(frame.width, frame.height) for frame in read_scene(dataclasses.replace(cfg.data, cache="disk")).train
+    )
     asked = [
-        {"level": level, "factor": level_factor(cfg.data.factor, lod.scale, level), "steps": lod.steps}
+        {"level": level, "factor": level_factor(cfg.data.factor, lod.scale, level, shortest), "steps": lod.steps}
         for level in range(1, lod.levels + 1)
     ]
     kept = 0  # the levels kept: the first ones whose record matches what is asked and whose run has a checkpoint

@@ -28,13 +28,33 @@ def gaussian_window(dtype: torch.dtype, device: torch.device) -> Tensor:
         return weights / weights.sum()
 
 
+def mirror_indices(size: int, pad: int, device: torch.device) -> Tensor:
+    """The source index [size + 2 * pad] of each position of a row of ``size`` samples extended by ``pad`` on
+    either side, mirrored at its ends without repeating them (``F.pad``'s ``reflect``) and, where ``pad`` is not
+    below ``size``, mirrored again at the mirror's ends: the periodic extension of the reflection, which any
+    ``size`` has (a single sample repeats)."""
+    positions = torch.arange(-pad, size + pad, device=device)
+    if size == 1:
+        return torch.zeros_like(positions)
+    period = 2 * (size - 1)
+    positions = positions.remainder(period)
+    return torch.where(positions < size, positions, period - positions)
+
+
 def blur(maps: Tensor) -> Tensor:
     """``maps`` [B, C, H, W] averaged under the 2D Gaussian window, borders reflected: [B, C, H, W].
 
     Two 1D passes instead of one 11x11 convolution (the window is separable): 22 taps a pixel instead of 121, the
-    same values up to float rounding."""
+    same values up to float rounding. Images not wider or taller than half the window (``F.pad``'s reflection needs
+    more) are reflected again at the reflection's ends (:func:`mirror_indices`), so that SSIM has a value at any
+    size: the same values as the reflection where it exists."""
     pad = WINDOW // 2
-    maps = F.pad(maps, (pad, pad, pad, pad), mode="reflect")
+    height, width = maps.shape[2:]
+    if min(height, width) > pad:
+        maps = F.pad(maps, (pad, pad, pad, pad), mode="reflect")
+    else:
+        rows, cols = mirror_indices(height, pad, maps.device), mirror_indices(width, pad, maps.device)
+        maps = maps.index_select(2, rows).index_select(3, cols)
     channels = maps.shape[1]
     window = gaussian_window(maps.dtype, maps.device)
     maps = F.conv2d(maps, window.view(1, 1, WINDOW, 1).expand(channels, 1, WINDOW, 1), groups=channels)

@@ -48,6 +48,10 @@ class GaussianModel(torch.nn.Module, RunChecked):
         init_scale: float = 1.0  # multiplier on the initial scales (mean distance to the 3 nearest points)
 
         def __post_init__(self) -> None:
+            if not 0 <= self.sh_degree <= MAX_SH_DEGREE:
+                raise ValueError(f"model.sh_degree must be between 0 and {MAX_SH_DEGREE}, got {self.sh_degree}")
+            if self.sh_degree_interval < 1:
+                raise ValueError(f"model.sh_degree_interval must be >= 1, got {self.sh_degree_interval}")
             if self.init not in INITS:
                 raise ValueError(f"model.init must be one of {', '.join(INITS)}; got '{self.init}'")
             if self.init == "ply" and not self.init_path:
@@ -57,10 +61,6 @@ class GaussianModel(torch.nn.Module, RunChecked):
         """``start_sh_degree``: the active SH degree at step 0 (Gaussians from a trained PLY start at its degree);
         ``start``: what the parameters were made from (``sfm``, ``random`` or ``ply``; said in the first log line)."""
         super().__init__()
-        if not 0 <= cfg.sh_degree <= MAX_SH_DEGREE:
-            raise InputError(f"model.sh_degree must be between 0 and {MAX_SH_DEGREE}, got {cfg.sh_degree}")
-        if cfg.sh_degree_interval < 1:
-            raise InputError(f"model.sh_degree_interval must be >= 1, got {cfg.sh_degree_interval}")
         if not 0 <= start_sh_degree <= cfg.sh_degree:
             raise InputError(f"start_sh_degree={start_sh_degree} is not between 0 and model.sh_degree={cfg.sh_degree}")
         self.cfg = cfg

@@ -78,6 +78,9 @@ class RowSparseAdam(Optimizer):
     ) -> None:
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "maximize": False})
 
+    def state_layout(self, param: torch.Tensor) -> dict[str, tuple[int, ...] | None]:
+        return {"step": None, "exp_avg": tuple(param.shape), "exp_avg_sq": tuple(param.shape)}
+
     @torch.no_grad()
     def step(self) -> None:
         """One lazy Adam update of the rows with a gradient, of every parameter that has one."""

@@ -29,7 +29,7 @@ from gsrecon.config import ConfigError
 from gsrecon.distributed import DistributedContext
 from gsrecon.errors import InputError, is_out_of_memory, last_line
 from gsrecon.model.views.optim import VisitedRowsAdam
-from gsrecon.optim import LRScheduler, Optimizer
+from gsrecon.optim import LRScheduler, Optimizer, load_optimizer_state
 from gsrecon.registry import VIEW_REGISTRY
 
 if TYPE_CHECKING:
@@ -239,7 +239,7 @@ class ViewModules:
                 raise InputError(f"the checkpoint's {key} {mismatch}: it was trained on other training views")
             module.load_state_dict(state[key]["module"])
             if self.optimizers[key] is not None:
-                self.optimizers[key].load_state_dict(state[key]["optimizer"])
+                load_optimizer_state(self.optimizers[key], state[key]["optimizer"], f"views.{key}.optimizer")
             if self.schedulers[key] is not None and "scheduler" in state[key]:
                 self.schedulers[key].load_state_dict(state[key]["scheduler"])
 
@@ -273,15 +273,26 @@ def view_entries(resolved: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {key: entry for key, entry in entries.items() if entry["name"] != "none"}  # a name is its key unless given
 
 
-def fold_view_section(entry: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
-    """The ``views:`` entry ``entry`` with the old shape's section ``old`` (``appearance:``, ``pose_opt:``, read for
-    one release) on top, as a later layer: one naming another module (by ``name`` or its alias ``mode``) replaces it,
-    otherwise its keys are merged in."""
-    named = old.get("name", old.get("mode"))
-    if named is not None and named != entry.get("name", entry.get("mode")):
-        return dict(old)
-    kept = {k: v for k, v in entry.items() if k not in ("name", "mode") or ("name" not in old and "mode" not in old)}
-    return {**kept, **old}
+def fold_view_section(entry: dict[str, Any], old: dict[str, Any], section: str, source: str) -> dict[str, Any]:
+    """The ``views:`` entry ``entry`` of ``section`` with the old shape's section ``old`` (``appearance:``,
+    ``pose_opt:``, read for one release) merged in. The two shapes are not layers of each other (a config's layers
+    are merged before this reads them): an option both set (``mode`` and ``name`` are one) to different values is
+    refused naming both keys.
+
+    Raises:
+        ConfigError: an option ``entry`` and ``old`` set to different values.
+    """
+    written = {("name" if key == "mode" else key): (key, value) for key, value in entry.items()}
+    for key, value in old.items():
+        new_key, new_value = written.get("name" if key == "mode" else key, (key, value))
+        if new_value != value:
+            raise ConfigError(
+                f"{source}: key '{section}.{key}' ({value!r}) and key 'views.{section}.{new_key}' ({new_value!r}) "
+                f"set the same option; write it once, under views.{section} (the old '{section}:' is read until the "
+                f"next release)"
+            )
+    named = any(key in old for key in ("name", "mode"))
+    return {**{k: v for k, v in entry.items() if not (named and k in ("name", "mode"))}, **old}
 
 
 def current_shape(config: dict[str, Any]) -> dict[str, Any]:

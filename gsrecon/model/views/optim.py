@@ -29,6 +29,9 @@ class VisitedRowsAdam(Optimizer):
     ) -> None:
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps})
 
+    def state_layout(self, param: Tensor) -> dict[str, tuple[int, ...] | None]:
+        return {"exp_avg": tuple(param.shape), "exp_avg_sq": tuple(param.shape), "updates": tuple(param.shape[:1])}
+
     @torch.no_grad()
     def step(self, rows: Tensor | None = None) -> None:
         """Update the ``rows`` [B] (row indices into every parameter's first dimension; None: every row)."""

@@ -57,6 +57,10 @@ if TYPE_CHECKING:
     from gsrecon.data.pipeline import Batch
     from gsrecon.render.base import RenderOutput
 
+# The largest patch side, pixels at the resolution trained on: a distractor's part, not a photo's (a larger patch than
+# a photo is the whole photo, one patch)
+MAX_PATCH = 1024
+
 
 class Seen(NamedTuple):
     """A training photo as the module last saw it, for the other views' check."""
@@ -94,8 +98,10 @@ def set_aside(
     core = (filled >= patch_fraction).float()
     near = F.max_pool2d(core, 3, stride=1, padding=1)  # [B, 1, h, w]: a core patch or next to one
 
-    def to_pixels(cells: Tensor) -> Tensor:
-        return cells.repeat_interleave(patch, -2).repeat_interleave(patch, -1)[..., :height, :width] > 0
+    def to_pixels(cells: Tensor) -> Tensor:  # [B, 1, h, w] -> [B, 1, H, W]: each pixel takes its patch's cell
+        rows = torch.arange(height, device=cells.device) // patch
+        cols = torch.arange(width, device=cells.device) // patch
+        return cells.index_select(-2, rows).index_select(-1, cols) > 0
 
     aside = to_pixels(core) | (to_pixels(near) & (candidate > 0))  # [B, 1, H, W]
     return aside.permute(0, 2, 3, 1) & kept[..., None]
@@ -158,7 +164,7 @@ class TransientWeights(ViewModule):
         patch: int = 8  # patch side in pixels (at the resolution trained on)
         patch_fraction: float = 0.5  # a patch this full of candidates is set aside with the candidates next to it
         start: int = 500  # training steps with the module on before it sets anything aside (the scene takes shape)
-        check_views: int = 4  # other training photos (the nearest) that must contradict a photo where it is set aside
+        check_views: int = 4  # other photos (the nearest; 0 or >= 2) that must contradict a photo where it is set aside
         agree: float = (
             0.1  # ... agreeing with each other, at the rendered surface, within this; check_views 0: no check
         )
@@ -173,12 +179,12 @@ class TransientWeights(ViewModule):
                 raise ValueError(f"min_residual must be at most 1 (colours are in [0, 1]), got {self.min_residual}")
             if not (math.isfinite(self.patch_fraction) and 0 < self.patch_fraction <= 1):
                 raise ValueError(f"patch_fraction must be in (0, 1], got {self.patch_fraction!r}")
-            if self.patch < 1:
-                raise ValueError(f"patch must be >= 1 pixel, got {self.patch}")
+            if not 1 <= self.patch <= MAX_PATCH:
+                raise ValueError(f"patch must be between 1 and {MAX_PATCH} pixels, got {self.patch}")
             if self.start < 0:
                 raise ValueError(f"start must be >= 0 steps, got {self.start}")
-            if self.check_views < 0:
-                raise ValueError(f"check_views must be >= 0 views, got {self.check_views}")
+            if self.check_views < 0 or self.check_views == 1:  # the rule needs two other photos that agree
+                raise ValueError(f"check_views must be 0 (no check) or >= 2, got {self.check_views}")
             if not (math.isfinite(self.agree) and 0 < self.agree <= 1):
                 raise ValueError(f"agree must be in (0, 1] (colours are in [0, 1]), got {self.agree!r}")
 

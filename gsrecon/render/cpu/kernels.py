@@ -12,7 +12,9 @@ import hashlib
 import importlib.util
 import logging
 import os
+import re
 import shutil
+import stat
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -29,6 +31,7 @@ from gsrecon.errors import InputError, last_line
 SOURCES = ("bindings.cpp", "project.cpp", "rasterize.cpp", "image_loss.cpp")
 _CURRENT = "current"  # the file naming the published build's folder
 _BUILD_PREFIX = "build-"
+_BUILD_NAME = re.compile(re.escape(_BUILD_PREFIX) + "[A-Za-z0-9_]+")  # the names tempfile.mkdtemp gives builds
 _LOCK = "build.lock"  # not torch's "lock", which a build of an older gsrecon in the same folder would wait on
 _loaded: dict[str, ModuleType] = {}
 
@@ -127,32 +130,55 @@ def loaded_kernels() -> ModuleType | None:
 def published_library(folder: Path, name: str) -> Path | None:
     """The library of the build that ``folder``'s ``current`` names, or None where there is none or it is not the one
     its build recorded (truncated, overwritten). Reads only: nothing in ``folder`` changes."""
+    build = _published_build(folder)
+    if build is None:
+        return None
     try:
-        build = folder / (folder / _CURRENT).read_text().strip()
         library = next(path for path in sorted(build.iterdir()) if path.name.startswith(name) and _is_library(path))
         recorded = library.with_suffix(".sha256").read_text()
-    except (OSError, StopIteration):
+    except (OSError, UnicodeDecodeError, StopIteration):
         return None
     return library if recorded == _digest(library) else None
+
+
+def _published_build(folder: Path) -> Path | None:
+    """The build folder ``folder``'s ``current`` names; None where it names none: ``current`` missing, unreadable or
+    not a build folder's name (a path outside ``folder``, absolute or with ``..``, is not followed)."""
+    try:
+        name = (folder / _CURRENT).read_bytes().decode("utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    build = folder / name
+    if not _BUILD_NAME.fullmatch(name) or build.is_symlink() or not build.is_dir():
+        return None
+    return build
 
 
 @contextmanager
 def build_lock(folder: Path) -> Iterator[None]:
     """Hold ``folder``'s build lock (one build at a time across processes; the system frees it when its holder dies,
-    so a killed build leaves no stale lock)."""
-    with open(folder / _LOCK, "a") as handle:
+    so a killed build leaves no stale lock). The lock file is opened for reading (created if missing): another user
+    may build in a shared cache whose lock this user created."""
+    handle = os.open(folder / _LOCK, os.O_RDONLY | os.O_CREAT, 0o644)
+    try:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+    finally:
+        os.close(handle)
 
 
 def publish_build(folder: Path, name: str, compile_into: Callable[[Path], Path]) -> Path:
     """Build into a new folder inside ``folder`` with ``compile_into`` (which returns the library it wrote there),
     write the library's checksum beside it, then name that folder in ``current`` atomically; returns the library.
     The caller holds :func:`build_lock`. Earlier builds stay as they are (a run may still be loading one); folders of
-    builds killed half-way (never published, no checksum) go."""
+    builds killed half-way (never published, no checksum) go.
+
+    What is published is readable by every user (the build folder, whatever the compiler wrote in it, its checksum,
+    ``current`` and the lock): a cache built by one user (a lab's home, an image built as root) serves the others,
+    read-only or not. The permissions of ``folder`` itself are its owner's choice."""
     for stale in folder.glob(f"{_BUILD_PREFIX}*"):
         if not any(stale.glob("*.sha256")):
             shutil.rmtree(stale, ignore_errors=True)
@@ -160,9 +186,23 @@ def publish_build(folder: Path, name: str, compile_into: Callable[[Path], Path])
     library = compile_into(build)
     with atomic_path(library.with_suffix(".sha256")) as tmp:
         tmp.write_text(_digest(library))
+    _share(build, folder / _LOCK)
     with atomic_path(folder / _CURRENT) as tmp:
         tmp.write_text(build.name)
+        _share(tmp)
     return library
+
+
+def _share(*paths: Path) -> None:
+    """Make ``paths`` (folders with all they hold; symlinks and missing paths are left) readable by every user,
+    folders and programs also searchable or runnable by all: the owner's other permissions stay."""
+    for top in paths:
+        for path in [top, *(top.rglob("*") if top.is_dir() and not top.is_symlink() else ())]:
+            if path.is_symlink() or not path.exists():
+                continue
+            mode = path.stat().st_mode
+            searchable = path.is_dir() or mode & stat.S_IXUSR
+            os.chmod(path, mode | 0o444 | (0o111 if searchable else 0))
 
 
 def _build_and_publish(folder: Path, name: str, log: Callable[[str], None] | None) -> Path:
