@@ -124,10 +124,11 @@ def restore_optimization(
     return changed
 
 
-def unrestored_optimizers(optimizers: Mapping[str, Optimizer]) -> list[str]:
-    """The names of ``optimizers`` holding no state for one of their parameters (their moments start at zero)."""
+def unrestored_warnings(path: Path | str, optimizers: Mapping[str, Optimizer]) -> list[str]:
+    """What a resume from ``path`` says of each of ``optimizers`` that holds no state for one of its parameters
+    (its moments start at zero)."""
     return [
-        name
+        f"{path} holds no optimiser state of {name}: its Adam moments start at zero (not an exact resume)"
         for name, optimizer in optimizers.items()
         if any(not optimizer.state.get(param) for group in optimizer.param_groups for param in group["params"])
     ]

@@ -63,7 +63,6 @@ class DefaultTrainer:
         self.stop_signal: int | None = None  # the signal that stopped training early, if one did
         self.failed = False  # True when training ended with an exception (nothing more is saved)
         self._stop_requested = False
-        self._skip_update = False
         self._metrics: ImageMetrics | None = None
         self.run_dir = RunDir(cfg.exp_dir, source)
         resume = cfg.resume is not False and cfg.resume is not None
@@ -173,8 +172,7 @@ class DefaultTrainer:
         self.stop_signal = signum
 
     def skip_update(self) -> None:
-        """Leave out this step's backward pass and optimiser step (asked by a hook in ``after_loss``; the step still
-        counts, and the schedules and the strategy advance)."""
+        """Leave out this step's backward pass and optimiser step (asked in ``after_loss``; schedules still advance)."""
         self._skip_update = True
 
     def render(self, batch: Batch, sh_degree: int | None = None) -> RenderOutput:
@@ -188,10 +186,9 @@ class DefaultTrainer:
         return GaussianEditor(self.model.params, self.optimizers, self.strategy_state, self.strategy.per_gaussian_state)
 
     def run_step(self) -> None:
-        """One optimisation step; afterwards ``self.step`` counts it and ``self.outputs`` describes it:
-        ``loss`` (the sum), ``losses`` (its weighted terms by key: the loss terms, the per-view modules' and the
-        strategy's regularisation), ``updated`` (False where a hook skipped the update), ``data_time``,
-        ``num_gaussians`` and ``sh_degree``."""
+        """One optimisation step; afterwards ``self.step`` counts it and ``self.outputs`` describes it: ``loss`` (the
+        sum), ``losses`` (its weighted terms by key: loss terms, per-view and strategy regularisation), ``updated``
+        (False where a hook skipped the update), ``data_time``, ``num_gaussians`` and ``sh_degree``."""
         self.call_hook("before_train_iter")
         params, state = self.model.params, self.strategy_state
         start = time.perf_counter()
@@ -296,10 +293,7 @@ class DefaultTrainer:
             self.load_checkpoint(checkpoint)
         except InputError as exc:
             raise InputError(f"cannot resume {path}: {exc}") from None
-        if self.step > 0:
-            for name in checkpoints.unrestored_optimizers(self.optimizers):
-                self.logger.warning(
-                    f"{path} holds no optimiser state of {name}: its Adam moments start at zero (not an exact resume)"
-                )
+        for line in checkpoints.unrestored_warnings(path, self.optimizers) if self.step > 0 else []:
+            self.logger.warning(line)
         for line in checkpoints.resume_notes(path, checkpoint, self.resolved_config, self.max_steps):
             self.logger.info(line)
