@@ -114,7 +114,7 @@ def tensorboard_page(browser: Chromium, url: str, tags: str, kind: str) -> Image
         input.value = {tags!r}; input.dispatchEvent(new Event('input', {{bubbles: true}})); }})()""",
     )
     evaluate(browser, f"[...document.querySelectorAll('button')].find(b => b.innerText.trim() == {kind!r})?.click()")
-    evaluate(browser, "document.querySelector('metrics-dashboard-right-pane button')?.click()")
+    evaluate(browser, "[...document.querySelectorAll('button')].find(b => b.innerText.trim() == 'Settings')?.click()")
     time.sleep(6.0)  # the charts draw
     return capture(browser)
 
@@ -131,7 +131,7 @@ def tensorboard(exp_dir: Path, work: Path) -> None:
         browser = Chromium(profile(work))
         try:
             browser.call(
-                "Emulation.setDeviceMetricsOverride", width=1000, height=760, deviceScaleFactor=1, mobile=False
+                "Emulation.setDeviceMetricsOverride", width=1000, height=1000, deviceScaleFactor=1, mobile=False
             )
             scalars = tensorboard_page(browser, url, "train/loss$|train/num_gaussians|val/psnr", "Scalars")
             save(scalars, "tensorboard_scalars.png")
@@ -171,7 +171,8 @@ def psnr_vs_time(work: Path, steps: int, threads: int) -> None:
     marks = ",".join(str(s) for s in (250, 500, 1000, 2000, 3000) if s < steps) + f",{steps}"
     subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "bench_quality.py"), "--config", "configs/synthetic.yaml",
-         "--out", str(work / "bench_quality"), "--steps", marks, "--threads", str(threads)],
+         "--out", str(work / "bench_quality"), "--steps", marks, "--threads", str(threads), "--clock", "cpu",
+         "--seconds", "10,20,40,60,90,120,180,240"],
         cwd=ROOT, check=True,
     )  # fmt: skip
     save(Image.open(work / "bench_quality" / "psnr_vs_time.png").convert("RGB"), "bench_psnr_vs_time.png")
