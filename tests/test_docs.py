@@ -84,6 +84,7 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path: Path) -> None:
     api = "".join(page.read_text() for page in (site / "api").rglob("*.html"))
     for name, base in BASE_CLASSES.items():
         assert f'id="{base.__module__}.{base.__qualname__}"' in api, f"the API reference lacks {name}'s {base}"
+    assert ":meth:<code>" not in api and ":class:<code>" not in api  # docs/mkdocs_hooks.py shows the roles as code
     assert (site / "extending" / "hook" / "index.html").read_text().count("GaussianCountHook") >= 2  # the example
 
 
