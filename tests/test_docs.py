@@ -133,6 +133,7 @@ def _get(url: str) -> bytes:
 def test_the_readme_quickstart_runs(
     tmp_path: Path, synthetic_cache: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    pytest.importorskip("viser")  # gsrecon view's extra (in .[dev])
     (tmp_path / "configs").symlink_to(ROOT / "configs")
     monkeypatch.chdir(tmp_path)  # outputs/ lands here, and the quickstart's relative paths read from here
     monkeypatch.setenv("GSRECON_CACHE", str(tmp_path / "cache"))
