@@ -86,7 +86,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         "and why: a COLMAP model trains with configs/mipnerf360.yaml, RGBA renders with a transforms file "
         "(NeRF-synthetic) with configs/blender_lego.yaml, photos with known poses (nerfstudio, Polycam, "
         "Record3D, instant-ngp, phone captures) or without them with configs/phone.yaml; a capture's own split "
-        "is kept (README: Training a capture)",
+        "is kept (docs/training.md)",
     )
     p.add_argument("overrides", nargs="*", help="key=value overrides of the config")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint of exp_dir")

@@ -1,4 +1,4 @@
-"""Tiny captures in every layout users bring to ``gsrecon train --data`` (README, "Training a capture"): each writer
+"""Tiny captures in every layout users bring to ``gsrecon train --data`` (docs/training.md): each writer
 makes a few small files under ``root`` and returns the path to pass to ``--data``."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Export formats from EXPORT_REGISTRY: the README's list, formats from plugins, formats that need the views."""
+"""Export formats from EXPORT_REGISTRY: the documented list, formats from plugins, formats that need the views."""
 
 from __future__ import annotations
 
@@ -45,16 +45,17 @@ def run(make_trainer) -> Path:
     return trainer.exp_dir
 
 
-def _readme_formats() -> dict[str, list[str]]:
-    """``{format: [file endings]}`` from the table of the README's "Export formats" section."""
-    section = re.search(r"^## Export formats\n(.*?)^## ", (REPO / "README.md").read_text(), re.S | re.M)
-    assert section, "README.md has no '## Export formats' section"
+def _documented_formats() -> dict[str, list[str]]:
+    """``{format: [file endings]}`` from the table of the "Export formats" section of docs/outputs.md."""
+    page = (REPO / "docs" / "outputs.md").read_text()
+    section = re.search(r"^## Export formats\n(.*?)^## ", page, re.S | re.M)
+    assert section, "docs/outputs.md has no '## Export formats' section"
     rows = re.findall(r"^\| `(\w+)` \| (.+?) \|", section.group(1), re.M)
     return {name: re.findall(r"`([^`]+)`", endings) for name, endings in rows}
 
 
-def test_readme_lists_exactly_the_registered_formats_with_their_file_endings() -> None:
-    listed = _readme_formats()
+def test_the_docs_list_exactly_the_registered_formats_with_their_file_endings() -> None:
+    listed = _documented_formats()
     assert sorted(listed) == EXPORT_REGISTRY.names()
     for name, endings in listed.items():
         assert tuple(endings) == EXPORT_REGISTRY.get(name).suffixes, name

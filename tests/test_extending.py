@@ -201,12 +201,12 @@ def test_a_plugin_renderer_is_chosen_by_name_and_trains(
     assert trainer.val_metrics["psnr"] is not None
 
 
-def test_the_readme_extending_table_names_examples_that_exist_for_every_registry() -> None:
+def test_the_extending_table_names_examples_that_exist_for_every_registry() -> None:
     import re
 
     from gsrecon import registry
 
-    section = (REPO / "README.md").read_text().split("## Extending gsrecon")[1].split("\n## ")[0]
+    section = (REPO / "docs" / "extending" / "index.md").read_text().split("\n## ")[0]
     rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| kind")]
     named = {re.search(r"`@(\w+_REGISTRY)", row).group(1) for row in rows if "@" in row}
     registries = {name for name in dir(registry) if name.endswith("_REGISTRY")}

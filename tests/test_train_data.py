@@ -59,7 +59,7 @@ TRIANGULATED = (
     else "random points (with pycolmap installed: points triangulated from its poses)"
 )
 FROM_SFM = "the SfM points of structure from motion"
-# layout -> (the config, the keys it adds, what the line names as deciding, the start); README's capture table
+# layout -> (the config, the keys it adds, what the line names as deciding, the start); docs/training.md's table
 LAYOUTS = {
     "colmap": ("mipnerf360.yaml", [], ["a COLMAP scene (sparse/0/ holds a COLMAP model; images_2/)"], "its SfM points"),
     "ns_process_data": (
@@ -161,9 +161,9 @@ def test_the_per_view_modules_of_phone_yaml_are_switched_by_name_or_mode(
     assert resolved["views"]["pose_opt"].get("without_keypoints", "keep") == "keep"
 
 
-def test_the_readme_capture_table_matches_the_detection() -> None:
-    readme = (CONFIGS_DIR.parent / "README.md").read_text()
-    table = readme.split("### Training a capture", 1)[1].split("| layout |", 1)[1].split("\n\n", 1)[0]
+def test_the_documented_capture_table_matches_the_detection() -> None:
+    page = (CONFIGS_DIR.parent / "docs" / "training.md").read_text()
+    table = page.split("## What `--data` decides", 1)[1].split("| layout |", 1)[1].split("\n\n", 1)[0]
     rows = table.splitlines()[2:]  # after the header's end and the separator line
     assert len(rows) == len(LAYOUTS)
     for row, (layout, (config, keys, _, start)) in zip(rows, LAYOUTS.items()):

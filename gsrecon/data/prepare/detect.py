@@ -1,5 +1,5 @@
 """What a capture is, and so which shipped config trains it (``gsrecon train --data``): decided by what the files
-hold, not by their names alone (README, "Training a capture").
+hold, not by their names alone (docs/training.md, "What `--data` decides").
 
 * A transforms file whose first image has a transparent background is a NeRF-synthetic scene (RGBA renders):
   ``blender_lego.yaml``, random points. Any other transforms file is a capture of photos with known poses
