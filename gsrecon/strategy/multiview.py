@@ -9,7 +9,7 @@ the weight is what every renderer gives (the gradient of the masked image with r
 colour), so one rule serves ``cpu``, ``torch`` and ``gsplat``.
 
 - Growth: at each refinement of the default schedule, a Gaussian whose screen-space gradient asks for a clone or a
-  split grows only where its mean score over the views exceeds ``grow_score`` (FastGS: 5 pixels).
+  split grows only where its mean score over the views exceeds ``grow_score``.
 - Pruning: after refinement stops, every ``late_prune_every`` steps before ``late_prune_stop``, the Gaussians whose
   opacity is under ``late_prune_opa`` are removed, and so are those whose loss-weighted score (the sum over the
   views of the view's L1 loss times the score, min-max normalised over the Gaussians) exceeds ``prune_score``:
@@ -50,7 +50,9 @@ class MultiViewStrategy(DefaultStrategy):
     class Config(DefaultStrategy.Config):
         score_views: int = 10  # training views rendered at each scoring step (FastGS: 10)
         error_threshold: float = 0.1  # a pixel is high-error above this normalised L1 error (FastGS: 0.1)
-        grow_score: float = 5.0  # mean blending weight over the views' high-error pixels needed to grow (FastGS: 5)
+        # Mean blending weight in the views' high-error pixels needed to grow. FastGS's 5 counts pixels; a weight is
+        # smaller than the pixel it is in: 5 cost horns 2.6 dB at 2000 steps, 0.5 cost 0.85 (BENCHMARKS.md).
+        grow_score: float = 0.5
         prune_score: float = 0.9  # normalised loss-weighted score above which a Gaussian is pruned late (FastGS: 0.9)
         late_prune_opa: float = 0.1  # opacity under which a Gaussian is pruned late (FastGS: 0.1)
         late_prune_every: int = run_steps(3000)  # steps between late prunings, after refine_stop (FastGS: 3000)
