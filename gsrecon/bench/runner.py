@@ -184,7 +184,7 @@ def _gsrecon_overrides(run: SuiteRun, scene: str) -> list[str]:
     overrides = run.suite.data_overrides(run.data, run.suite.scene(scene))
     if run.schedule == "3dgs":
         bench = bench_vs_gsplat()
-        setup = bench.Setup(data="", out=run.out, steps=run.steps, factor=1, cap_max=run.cap_max, gsplat_examples=Path())
+        setup = bench.Setup("", run.out, run.steps, factor=1, cap_max=run.cap_max, gsplat_examples=Path())
         overrides += bench.gsrecon_overrides(setup, bench.Run("gsrecon", run.strategy, run.seed))
     elif run.strategy == "mcmc":
         overrides.append(f"strategy={{name: mcmc, cap_max: {run.cap_max}}}")
@@ -240,7 +240,13 @@ def _train_gsplat(run: SuiteRun, scene: str) -> dict[str, Any]:
     factor = check_scene(run.suite, run.data, run.suite.scene(scene))
     load_before = os.getloadavg()[0]
     record = run_gsplat(
-        run.peer_setup, run.data / scene, factor, run.steps, run.strategy, run.cap_max, run.out / scene / "gsplat",
+        run.peer_setup,
+        run.data / scene,
+        factor,
+        run.steps,
+        run.strategy,
+        run.cap_max,
+        run.out / scene / "gsplat",
         run.seed,
     )
     return {"trainer": "gsplat", "steps": run.steps, **record, "load_before": load_before,
@@ -261,7 +267,8 @@ def _train_opensplat(run: SuiteRun, scene: str, logger: Logger) -> dict[str, Any
     load_before = os.getloadavg()[0]
     ply, wall = run_opensplat(run.peer_setup, train_scene, factor, run.steps, run.out / scene / "opensplat")
     config = str(run.out / scene / "gsrecon" / "config.yaml")
-    result = evaluate(load_trained_scene(ply=str(ply), config=config), run.out / scene / "opensplat_eval", logger=logger)
+    scored = load_trained_scene(ply=str(ply), config=config)
+    result = evaluate(scored, run.out / scene / "opensplat_eval", logger=logger)
     mean = result["mean"]
     return {
         "trainer": "opensplat", "steps": run.steps, "psnr": mean["psnr"], "ssim": mean["ssim"], "lpips": mean["lpips"],

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gsrecon.data.formats.images import read_image
 from gsrecon.bench.peers import bench_vs_gsplat
+from gsrecon.data.formats.images import read_image
 from gsrecon.lpips_weights import lpips_backbone_path
 from gsrecon.metrics import _TORCHVISION_WEIGHTS, ImageMetrics, mean_metrics
 
