@@ -29,7 +29,7 @@ export TORCH_HOME="${TORCH_HOME:-$out/torch_home}"
 "$venv/bin/python" -c "import sys; from pathlib import Path; from gsrecon.integrations.nerfbaselines import \
 write_torchvision_backbones as write; print(*write(Path(sys.argv[1]) / 'hub'))" "$TORCH_HOME"
 "$venv/bin/nerfbaselines" train --method gsrecon --backend python --data "$scene" --output "$out/train" \
-  --logger none --set max_steps="$steps" --set num_threads=1 "$@"
+  --logger none --disable-output-artifact --set max_steps="$steps" --set num_threads=1 "$@"
 predictions="$(ls -d "$out"/train/predictions-*.tar.gz "$out"/train/predictions-* 2>/dev/null | head -n 1)"
 "$venv/bin/nerfbaselines" evaluate "$predictions" --output "$out/results.json"
 cat "$out/results.json"

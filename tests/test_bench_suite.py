@@ -19,6 +19,7 @@ from PIL import Image
 
 from gsrecon.bench import SUITES
 from gsrecon.bench.protocol import check_scene
+from gsrecon.bench.runner import SuiteRun, prepare_out
 from gsrecon.cli import EXIT_INTERRUPTED, EXIT_USAGE, main
 from gsrecon.data.errors import DatasetError
 from gsrecon.data.formats.colmap_model import ColmapCamera, ColmapPoints, SparseModel
@@ -102,6 +103,10 @@ def test_suite_is_interrupted_resumed_and_tabled_beside_the_published_numbers(tm
     assert "already written; --overwrite replaces them" in capsys.readouterr().err
     assert bench(*argv[:-1], "--steps", "8", "hooks.SigintAtStep={step: 3}") == EXIT_USAGE
     assert "other settings (steps 6 -> 8)" in capsys.readouterr().err
+    (out / "notes.txt").write_text("a user's file")
+    prepare_out(SuiteRun(SUITES["nerf-synthetic"], data, out, 6, "blender_lego.yaml", ("lego",)), overwrite=True)
+    assert not (out / "lego").exists() and not (out / "chair").exists() and not (out / "results.md").exists()
+    assert (out / "notes.txt").read_text() == "a user's file"  # --overwrite removes what a suite wrote, nothing else
 
 
 def test_bad_suite_folders_are_refused_naming_the_scene_and_path(tmp_path, synthetic_cache, capsys):

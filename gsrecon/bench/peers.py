@@ -19,6 +19,10 @@ PEERS = ("gsplat", "opensplat")
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"  # beside the package in a source checkout, as configs/
 
 
+class PeerFailedError(InputError):
+    """A peer's trainer failed (its log is named): the suite stops there, and resumes past what finished."""
+
+
 @dataclass(frozen=True)
 class PeerSetup:
     """Where the peers are: gsplat's examples/ (scripts/fetch_gsplat_examples.sh) and the opensplat binary."""
@@ -131,5 +135,5 @@ def _run(peer: str, command: list[str], out: Path, cwd: Path | None = None) -> f
     with log.open("w") as file:
         done = subprocess.run(command, cwd=cwd, stdout=file, stderr=subprocess.STDOUT, check=False)
     if done.returncode != 0:
-        raise RuntimeError(f"peer {peer} exited with {done.returncode}; see {log}")
+        raise PeerFailedError(f"peer {peer} exited with {done.returncode}; see {log}")
     return time.perf_counter() - start

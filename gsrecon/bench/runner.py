@@ -110,8 +110,8 @@ def prepare_out(run: SuiteRun, overwrite: bool) -> None:
     if overwrite:
         for name in (SETTINGS_FILE, *RESULT_FILES):
             (run.out / name).unlink(missing_ok=True)
-        for name in run.suite.scene_names:
-            if (run.out / name).is_dir():
+        for name in run.suite.scene_names:  # the scene folders a suite wrote (its gsrecon run inside)
+            if (run.out / name / "gsrecon").is_dir():
                 shutil.rmtree(run.out / name)
     elif settings_path.is_file():
         before = json.loads(settings_path.read_text())

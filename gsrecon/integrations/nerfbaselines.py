@@ -113,10 +113,11 @@ class GsreconMethod:
 
     @classmethod
     def get_method_info(cls) -> dict[str, Any]:
-        """nerfbaselines' MethodInfo: colour images through pinhole cameras (it undistorts others first)."""
+        """nerfbaselines' MethodInfo: colour images through pinhole cameras (it undistorts others first), and the
+        dataset's SfM points to start from."""
         return {
             "method_id": "gsrecon",
-            "required_features": frozenset(("color",)),
+            "required_features": frozenset(("color", "points3D_xyz")),
             "supported_camera_models": frozenset(("pinhole",)),
             "supported_outputs": ("color",),
             "can_resume_training": False,
