@@ -19,7 +19,8 @@ from PIL import Image
 
 from gsrecon.bench import SUITES
 from gsrecon.bench.protocol import check_scene
-from gsrecon.bench.runner import SuiteRun, prepare_out
+from gsrecon.bench.request import SuiteRun
+from gsrecon.bench.runner import prepare_out
 from gsrecon.cli import EXIT_INTERRUPTED, EXIT_USAGE, main
 from gsrecon.data.errors import DatasetError
 from gsrecon.data.formats.colmap_model import ColmapCamera, ColmapPoints, SparseModel
@@ -155,3 +156,11 @@ def test_llff_takes_images_8_or_a_model_at_504x378(tmp_path):
         check_scene(llff, tmp_path, horns)
     (tmp_path / "horns" / "images_8").mkdir()
     assert check_scene(llff, tmp_path, horns) == 8  # the published images_8/ beside the originals
+
+
+def test_bench_help_describes_the_command_and_shows_defaults(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--help"])
+    out = capsys.readouterr().out.replace("\n", " ")
+    assert exit_info.value.code == 0 and "published protocol" in out and "(default: 7000)" in out
+    assert "mipnerf360,tanks-and-temples,deep-blending,nerf-synthetic,llff" in out

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from gsrecon.bench import SUITES
 from gsrecon.bench.peers import PEERS, PeerSetup
+from gsrecon.bench.request import SCHEDULES, STRATEGIES, SuiteRun
 
 SUMMARY = "train and score a suite of scenes under a published protocol, beside the peers and the published numbers"
 DESCRIPTION = (
@@ -32,11 +33,11 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--schedule",
         default="config",
-        choices=["config", "3dgs"],
+        choices=SCHEDULES,
         help="config: the config's own densification schedule; 3dgs: the 3DGS paper's scaled to --steps, passed to "
         "gsrecon and gsplat alike (scripts/bench_vs_gsplat.py)",
     )
-    p.add_argument("--strategy", default="default", choices=["default", "mcmc"], help="densification strategy")
+    p.add_argument("--strategy", default="default", choices=STRATEGIES, help="densification strategy")
     p.add_argument("--cap-max", type=int, default=1_000_000, help="MCMC's Gaussian budget")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--curve", type=int, default=4, help="validations over a run: the points of psnr_time.png")
@@ -48,7 +49,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
 
 def bench(args: argparse.Namespace):
     """Run the suite ``args`` describe; its :class:`~gsrecon.bench.runner.SuiteOutcome`."""
-    from gsrecon.bench.runner import SuiteRun, run_suite
+    from gsrecon.bench.runner import run_suite
     from gsrecon.data.prepare.detect import CONFIGS_DIR
 
     suite = SUITES[args.suite]

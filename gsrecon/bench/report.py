@@ -9,15 +9,13 @@ import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from PIL import Image, ImageDraw
 
 from gsrecon.atomic import atomic_path
 from gsrecon.bench.protocol import Reference
-
-if TYPE_CHECKING:
-    from gsrecon.bench.runner import SuiteRun
+from gsrecon.bench.request import SuiteRun
 
 RESULT_FILES = ("results.md", "results.csv", "psnr_time.png")
 # (key of a run's record, heading): ours and the peers
