@@ -398,6 +398,21 @@ def _add_weights(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_weights)
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from gsrecon.bench.cli import bench
+
+    outcome = bench(args)
+    return _finished(outcome.report(), outcome.stop_reason, outcome.stop_signal)
+
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    from gsrecon.bench.cli import DESCRIPTION, SUMMARY, add_bench_arguments
+
+    p = _command(sub, "bench", SUMMARY, DESCRIPTION)
+    add_bench_arguments(p)
+    p.set_defaults(func=_bench)
+
+
 def _add_data(sub: argparse._SubParsersAction) -> None:
     from gsrecon.data.prepare.cli import add_data_commands
 
@@ -415,6 +430,7 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_view,
     _add_weights,
     _add_data,
+    _add_bench,
 ]
 
 

@@ -3,7 +3,9 @@
 # side by side with gsplat's simple_trainer.py (scripts/gpu_vs_gsplat.sh, seed 0, default then MCMC) in the time
 # that is left of DEADLINE_S seconds (default 560, inside a 600 s device call). Carry .whl, .gpu_data,
 # .gsplat_examples and .torch_extensions (scripts/gpu_wheels.sh, scripts/fetch_gsplat_examples.sh). Logs and the
-# comparison's tables land in $OUT (else outputs/gpu_session).
+# comparison's tables land in $OUT (else outputs/gpu_session). GPU_PROGRAM=bench runs issue 58's program instead, the
+# whole time: `gsrecon bench llff` on horns beside gsplat, default and MCMC, 7k and 30k steps, MCMC at cap_max 1M as the
+# >= 1M-Gaussian memory run (scripts/gpu_bench.sh; arguments: which "STEPS STRATEGY" suites, in order).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
@@ -11,6 +13,10 @@ deadline="${DEADLINE_S:-560}"
 out="${OUT:-outputs/gpu_session}"
 mkdir -p "$out"
 export MAX_JOBS=16
+if [ "${GPU_PROGRAM:-vs_gsplat}" = bench ]; then
+  OUT="$out/gpu_bench" GPU_BENCH_SECONDS="$deadline" bash scripts/gpu_bench.sh "$@" 2>&1 | tee "$out/gpu_bench.log"
+  exit "${PIPESTATUS[0]}"
+fi
 timeout 300 bash scripts/gpu_check.sh --at 1000,3000 2>&1 | tee "$out/gpu_check.log"
 left=$((deadline - ($(date +%s) - start)))
 echo "gpu_check took $(($(date +%s) - start)) s; $left s left for the side by side" | tee -a "$out/gpu_check.log"

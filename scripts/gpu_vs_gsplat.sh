@@ -14,22 +14,8 @@ start=$(date +%s)
 out="${OUT:-outputs/vs_gsplat}"
 work=/tmp/vs_gsplat
 mkdir -p "$out" "$work"
-for needed in .whl .gpu_data/shared/statuette_colmap .gsplat_examples/simple_trainer.py; do
-  [ -e "$needed" ] || { echo "$needed is missing: carry it (see the comment at the top of $0)" >&2; exit 2; }
-done
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  .whl/*.whl .gsplat_examples/wheels/*.whl
-export PYTHONPATH="/tmp/site:$PWD" TORCH_EXTENSIONS_DIR="$PWD/.torch_extensions" PYTHONUNBUFFERED=1 MAX_JOBS=16
-export GSRECON_CACHE="$PWD/.gpu_data/cache"  # the LPIPS backbone, also AlexNet for gsplat's torchmetrics LPIPS
-# fused-ssim, the CUDA SSIM that simple_trainer.py trains with: built here, for this GPU, once per machine.
-if ! python3 -c "import fused_ssim" 2>/dev/null; then
-  python3 -m pip install -q --no-build-isolation --no-deps --no-cache-dir --target /tmp/site .gsplat_examples/src/fused-ssim
-fi
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-python3 -c "import torch, gsplat, tyro, fused_ssim, pycolmap; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gsplat', gsplat.__version__, 'tyro', tyro.__version__)"
-cat .gsplat_examples/TAG
-# gsplat's kernels compile on first import (about a minute): here, so that no run's wall time includes it.
-python3 -c "from gsplat.cuda._backend import _C; assert _C is not None, 'gsplat CUDA kernels did not build'"
+[ -e .gpu_data/shared/statuette_colmap ] || { echo ".gpu_data/shared/statuette_colmap is missing: carry .gpu_data" >&2; exit 2; }
+source scripts/gpu_gsplat_env.sh
 # Stop the runs in time to collect what finished: a device command is killed at 600 s. VS_GSPLAT_SECONDS is this
 # script's whole time, the builds above included.
 status=0

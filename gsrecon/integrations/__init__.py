@@ -1,0 +1,1 @@
+"""Integrations of gsrecon into other tools: a nerfbaselines method."""
