@@ -221,7 +221,7 @@ def test_eval_scores_test_views_as_the_last_validation_did(make_config, tmp_path
         render = iio.imread(tmp_path / "run" / "eval" / "renders" / "test" / "view_000.png")
         assert render.shape == (24, 16, 3)
     if policy != "default":  # the policy is what makes the numbers agree: without it they differ
-        off = {"fit_left": "appearance.eval=identity", "pose_fit": "pose_opt.eval=given"}[policy]
+        off = {"fit_left": "views.appearance.eval=identity", "pose_fit": "views.pose_opt.eval=given"}[policy]
         out = tmp_path / "off"
         assert main(["eval", "--exp-dir", str(tmp_path / "run"), "--device", "cpu", "--out", str(out), off]) == 0
         plain = json.loads((out / "metrics.json").read_text())
