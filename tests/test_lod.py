@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -165,20 +166,26 @@ def test_cells_become_subtrees_split_further_by_count(tmp_path: Path) -> None:
     assert sorted(torch.cat(list(chunk_cells.values())).unique().tolist()) == [0, 1, 2]
 
 
+def interrupted_in_second_pass(fine: dict[str, torch.Tensor]) -> Callable[[], dict[str, torch.Tensor]]:
+    """A level loader giving ``fine`` halved, that raises KeyboardInterrupt when called the second time: in the
+    pass that writes the chunks."""
+    calls = []
+
+    def load() -> dict[str, torch.Tensor]:
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return halve(fine)
+
+    return load
+
+
 def test_a_site_interrupted_while_writing_has_no_lod_meta(tmp_path: Path) -> None:
     fine = _gaussians(500)
     out = tmp_path / "site" / "lod-meta.json"
     write_lod_site(out, [lambda: fine], LodSiteConfig(), None)
-    calls = []
-
-    def failing() -> dict[str, torch.Tensor]:
-        calls.append(1)
-        if len(calls) == 2:  # the second pass, which writes the chunks
-            raise KeyboardInterrupt
-        return halve(fine)
-
     with pytest.raises(KeyboardInterrupt):
-        write_lod_site(out, [lambda: fine, failing], LodSiteConfig(), None, overwrite=True)
+        write_lod_site(out, [lambda: fine, interrupted_in_second_pass(fine)], LodSiteConfig(), None, overwrite=True)
     assert not out.exists() and (out.parent / "0_0" / "meta.json").exists()
 
 

@@ -16,14 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import tiny_config
-from test_lod import _gaussians
+from test_lod import _gaussians, interrupted_in_second_pass
 
 from gsrecon.cli import EXIT_TERMINATED, main
 from gsrecon.config import parse_structured
 from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.engine.run_dir import RunDir
 from gsrecon.engine.trainer import DefaultTrainer
-from gsrecon.export.lod.merge import halve
 from gsrecon.export.lod.site import LodSiteConfig, write_lod_site
 from gsrecon.hooks import Hook
 from gsrecon.lod.levels import read_levels
@@ -241,16 +240,8 @@ def test_a_damaged_record_of_a_previous_site_is_refused_before_anything_is_remov
 def test_an_interrupted_site_is_replaced_by_the_next_overwrite(tmp_path: Path) -> None:
     fine = _gaussians(500)
     out = tmp_path / "site" / "lod-meta.json"
-    calls = []
-
-    def failing() -> dict[str, torch.Tensor]:
-        calls.append(1)
-        if len(calls) == 2:  # the second pass, which writes the chunks
-            raise KeyboardInterrupt
-        return halve(fine)
-
     with pytest.raises(KeyboardInterrupt):
-        write_lod_site(out, [lambda: fine, failing], LodSiteConfig(), None)
+        write_lod_site(out, [lambda: fine, interrupted_in_second_pass(fine)], LodSiteConfig(), None)
     assert not out.exists() and (out.parent / "0_0" / "meta.json").is_file()
     meta = write_lod_site(out, [lambda: fine], LodSiteConfig(), None, overwrite=True)
     written = {name.split("/")[0] for name in meta["filenames"]}
