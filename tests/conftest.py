@@ -76,6 +76,18 @@ def shared_data() -> Path:
 
 
 @pytest.fixture(scope="session")
+def chromium() -> str:
+    """Debian's ``chromium`` for the browser tests. It skips where Chromium is missing, but fails under
+    ``GSRECON_REQUIRE_CHROMIUM=1`` (``.ci/run`` installs it and sets that, so CI never skips a browser test)."""
+    path = shutil.which("chromium")
+    if path is None:
+        if os.environ.get("GSRECON_REQUIRE_CHROMIUM") == "1":
+            pytest.fail("GSRECON_REQUIRE_CHROMIUM=1 but chromium is not on PATH (apt-get install chromium)")
+        pytest.skip("needs chromium (apt-get install chromium)")
+    return path
+
+
+@pytest.fixture(scope="session")
 def web_readers() -> Path:
     """The ``node_modules`` of the web formats' independent readers (``scripts/web_readers.sh``; or the folder
     ``GSRECON_WEB_READERS`` names): glTF-Validator, Babylon.js, splat-transform, the PlayCanvas engine. Run scripts

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -245,10 +244,9 @@ def test_bad_lod_input_is_one_line_and_exit_2(lod_run: Path, tmp_path: Path, cap
     assert not (tmp_path / "site").exists()
 
 
-def test_playcanvas_in_chromium_draws_the_site_as_gsrecon_renders_it(lod_run: Path, tmp_path: Path, web_readers):
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        pytest.skip("needs chromium (apt-get install chromium)")
+def test_playcanvas_in_chromium_draws_the_site_as_gsrecon_renders_it(
+    lod_run: Path, tmp_path: Path, web_readers, chromium: str
+):
     from lod_browser import draw_site
 
     out = tmp_path / "site" / "lod-meta.json"

@@ -10,7 +10,6 @@ import io
 import json
 import math
 import queue
-import shutil
 import signal
 import subprocess
 import sys
@@ -402,11 +401,11 @@ def _start_view(*args: str) -> tuple[subprocess.Popen, str, list[str]]:
 
 
 @contextlib.contextmanager
-def _view_in_chromium(exp_dir: str, profile: Path) -> Iterator[tuple[str, Chromium]]:
+def _view_in_chromium(chromium: str, exp_dir: str, profile: Path) -> Iterator[tuple[str, Chromium]]:
     """``gsrecon view`` of a run and a headless Chromium; on leaving, the browser is closed, the server gets Ctrl-C,
     and (where the body raised nothing) its exit is asserted clean."""
     proc, url, errors = _start_view("--exp-dir", exp_dir, "--port", "0", "--resolution", "256")
-    browser = Chromium(profile)
+    browser = Chromium(chromium, profile)
     try:
         yield url, browser
     finally:
@@ -419,10 +418,10 @@ def _view_in_chromium(exp_dir: str, profile: Path) -> Iterator[tuple[str, Chromi
 class Chromium:
     """Headless Chromium (software WebGL, an 800 x 600 page) driven over the DevTools protocol."""
 
-    def __init__(self, profile: Path) -> None:
+    def __init__(self, chromium: str, profile: Path) -> None:
         self.proc = subprocess.Popen(
             [
-                "chromium", "--headless", "--no-sandbox", "--disable-gpu", "--use-angle=swiftshader",
+                chromium, "--headless", "--no-sandbox", "--disable-gpu", "--use-angle=swiftshader",
                 "--enable-unsafe-swiftshader", "--disable-background-networking", "--disable-component-update",
                 "--disable-sync", "--no-first-run", f"--user-data-dir={profile}", "--window-size=800,600",
                 "--remote-debugging-port=0", "about:blank",
@@ -503,16 +502,14 @@ def _show_server_render(url: str, frame: Frame) -> None:
     page.close()
 
 
-def test_gsrecon_view_draws_the_scene_in_chromium(make_config, tmp_path) -> None:
-    if shutil.which("chromium") is None:
-        pytest.skip("needs chromium (apt-get install chromium)")
+def test_gsrecon_view_draws_the_scene_in_chromium(make_config, tmp_path, chromium: str) -> None:
     config = make_config(max_steps=3)
     trainer = DefaultTrainer(parse_structured(DefaultTrainer.Config, config))
     trainer.train()
     scene = trainer.datapipeline.scene
     focus = focus_point(torch.stack([f.viewmat for f in scene.train]), scene.points).numpy()
     closer = 0.5 * (focus + camera_centers(scene.train[4].viewmat).numpy())  # inside the ring of cameras
-    with _view_in_chromium(config["exp_dir"], tmp_path / "chromium") as (url, browser):
+    with _view_in_chromium(chromium, config["exp_dir"], tmp_path / "chromium") as (url, browser):
         assert url.startswith("http://127.0.0.1:")
         browser.open(url)
         first = browser.screenshot(tmp_path / "browser_splats.png", lambda shot: _white(shot) < 0.8, "the splats")
@@ -609,15 +606,13 @@ def _red(shot: np.ndarray) -> float:
 
 
 @pytest.mark.slow  # 27 s: Chromium's software WebGL
-def test_gsrecon_view_draws_a_runs_sky_in_chromium(make_config, tmp_path) -> None:
-    if shutil.which("chromium") is None:
-        pytest.skip("needs chromium (apt-get install chromium)")
+def test_gsrecon_view_draws_a_runs_sky_in_chromium(make_config, tmp_path, chromium: str) -> None:
     config = make_config(max_steps=3, views={"sky": {"name": "environment", "resolution": 4}})
     trainer = DefaultTrainer(parse_structured(DefaultTrainer.Config, config))
     with torch.no_grad():
         trainer.views.modules["sky"].texels.copy_(torch.tensor([8.0, -8.0, -8.0]))  # red; 3 steps keep it red
     trainer.train()
-    with _view_in_chromium(config["exp_dir"], tmp_path / "chromium") as (url, browser):
+    with _view_in_chromium(chromium, config["exp_dir"], tmp_path / "chromium") as (url, browser):
         browser.open(url)
         splats = browser.screenshot(tmp_path / "browser_sky.png", lambda shot: _red(shot) > 0.3, "the sky's splats")
         _show_server_render(url, trainer.datapipeline.scene.train[0])
