@@ -23,6 +23,7 @@ from gsrecon.cameras.model import CameraModel
 from gsrecon.component import RunSetup
 from gsrecon.data.blocks import Partition, cell_box, image_coverage
 from gsrecon.distributed import DistributedContext
+from gsrecon.engine.build import build_renderer, scene_renderer_entry
 from gsrecon.engine.checkpoints import (
     load_checkpoint_file,
     non_finite,
@@ -31,7 +32,7 @@ from gsrecon.engine.checkpoints import (
     write_checkpoint,
 )
 from gsrecon.engine.evaluator import build_metrics, evaluate_views
-from gsrecon.engine.inference import TrainedScene, scene_renderer
+from gsrecon.engine.inference import TrainedScene, batch_renderer
 from gsrecon.engine.resolve import resolve_views_config, structural_keys
 from gsrecon.engine.run_dir import RunDir
 from gsrecon.engine.signals import stop_at_step_boundary
@@ -278,8 +279,9 @@ def _score(
     if pipeline.num_val == 0:
         return []
     scene = TrainedScene(cfg, params, step, str(cfg.exp_dir))
-    render = scene_renderer(scene, pipeline.device, logger, views=sky)
-    metrics = build_metrics(cfg.metrics, pipeline.device, logger)
+    renderer = build_renderer(scene_renderer_entry(cfg, pipeline.device, logger), logger)
+    render = batch_renderer(scene, renderer, pipeline.device, sky)
+    metrics = build_metrics(cfg.metrics, pipeline.device, logger, renderer.compiled)
     views = evaluate_views(render, itertools.takewhile(lambda _: not stopped(), pipeline.val_batches()), metrics)
     seen = {frame.name: _cells_seen(frame, partition) for frame in pipeline.scene.test}
     return [{**view, "blocks": seen[view["name"]]} for view in views]
