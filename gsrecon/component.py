@@ -37,6 +37,9 @@ class RunSetup:
     # Draws a batch as the loss of a training step sees it: draw(params, batch, step) -> image [B, H, W, 3] (the
     # renderer at the step's SH degree, behind the per-view modules); None where the run does not train.
     draw: Callable[[Mapping[str, Tensor], Batch, int], Tensor] | None = None
+    # Whether the run takes the compiled path (its renderer draws with gsrecon's compiled CPU kernels, renderer cpu):
+    # then the terms and metrics that have a compiled form use the kernels too; False: their torch code.
+    compiled: bool = False
 
 
 class RunChecked:

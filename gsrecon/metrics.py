@@ -14,12 +14,15 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from gsrecon.component import RunSetup
 from gsrecon.errors import InputError
+from gsrecon.losses.compiled import run_kernels
 from gsrecon.losses.ssim import ssim
 from gsrecon.lpips_net import LPIPS, lpips_linear_weights_path
 from gsrecon.lpips_weights import LPIPS_NETS, lpips_backbone_path
@@ -123,7 +126,8 @@ class ImageMetrics:
     ``gsrecon weights lpips``) or else from torchvision's own download cache. With neither, LPIPS is
     reported as None and a warning (once per process) says how to get the weights.
     ``lpips_net="none"`` turns LPIPS off (reported as None, no warning); so is LPIPS of an image whose
-    height or width is below :data:`LPIPS_MIN_SIDE` for its backbone (the network cannot take it).
+    height or width is below :data:`LPIPS_MIN_SIDE` for its backbone (the network cannot take it). SSIM takes the
+    compiled kernels where the run does (:meth:`setup`).
     """
 
     def __init__(self, lpips_net: str = "alex", device: str | torch.device = "cpu", colour_fit: bool = False) -> None:
@@ -135,6 +139,11 @@ class ImageMetrics:
         self._lpips, self._lpips_weights = (None, None) if lpips_net == "none" else _build_lpips(lpips_net)
         if self._lpips is not None:
             self._lpips.to(self.device)
+        self._kernels: ModuleType | None = None  # the run's compiled kernels (setup); None: SSIM's torch code
+
+    def setup(self, run: RunSetup) -> None:
+        """Take SSIM's compiled path where ``run`` does (:attr:`~gsrecon.component.RunSetup.compiled`)."""
+        self._kernels = run_kernels(run)
 
     @property
     def lpips_info(self) -> dict[str, str | None]:
@@ -166,7 +175,11 @@ class ImageMetrics:
         if self._lpips is not None and min(pred.shape[1:3]) >= LPIPS_MIN_SIDE[self._lpips_net]:
             seen_pred, seen_gt = (pred, gt) if mask is None else (pred * mask, gt * mask)
             lpips_value = self._lpips(seen_pred.permute(0, 3, 1, 2) * 2 - 1, seen_gt.permute(0, 3, 1, 2) * 2 - 1).item()
-        values = {"psnr": psnr(pred, gt, mask), "ssim": float(ssim(pred, gt, mask)), "lpips": lpips_value}
+        values = {
+            "psnr": psnr(pred, gt, mask),
+            "ssim": float(ssim(pred, gt, mask, self._kernels)),
+            "lpips": lpips_value,
+        }
         return {name: value if value is None or math.isfinite(value) else None for name, value in values.items()}
 
     @torch.no_grad()

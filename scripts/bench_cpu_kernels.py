@@ -18,8 +18,8 @@ from types import ModuleType
 import torch
 from bench_render import CLOCKS, SH_DEGREE, make_scene
 
+from gsrecon.kernels.build import load_kernels
 from gsrecon.render.base import RendererConfig
-from gsrecon.render.cpu.kernels import load_kernels
 
 KERNELS = ("project_forward", "rasterize_forward", "rasterize_backward", "project_backward")
 BINNING = ("offsets", "ids", "first", "slots", "last", "trans_final")

@@ -18,9 +18,9 @@ from torch import Tensor
 from gsrecon.cameras import Cameras
 from gsrecon.data.pipeline import DataPipeline
 from gsrecon.engine.inference import load_trained_scene
+from gsrecon.kernels.build import load_kernels
 from gsrecon.render.base import RendererConfig
 from gsrecon.render.cpu.functions import project_pinhole
-from gsrecon.render.cpu.kernels import load_kernels
 from gsrecon.render.torch_renderer import ALPHA_MIN, BBOX_SIGMAS
 
 TILE = 16

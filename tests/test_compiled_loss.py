@@ -1,18 +1,27 @@
 """The L1 and SSIM terms on the CPU kernels against the torch code they replace (run in float64 as the reference):
-values and gradients, masks, borders, thread counts, and which path a call takes."""
+values and gradients, masks, borders, thread counts, and which path a call takes (the run's choice, not what the
+process loaded before)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from gsrecon.kernels.build import load_kernels, missing_toolchain
 from gsrecon.losses.l1 import l1_loss
 from gsrecon.losses.ssim import gaussian_window, ssim
-from gsrecon.render.cpu.kernels import load_kernels, missing_toolchain
 
 if missing_toolchain() is not None:
     pytest.skip(f"no C++ toolchain here: {missing_toolchain()}", allow_module_level=True)
-load_kernels()  # the compiled terms are used once the kernels are loaded
+KERNELS = load_kernels()  # what a run that takes the compiled path hands its terms
+
+
+def compiled_l1(pred, gt, mask=None):
+    return l1_loss(pred, gt, mask, KERNELS)
+
+
+def compiled_ssim(pred, gt, mask=None):
+    return ssim(pred, gt, mask, KERNELS)
 
 
 def _images(shape: tuple[int, int, int], masked: bool, seed: int = 0):
@@ -31,7 +40,7 @@ def _value_and_grad(term, pred, gt, mask):
     return value, grad
 
 
-@pytest.mark.parametrize("term", [l1_loss, ssim], ids=["l1", "ssim"])
+@pytest.mark.parametrize("term", [compiled_l1, compiled_ssim], ids=["l1", "ssim"])
 @pytest.mark.parametrize("masked", [False, True], ids=["plain", "masked"])
 @pytest.mark.parametrize("shape", [(1, 82, 125), (2, 48, 64), (1, 7, 9)])
 def test_the_compiled_terms_match_the_torch_code_to_float32_rounding(term, masked, shape):
@@ -54,7 +63,7 @@ def test_the_compiled_terms_are_bit_identical_across_calls_and_thread_counts():
         results = []
         for n_threads in (1, 1, 2, 3):
             torch.set_num_threads(n_threads)
-            results.append([t for term in (l1_loss, ssim) for t in _value_and_grad(term, pred, gt, mask)])
+            results.append([t for term in (compiled_l1, compiled_ssim) for t in _value_and_grad(term, pred, gt, mask)])
     finally:
         torch.set_num_threads(threads)
     for result in results[1:]:
@@ -64,11 +73,11 @@ def test_the_compiled_terms_are_bit_identical_across_calls_and_thread_counts():
 def test_without_gradients_the_compiled_terms_give_the_same_values():
     """The metrics' SSIM under no_grad, and a photo that needs a gradient (which the compiled terms do not give)."""
     pred, gt, mask = _images((1, 48, 64), masked=False)
-    with_grad = ssim(pred.clone().requires_grad_(), gt, mask)
+    with_grad = compiled_ssim(pred.clone().requires_grad_(), gt, mask)
     with torch.no_grad():
-        assert torch.equal(ssim(pred, gt, mask), with_grad.detach())
+        assert torch.equal(compiled_ssim(pred, gt, mask), with_grad.detach())
     gt_grad = gt.clone().requires_grad_()
-    value = ssim(pred, gt_grad, mask)
+    value = compiled_ssim(pred, gt_grad, mask)
     assert "_Term" not in type(value.grad_fn).__name__ and value.item() == pytest.approx(with_grad.item(), abs=1e-6)
     assert torch.autograd.grad(value, gt_grad)[0].abs().sum() > 0
 
@@ -82,3 +91,15 @@ def test_the_window_first_made_in_inference_mode_serves_a_step_with_gradients():
         ssim(pred.double(), gt.double())
     _, grad = _value_and_grad(ssim, pred.double(), gt.double(), None)
     assert torch.isfinite(grad).all() and grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("renderer", ["torch", "cpu"])
+def test_a_run_takes_the_compiled_path_by_its_renderer_not_by_what_the_process_loaded(make_trainer, renderer):
+    """This module loaded the kernels: a run on the torch renderer still takes the torch code (its L1 and SSIM terms
+    and its metrics' SSIM), one on the cpu renderer the kernels."""
+    trainer = make_trainer(renderer={"name": renderer})
+    expected = KERNELS if renderer == "cpu" else None
+    assert trainer.loss.terms["l1"].kernels is expected and trainer.loss.terms["ssim"].kernels is expected
+    pred, gt, _ = _images((1, 24, 32), masked=False)
+    reference = compiled_ssim if renderer == "cpu" else ssim
+    assert trainer.metrics(pred[0], gt[0])["ssim"] == float(reference(pred, gt))

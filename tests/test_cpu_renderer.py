@@ -21,9 +21,9 @@ from gsrecon.config import ConfigError
 from gsrecon.distributed import DistributedContext
 from gsrecon.engine.runtime import resolve_device, set_cpu_threads
 from gsrecon.errors import InputError
+from gsrecon.kernels.build import build_dir, load_kernels, missing_toolchain
 from gsrecon.render import torch_renderer
 from gsrecon.render.cpu.functions import KernelInputError, project_pinhole, rasterize
-from gsrecon.render.cpu.kernels import build_dir, load_kernels, missing_toolchain
 from gsrecon.render.cpu.renderer import CpuRenderer
 from gsrecon.render.torch_renderer import TorchRenderer
 from gsrecon.sh import MAX_SH_DEGREE
@@ -394,7 +394,7 @@ def test_training_on_mps_uses_the_torch_renderer(make_trainer):
 @pytest.mark.slow
 def test_a_corrupted_kernel_cache_is_built_again(tmp_path):
     """A truncated library in the cache folder: the next use says so and builds the kernels again (minutes)."""
-    script = "from gsrecon.render.cpu.kernels import load_kernels; load_kernels(print)"
+    script = "from gsrecon.kernels.build import load_kernels; load_kernels(print)"
     env = {**os.environ, "GSRECON_CACHE": str(tmp_path)}
     first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0 and "compiling its C++ kernels on first use" in first.stdout, first.stderr
@@ -413,7 +413,7 @@ def test_a_read_only_cache_copied_without_its_times_loads_as_it_is_with_no_compi
     for path in [cache, *cache.rglob("*")]:
         path.chmod(0o555 if path.is_dir() else 0o444)
     listing = sorted((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in cache.rglob("*"))
-    script = "from gsrecon.render.cpu.kernels import load_kernels; print(load_kernels(print).__file__)"
+    script = "from gsrecon.kernels.build import load_kernels; print(load_kernels(print).__file__)"
     env = {**os.environ, "GSRECON_CACHE": str(cache), "PATH": str(tmp_path)}  # no compiler, no ninja
     try:
         result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)

@@ -12,20 +12,29 @@ import torch
 from gsrecon.cameras import CameraModel, Cameras
 from gsrecon.cameras.lens import project_points
 from gsrecon.cli import main
+from gsrecon.config import parse_structured
 from gsrecon.data.pipeline import Batch
 from gsrecon.data.readers.synthetic import SyntheticConfig, render_view, street_viewmats
 from gsrecon.engine.checkpoints import load_checkpoint_file
+from gsrecon.engine.inference import TrainedScene
+from gsrecon.engine.resolve import RunConfig
+from gsrecon.export.lod.site import CameraRegion
+from gsrecon.lod.export import sky_gaussians
+from gsrecon.logging.console import Logger
 from gsrecon.model.views.base import ViewModules
-from gsrecon.model.views.environment import Environment, above_horizon, trained_sky
-from gsrecon.registry import RENDERER_REGISTRY
+from gsrecon.model.views.environment import Environment, environment_module, sky_key, stored_sky, trained_sky
+from gsrecon.registry import RENDERER_REGISTRY, VIEW_REGISTRY
 from gsrecon.render.base import RenderOutput
 from gsrecon.render.environment import (
+    Sky,
+    above_horizon,
     camera_rays,
     composite,
     cube_lookup,
     far_sphere_gaussians,
     texel_directions,
 )
+from gsrecon.sh import sh_to_rgb
 from tests.conftest import write_yaml
 
 SKY = {"sky": {"name": "environment", "resolution": 4}}
@@ -239,3 +248,80 @@ def test_bad_environment_options_name_the_key(make_config, tmp_path: Path, capsy
     assert main(["train", "--config", str(write_yaml(tmp_path / "bad.yaml", cfg))]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and key in err[0]
+
+
+def _trained_sky_module(cls: type[Environment] = Environment) -> Environment:
+    """A horizon sky of random texels, its up an upright camera's, as a run trains it."""
+    module = cls(cls.Config(resolution=3, horizon=True), ["a"])
+    with torch.no_grad():
+        module.texels.copy_(torch.randn(6, 3, 3, 3, generator=torch.Generator().manual_seed(2)))
+    module.up.copy_(torch.tensor([0.0, -1.0, 0.0]))
+    return module
+
+
+def test_the_viewers_baked_sky_is_the_modules_drawing_at_its_texels_as_it_was() -> None:
+    """One drawing: the baked cube map (the viewer's, the far sphere's) is :meth:`Sky.draw` at the texels' centres,
+    the colours it had when it was its own formula (each texel weighed by its centre's share above the horizon),
+    and the module's composite draws the same function along each pixel's ray."""
+    module = _trained_sky_module()
+    background = torch.tensor([0.1, 0.2, 0.3])
+    baked = trained_sky(ViewModules({"sky": module}), background)  # [6, 3, 3, 3]
+    colors = module.colors().detach()
+    share = above_horizon(texel_directions(3), module.up)  # [6, 3, 3, 1]
+    torch.testing.assert_close(baked, share * colors + (1.0 - share) * background, rtol=0, atol=1e-6)
+    assert share.min() == 0.0 and share.max() == 1.0  # both sides of the horizon are among the texels
+    cameras = Cameras(_turned(0.3)[None], K[None], 64, 48)
+    drawn = background.expand(1, 48, 64, 3)  # what the renderer drew where no Gaussian is
+    out = RenderOutput(drawn, torch.zeros(1, 48, 64, 1), torch.zeros(1, 48, 64, 1), {})
+    with torch.no_grad():
+        image = module.composite(out, cameras, background[None]).image[0]
+    torch.testing.assert_close(image, module.sky().draw(camera_rays(cameras), background)[0].detach())
+    sphere = far_sphere_gaussians(baked, torch.zeros(3), 10.0)
+    torch.testing.assert_close(sh_to_rgb(sphere["sh0"][:, 0]), baked.reshape(-1, 3), rtol=0, atol=1e-6)
+
+
+def test_the_sky_is_read_from_a_checkpoint_without_the_runs_data_or_a_renderer(make_config, tmp_path: Path) -> None:
+    """``export --format lod``'s sky: the checkpoint's cube map and horizon, for a run whose capture is not there."""
+    module = _trained_sky_module()
+    views = {"sky": {"name": "environment", "resolution": 3, "horizon": True}}
+    raw = make_config(views=views, data={"dataset": "colmap", "path": str(tmp_path / "no_capture")})
+    state = ViewModules({"sky": module}).state_dict()
+    sky = stored_sky({"views": views}, state)
+    assert torch.equal(sky.colors, module.colors().detach()) and torch.equal(sky.up, module.up)
+    assert not sky.colors.requires_grad
+    scene = TrainedScene(parse_structured(RunConfig, raw), {}, 6, "ckpt.pt", state)
+    region = CameraRegion((0.0, 0.0, 0.0), 1.0)
+    gaussians = sky_gaussians(scene, region, 4.0, Logger())
+    torch.testing.assert_close(gaussians["means"].norm(dim=-1), torch.full((54,), 4.0))
+    baked = sky.baked(torch.zeros(3))  # below the horizon, the run's black background
+    torch.testing.assert_close(sh_to_rgb(gaussians["sh0"][:, 0]), baked.reshape(-1, 3), rtol=0, atol=1e-6)
+    assert stored_sky({"views": {}}, {}) is None
+
+
+def test_a_plugins_subclass_of_the_sky_is_found_alike_in_a_config_and_among_built_modules(make_config) -> None:
+    """The lod export looked the sky up by registry name (missing a plugin's subclass), the merge by class."""
+
+    @VIEW_REGISTRY.register("painted_sky")
+    class PaintedSky(Environment):
+        pass
+
+    module = _trained_sky_module(PaintedSky)
+    resolved = {"views": {"backdrop": {"name": "painted_sky", "resolution": 3, "horizon": True}, "pose": None}}
+    assert sky_key(resolved) == "backdrop"
+    assert environment_module(ViewModules({"backdrop": module})) == ("backdrop", module)
+    sky = stored_sky(resolved, ViewModules({"backdrop": module}).state_dict())
+    assert torch.equal(sky.colors, module.colors().detach())
+    raw = make_config(views={"backdrop": {"name": "painted_sky", "resolution": 3, "horizon": True}})
+    scene = TrainedScene(
+        parse_structured(RunConfig, raw), {}, 6, "ckpt.pt", ViewModules({"backdrop": module}).state_dict()
+    )
+    assert len(sky_gaussians(scene, CameraRegion((0.0, 0.0, 0.0), 1.0), 4.0, Logger())["means"]) == 54  # lod has it
+    assert sky_key({"views": {"sky": {"name": "none"}}}) is None and environment_module(ViewModules({})) is None
+
+
+def test_a_sky_without_a_horizon_is_drawn_everywhere() -> None:
+    colors = torch.rand(6, 2, 2, 3, generator=torch.Generator().manual_seed(3))
+    rays = torch.nn.functional.normalize(torch.randn(10, 3, generator=torch.Generator().manual_seed(4)), dim=-1)
+    sky = Sky(colors)
+    assert sky.above(rays) is None
+    assert torch.equal(sky.draw(rays, torch.ones(3)), cube_lookup(colors, rays))

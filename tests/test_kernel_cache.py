@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gsrecon.render.cpu.kernels import build_lock, publish_build, published_library
+from gsrecon.kernels.build import build_lock, publish_build, published_library
 
 NAME = "gsrecon_cpu_test"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from capture_layouts import ns_process_data
 
-from gsrecon.render.cpu.kernels import missing_toolchain
+from gsrecon.kernels.build import missing_toolchain
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 # Runs the CLI and says on its last line which of the heavy modules the process imported.

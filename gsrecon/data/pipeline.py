@@ -206,7 +206,7 @@ class DataPipeline:
 
     def fixed_background(self) -> Tensor:
         """The background colour used where it is not random, [3]."""
-        return torch.ones(3) if self.cfg.background == "white" else torch.zeros(3)
+        return fixed_background(self.cfg)
 
     def _val_indices(self, index: int) -> list[int]:
         return [index] if index < len(self._test) else []
@@ -260,6 +260,12 @@ class DataPipeline:
             return None
         depths = [torch.zeros(f.height, f.width) if f.depth is None else decoded(f.depth) for f in frames]
         return torch.stack([d.to(self.device) for d in depths]).float()[..., None]
+
+
+def fixed_background(cfg: DataPipeline.Config) -> Tensor:
+    """[3] the background colour a run of the data config ``cfg`` draws where it is not random (black for
+    ``random``)."""
+    return torch.ones(3) if cfg.background == "white" else torch.zeros(3)
 
 
 def _mask_note(scene: Scene) -> str:

@@ -8,20 +8,23 @@ from typing import Any
 
 import torch
 
+from gsrecon.component import RunSetup
 from gsrecon.data.pipeline import Batch
 from gsrecon.logging.console import Logger
 from gsrecon.metrics import ImageMetrics, MetricsConfig, depth_errors
 from gsrecon.render.base import RenderOutput
 
 
-def build_metrics(cfg: MetricsConfig, device: torch.device, logger: Logger) -> ImageMetrics:
-    """PSNR/SSIM/LPIPS (and the colour-fitted PSNR where ``cfg.colour_fit``), built without touching the global RNG;
-    their warnings (e.g. missing LPIPS weights) go to ``logger`` once."""
+def build_metrics(cfg: MetricsConfig, device: torch.device, logger: Logger, compiled: bool) -> ImageMetrics:
+    """PSNR/SSIM/LPIPS (and the colour-fitted PSNR where ``cfg.colour_fit``), built without touching the global RNG,
+    set up for a run that takes the ``compiled`` path or not (:attr:`~gsrecon.component.RunSetup.compiled`); their
+    warnings (e.g. missing LPIPS weights) go to ``logger`` once."""
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         metrics = ImageMetrics(lpips_net=cfg.lpips_net, device=device, colour_fit=cfg.colour_fit)
     for warning in caught:
         logger.warning(str(warning.message))
+    metrics.setup(RunSetup(logger.info, compiled=compiled))
     return metrics
 
 

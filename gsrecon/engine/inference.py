@@ -210,7 +210,7 @@ def evaluate(
             f"'{scene.cfg.data.eval_split}'); set data.eval_split=every_8"
         )
     render = batch_renderer(scene, run.renderer, torch_device, view_modules)
-    metrics = build_metrics(scene.cfg.metrics, torch_device, logger)
+    metrics = build_metrics(scene.cfg.metrics, torch_device, logger, run.renderer.compiled)
     batches = list(pipeline.val_batches())
 
     def write_view(index: int, outputs: dict[str, Any]) -> None:

@@ -230,7 +230,7 @@ class DefaultTrainer:
     def metrics(self) -> ImageMetrics:
         """The validation metrics (PSNR, SSIM, LPIPS), built on first use."""
         if self._metrics is None:
-            self._metrics = build_metrics(self.cfg.metrics, self.device, self.logger)
+            self._metrics = build_metrics(self.cfg.metrics, self.device, self.logger, self.renderer.compiled)
         return self._metrics
 
     def validation(self) -> dict[str, float | None]:

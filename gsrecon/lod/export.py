@@ -13,14 +13,14 @@ from torch import Tensor
 
 from gsrecon.config import parse_structured
 from gsrecon.data.blocks import cell_index, plan_cells
-from gsrecon.engine.inference import TrainedScene, scene_run
+from gsrecon.data.pipeline import fixed_background
+from gsrecon.engine.inference import TrainedScene
 from gsrecon.engine.resolve import resolve_views_config
 from gsrecon.errors import InputError
 from gsrecon.export.lod.site import CameraRegion, CellOf, LodSiteConfig, check_site_path, write_lod_site
 from gsrecon.lod.levels import LodConfig, build_levels, built_levels, camera_region, level_loaders
 from gsrecon.logging.console import Logger
-from gsrecon.model.views.base import view_entries
-from gsrecon.model.views.environment import trained_sky
+from gsrecon.model.views.environment import stored_sky
 from gsrecon.partition.folder import PLAN_FILE, read_plan
 from gsrecon.render.environment import far_sphere_gaussians
 
@@ -75,17 +75,17 @@ def export_lod(
 def sky_gaussians(
     scene: TrainedScene, region: CameraRegion | None, radii: float, logger: Logger
 ) -> dict[str, Tensor] | None:
-    """The run's trained environment (the ``environment`` per-view module, the sky) as Gaussians on a sphere
-    ``radii`` camera radii about the cameras' centre, for the site's environment; None where the run has none."""
-    names = [entry["name"] for entry in view_entries(resolve_views_config(scene.cfg, scene.source)).values()]
-    if "environment" not in names or region is None:
+    """The run's trained environment (the ``environment`` per-view module, the sky, read from its checkpoint) as
+    Gaussians on a sphere ``radii`` camera radii about the cameras' centre, for the site's environment; None where
+    the run has none."""
+    sky = stored_sky(resolve_views_config(scene.cfg, scene.source), scene.views, scene.source)
+    if sky is None or region is None:
         return None
     if not math.isfinite(radii):
         logger.warning("lod.env_threshold=inf: the site has no environment, so the trained sky is left out of it")
         return None
-    run = scene_run(scene, "export", "cpu", logger)
     radius = radii * max(region.radius, 1e-3)
-    colors = trained_sky(run.views, run.datapipeline.fixed_background()).cpu()  # [6, R, R, 3]
+    colors = sky.baked(fixed_background(scene.cfg.data))  # [6, R, R, 3]
     gaussians = far_sphere_gaussians(colors, torch.tensor(region.center), radius)
     logger.info(f"the trained sky joins the environment as {len(gaussians['means'])} Gaussians {radius:.3g} away")
     return gaussians

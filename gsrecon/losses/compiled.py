@@ -1,9 +1,9 @@
 """The L1 and SSIM terms on the CPU kernels: each term's value and its gradient in one compiled call
-(`gsrecon/render/cpu/image_loss.cpp`), instead of a graph of small tensor operations and their backward.
+(`gsrecon/kernels/image_loss.cpp`), instead of a graph of small tensor operations and their backward.
 
-Used for float32 images on the CPU in a process that has loaded the kernels (the ``cpu`` renderer's set-up loads
-them; a loss never builds them), where the photo and the mask need no gradient; the torch code of `l1.py` and
-`ssim.py` serves every other case and is what the compiled terms are tested against.
+Used where the run chose them (:attr:`~gsrecon.component.RunSetup.compiled`: it renders with the ``cpu`` renderer,
+whose set-up builds them) for float32 images on the CPU whose photo and mask need no gradient; the torch code of
+`l1.py` and `ssim.py` serves every other case and is what the compiled terms are tested against.
 """
 
 from __future__ import annotations
@@ -14,16 +14,34 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gsrecon.render.cpu.kernels import loaded_kernels
+from gsrecon.component import RunSetup
+from gsrecon.kernels.build import load_kernels
+from gsrecon.losses.base import LossTerm
 
 
-def compiled_kernels(pred: Tensor, gt: Tensor, mask: Tensor | None) -> ModuleType | None:
-    """The loaded kernels where they can compute a term of these ``[B, H, W, 3]`` images, else None."""
-    if pred.device.type != "cpu" or pred.dtype != torch.float32 or gt.dtype != torch.float32 or gt.requires_grad:
+def run_kernels(run: RunSetup) -> ModuleType | None:
+    """The kernels where ``run`` takes the compiled path (:attr:`~gsrecon.component.RunSetup.compiled`), else None."""
+    return load_kernels(run.log) if run.compiled else None
+
+
+def compiled_kernels(pred: Tensor, gt: Tensor, mask: Tensor | None, kernels: ModuleType | None) -> ModuleType | None:
+    """``kernels`` where they can compute a term of these ``[B, H, W, 3]`` images, else None."""
+    if kernels is None or pred.device.type != "cpu" or pred.dtype != torch.float32 or gt.dtype != torch.float32:
         return None
-    if mask is not None and (mask.requires_grad or mask.device.type != "cpu"):
+    if gt.requires_grad or (mask is not None and (mask.requires_grad or mask.device.type != "cpu")):
         return None
-    return loaded_kernels()
+    return kernels
+
+
+class CompiledTerm(LossTerm):
+    """A loss term with a compiled form: it takes the kernels where its run chose them (:func:`run_kernels`)."""
+
+    def __init__(self, cfg: Any) -> None:
+        super().__init__(cfg)
+        self.kernels: ModuleType | None = None  # the run's kernels (setup); None: the torch code
+
+    def setup(self, run: RunSetup) -> None:
+        self.kernels = run_kernels(run)
 
 
 class _Term(torch.autograd.Function):

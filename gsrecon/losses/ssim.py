@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gsrecon.losses.base import LossInputs, LossTerm
-from gsrecon.losses.compiled import compiled_kernels, compiled_term
+from gsrecon.losses.base import LossInputs
+from gsrecon.losses.compiled import CompiledTerm, compiled_kernels, compiled_term
 from gsrecon.registry import LOSS_REGISTRY
 
 WINDOW = 11  # the Gaussian window's side in pixels (3DGS's)
@@ -75,15 +76,15 @@ def ssim_map(pred: Tensor, gt: Tensor) -> Tensor:
     return ((2 * mu_x * mu_y + C1) * (2 * cov + C2)) / ((mu_x * mu_x + mu_y * mu_y + C1) * (var_x + var_y + C2))
 
 
-def ssim(pred: Tensor, gt: Tensor, mask: Tensor | None = None) -> Tensor:
+def ssim(pred: Tensor, gt: Tensor, mask: Tensor | None = None, kernels: ModuleType | None = None) -> Tensor:
     """Mean SSIM (11x11 Gaussian window, sigma 1.5, as in 3DGS) of ``[B, H, W, 3]`` images in [0, 1].
 
     With ``mask`` ([B, H, W, 1], 1 where a pixel counts, 0 where it is ignored): the mean of the SSIM map over
     the kept pixels, both images' ignored pixels set to 0 first, so that nothing of them enters a window.
 
-    On the CPU kernels where `compiled_kernels` allows and the images are wider and taller than half the window.
+    On the ``kernels`` where given, `compiled_kernels` allows and the images are wider and taller than half the window.
     """
-    kernels = compiled_kernels(pred, gt, mask)
+    kernels = compiled_kernels(pred, gt, mask, kernels)
     if kernels is not None and min(pred.shape[1:3]) > WINDOW // 2:
         window = gaussian_window(torch.float32, pred.device)
         return compiled_term(kernels, "ssim_loss", pred, gt, mask, window=window, c1=C1, c2=C2)
@@ -95,12 +96,12 @@ def ssim(pred: Tensor, gt: Tensor, mask: Tensor | None = None) -> Tensor:
 
 
 @LOSS_REGISTRY.register("ssim")
-class SSIMTerm(LossTerm):
+class SSIMTerm(CompiledTerm):
     """1 - SSIM of the render and the photo over the pixels the batch's masks keep."""
 
     @dataclass
-    class Config(LossTerm.Config):
+    class Config(CompiledTerm.Config):
         weight: float = 0.2  # λ of the 3DGS loss
 
     def __call__(self, inputs: LossInputs) -> Tensor:
-        return 1.0 - ssim(inputs.image, inputs.batch.images, inputs.batch.masks)
+        return 1.0 - ssim(inputs.image, inputs.batch.images, inputs.batch.masks, self.kernels)

@@ -23,6 +23,7 @@ from gsrecon.cameras.model import CameraModel
 from gsrecon.component import RunSetup
 from gsrecon.data.blocks import Partition, cell_box, image_coverage
 from gsrecon.distributed import DistributedContext
+from gsrecon.engine.build import build_renderer, scene_renderer_entry
 from gsrecon.engine.checkpoints import (
     load_checkpoint_file,
     non_finite,
@@ -31,7 +32,7 @@ from gsrecon.engine.checkpoints import (
     write_checkpoint,
 )
 from gsrecon.engine.evaluator import build_metrics, evaluate_views
-from gsrecon.engine.inference import TrainedScene, scene_renderer
+from gsrecon.engine.inference import TrainedScene, batch_renderer
 from gsrecon.engine.resolve import resolve_views_config, structural_keys
 from gsrecon.engine.run_dir import RunDir
 from gsrecon.engine.signals import stop_at_step_boundary
@@ -42,7 +43,7 @@ from gsrecon.logging.console import Logger
 from gsrecon.metrics import mean_metrics
 from gsrecon.model import ops
 from gsrecon.model.views.base import ViewModules, build_views
-from gsrecon.model.views.environment import Environment, merge_skies, set_sky, trained_sky
+from gsrecon.model.views.environment import environment_module, merge_skies, set_sky, trained_sky
 from gsrecon.partition.folder import PLAN_FILE
 from gsrecon.render.environment import camera_rays, texel_coverage
 
@@ -227,24 +228,24 @@ def _merged_sky(
     where the run has no sky. Raises InputError naming the blocks that kept no sky, or one of another resolution."""
     exp_dir = Path(cfg.exp_dir)
     views = build_views(resolve_views_config(cfg, str(exp_dir)), [f.name for f in pipeline.scene.train], "cpu")
-    keys = [key for key, module in views.modules.items() if isinstance(module, Environment)]
-    if not keys:
+    found = environment_module(views)
+    if found is None:
         return None
-    module = views.modules[keys[0]]
+    key, module = found
     shape = trained_sky(views).shape
     for block, sky in zip(partition.blocks, skies, strict=True):
         if sky is None or sky.shape != shape:
             kept = "kept no sky (an older gsrecon's)" if sky is None else f"has a sky of shape {tuple(sky.shape)}"
             raise InputError(
                 f"{block_dir(exp_dir, block.index) / BLOCK_RESULT}: block {block.index} {kept}, but this run's "
-                f"views.{keys[0]} is a cube map of shape {tuple(shape)}; train it again: gsrecon train --config "
+                f"views.{key} is a cube map of shape {tuple(shape)}; train it again: gsrecon train --config "
                 f"{exp_dir / 'config.yaml'} partition.only={block.index} --overwrite"
             )
     frames = {frame.name: frame for frame in pipeline.scene.train}
     coverages = [_sky_coverage([frames[name] for name in block.train], shape[1]) for block in partition.blocks]
     set_sky(module, merge_skies([sky.float() for sky in skies], coverages))
     module.setup(RunSetup(logger.info, pipeline))
-    return ViewModules({keys[0]: module})
+    return ViewModules({key: module})
 
 
 def _sky_coverage(frames: list[Frame], res: int) -> Tensor:
@@ -278,8 +279,9 @@ def _score(
     if pipeline.num_val == 0:
         return []
     scene = TrainedScene(cfg, params, step, str(cfg.exp_dir))
-    render = scene_renderer(scene, pipeline.device, logger, views=sky)
-    metrics = build_metrics(cfg.metrics, pipeline.device, logger)
+    renderer = build_renderer(scene_renderer_entry(cfg, pipeline.device, logger), logger)
+    render = batch_renderer(scene, renderer, pipeline.device, sky)
+    metrics = build_metrics(cfg.metrics, pipeline.device, logger, renderer.compiled)
     views = evaluate_views(render, itertools.takewhile(lambda _: not stopped(), pipeline.val_batches()), metrics)
     seen = {frame.name: _cells_seen(frame, partition) for frame in pipeline.scene.test}
     return [{**view, "blocks": seen[view["name"]]} for view in views]
@@ -323,15 +325,10 @@ def _fine_tune(
     if stopped:  # while the trainer was being built
         trainer.request_stop(stopped[0])
     if sky is not None:  # a resumed fine-tune restores its own when it starts
-        set_sky(_environment(trainer.views), trained_sky(sky))
+        set_sky(environment_module(trainer.views)[1], trained_sky(sky))
     trainer.train()
     if trainer.stop_reason:
         return _stopped_result(f"the merge's fine-tune stopped: {trainer.stop_reason}", trainer.stop_signal)
     if sky is not None:
-        set_sky(_environment(sky), trained_sky(trainer.views).cpu())
+        set_sky(environment_module(sky)[1], trained_sky(trainer.views).cpu())
     return {name: value.detach() for name, value in trainer.model.params.items()}
-
-
-def _environment(views: ViewModules) -> Environment:
-    """The environment module among ``views``."""
-    return next(module for module in views.modules.values() if isinstance(module, Environment))

@@ -79,6 +79,12 @@ class Renderer(abc.ABC, RunChecked):
         `gsrecon.model.optim.RowSparseAdam`). False unless a renderer says otherwise."""
         return False
 
+    @property
+    def compiled(self) -> bool:
+        """Whether it draws with gsrecon's compiled CPU kernels (:mod:`gsrecon.kernels`): then its run's loss terms and
+        metrics take them too (:attr:`~gsrecon.component.RunSetup.compiled`). False unless a renderer says otherwise."""
+        return False
+
     def render(
         self,
         params: Mapping[str, Tensor],

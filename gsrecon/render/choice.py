@@ -22,7 +22,7 @@ def auto_renderer(device: torch.device, log: Callable[[str], None] | None = None
         return "gsplat"
     if device.type != "cpu":
         return "torch"
-    from gsrecon.render.cpu.kernels import kernels_unavailable
+    from gsrecon.kernels.build import kernels_unavailable
 
     why = kernels_unavailable(log)
     if why is None:
@@ -37,7 +37,7 @@ def renderer_on_device(entry: dict[str, Any], device: torch.device, log: Callabl
     there (gsplat without CUDA; cpu on another device or where its kernels cannot be built) the torch renderer with
     the same shared settings (`RendererConfig`) and the trained renderer's alpha clamp, so that it sees the same
     image; ``log`` hears why."""
-    from gsrecon.render.cpu.kernels import kernels_unavailable
+    from gsrecon.kernels.build import kernels_unavailable
     from gsrecon.render.cpu.renderer import CpuRenderer
     from gsrecon.render.gsplat_renderer import GSPLAT_ALPHA_MAX
 

@@ -8,8 +8,10 @@ opacity lets through of the environment seen along the pixel's ray, ``image + (1
 returns ``alpha`` with its gradient, so the same code serves all of them, outside the rasterisers. The rays go
 through each camera's lens (:func:`camera_rays`: pinhole or fisheye).
 
-Formats that hold only Gaussians can carry the environment as Gaussians on a far sphere (:func:`far_sphere_gaussians`:
-one flat, opaque Gaussian per texel, facing the centre).
+A trained environment is a :class:`Sky`: its cube map and its horizon, drawn along any directions by one function
+(:meth:`Sky.draw`), which a run's renders, a viewer's baked cube map (:meth:`Sky.baked`) and the far sphere of the
+formats that hold only Gaussians (:func:`far_sphere_gaussians`: one flat, opaque Gaussian per texel, facing the
+centre, of the baked colours) all go through.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from gsrecon.cameras import Cameras
 from gsrecon.cameras.lens import fisheye_angle
 from gsrecon.render.base import RenderOutput
 from gsrecon.sh import rgb_to_sh
+
+HORIZON_BAND = 0.1  # radians (about 6 degrees) over which the environment fades in above the horizon
 
 # Face f looks along _FACE_AXES[f]; a direction on it is axis + s * first tangent + t * second tangent, s, t in [-1, 1].
 _FACE_AXES = ((0, 1, 2), (0, 1, 2), (1, 2, 0), (1, 2, 0), (2, 0, 1), (2, 0, 1))  # (axis, tangent s, tangent t)
@@ -111,6 +115,46 @@ def texel_directions(res: int, device: torch.device | str = "cpu") -> Tensor:
         faces.append(direction)
     directions = torch.stack(faces)
     return directions / directions.norm(dim=-1, keepdim=True)
+
+
+def above_horizon(rays: Tensor, up: Tensor) -> Tensor:
+    """[..., 1] how much of each unit ray [..., 3] is above the horizon of ``up`` [3]: 1 above, 0 below, a ramp
+    over :data:`HORIZON_BAND` radians about it (the environment's edge, not a seam); 1 everywhere for a zero
+    ``up``."""
+    if not bool(up.any()):
+        return torch.ones_like(rays[..., :1])
+    return (0.5 + (rays @ up)[..., None] / HORIZON_BAND).clamp(0.0, 1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sky:
+    """An environment as state: what a run draws behind its Gaussians, and how (:meth:`draw`)."""
+
+    colors: Tensor  # [6, R, R, 3] the cube map's colours in [0, 1] (differentiable where a run trains them)
+    up: Tensor | None = None  # [3] world up: drawn only above its horizon (a zero up: not yet known); None: everywhere
+
+    def above(self, directions: Tensor) -> Tensor | None:
+        """[..., 1] the share of the sky along unit ``directions`` [..., 3] (:func:`above_horizon`); None where it
+        is drawn everywhere."""
+        return None if self.up is None else above_horizon(directions, self.up.to(directions))
+
+    def draw(self, directions: Tensor, background: Tensor) -> Tensor:
+        """[..., 3] the colours seen along unit ``directions`` [..., 3]: the cube map (:func:`cube_lookup`), and below
+        the horizon the ``background`` (broadcast against [..., 3])."""
+        environment = cube_lookup(self.colors.to(directions.device), directions.to(self.colors.dtype))
+        sky = self.above(directions)
+        if sky is None:
+            return environment
+        return sky * environment + (1.0 - sky) * background.to(environment)
+
+    def baked(self, background: Tensor) -> Tensor:
+        """[6, R, R, 3] the sky drawn (:meth:`draw`) through the centres of its texels over ``background`` [3]: the
+        cube map a viewer and the far sphere show, the horizon in its texels."""
+        return self.draw(texel_directions(self.colors.shape[1], self.colors.device), background)
+
+    def detach(self) -> Sky:
+        """The same sky without its gradient."""
+        return Sky(self.colors.detach(), None if self.up is None else self.up.detach())
 
 
 def composite(out: RenderOutput, environment: Tensor, backgrounds: Tensor) -> RenderOutput:

@@ -4,8 +4,9 @@ Two displays, switched in the page: viser's WebGL splat renderer in the browser 
 only), or gsrecon's own renderer on the server (exact: the scene's SH degree and the renderer's
 mode; colour, depth or alpha), whose image is sent as the page's background for each browser's
 camera. Training cameras are drawn as frustums; clicking one moves that browser's camera to it.
-A run's trained sky (the ``environment`` module's cube map) is drawn behind the Gaussians in both: on
-the server as the run renders it, in the browser as Gaussians on a far sphere (those of ``export
+A run's trained sky (the ``environment`` module's cube map, baked with its horizon:
+:meth:`~gsrecon.render.environment.Sky.baked`) is drawn behind the Gaussians in both: on the server through
+:meth:`~gsrecon.render.environment.Sky.draw`, in the browser as Gaussians on a far sphere (those of ``export
 --format lod``).
 
 Threads: viser calls back from its own threads; those callbacks only record what is asked for.
@@ -33,7 +34,7 @@ from gsrecon.data.scene import Scene
 from gsrecon.geometry import camera_centers
 from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
 from gsrecon.render.colormap import depth_image
-from gsrecon.render.environment import camera_rays, composite, cube_lookup, far_sphere_gaussians
+from gsrecon.render.environment import Sky, camera_rays, composite, far_sphere_gaussians
 from gsrecon.viewer import DISPLAYS, RESOLUTIONS, check_view_settings
 from gsrecon.viewer.convert import SPLAT_KEYS, Pose, pose_of, splat_arrays, thumbnail, vertical_fov, view_of
 
@@ -87,7 +88,7 @@ class SceneViewer:
         self.paused = False
         self._params: Mapping[str, Tensor] | None = None
         self._sh_degree = 0
-        self._sky: Tensor | None = None  # [6, R, R, 3] the environment's cube map; None: the run has none
+        self._sky: Sky | None = None  # the environment's baked cube map; None: the run has none
         self._splats_stale = True
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -117,9 +118,10 @@ class SceneViewer:
     ) -> None:
         """Show ``params`` (pre-activation Gaussians, kept by reference: pass a copy of tensors that
         will change) rendered at ``sh_degree``, at training ``step`` (None: unknown), in front of the
-        environment cube map ``sky`` [6, R, R, 3] (colours in [0, 1]; None: the background)."""
+        environment cube map ``sky`` [6, R, R, 3] (colours in [0, 1], its horizon baked in: ``trained_sky`` with a
+        background; None: the background)."""
         self._params, self._sh_degree, self.step = params, sh_degree, step
-        self._sky = None if sky is None else sky.detach().float()
+        self._sky = None if sky is None else Sky(sky.detach().float())
         self.num_gaussians = int(params["means"].shape[0])
         self._splats_stale = True
         self.info_text.content = self._info()
@@ -185,7 +187,7 @@ class SceneViewer:
         gaussians = self._params
         if self._sky is not None:  # one set of splats, so that the browser sorts the sky's with the scene's
             device = gaussians["means"].device
-            sphere = far_sphere_gaussians(self._sky.to(device), self._sky_center.to(device), self._sky_radius)
+            sphere = far_sphere_gaussians(self._sky.colors.to(device), self._sky_center.to(device), self._sky_radius)
             gaussians = {key: torch.cat([gaussians[key].float(), sphere[key]]) for key in SPLAT_KEYS}
             self.server.initial_camera.far = max(self.server.initial_camera.far, 4.0 * self._sky_radius)
         arrays = splat_arrays(gaussians)
@@ -212,7 +214,7 @@ class SceneViewer:
             cameras, background = view.to(device), self.background.to(device)[None]  # [1, 3]
             out = self.renderer.render(self._params, cameras, self._sh_degree, background)
             if self._sky is not None:
-                out = composite(out, cube_lookup(self._sky.to(device), camera_rays(cameras)), background)
+                out = composite(out, self._sky.draw(camera_rays(cameras), background), background)
         image = output_image(out, self.output_dropdown.value)
         with warnings.catch_warnings():  # the page may have closed during the render: nothing to send to
             warnings.filterwarnings("ignore", message="Queued a .* on a closed connection")

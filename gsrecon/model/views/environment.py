@@ -16,7 +16,11 @@ in one direction with one colour from every photo, is otherwise drawn through th
 adds the Gaussians' opacity where the environment already draws the photo (a Gaussian of the sky's colour explains
 the sky as well as the environment does: nothing else makes it give way).
 
-PLY and the other per-Gaussian formats hold the Gaussians without it (the export says so);
+The module draws its :class:`~gsrecon.render.environment.Sky` (:meth:`Environment.sky`), the one drawing that
+training, eval, render, the viewer, lod and the merge share; :func:`stored_sky` reads a trained one from a checkpoint
+without the run's data or a renderer. The environment is found by its class, a plugin's subclass too
+(:func:`sky_key` in a config, :func:`environment_module` among built modules). PLY and the other per-Gaussian
+formats hold the Gaussians without it (the export says so);
 :func:`~gsrecon.render.environment.far_sphere_gaussians` turns it into Gaussians on a far sphere for a format that
 can carry them.
 """
@@ -24,8 +28,9 @@ can carry them.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -33,9 +38,9 @@ from torch import Tensor
 from gsrecon.cameras.paths import mean_up
 from gsrecon.component import RunFacts, RunSetup
 from gsrecon.data.prefetch import host_memory_room
-from gsrecon.model.views.base import ViewModule, ViewModules
+from gsrecon.model.views.base import ViewModule, ViewModules, build_views, view_entries
 from gsrecon.registry import VIEW_REGISTRY
-from gsrecon.render.environment import camera_rays, composite, cube_lookup, texel_directions
+from gsrecon.render.environment import Sky, camera_rays, composite
 
 if TYPE_CHECKING:
     from gsrecon.cameras import Cameras
@@ -43,7 +48,6 @@ if TYPE_CHECKING:
     from gsrecon.render.base import RenderOutput
 
 _BYTES_PER_TEXEL = 6 * 3 * 4 * 4  # six faces x RGB x float32 x (value, gradient, two Adam moments)
-HORIZON_BAND = 0.1  # radians (about 6 degrees) over which the environment fades in above the horizon
 
 
 @VIEW_REGISTRY.register("environment")
@@ -118,20 +122,22 @@ class Environment(ViewModule):
         """[6, R, R, 3] the cube map's colours in [0, 1]."""
         return torch.sigmoid(self.texels)
 
+    def sky(self) -> Sky:
+        """What the module draws (differentiable in its texels): its colours, above its horizon where it has one."""
+        return Sky(self.colors(), self.up if self.cfg.horizon else None)
+
     def trained_rows(self, names: list[str], device: torch.device) -> Tensor | None:
         return None  # one cube map for every view
 
     def composite(self, out: RenderOutput, cameras: Cameras, backgrounds: Tensor) -> RenderOutput:
         rays = camera_rays(cameras)  # [C, H, W, 3]
-        environment = cube_lookup(self.colors().to(rays.device), rays.to(self.texels.dtype))  # [C, H, W, 3]
-        if self.cfg.horizon:
-            sky = above_horizon(rays, self.up.to(rays))  # [C, H, W, 1]
-            environment = sky * environment + (1.0 - sky) * backgrounds[:, None, None, :].to(environment)
+        drawn = self.sky()
+        environment = drawn.draw(rays, backgrounds[:, None, None, :])  # [C, H, W, 3]
         if self.cfg.opacity_reg > 0.0 and torch.is_grad_enabled():
             alpha = out.alpha.clamp(1e-6, 1.0 - 1e-6)  # [C, H, W, 1]
             self._entropy = -(alpha * alpha.log() + (1.0 - alpha) * (1.0 - alpha).log()).mean()
         if self.cfg.sky_prior > 0.0 and torch.is_grad_enabled():
-            self._drawn = out.alpha, environment.detach(), sky if self.cfg.horizon else None
+            self._drawn = out.alpha, environment.detach(), drawn.above(rays)
         return composite(out, environment, backgrounds)
 
     def adjust_image(self, image: Tensor, batch: Batch) -> Tensor:
@@ -154,27 +160,44 @@ class Environment(ViewModule):
         return sum(terms) if terms else None
 
 
-def above_horizon(rays: Tensor, up: Tensor) -> Tensor:
-    """[..., 1] how much of each unit ray [..., 3] is above the horizon of ``up`` [3]: 1 above, 0 below, a ramp
-    over :data:`HORIZON_BAND` radians about it (the environment's edge, not a seam); 1 everywhere for a zero
-    ``up``."""
-    if not bool(up.any()):
-        return torch.ones_like(rays[..., :1])
-    return (0.5 + (rays @ up)[..., None] / HORIZON_BAND).clamp(0.0, 1.0)
+def sky_key(resolved: Mapping[str, Any]) -> str | None:
+    """The key of the environment among the per-view modules a resolved run config turns on: the entry whose
+    registered class is :class:`Environment` or a subclass (a plugin's); None where the run has none."""
+    entries = view_entries(dict(resolved)).items()
+    return next((key for key, entry in entries if issubclass(VIEW_REGISTRY.get(entry["name"]), Environment)), None)
+
+
+def environment_module(views: ViewModules | None) -> tuple[str, Environment] | None:
+    """The key and the module of the environment (:class:`Environment` or a subclass) among a run's per-view
+    modules ``views``; None where the run has none."""
+    for key, module in views.modules.items() if views else ():
+        if isinstance(module, Environment):
+            return key, module
+    return None
+
+
+def stored_sky(resolved: Mapping[str, Any], state: Mapping[str, Any], source: str = "config") -> Sky | None:
+    """The sky (detached) of a run of the resolved config ``resolved`` (:func:`sky_key`) as its checkpoint's
+    per-view modules' ``state`` holds it (:meth:`~gsrecon.model.views.base.ViewModules.state_dict`; a run with none
+    there, a PLY's, gets the untrained cube map), built without the run's data or a renderer; None where the run has
+    no sky. Raises ConfigError for a bad entry, InputError for a stored cube map of another shape."""
+    key = sky_key(resolved)
+    if key is None:
+        return None
+    views = build_views({"views": {key: resolved["views"][key]}}, [], torch.device("cpu"), source)
+    views.load_state_dict({key: state[key]} if key in state else {})
+    return views.modules[key].sky().detach()
 
 
 def trained_sky(views: ViewModules | None, background: Tensor | None = None) -> Tensor | None:
     """[6, R, R, 3] the cube-map colours (in [0, 1], detached) of the environment among a run's per-view modules
-    ``views``; None where the run has none. With a ``background`` [3], as the run draws them: that colour in the
-    texels below its horizon (``horizon: true``; each texel as :func:`above_horizon` weighs its centre)."""
-    for module in views.modules.values() if views else ():
-        if isinstance(module, Environment):
-            colors = module.colors().detach()
-            if background is None or not module.cfg.horizon:
-                return colors
-            sky = above_horizon(texel_directions(colors.shape[1], colors.device), module.up.to(colors))  # [6, R, R, 1]
-            return sky * colors + (1.0 - sky) * background.to(colors)
-    return None
+    ``views`` (:func:`environment_module`); None where the run has none. With a ``background`` [3], as the run draws
+    them: baked with its horizon (:meth:`~gsrecon.render.environment.Sky.baked`)."""
+    found = environment_module(views)
+    if found is None:
+        return None
+    sky = found[1].sky().detach()
+    return sky.colors if background is None else sky.baked(background)
 
 
 def merge_skies(colors: list[Tensor], coverages: list[Tensor]) -> Tensor:

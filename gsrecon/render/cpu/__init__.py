@@ -1,2 +1,2 @@
-"""The compiled CPU renderer: C++ kernels (projection, SH colours, tile binning and sorting, compositing, forward
-and backward), their autograd functions (`gsrecon.render.cpu.functions`) and the renderer `cpu`."""
+"""The compiled CPU renderer: the autograd functions (`gsrecon.render.cpu.functions`) of gsrecon's C++ kernels
+(`gsrecon.kernels`) and the renderer `cpu`."""

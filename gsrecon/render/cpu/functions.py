@@ -18,8 +18,8 @@ from torch import Tensor
 
 from gsrecon.cameras import Cameras
 from gsrecon.errors import InputError
+from gsrecon.kernels.build import load_kernels
 from gsrecon.render.base import RendererConfig
-from gsrecon.render.cpu.kernels import load_kernels
 
 
 class KernelInputError(InputError):

@@ -17,11 +17,11 @@ from torch import Tensor
 
 from gsrecon.cameras import Cameras
 from gsrecon.component import RunSetup
+from gsrecon.kernels.build import load_kernels
 from gsrecon.params import PARAM_NAMES
 from gsrecon.registry import RENDERER_REGISTRY
 from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
 from gsrecon.render.cpu.functions import Projection, project_pinhole, rasterize
-from gsrecon.render.cpu.kernels import load_kernels
 from gsrecon.render.torch_renderer import ALPHA_MIN, shade_gaussians
 
 
@@ -41,6 +41,10 @@ class CpuRenderer(Renderer):
 
     def __init__(self, cfg: CpuRenderer.Config | None = None) -> None:
         self.cfg = cfg if cfg is not None else CpuRenderer.Config()
+
+    @property
+    def compiled(self) -> bool:
+        return True
 
     def setup(self, run: RunSetup) -> None:
         """Build (on first use, saying so) or load the kernels; KernelsUnavailableError says why they cannot be."""

@@ -1,8 +1,7 @@
-"""Building and loading the CPU renderer's C++ kernels: compiled with ``torch.utils.cpp_extension`` (OpenMP, -O3,
-the CPU's vector instructions) on first use into gsrecon's cache folder, under a name that hashes the sources, the
-toolchain and the flags, then loaded from
-there. A cached library that is not the one its build recorded (truncated, overwritten, a build killed half-way) is
-built again."""
+"""Building and loading gsrecon's C++ kernels (the ``cpu`` renderer's and the compiled loss terms'): compiled with
+``torch.utils.cpp_extension`` (OpenMP, -O3, the CPU's vector instructions) on first use into gsrecon's cache folder,
+under a name that hashes the sources, the toolchain and the flags, then loaded from there. A cached library that is
+not the one its build recorded (truncated, overwritten, a build killed half-way) is built again."""
 
 from __future__ import annotations
 
@@ -120,11 +119,6 @@ def load_kernels(log: Callable[[str], None] | None = None) -> ModuleType:
     except Exception as exc:  # a loader's failure, of any type
         raise KernelsUnavailableError(f"{library} cannot be loaded: {last_line(exc)}") from None
     return _loaded[name]
-
-
-def loaded_kernels() -> ModuleType | None:
-    """The kernels if this process has loaded them (`load_kernels`), else None: never builds, reads nothing."""
-    return next(reversed(_loaded.values()), None)
 
 
 def published_library(folder: Path, name: str) -> Path | None:
