@@ -11,6 +11,7 @@ import torch
 
 from gsrecon.cameras import CameraModel, Cameras
 from gsrecon.cameras.lens import project_points
+from gsrecon.cameras.rays import camera_rays
 from gsrecon.cli import main
 from gsrecon.data.pipeline import Batch
 from gsrecon.data.readers.synthetic import SyntheticConfig, render_view, street_viewmats
@@ -20,7 +21,6 @@ from gsrecon.model.views.environment import Environment, above_horizon, trained_
 from gsrecon.registry import RENDERER_REGISTRY
 from gsrecon.render.base import RenderOutput
 from gsrecon.render.environment import (
-    camera_rays,
     composite,
     cube_lookup,
     far_sphere_gaussians,

@@ -31,11 +31,12 @@ import torch
 from torch import Tensor
 
 from gsrecon.cameras.paths import mean_up
+from gsrecon.cameras.rays import camera_rays
 from gsrecon.component import RunFacts, RunSetup
 from gsrecon.data.prefetch import host_memory_room
 from gsrecon.model.views.base import ViewModule, ViewModules
 from gsrecon.registry import VIEW_REGISTRY
-from gsrecon.render.environment import camera_rays, composite, cube_lookup, texel_directions
+from gsrecon.render.environment import composite, cube_lookup, texel_directions
 
 if TYPE_CHECKING:
     from gsrecon.cameras import Cameras
@@ -111,7 +112,7 @@ class Environment(ViewModule):
 
     def setup(self, run: RunSetup) -> None:
         if self.cfg.horizon and run.data is not None:
-            viewmats = torch.stack([frame.viewmat for frame in run.data.scene.train])  # [F, 4, 4]
+            viewmats = run.data.scene.train_cameras.viewmats  # [F, 4, 4]
             self.up.copy_(mean_up(viewmats.double()).to(self.up))
 
     def colors(self) -> Tensor:

@@ -47,10 +47,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gsrecon.cameras.lens import project_points
+from gsrecon.cameras.rays import camera_rays
 from gsrecon.geometry import camera_centers
 from gsrecon.model.views.base import ViewModule
 from gsrecon.registry import VIEW_REGISTRY
-from gsrecon.render.environment import camera_rays
 
 if TYPE_CHECKING:
     from gsrecon.cameras import Cameras
