@@ -172,7 +172,7 @@ def test_se3_learns_a_correction_per_training_view_with_its_schedule(make_traine
     group = trainer.views.optimizers["pose_opt"].param_groups[0]
     assert group["lr"] == pytest.approx(1e-4)  # decayed to lr_final_factor at decay_steps
     assert trainer.outputs["losses"]["pose_opt"].item() > 0.0  # the pull toward the given poses joins the loss
-    pull = trainer.views.regularization()["pose_opt"].item()
+    pull = trainer.views.modules["pose_opt"].regularization(None, None).item()
     assert pull == pytest.approx(1e-3 * twists.square().sum(-1).mean().item(), rel=1e-5)
 
 

@@ -98,10 +98,6 @@ class Environment(ViewModule):
         self.texels = torch.nn.Parameter(torch.full((6, res, res, 3), logit))  # [6, R, R, 3] pre-sigmoid
         if cfg.horizon:  # [3] world-space up, the training cameras' mean (setup); zero: not yet known
             self.register_buffer("up", torch.zeros(3))
-        self._entropy: Tensor | None = None  # the opacity's entropy in the last render with gradients
-        # The last such render's alpha [C, H, W, 1], environment [C, H, W, 3] and its share above the horizon
-        self._drawn: tuple[Tensor, Tensor, Tensor | None] | None = None
-        self._prior: Tensor | None = None  # the sky prior's term of the last training step
 
     def check(self, run: RunFacts) -> None:
         if run.config["data"]["background"] == "random":
@@ -122,36 +118,31 @@ class Environment(ViewModule):
     def trained_rows(self, names: list[str], device: torch.device) -> Tensor | None:
         return None  # one cube map for every view
 
-    def composite(self, out: RenderOutput, cameras: Cameras, backgrounds: Tensor) -> RenderOutput:
+    def drawn(self, cameras: Cameras, backgrounds: Tensor) -> tuple[Tensor, Tensor | None]:
+        """What the module draws behind the Gaussians for ``cameras`` over ``backgrounds`` [C, 3]: the environment
+        [C, H, W, 3] and, with ``horizon``, its share above the horizon [C, H, W, 1] (None without)."""
         rays = camera_rays(cameras)  # [C, H, W, 3]
         environment = cube_lookup(self.colors().to(rays.device), rays.to(self.texels.dtype))  # [C, H, W, 3]
-        if self.cfg.horizon:
-            sky = above_horizon(rays, self.up.to(rays))  # [C, H, W, 1]
-            environment = sky * environment + (1.0 - sky) * backgrounds[:, None, None, :].to(environment)
-        if self.cfg.opacity_reg > 0.0 and torch.is_grad_enabled():
-            alpha = out.alpha.clamp(1e-6, 1.0 - 1e-6)  # [C, H, W, 1]
-            self._entropy = -(alpha * alpha.log() + (1.0 - alpha) * (1.0 - alpha).log()).mean()
-        if self.cfg.sky_prior > 0.0 and torch.is_grad_enabled():
-            self._drawn = out.alpha, environment.detach(), sky if self.cfg.horizon else None
-        return composite(out, environment, backgrounds)
+        if not self.cfg.horizon:
+            return environment, None
+        sky = above_horizon(rays, self.up.to(rays))  # [C, H, W, 1]
+        return sky * environment + (1.0 - sky) * backgrounds[:, None, None, :].to(environment), sky
 
-    def adjust_image(self, image: Tensor, batch: Batch) -> Tensor:
-        if self._drawn is not None:
-            alpha, environment, sky = self._drawn  # [C, H, W, 1], [C, H, W, 3], [C, H, W, 1] or None
-            self._drawn = None
+    def composite(self, out: RenderOutput, cameras: Cameras, backgrounds: Tensor) -> RenderOutput:
+        return composite(out, self.drawn(cameras, backgrounds)[0], backgrounds)
+
+    def regularization(self, out: RenderOutput, batch: Batch) -> Tensor | None:
+        terms = []
+        if self.cfg.opacity_reg > 0.0:
+            alpha = out.alpha.clamp(1e-6, 1.0 - 1e-6)  # [C, H, W, 1]
+            entropy = -(alpha * alpha.log() + (1.0 - alpha) * (1.0 - alpha).log()).mean()
+            terms.append(self.cfg.opacity_reg * entropy)
+        if self.cfg.sky_prior > 0.0:
+            with torch.no_grad():
+                environment, sky = self.drawn(batch.cameras, batch.backgrounds)  # [C, H, W, 3], [C, H, W, 1] or None
             difference = (environment - batch.images[..., :3]).square().mean(dim=-1, keepdim=True)  # [C, H, W, 1]
             match = torch.exp(-difference / self.cfg.sky_match**2)
-            self._prior = (alpha * (match if sky is None else match * sky)).mean()
-        return image
-
-    def regularization(self) -> Tensor | None:
-        terms = []
-        entropy, self._entropy = self._entropy, None
-        if entropy is not None:
-            terms.append(self.cfg.opacity_reg * entropy)
-        prior, self._prior = self._prior, None
-        if prior is not None:
-            terms.append(self.cfg.sky_prior * prior)
+            terms.append(self.cfg.sky_prior * (out.alpha * (match if sky is None else match * sky)).mean())
         return sum(terms) if terms else None
 
 
