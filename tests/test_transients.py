@@ -118,8 +118,8 @@ def test_the_module_sets_aside_only_what_the_photos_it_saw_before_contradict() -
     distracted[:, 8:24, 20:36] = torch.tensor([1.0, 0.0, 1.0])
     render[:, 30:46, 40:56] = 0.9  # a region the scene has not learnt yet: the other photos agree with this one
     batch = SimpleNamespace(images=distracted, masks=None, names=["centre"], cameras=cameras)
-    assert not module.aside(render, batch, torch.zeros_like(depth)).any()  # no surface to look up: no contradiction
-    aside = module.aside(render, batch, depth)[0, ..., 0]  # [H, W]
+    assert not module.set_aside(render, batch, torch.zeros_like(depth)).any()  # no surface to look up: no contradiction
+    aside = module.set_aside(render, batch, depth)[0, ..., 0]  # [H, W]
     assert aside[8:24, 20:36].all() and not aside[30:46, 40:56].any()
     assert set(module.seen) == {"left", "right"}  # its own photo is not one of its checks
     adjusted = module.adjust_image(render, batch, SimpleNamespace(depth=depth))  # a step: the depth of its render

@@ -207,7 +207,7 @@ class TransientWeights(ViewModule):
             chosen.append(order[: self.cfg.check_views])
         return chosen
 
-    def aside(self, image: Tensor, batch: Batch, depth: Tensor) -> Tensor:
+    def set_aside(self, image: Tensor, batch: Batch, depth: Tensor) -> Tensor:
         """[B, H, W, 1] bool: the pixels of ``batch``'s photos set aside from the render ``image`` [B, H, W, 3] whose
         expected depth is ``depth`` [B, H, W, 1] (with ``check_views``: the surface looked up in the other photos)."""
         cfg = self.cfg
@@ -225,10 +225,10 @@ class TransientWeights(ViewModule):
         )
 
     def adjust_image(self, image: Tensor, batch: Batch, out: RenderOutput) -> Tensor:
-        """``image`` [B, H, W, 3] with the photo's values where :meth:`aside` sets pixels aside (from the depth of
+        """``image`` [B, H, W, 3] with the photo's values where :meth:`set_aside` sets pixels aside (from the depth of
         ``out``), once the module has seen ``start`` training steps (this is called once a step)."""
         self.steps += 1
-        aside = None if self.steps <= self.cfg.start else self.aside(image, batch, out.depth.detach())
+        aside = None if self.steps <= self.cfg.start else self.set_aside(image, batch, out.depth.detach())
         self.remember(batch)
         return image if aside is None else torch.where(aside, batch.images, image)
 
@@ -250,4 +250,5 @@ class TransientWeights(ViewModule):
         for batch in batches():
             batch = views.adjust_cameras(batch)
             out = render(batch)
-            yield batch, self.aside(views.adjust_image(out.image, batch, out, until=self), batch, out.depth.detach())
+            image = views.adjust_image(out.image, batch, out, until=self)  # [B, H, W, 3] as this module sees it
+            yield batch, self.set_aside(image, batch, out.depth.detach())
