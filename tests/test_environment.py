@@ -104,10 +104,12 @@ def test_opacity_reg_pushes_the_opacity_to_either_side() -> None:
     alpha.requires_grad_()
     out = RenderOutput(torch.zeros(1, 48, 64, 3), alpha, torch.zeros(1, 48, 64, 1), {})
     batch = Batch(torch.zeros(1, 48, 64, 3), cameras, torch.zeros(1, 3), ["a"])
-    term = module.regularization(module.composite(out, cameras, torch.zeros(1, 3)), batch)
+    drawn, terms = ViewModules({"sky": module}).draw(out, batch)  # a training step's render
+    term = terms["sky"]
     term.backward()
     assert term > 0 and (alpha.grad[:, :24] < 0).all() and (alpha.grad[:, 24:] > 0).all()  # descent: up, down
-    assert torch.equal(module.regularization(out, batch), term.detach())  # the step's values given, nothing kept
+    assert torch.equal(module.render_term(out), term.detach())  # the step's values given, nothing kept
+    assert module.regularization(drawn, batch) is None  # its one term is of the render
 
 
 def test_sky_prior_fades_the_gaussians_only_where_the_environment_draws_the_photo() -> None:
@@ -127,6 +129,20 @@ def test_sky_prior_fades_the_gaussians_only_where_the_environment_draws_the_phot
     assert term > 0 and (alpha.grad[:, :24] > 0).all()  # descent lowers the opacity in front of the sky
     assert alpha.grad[:, 24:].abs().max() < 1e-6 * alpha.grad[:, :24].min()  # and not in front of the rest
     assert torch.equal(module.regularization(drawn, batch), term.detach())  # the step's values given, nothing kept
+
+
+def test_the_sky_term_of_a_step_is_its_render_term_and_its_prior_summed() -> None:
+    module = Environment(Environment.Config(resolution=2, init=0.25, opacity_reg=0.5, sky_prior=1.0), ["a"])
+    cameras = Cameras(torch.eye(4)[None], K[None], 64, 48)
+    batch = Batch(torch.full((1, 48, 64, 3), 0.25), cameras, torch.zeros(1, 3), ["a"])
+    alpha = torch.linspace(0.1, 0.9, 48 * 64).reshape(1, 48, 64, 1)
+    views = ViewModules({"sky": module})
+    render = RenderOutput(torch.zeros(1, 48, 64, 3), alpha, torch.zeros(1, 48, 64, 1), {})
+    out, drawn = views.draw(render, batch)  # a training step's: the composite, and the term of the render
+    assert list(drawn) == ["sky"] and torch.equal(out.image, views.composite(render, batch).image)
+    assert torch.equal(drawn["sky"], module.render_term(render))
+    terms = views.regularization(out, batch, drawn)
+    assert list(terms) == ["sky"] and torch.equal(terms["sky"], drawn["sky"] + module.regularization(out, batch))
 
 
 def test_horizon_draws_the_environment_above_it_and_the_background_below() -> None:

@@ -131,19 +131,20 @@ class Environment(ViewModule):
     def composite(self, out: RenderOutput, cameras: Cameras, backgrounds: Tensor) -> RenderOutput:
         return composite(out, self.drawn(cameras, backgrounds)[0], backgrounds)
 
+    def render_term(self, out: RenderOutput) -> Tensor | None:
+        if self.cfg.opacity_reg == 0.0:
+            return None
+        alpha = out.alpha.clamp(1e-6, 1.0 - 1e-6)  # [C, H, W, 1]
+        return self.cfg.opacity_reg * -(alpha * alpha.log() + (1.0 - alpha) * (1.0 - alpha).log()).mean()
+
     def regularization(self, out: RenderOutput, batch: Batch) -> Tensor | None:
-        terms = []
-        if self.cfg.opacity_reg > 0.0:
-            alpha = out.alpha.clamp(1e-6, 1.0 - 1e-6)  # [C, H, W, 1]
-            entropy = -(alpha * alpha.log() + (1.0 - alpha) * (1.0 - alpha).log()).mean()
-            terms.append(self.cfg.opacity_reg * entropy)
-        if self.cfg.sky_prior > 0.0:
-            with torch.no_grad():
-                environment, sky = self.drawn(batch.cameras, batch.backgrounds)  # [C, H, W, 3], [C, H, W, 1] or None
-            difference = (environment - batch.images[..., :3]).square().mean(dim=-1, keepdim=True)  # [C, H, W, 1]
-            match = torch.exp(-difference / self.cfg.sky_match**2)
-            terms.append(self.cfg.sky_prior * (out.alpha * (match if sky is None else match * sky)).mean())
-        return sum(terms) if terms else None
+        if self.cfg.sky_prior == 0.0:
+            return None
+        with torch.no_grad():
+            environment, sky = self.drawn(batch.cameras, batch.backgrounds)  # [C, H, W, 3], [C, H, W, 1] or None
+        difference = (environment - batch.images[..., :3]).square().mean(dim=-1, keepdim=True)  # [C, H, W, 1]
+        match = torch.exp(-difference / self.cfg.sky_match**2)
+        return self.cfg.sky_prior * (out.alpha * (match if sky is None else match * sky)).mean()
 
 
 def above_horizon(rays: Tensor, up: Tensor) -> Tensor:
