@@ -42,7 +42,7 @@ def main() -> None:
     args = parser.parse_args()
     scene = load_colmap(str(args.scene), factor=args.factor, eval_split="none")
     frames = scene.train  # sorted by name
-    truth = torch.stack([frame.viewmat for frame in frames])  # [N, 4, 4]
+    truth = scene.train_cameras.viewmats  # [N, 4, 4]
     moved = perturbed_viewmats(truth, args.rotation_deg, args.translation * scene.extent, args.seed)
     test = torch.arange(len(frames)) % 8 == 0  # the every_8 split's test views keep their true poses
     moved[test] = truth[test]

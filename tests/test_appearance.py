@@ -1,4 +1,4 @@
-"""Per-image appearance (``appearance:``): colour transforms, their training, checkpointing and evaluation."""
+"""Per-image appearance (``views.appearance``): colour transforms, their training, checkpointing and evaluation."""
 
 from __future__ import annotations
 
@@ -28,9 +28,9 @@ from gsrecon.model.views.affine import (
 from gsrecon.model.views.bilateral_grid import BilateralGridAppearance, slice_grids, total_variation
 from gsrecon.model.views.colour_check import colour_differences
 
-AFFINE = {"mode": "affine", "lr": 5e-3}
+AFFINE = {"name": "affine", "lr": 5e-3}
 AFFINE_FULL = {**AFFINE, "matrix": "full"}
-GRID = {"mode": "bilateral_grid", "lr": 5e-3, "shape": [4, 3, 2]}
+GRID = {"name": "bilateral_grid", "lr": 5e-3, "shape": [4, 3, 2]}
 
 
 def perturb_training_images(trainer: DefaultTrainer, seed: int) -> None:
@@ -53,8 +53,8 @@ def test_identity_transform_leaves_images_unchanged() -> None:
     images = torch.rand(2, 5, 4, 3)
     assert torch.equal(apply_affine(images, identity_affine(2)), images)
     module = AffineAppearance(AffineAppearance.Config(reg=0.1), ["a", "b", "c"])
-    assert torch.equal(module.adjust_image(images, SimpleNamespace(names=["c", "a"])), images)
-    assert module.regularization().item() == 0.0
+    assert torch.equal(module.adjust_image(images, SimpleNamespace(names=["c", "a"]), None), images)
+    assert module.regularization(None, None).item() == 0.0
 
 
 def test_transform_is_matrix_times_colour_plus_bias() -> None:
@@ -72,7 +72,7 @@ def test_transforms_average_to_identity_and_regularization_grows_away_from_it() 
     transforms = module.transforms()
     torch.testing.assert_close(transforms.mean(0), torch.eye(3, 4))
     assert transforms[0, 0, 3].item() == pytest.approx(0.1) and transforms[1, 0, 3].item() == pytest.approx(-0.1)
-    assert module.regularization().item() == pytest.approx(0.5 * 2 * 0.01 / 24)
+    assert module.regularization(None, None).item() == pytest.approx(0.5 * 2 * 0.01 / 24)
 
 
 def test_diagonal_transforms_scale_each_channel_and_mix_none() -> None:
@@ -87,7 +87,7 @@ def test_diagonal_transforms_scale_each_channel_and_mix_none() -> None:
     torch.testing.assert_close(transforms[0, :, 3], torch.full((3,), 0.15))
     pixels = torch.tensor([[[[1.0, 0.0, 0.0]]]])  # pure red stays red
     assert torch.equal(
-        module.adjust_image(pixels, SimpleNamespace(names=["a"]))[..., 1:], torch.full((1, 1, 1, 2), 0.15)
+        module.adjust_image(pixels, SimpleNamespace(names=["a"]), None)[..., 1:], torch.full((1, 1, 1, 2), 0.15)
     )
 
 
@@ -100,20 +100,20 @@ def test_diagonal_module_refuses_a_checkpoint_whose_transforms_mix_channels() ->
     assert torch.equal(diagonal.transforms(), full.transforms())
     with torch.no_grad():
         full.offsets[0, 0, 1] = 0.1  # green into red: it cannot
-    with pytest.raises(InputError, match="resume it with appearance.matrix=full"):
+    with pytest.raises(InputError, match="resume it with views.appearance.matrix=full"):
         diagonal.load_state_dict(full.state_dict())
 
 
 def test_resuming_full_transforms_as_diagonal_ones_is_one_line_and_exit_2(capsys, make_config, tmp_path: Path) -> None:
     path = write_yaml(tmp_path / "c.yaml", make_config(max_steps=3))
-    assert main(["train", "--config", str(path), "appearance.mode=affine", "appearance.matrix=full"]) == 0
+    assert main(["train", "--config", str(path), "views.appearance.name=affine", "views.appearance.matrix=full"]) == 0
     last = tmp_path / "run" / "checkpoints" / "last.pt"
     before = last.read_bytes()
     capsys.readouterr()
-    code = main(["train", "--config", str(path), "--resume", "appearance.mode=affine", "max_steps=5"])
+    code = main(["train", "--config", str(path), "--resume", "views.appearance.name=affine", "max_steps=5"])
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert code == 2 and len(errors) == 1, errors
-    assert "mix colour channels: resume it with appearance.matrix=full" in errors[0]
+    assert "mix colour channels: resume it with views.appearance.matrix=full" in errors[0]
     assert last.read_bytes() == before  # nothing written is lost
 
 
@@ -134,7 +134,7 @@ def test_appearance_is_off_by_default(make_trainer) -> None:
     assert not default.views
     assert default.resolved_config["views"]["appearance"]["name"] == "none"
     default.train()
-    explicit = make_trainer("explicit", appearance={"mode": "none", "eval": "fit_left"})
+    explicit = make_trainer("explicit", views={"appearance": {"name": "none", "eval": "fit_left"}})
     explicit.train()
     reference = load_checkpoint_file(default.exp_dir / "checkpoints" / "last.pt")
     other = load_checkpoint_file(explicit.exp_dir / "checkpoints" / "last.pt")
@@ -150,7 +150,7 @@ def test_appearance_is_off_by_default(make_trainer) -> None:
     ids=["affine", "affine_full", "bilateral_grid", "bilateral_grid_diagonal"],
 )
 def test_appearance_learns_per_image_corrections(make_trainer, appearance: dict) -> None:
-    trainer = train_perturbed(make_trainer, "learn", appearance=appearance)
+    trainer = train_perturbed(make_trainer, "learn", views={"appearance": appearance})
     saved = load_checkpoint_file(trainer.exp_dir / "checkpoints" / "last.pt")["views"]["appearance"]
     offsets = saved["module"]["offsets"]
     module = trainer.views.modules["appearance"]
@@ -165,10 +165,10 @@ def test_appearance_learns_per_image_corrections(make_trainer, appearance: dict)
 
 @pytest.mark.parametrize("appearance", [AFFINE, GRID], ids=["affine", "bilateral_grid"])
 def test_resume_with_appearance_is_bit_identical(make_trainer, appearance: dict) -> None:
-    full = train_perturbed(make_trainer, "full", appearance=appearance)
+    full = train_perturbed(make_trainer, "full", views={"appearance": appearance})
     step_3 = full.exp_dir / "checkpoints" / "step_000003.pt"
     assert load_checkpoint_file(step_3)["views"]["appearance"]["optimizer"]["state"]
-    resumed = train_perturbed(make_trainer, "resumed", appearance=appearance, resume=str(step_3))
+    resumed = train_perturbed(make_trainer, "resumed", views={"appearance": appearance}, resume=str(step_3))
     reference = load_checkpoint_file(full.exp_dir / "checkpoints" / "last.pt")
     again = load_checkpoint_file(resumed.exp_dir / "checkpoints" / "last.pt")
     assert again["step"] == reference["step"] == 6
@@ -182,7 +182,9 @@ def test_resume_with_appearance_is_bit_identical(make_trainer, appearance: dict)
 
 
 def test_fit_left_evaluation_scores_the_right_half(make_trainer) -> None:
-    trainer = train_perturbed(make_trainer, "fit", appearance={**AFFINE, "eval": "fit_left", "eval_steps": 20})
+    trainer = train_perturbed(
+        make_trainer, "fit", views={"appearance": {**AFFINE, "eval": "fit_left", "eval_steps": 20}}
+    )
     widths = []
     fitted = evaluate_views(
         trainer.render,
@@ -200,26 +202,32 @@ def test_fit_left_evaluation_scores_the_right_half(make_trainer) -> None:
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("appearance.mode=bilateral", "key 'appearance.mode': unknown per-view module 'bilateral'"),
-        ("appearance.eval=left", "key 'appearance': eval must be one of identity, fit_left, got 'left'"),
-        ("appearance.lr=-1", "key 'appearance': lr must be a finite number >= 0, got -1"),
-        ("appearance.neighbours=-2", "key 'appearance': neighbours must be >= 0 (0: all training views), got -2"),
-        ("appearance.matrix=diag", "key 'appearance': matrix must be one of full, diagonal, got 'diag'"),
-        ("appearance.trust=-0.1", "key 'appearance': trust must be a finite number >= 0, got -0.1"),
+        ("views.appearance.name=bilateral", "key 'views.appearance.name': unknown per-view module 'bilateral'"),
+        ("views.appearance.eval=left", "key 'views.appearance': eval must be one of identity, fit_left, got 'left'"),
+        ("views.appearance.lr=-1", "key 'views.appearance': lr must be a finite number >= 0, got -1"),
         (
-            "appearance.without_keypoints=fit",
-            "key 'appearance': without_keypoints must be one of correct, keep, got 'fit'",
+            "views.appearance.neighbours=-2",
+            "key 'views.appearance': neighbours must be >= 0 (0: all training views), got -2",
+        ),
+        ("views.appearance.matrix=diag", "key 'views.appearance': matrix must be one of full, diagonal, got 'diag'"),
+        ("views.appearance.trust=-0.1", "key 'views.appearance': trust must be a finite number >= 0, got -0.1"),
+        (
+            "views.appearance.without_keypoints=fit",
+            "key 'views.appearance': without_keypoints must be one of correct, keep, got 'fit'",
         ),
         (
-            "appearance.mode=bilateral_grid appearance.shape=[16,16]",
-            "key 'appearance': shape must be three whole numbers of cells [x, y, luminance], each 1 to 256, "
+            "views.appearance.name=bilateral_grid views.appearance.shape=[16,16]",
+            "key 'views.appearance': shape must be three whole numbers of cells [x, y, luminance], each 1 to 256, "
             "got [16, 16]",
         ),
-        ("appearance.mode=bilateral_grid appearance.shape=[16,0,8]", "each 1 to 256, got [16, 0, 8]"),
-        ("appearance.mode=bilateral_grid appearance.shape=[16,16,8.5]", "key 'appearance.shape[2]': Value '8.5'"),
+        ("views.appearance.name=bilateral_grid views.appearance.shape=[16,0,8]", "each 1 to 256, got [16, 0, 8]"),
+        (
+            "views.appearance.name=bilateral_grid views.appearance.shape=[16,16,8.5]",
+            "key 'views.appearance.shape[2]': Value '8.5'",
+        ),
         (  # 6.4 GiB a training image, 100+ of them: more than any machine has, refused before allocating
-            "appearance.mode=bilateral_grid appearance.shape=[256,256,256] data.synthetic.num_views=120",
-            "key 'appearance': shape [256, 256, 256] needs about",
+            "views.appearance.name=bilateral_grid views.appearance.shape=[256,256,256] data.synthetic.num_views=120",
+            "key 'views.appearance': shape [256, 256, 256] needs about",
         ),
     ],
 )
@@ -227,7 +235,7 @@ def test_bad_appearance_config_is_one_line_and_exit_2(
     capsys, make_config, tmp_path: Path, override: str, message: str
 ) -> None:
     path = write_yaml(tmp_path / "c.yaml", make_config(max_steps=1))
-    code = main(["train", "--config", str(path), "appearance.mode=affine", *override.split()])
+    code = main(["train", "--config", str(path), "views.appearance.name=affine", *override.split()])
     err = capsys.readouterr().err
     assert code == 2
     assert message in err and len(err.strip().splitlines()) == 1, err
@@ -314,8 +322,8 @@ def test_bilateral_grid_starts_at_the_identity_and_renders_unchanged() -> None:
     module = BilateralGridAppearance(BilateralGridAppearance.Config(), ["a", "b", "c"])
     assert module.offsets.shape == (3, 12, 8, 1, 1)  # [N, 3x4, luminance, y, x]: one cell across the image
     images = torch.rand(2, 5, 7, 3)
-    assert torch.equal(module.adjust_image(images, SimpleNamespace(names=["c", "a"])), images)
-    assert module.regularization().item() == 0.0
+    assert torch.equal(module.adjust_image(images, SimpleNamespace(names=["c", "a"]), None), images)
+    assert module.regularization(None, None).item() == 0.0
 
 
 def test_bilateral_grid_transform_follows_pixel_position_and_luminance() -> None:
@@ -344,7 +352,7 @@ def test_total_variation_is_zero_for_a_constant_grid_and_counts_each_step() -> N
 def test_bilateral_grid_from_the_command_line_trains_resumes_evaluates_and_exports(
     make_config, tmp_path: Path, capsys
 ) -> None:
-    config = write_yaml(tmp_path / "grid.yaml", make_config("grid", appearance=GRID))
+    config = write_yaml(tmp_path / "grid.yaml", make_config("grid", views={"appearance": GRID}))
     assert main(["train", "--config", str(config), "max_steps=3"]) == 0
     assert main(["train", "--config", str(config), "resume=true"]) == 0  # on to max_steps 6
     exp_dir = tmp_path / "grid"
@@ -387,7 +395,7 @@ def test_appearance_on_photos_whose_colours_agree_trains_exactly_as_without(make
     off = make_trainer("off")
     off.train()
     # trust 0.2: the tiny 32x24 scene's check reads steady photos up to 0.13 apart (0.04 at 64x48)
-    on = make_trainer("on", appearance={**appearance, "trust": 0.2})
+    on = make_trainer("on", views={"appearance": {**appearance, "trust": 0.2}})
     on.train()
     assert not on.views.modules["appearance"].corrected().any()
     assert (
@@ -406,7 +414,7 @@ def test_appearance_on_photos_whose_colours_agree_trains_exactly_as_without(make
 def test_only_photos_whose_colours_differ_are_corrected_starting_from_the_measured_gains(
     make_trainer, appearance: dict
 ) -> None:
-    trainer = make_trainer("gated", appearance={**appearance, "trust": 0.2})
+    trainer = make_trainer("gated", views={"appearance": {**appearance, "trust": 0.2}})
     perturb_training_images(trainer, seed=1)
     trainer.run_step()
     module = trainer.views.modules["appearance"]
@@ -425,7 +433,7 @@ def test_only_photos_whose_colours_differ_are_corrected_starting_from_the_measur
 
 
 def test_trust_0_corrects_every_photo_from_the_identity(make_trainer) -> None:
-    trainer = make_trainer("all", appearance={**AFFINE, "trust": 0})
+    trainer = make_trainer("all", views={"appearance": {**AFFINE, "trust": 0}})
     perturb_training_images(trainer, seed=1)
     trainer.run_step()
     module = trainer.views.modules["appearance"]
@@ -435,7 +443,7 @@ def test_trust_0_corrects_every_photo_from_the_identity(make_trainer) -> None:
 
 @pytest.mark.parametrize("without_keypoints", ["correct", "keep"])
 def test_photos_without_sfm_keypoints_are_corrected_or_kept(make_config, without_keypoints: str) -> None:
-    config = make_config(without_keypoints, appearance={**AFFINE, "without_keypoints": without_keypoints})
+    config = make_config(without_keypoints, views={"appearance": {**AFFINE, "without_keypoints": without_keypoints}})
     config["data"]["synthetic"]["tracks"] = False  # the synthetic scene's points without tracks, as a PLY gives
     trainer = DefaultTrainer(parse_structured(DefaultTrainer.Config, config))
     perturb_training_images(trainer, seed=1)

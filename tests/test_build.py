@@ -27,7 +27,7 @@ from gsrecon.registry import LOSS_REGISTRY, VIEW_REGISTRY
         (["renderer.median_depth=true", "strategy.name=mcmc"], ("renderer.median_depth", "data.fisheye")),
         ([], ("strategy.name", "data.fisheye", "renderer.name")),
         (["strategy.name=mcmc", "hooks.ExportHook.format=mesh"], ("hooks.ExportHook.format", "data.fisheye")),
-        (["strategy.name=mcmc", "pose_opt.name=se3"], ("pose_opt", "data.fisheye")),
+        (["strategy.name=mcmc", "views.pose_opt.name=se3"], ("views.pose_opt", "data.fisheye")),
     ],
 )
 def test_gsplat_through_a_fisheye_lens_is_refused_before_the_run_is_built(

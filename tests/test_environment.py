@@ -11,6 +11,7 @@ import torch
 
 from gsrecon.cameras import CameraModel, Cameras
 from gsrecon.cameras.lens import project_points
+from gsrecon.cameras.rays import camera_rays
 from gsrecon.cli import main
 from gsrecon.config import parse_structured
 from gsrecon.data.pipeline import Batch
@@ -28,7 +29,6 @@ from gsrecon.render.base import RenderOutput
 from gsrecon.render.environment import (
     Sky,
     above_horizon,
-    camera_rays,
     composite,
     cube_lookup,
     far_sphere_gaussians,
@@ -105,26 +105,25 @@ def test_gradient_reaches_the_environment_and_the_opacities(renderer: str) -> No
 
 
 def test_opacity_reg_pushes_the_opacity_to_either_side() -> None:
-    """The entropy term (only of renders with gradients) lowers an opacity below 1/2 and raises one above it."""
+    """The entropy term of a step's render lowers an opacity below 1/2 and raises one above it."""
     module = Environment(Environment.Config(resolution=2, opacity_reg=0.5), ["a"])
     cameras = Cameras(torch.eye(4)[None], K[None], 64, 48)
     alpha = torch.full((1, 48, 64, 1), 0.3)
     alpha[:, :24] = 0.8
     alpha.requires_grad_()
     out = RenderOutput(torch.zeros(1, 48, 64, 3), alpha, torch.zeros(1, 48, 64, 1), {})
-    with torch.no_grad():
-        module.composite(out, cameras, torch.zeros(1, 3))
-    assert module.regularization() is None  # validation renders add nothing
-    module.composite(out, cameras, torch.zeros(1, 3))
-    term = module.regularization()
+    batch = Batch(torch.zeros(1, 48, 64, 3), cameras, torch.zeros(1, 3), ["a"])
+    drawn, terms = ViewModules({"sky": module}).draw(out, batch)  # a training step's render
+    term = terms["sky"]
     term.backward()
     assert term > 0 and (alpha.grad[:, :24] < 0).all() and (alpha.grad[:, 24:] > 0).all()  # descent: up, down
-    assert module.regularization() is None  # one term per render
+    assert torch.equal(module.render_term(out), term.detach())  # the step's values given, nothing kept
+    assert module.regularization(drawn, batch) is None  # its one term is of the render
 
 
 def test_sky_prior_fades_the_gaussians_only_where_the_environment_draws_the_photo() -> None:
-    """The prior's term (of training renders only) lowers the opacity where the sky's colour is the photo's, and
-    leaves it where the photo shows something else."""
+    """The prior's term of a step's render lowers the opacity where the sky's colour is the photo's, and leaves it
+    where the photo shows something else."""
     module = Environment(Environment.Config(resolution=2, init=0.25, sky_prior=1.0), ["a"])
     cameras = Cameras(torch.eye(4)[None], K[None], 64, 48)
     photo = torch.full((1, 48, 64, 3), 0.25)  # the grey the environment starts as ...
@@ -132,15 +131,27 @@ def test_sky_prior_fades_the_gaussians_only_where_the_environment_draws_the_phot
     batch = Batch(photo, cameras, torch.zeros(1, 3), ["a"])
     alpha = torch.full((1, 48, 64, 1), 0.5, requires_grad=True)
     out = RenderOutput(torch.zeros(1, 48, 64, 3), alpha, torch.zeros(1, 48, 64, 1), {})
-    with torch.no_grad():
-        module.adjust_image(module.composite(out, cameras, torch.zeros(1, 3)).image, batch)
-    assert module.regularization() is None  # validation renders add nothing
-    module.adjust_image(module.composite(out, cameras, torch.zeros(1, 3)).image, batch)
-    term = module.regularization()
+    drawn = module.composite(out, cameras, torch.zeros(1, 3))
+    assert module.adjust_image(drawn.image, batch, drawn) is drawn.image  # the prior is a term, not an adjustment
+    term = module.regularization(drawn, batch)
     term.backward()
     assert term > 0 and (alpha.grad[:, :24] > 0).all()  # descent lowers the opacity in front of the sky
     assert alpha.grad[:, 24:].abs().max() < 1e-6 * alpha.grad[:, :24].min()  # and not in front of the rest
-    assert module.regularization() is None  # one term per step
+    assert torch.equal(module.regularization(drawn, batch), term.detach())  # the step's values given, nothing kept
+
+
+def test_the_sky_term_of_a_step_is_its_render_term_and_its_prior_summed() -> None:
+    module = Environment(Environment.Config(resolution=2, init=0.25, opacity_reg=0.5, sky_prior=1.0), ["a"])
+    cameras = Cameras(torch.eye(4)[None], K[None], 64, 48)
+    batch = Batch(torch.full((1, 48, 64, 3), 0.25), cameras, torch.zeros(1, 3), ["a"])
+    alpha = torch.linspace(0.1, 0.9, 48 * 64).reshape(1, 48, 64, 1)
+    views = ViewModules({"sky": module})
+    render = RenderOutput(torch.zeros(1, 48, 64, 3), alpha, torch.zeros(1, 48, 64, 1), {})
+    out, drawn = views.draw(render, batch)  # a training step's: the composite, and the term of the render
+    assert list(drawn) == ["sky"] and torch.equal(out.image, views.composite(render, batch).image)
+    assert torch.equal(drawn["sky"], module.render_term(render))
+    terms = views.regularization(out, batch, drawn)
+    assert list(terms) == ["sky"] and torch.equal(terms["sky"], drawn["sky"] + module.regularization(out, batch))
 
 
 def test_horizon_draws_the_environment_above_it_and_the_background_below() -> None:

@@ -200,8 +200,8 @@ def test_bad_inference_input_is_one_line(trained: Path, tmp_path: Path, capsys, 
 
 TEST_VIEW_POLICIES = {
     "default": {},
-    "fit_left": {"appearance": {"mode": "affine", "eval": "fit_left", "eval_steps": 20}},
-    "pose_fit": {"pose_opt": {"mode": "se3", "eval": "fit", "eval_steps": 5}},
+    "fit_left": {"views": {"appearance": {"name": "affine", "eval": "fit_left", "eval_steps": 20}}},
+    "pose_fit": {"views": {"pose_opt": {"name": "se3", "eval": "fit", "eval_steps": 5}}},
 }
 
 

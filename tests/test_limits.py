@@ -65,12 +65,12 @@ def test_the_memory_room_is_capped_by_the_process_limits(limit: int, field: str,
 
 def test_a_bilateral_grid_beyond_ulimit_v_is_one_line_naming_the_key_and_the_limit(make_config, tmp_path, capsys):
     """It passed the check (the machine's free memory) and died with a MemoryError traceback, exit 1."""
-    config = make_config(appearance={"mode": "bilateral_grid", "shape": [192, 192, 64]})
+    config = make_config(views={"appearance": {"name": "bilateral_grid", "shape": [192, 192, 64]}})
     path = write_yaml(tmp_path / "c.yaml", config)
     with soft_limit(resource.RLIMIT_AS, _mapped_bytes() + 2 * 2**30):
         code = main(["train", "--config", str(path)])
     line = _one_error_line(capsys)
-    assert code == 2 and "key 'appearance'" in line and "shape [192, 192, 64]" in line, line
+    assert code == 2 and "key 'views.appearance'" in line and "shape [192, 192, 64]" in line, line
     assert "(the process's address-space limit (ulimit -v))" in line
 
 
@@ -86,7 +86,7 @@ def test_an_allocation_that_fails_past_the_checks_is_one_line_naming_its_key() -
     VIEW_REGISTRY.register("hungry")(HungryModule)
     entry = {"name": "hungry", **vars(BilateralGridAppearance.Config())}
     resolved = {**{section: {"name": "none"} for section in VIEW_SECTIONS}, "views": {"glutton": entry}}
-    with pytest.raises(ConfigError, match=r"key 'glutton': out of memory for its 2 training images \(.*allocat"):
+    with pytest.raises(ConfigError, match=r"key 'views.glutton': out of memory for its 2 training images \(.*allocat"):
         build_views(resolved, ["a", "b"], torch.device("cpu"))
 
 

@@ -309,7 +309,7 @@ def test_every_feature_works_per_block_and_a_fine_tune_of_the_merged_scene(make_
         make_config,
         tmp_path,
         strategy={"name": "mcmc", "cap_max": 700, "refine_start": 2, "refine_every": 2},
-        appearance={"mode": "affine"},
+        views={"appearance": {"name": "affine"}},
         partition={"blocks": 2, "merge_steps": 4},
     )
     assert main(["train", "--config", str(config), "data.cache=disk"]) == 0

@@ -1,5 +1,5 @@
-"""Camera pose refinement (``pose_opt: {mode: se3}``): the twists, their gradients through the renderer, training,
-exact resume, the test-view policies, cameras.json and bad input."""
+"""Camera pose refinement (``views: {pose_opt: {name: se3}}``): the twists, their gradients through the renderer,
+training, exact resume, the test-view policies, cameras.json and bad input."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def perturbed_viewmats(viewmats: torch.Tensor, rotation_deg: float, translation:
     return script_module("perturb_poses").perturbed_viewmats(viewmats, rotation_deg, translation, seed)
 
 
-SE3 = {"mode": "se3", "lr": 1e-3}
+SE3 = {"name": "se3", "lr": 1e-3}
 SE3_ALL = {**SE3, "trust_px": 0.0}  # every view refined: the synthetic scene's poses agree with its keypoints
 
 
@@ -151,7 +151,7 @@ def test_pose_opt_is_off_by_default_and_a_frozen_correction_changes_nothing(make
     default = make_trainer("default")
     assert not default.views and default.resolved_config["views"]["pose_opt"] == {"name": "none"}
     default.train()
-    frozen = make_trainer("frozen", pose_opt={"mode": "se3", "lr": 0.0, "reg": 0.0})
+    frozen = make_trainer("frozen", views={"pose_opt": {"name": "se3", "lr": 0.0, "reg": 0.0}})
     assert set(frozen.views.modules) == {"pose_opt"}
     frozen.train()
     reference = load_checkpoint_file(default.exp_dir / "checkpoints" / "last.pt")
@@ -163,7 +163,7 @@ def test_pose_opt_is_off_by_default_and_a_frozen_correction_changes_nothing(make
 
 
 def test_se3_learns_a_correction_per_training_view_with_its_schedule(make_trainer) -> None:
-    trainer = make_trainer("se3", pose_opt={**SE3_ALL, "lr_final_factor": 0.1})
+    trainer = make_trainer("se3", views={"pose_opt": {**SE3_ALL, "lr_final_factor": 0.1}})
     resolved = trainer.resolved_config["views"]["pose_opt"]
     assert resolved["decay_steps"] == 6 and resolved["eval"] == "given"  # the schedule follows max_steps
     trainer.train()
@@ -172,16 +172,16 @@ def test_se3_learns_a_correction_per_training_view_with_its_schedule(make_traine
     group = trainer.views.optimizers["pose_opt"].param_groups[0]
     assert group["lr"] == pytest.approx(1e-4)  # decayed to lr_final_factor at decay_steps
     assert trainer.outputs["losses"]["pose_opt"].item() > 0.0  # the pull toward the given poses joins the loss
-    pull = trainer.views.regularization()["pose_opt"].item()
+    pull = trainer.views.modules["pose_opt"].regularization(None, None).item()
     assert pull == pytest.approx(1e-3 * twists.square().sum(-1).mean().item(), rel=1e-5)
 
 
 def test_resume_with_pose_refinement_is_bit_identical(make_trainer) -> None:
-    full = make_trainer("full", pose_opt=SE3_ALL)
+    full = make_trainer("full", views={"pose_opt": SE3_ALL})
     full.train()
     step_3 = full.exp_dir / "checkpoints" / "step_000003.pt"
     assert load_checkpoint_file(step_3)["views"]["pose_opt"]["scheduler"]["last_epoch"] == 3
-    resumed = make_trainer("resumed", pose_opt=SE3_ALL, resume=str(step_3))
+    resumed = make_trainer("resumed", views={"pose_opt": SE3_ALL}, resume=str(step_3))
     resumed.train()
     reference = load_checkpoint_file(full.exp_dir / "checkpoints" / "last.pt")
     again = load_checkpoint_file(resumed.exp_dir / "checkpoints" / "last.pt")
@@ -194,11 +194,11 @@ def test_resume_with_pose_refinement_is_bit_identical(make_trainer) -> None:
 
 
 def test_test_views_are_scored_at_their_given_poses_unless_fitted(make_trainer) -> None:
-    given = make_trainer("given", pose_opt=SE3_ALL)
+    given = make_trainer("given", views={"pose_opt": SE3_ALL})
     given.train()
     plain = evaluate_views(given.render, given.datapipeline.val_batches(), given.metrics)
     assert [r["psnr"] for r in plain] == [r["psnr"] for r in given.val_results]
-    fitted = make_trainer("fitted", pose_opt={**SE3_ALL, "eval": "fit", "eval_steps": 5})
+    fitted = make_trainer("fitted", views={"pose_opt": {**SE3_ALL, "eval": "fit", "eval_steps": 5}})
     fitted.train()
     assert fitted.val_metrics != given.val_metrics  # same training, test views scored at fitted poses
     refit = evaluate_views(
@@ -211,7 +211,7 @@ def test_test_views_are_scored_at_their_given_poses_unless_fitted(make_trainer) 
 
 
 def test_eval_writes_the_corrected_training_cameras(make_config, tmp_path: Path) -> None:
-    config = write_yaml(tmp_path / "run.yaml", make_config("run", pose_opt=SE3_ALL))
+    config = write_yaml(tmp_path / "run.yaml", make_config("run", views={"pose_opt": SE3_ALL}))
     assert main(["train", "--config", str(config)]) == 0
     assert main(["eval", "--exp-dir", str(tmp_path / "run")]) == 0
     cameras = json.loads((tmp_path / "run" / "eval" / "cameras.json").read_text())
@@ -231,24 +231,24 @@ def test_eval_writes_the_corrected_training_cameras(make_config, tmp_path: Path)
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("pose_opt.mode=affine6", r"key 'pose_opt.mode': .*affine6"),
-        ("pose_opt.eval=left", r"key 'pose_opt'.*eval must be one of given, fit"),
-        ("pose_opt.lr_final_factor=0", r"key 'pose_opt'.*lr_final_factor must be in \(0, 1\]"),
-        ("pose_opt.trust_px=-1", r"key 'pose_opt'.*trust_px must be a finite number >= 0, got -1.0"),
+        ("views.pose_opt.name=affine6", r"key 'views.pose_opt.name': .*affine6"),
+        ("views.pose_opt.eval=left", r"key 'views.pose_opt'.*eval must be one of given, fit"),
+        ("views.pose_opt.lr_final_factor=0", r"key 'views.pose_opt'.*lr_final_factor must be in \(0, 1\]"),
+        ("views.pose_opt.trust_px=-1", r"key 'views.pose_opt'.*trust_px must be a finite number >= 0, got -1.0"),
         (
-            "pose_opt.without_keypoints=fit",
-            r"key 'pose_opt'.*without_keypoints must be one of refine, keep, got 'fit'",
+            "views.pose_opt.without_keypoints=fit",
+            r"key 'views.pose_opt'.*without_keypoints must be one of refine, keep, got 'fit'",
         ),
         (
             "renderer.name=gsplat data.fisheye=lens",
-            r"key 'pose_opt': needs gradients of the camera poses.*data.fisheye=undistort",
+            r"key 'views.pose_opt': needs gradients of the camera poses.*data.fisheye=undistort",
         ),
     ],
 )
 def test_bad_pose_opt_is_one_line_and_exit_2(
     make_config, tmp_path: Path, capsys: pytest.CaptureFixture, override: str, message: str
 ) -> None:
-    config = write_yaml(tmp_path / "run.yaml", make_config("run", pose_opt=SE3))
+    config = write_yaml(tmp_path / "run.yaml", make_config("run", views={"pose_opt": SE3}))
     assert main(["train", "--config", str(config), *override.split()]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and re.search(message, err), err
@@ -259,16 +259,16 @@ def test_bad_pose_opt_is_one_line_and_exit_2(
     ("override", "message"),
     [
         (
-            "pose_opt.mode=affine",
-            r"key 'pose_opt.mode': 'affine' is an appearance module; pose_opt takes a pose module \(se3\)",
+            "views.pose_opt.name=affine",
+            r"key 'views.pose_opt.name': 'affine' is an appearance module; views.pose_opt takes a pose module \(se3\)",
         ),
         (
-            "appearance.mode=se3",
-            r"key 'appearance.mode': 'se3' is a pose module; appearance takes an appearance module "
+            "views.appearance.name=se3",
+            r"key 'views.appearance.name': 'se3' is a pose module; views.appearance takes an appearance module "
             r"\(affine, bilateral_grid\)",
         ),
-        ("pose_opt.name=bilateral_grid", r"key 'pose_opt.name': 'bilateral_grid' is an appearance module"),
-        ('appearance={"name":"affine","mode":"affine"}', r"key 'appearance.mode': an alias of appearance.name"),
+        ("views.pose_opt.name=bilateral_grid", r"key 'views.pose_opt.name': 'bilateral_grid' is an appearance module"),
+        ('views.appearance={"name":"affine","mode":"affine"}', r"key 'views.appearance.mode': an alias of"),
     ],
 )
 def test_a_per_view_section_takes_only_its_kind_of_module_in_one_line_and_exit_2(
@@ -282,8 +282,8 @@ def test_a_per_view_section_takes_only_its_kind_of_module_in_one_line_and_exit_2
 
 
 def test_a_section_and_a_views_entry_are_one_shape(make_trainer) -> None:
-    by_section = make_trainer("section", pose_opt={"name": "se3", "lr": 1e-3})
-    by_alias = make_trainer("alias", pose_opt={"mode": "se3", "lr": 1e-3})
+    by_section = make_trainer("section", views={"pose_opt": {"name": "se3", "lr": 1e-3}})
+    by_alias = make_trainer("alias", views={"pose_opt": {"mode": "se3", "lr": 1e-3}})
     by_entry = make_trainer("entry", views={"refine": {"name": "se3", "lr": 1e-3}})
     assert by_section.resolved_config["views"]["pose_opt"] == by_alias.resolved_config["views"]["pose_opt"]
     assert {k: v for k, v in by_section.resolved_config["views"]["pose_opt"].items()} == {
@@ -295,7 +295,9 @@ def test_a_section_and_a_views_entry_are_one_shape(make_trainer) -> None:
 
 def test_benchmark_perturbation_moves_each_training_camera_by_the_asked_amount(make_trainer) -> None:
     hooks = {"PerturbTrainingPoses": {"rotation_deg": 1.0, "translation": 0.01, "seed": 2}, "LogHook": {}}
-    trainer = make_trainer("perturbed", imports=[str(SCRIPTS / "perturb_poses.py")], hooks=hooks, pose_opt=SE3)
+    trainer = make_trainer(
+        "perturbed", imports=[str(SCRIPTS / "perturb_poses.py")], hooks=hooks, views={"pose_opt": SE3}
+    )
     tests_before = [frame.viewmat.clone() for frame in trainer.datapipeline._test]
     truth = torch.stack([frame.viewmat.clone() for frame in trainer.datapipeline._train])
     trainer.train()
@@ -332,7 +334,7 @@ def _colmap_trainer(make_config, tmp_path: Path, name: str, pose_opt: dict, max_
     if not root.exists():
         _make_scene(root)
     data = {"dataset": "colmap", "path": str(root), "eval_split": "every_8"}
-    config = make_config(name, max_steps=max_steps, data=data, pose_opt=pose_opt, **top)
+    config = make_config(name, max_steps=max_steps, data=data, views={"pose_opt": pose_opt}, **top)
     return DefaultTrainer(parse_structured(DefaultTrainer.Config, config))
 
 
@@ -343,7 +345,7 @@ def _move_three_views(trainer: DefaultTrainer) -> None:
 
 
 def test_views_whose_given_poses_fit_their_sfm_keypoints_keep_them_bit_for_bit(make_config, tmp_path: Path) -> None:
-    off = _colmap_trainer(make_config, tmp_path, "off", {"mode": "none"})
+    off = _colmap_trainer(make_config, tmp_path, "off", {"name": "none"})
     off.train()
     se3 = _colmap_trainer(make_config, tmp_path, "se3", SE3)
     se3.train()
@@ -419,7 +421,7 @@ def test_views_without_sfm_keypoints_are_refined_or_kept(make_config, without_ke
         config["data"]["synthetic"]["tracks"] = False
         return DefaultTrainer(parse_structured(DefaultTrainer.Config, config))
 
-    trainer = untracked("se3", pose_opt={**SE3, "without_keypoints": without_keypoints})
+    trainer = untracked("se3", views={"pose_opt": {**SE3, "without_keypoints": without_keypoints}})
     trainer.train()
     module = trainer.views.modules["pose_opt"]
     assert torch.isinf(module.reprojection_px).all()

@@ -35,14 +35,17 @@ def _train(capsys, config: dict, *overrides: str) -> tuple[int, str]:
     ("override", "message"),
     [
         ("num_threads=-1", "key 'num_threads': must be 0 (auto) or a number of threads >= 1, got -1"),
-        ("pose_opt.lr=1e6", "key 'pose_opt': lr must be at most 1 (Adam moves each parameter by about lr a step"),
-        ("appearance.shape=big", "key 'appearance.shape': must be a list, got 'big'"),
-        ("appearance.shape={x: 4}", "key 'appearance.shape': must be a list, got {'x': 4}"),
-        ("pose_opt=[se3]", "key 'pose_opt': must be a mapping, got ['se3']"),
+        (
+            "views.pose_opt.lr=1e6",
+            "key 'views.pose_opt': lr must be at most 1 (Adam moves each parameter by about lr a step",
+        ),
+        ("views.appearance.shape=big", "key 'views.appearance.shape': must be a list, got 'big'"),
+        ("views.appearance.shape={x: 4}", "key 'views.appearance.shape': must be a list, got {'x': 4}"),
+        ("views.pose_opt=[se3]", "key 'views.pose_opt': an entry is a mapping of its arguments"),
     ],
 )
 def test_a_value_taken_quietly_is_one_line_naming_its_key_and_exit_2(capsys, make_config, tmp_path, override, message):
-    config = make_config(max_steps=1, appearance={"name": "bilateral_grid"}, pose_opt={"name": "se3"})
+    config = make_config(max_steps=1, views={"appearance": {"name": "bilateral_grid"}, "pose_opt": {"name": "se3"}})
     code, err = _train(capsys, config, override)
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "run").exists()
@@ -51,9 +54,17 @@ def test_a_value_taken_quietly_is_one_line_naming_its_key_and_exit_2(capsys, mak
 @pytest.mark.parametrize(
     ("section", "override", "message"),
     [
-        ("pose_opt", "pose_opt.trust_px=-1", "key 'pose_opt': trust_px must be a finite number >= 0, got -1"),
-        ("appearance", "appearance.shape=[0,1,8]", "key 'appearance': shape must be three whole numbers"),
-        ("appearance", "appearance.shapes=[1,1,8]", "'shapes'"),
+        (
+            "views.pose_opt",
+            "views.pose_opt.trust_px=-1",
+            "key 'views.pose_opt': trust_px must be a finite number >= 0, got -1",
+        ),
+        (
+            "views.appearance",
+            "views.appearance.shape=[0,1,8]",
+            "key 'views.appearance': shape must be three whole numbers",
+        ),
+        ("views.appearance", "views.appearance.shapes=[1,1,8]", "'shapes'"),
     ],
 )
 def test_the_options_of_a_module_that_is_off_are_checked_all_the_same(

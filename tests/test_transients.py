@@ -12,6 +12,7 @@ from conftest import SCRIPTS, script_module, write_yaml
 from gsrecon.cameras import Cameras
 from gsrecon.cli import main
 from gsrecon.engine.checkpoints import load_checkpoint_file
+from gsrecon.model.views.base import ViewModule, ViewModules
 from gsrecon.model.views.transients import Seen, TransientWeights, other_views_contradict, set_aside
 
 RULE = {"factor": 3.0, "min_residual": 0.1, "patch": 8, "patch_fraction": 0.5}
@@ -62,8 +63,9 @@ def test_the_module_gives_the_set_aside_pixels_no_gradient_and_leaves_the_others
     module = TransientWeights(TransientWeights.Config(start=1, check_views=0), ["a"])
     image = render.clone().requires_grad_(True)
     batch = SimpleNamespace(images=photo, masks=None, names=["a"])
-    assert module.adjust_image(image, batch) is image  # the first step: nothing is set aside yet
-    adjusted = module.adjust_image(image, batch)
+    out = SimpleNamespace(depth=torch.full((1, 48, 64, 1), 2.0))  # the step's render (its depth unused: no check)
+    assert module.adjust_image(image, batch, out) is image  # the first step: nothing is set aside yet
+    adjusted = module.adjust_image(image, batch, out)
     (adjusted - photo).abs().sum().backward()
     aside = set_aside(render, photo, **RULE)[..., 0]  # [1, H, W]
     assert torch.equal(adjusted.detach()[aside], photo[aside])
@@ -110,18 +112,49 @@ def test_the_module_sets_aside_only_what_the_photos_it_saw_before_contradict() -
     for name, x in (("left", -0.1), ("right", 0.1)):  # the first steps: photos seen, nothing set aside
         photo, cameras = photo_of_a_wall(x)
         batch = SimpleNamespace(images=photo, masks=None, names=[name], cameras=cameras)
-        module.composite(SimpleNamespace(depth=depth), cameras, torch.zeros(1, 3))
-        assert module.adjust_image(photo.clone(), batch).equal(photo)
+        assert module.adjust_image(photo.clone(), batch, SimpleNamespace(depth=depth)).equal(photo)
     photo, cameras = photo_of_a_wall(0.0)
     render, distracted = photo.clone(), photo.clone()
     distracted[:, 8:24, 20:36] = torch.tensor([1.0, 0.0, 1.0])
     render[:, 30:46, 40:56] = 0.9  # a region the scene has not learnt yet: the other photos agree with this one
     batch = SimpleNamespace(images=distracted, masks=None, names=["centre"], cameras=cameras)
-    assert not module.set_aside(render, batch).any()  # no render of these cameras yet: no surface to look up
-    module.composite(SimpleNamespace(depth=depth), cameras, torch.zeros(1, 3))
-    aside = module.set_aside(render, batch)[0, ..., 0]  # [H, W]
+    assert not module.set_aside(render, batch, torch.zeros_like(depth)).any()  # no surface to look up: no contradiction
+    aside = module.set_aside(render, batch, depth)[0, ..., 0]  # [H, W]
     assert aside[8:24, 20:36].all() and not aside[30:46, 40:56].any()
     assert set(module.seen) == {"left", "right"}  # its own photo is not one of its checks
+    adjusted = module.adjust_image(render, batch, SimpleNamespace(depth=depth))  # a step: the depth of its render
+    assert adjusted[0][aside].equal(distracted[0][aside]) and adjusted[0][~aside].equal(render[0][~aside])
+
+
+class Offset(ViewModule):
+    """A per-view module adding ``offset`` to every rendered image (an exposure correction of a test's own)."""
+
+    def __init__(self, offset: float) -> None:
+        super().__init__(ViewModule.Config(), [])
+        self.offset = offset
+
+    def adjust_image(self, image: torch.Tensor, batch: SimpleNamespace, out: SimpleNamespace) -> torch.Tensor:
+        return image + self.offset
+
+
+def test_what_the_module_sets_aside_in_the_trained_scene_is_asked_of_it_in_one_call() -> None:
+    """``set_aside_in`` sees every photo before the first, and judges the render as the modules before it adjust it
+    (not those after it)."""
+    module = TransientWeights(TransientWeights.Config(check_views=2), ["centre", "left", "right"])
+    photos = {name: photo_of_a_wall(x) for name, x in (("centre", 0.0), ("left", -0.1), ("right", 0.1))}
+    walls = {name: photo.clone() for name, (photo, _) in photos.items()}  # what the scene renders, less 0.3
+    photos["centre"][0][:, 8:24, 20:36] = torch.tensor([1.0, 0.0, 1.0])  # a distractor in the first photo only
+    batches = [SimpleNamespace(images=p, masks=None, names=[n], cameras=c) for n, (p, c) in photos.items()]
+    depth = torch.full((1, 48, 64, 1), 2.0)
+
+    def render(batch: SimpleNamespace) -> SimpleNamespace:
+        return SimpleNamespace(image=walls[batch.names[0]] + 0.3, depth=depth)
+
+    views = ViewModules({"exposure": Offset(-0.3), "transients": module, "later": Offset(1.0)})
+    asides = {batch.names[0]: aside for batch, aside in module.set_aside_in(views, lambda: iter(batches), render)}
+    assert list(asides) == ["centre", "left", "right"] and set(module.seen) == set(asides)
+    assert asides["centre"][0, 8:24, 20:36].all() and not asides["left"].any() and not asides["right"].any()
+    assert int(module.steps) == 0  # not a training step
 
 
 @pytest.mark.parametrize(

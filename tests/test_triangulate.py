@@ -138,7 +138,7 @@ def test_triangulated_points_lie_on_the_synthetic_surfaces_and_training_reads_th
     config = make_config(max_steps=1, data={"dataset": "transforms", "path": str(root), "eval_split": "every_8"})
     assert main(["train", "--config", str(write_yaml(tmp_path / "c.yaml", config))]) == 0
     assert "triangulating" not in capsys.readouterr().err  # without pose refinement the file's points are all it needs
-    config["pose_opt"] = {"mode": "se3"}
+    config["views"] = {"pose_opt": {"name": "se3"}}
     assert main(["train", "--config", str(write_yaml(tmp_path / "c.yaml", config)), "--overwrite"]) == 0
     err = capsys.readouterr().err
     assert f"training {len(points)} Gaussians from SfM points" in err and "[3/3]" in err
@@ -155,7 +155,7 @@ def test_training_a_capture_without_points_triangulates_them_once_and_leaves_the
     listing = sorted(p.relative_to(root) for p in root.rglob("*"))
     config = make_config(max_steps=1, data={"dataset": "blender", "path": str(root), "eval_split": "every_8"})
     config["model"]["init"] = "auto"
-    config["pose_opt"] = {"mode": "se3"}  # measures each training view's pose against its keypoints
+    config["views"] = {"pose_opt": {"name": "se3"}}  # measures each training view's pose against its keypoints
     config_path = write_yaml(tmp_path / "c.yaml", config)
 
     assert main(["train", "--config", str(config_path)]) == 0

@@ -561,7 +561,9 @@ def test_viewer_hook_draws_the_corrected_training_cameras(make_trainer, hook_reg
         "BrowserPageHook": {},
         "FrustumRecorderHook": {},
     }
-    trainer = make_trainer(hooks=hooks, pose_opt={"mode": "se3", "lr": 1e-2, "trust_px": 0.0})  # every view refined
+    trainer = make_trainer(
+        hooks=hooks, views={"pose_opt": {"name": "se3", "lr": 1e-2, "trust_px": 0.0}}
+    )  # every view refined
     trainer.train()
     frames = trainer.datapipeline.scene.train
     given = torch.stack([frame.viewmat for frame in frames])

@@ -19,6 +19,7 @@ from gsrecon.registry import VIEW_REGISTRY
 
 if TYPE_CHECKING:
     from gsrecon.data.pipeline import Batch
+    from gsrecon.render.base import RenderOutput
 
 
 @VIEW_REGISTRY.register("exposure_gain")
@@ -35,9 +36,9 @@ class ExposureGain(ViewModule):
         super().__init__(cfg, train_names)
         self.log_gains = torch.nn.Parameter(torch.zeros(len(train_names)))  # [N]
 
-    def adjust_image(self, image: Tensor, batch: Batch) -> Tensor:
+    def adjust_image(self, image: Tensor, batch: Batch, out: RenderOutput) -> Tensor:
         gains = self.log_gains[self.rows(batch.names, image.device)].exp()  # [B]
         return image * gains[:, None, None, None]
 
-    def regularization(self) -> Tensor:
+    def regularization(self, out: RenderOutput, batch: Batch) -> Tensor:
         return self.cfg.reg * self.log_gains.square().mean()

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from gsrecon.cameras.cameras import Cameras
 from gsrecon.cameras.model import PINHOLE, CameraModel
 from gsrecon.errors import InputError
 from gsrecon.geometry import camera_centers
@@ -160,6 +161,19 @@ class Scene:
         if isinstance(self._triangulated, InputError):
             raise self._triangulated
         return self._triangulated
+
+    @property
+    def train_cameras(self) -> Cameras:
+        """The training frames' cameras as one value, in ``train`` order: each frame's pose (``viewmats`` [F, 4, 4])
+        and intrinsics (``Ks`` [F, 3, 3]) as read. A scene whose training frames mix sizes or lens kinds (they train
+        one at a time) has no one size or model: its value has the largest frame's size and, where the kinds mix,
+        pinhole models; a frame's own size and lens are its frame's."""
+        frames = self.train
+        models = [frame.camera_model for frame in frames]
+        model = CameraModel.stack(models) if len({m.kind for m in models}) == 1 else PINHOLE
+        width, height = max(frame.width for frame in frames), max(frame.height for frame in frames)
+        viewmats = torch.stack([frame.viewmat for frame in frames])  # [F, 4, 4]
+        return Cameras(viewmats, torch.stack([frame.K for frame in frames]), width, height, model)
 
     @property
     def center(self) -> Tensor:

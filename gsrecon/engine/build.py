@@ -131,7 +131,7 @@ def training_draw(run: Run) -> Callable[[Mapping[str, torch.Tensor], Batch, int]
     def draw(params: Mapping[str, torch.Tensor], batch: Batch, step: int) -> torch.Tensor:
         batch = run.views.adjust_cameras(batch)
         out = run.views.composite(run.renderer.render_batch(params, batch, run.model.active_sh_degree(step)), batch)
-        return run.views.adjust_image(out.image, batch)
+        return run.views.adjust_image(out.image, batch, out)
 
     return draw
 

@@ -130,7 +130,7 @@ def training_cameras(run: Run) -> Tensor:
     scene's run (:func:`scene_run`) places them: their given poses, moved by the per-view modules that correct them
     (``pose_opt``)."""
     frames = run.datapipeline.scene.train
-    given = torch.stack([frame.viewmat.float().cpu() for frame in frames])  # [F, 4, 4]
+    given = run.datapipeline.scene.train_cameras.viewmats.float().cpu()  # [F, 4, 4]
     with torch.no_grad():
         return run.views.camera_poses(given, [frame.name for frame in frames])
 
@@ -308,7 +308,7 @@ def render_path_video(
     run = scene_run(scene, "render", device, logger, median_depth=depth == "median")
     pipeline, torch_device, renderer = run.datapipeline, run.device, run.renderer
     train = pipeline.scene.train
-    train_viewmats = torch.stack([f.viewmat for f in train]).float()  # [N, 4, 4]
+    train_viewmats = pipeline.scene.train_cameras.viewmats.float()  # [N, 4, 4]
     if path == "interp":
         viewmats = interp_path(train_viewmats, frames)
     else:

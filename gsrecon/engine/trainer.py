@@ -194,11 +194,13 @@ class DefaultTrainer:
         start = time.perf_counter()
         batch = self.views.adjust_cameras(self.datapipeline.next_train(self.step))
         data_time = time.perf_counter() - start
-        out = self.render(batch)
+        out, drawn = self.views.draw(
+            self.renderer.render_batch(params, batch, self.model.active_sh_degree(self.step)), batch
+        )
         self.strategy.step_pre_backward(params, self.optimizers, state, self.step, out.info)
-        image = self.views.adjust_image(out.image, batch)  # [B, H, W, 3]
+        image = self.views.adjust_image(out.image, batch, out)  # [B, H, W, 3]
         losses = self.loss(LossInputs(image, out, batch, self.datapipeline, params, self.renderer))
-        losses.update(self.views.regularization())
+        losses.update(self.views.regularization(out, batch, drawn))
         regularization = self.strategy.regularization(params, state, out.info)
         if regularization is not None:
             losses["strategy"] = regularization

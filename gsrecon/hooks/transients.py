@@ -47,24 +47,12 @@ class TransientImages(Hook):
     def after_train(self, trainer: TrainerView) -> None:
         if not trainer.is_main or trainer.failed:
             return
-        modules = list(trainer.views.modules.values())
+        module = next(m for m in trainer.views.modules.values() if isinstance(m, TransientWeights))
         aside_total = pixels = 0
         tint = torch.tensor(TINT, device=trainer.device)
         with torch.no_grad():
-            for batch in trainer.datapipeline.train_batches():  # every photo seen, for the check of the others
-                batch = trainer.views.adjust_cameras(batch)
-                for module in modules:
-                    if isinstance(module, TransientWeights):
-                        module.remember(batch)
-            for batch in trainer.datapipeline.train_batches():
-                batch = trainer.views.adjust_cameras(batch)
-                image = trainer.render(batch).image
-                for module in modules:  # the render as the module sees it: after the modules before it
-                    if isinstance(module, TransientWeights):
-                        aside = module.set_aside(image, batch)  # [B, H, W, 1]
-                        break
-                    image = module.adjust_image(image, batch)
-                aside_total += int(aside.sum())
+            for batch, aside in module.set_aside_in(trainer.views, trainer.datapipeline.train_batches, trainer.render):
+                aside_total += int(aside.sum())  # aside: [B, H, W, 1]
                 pixels += aside.numel()
                 for name, photo, marked in zip(batch.names, batch.images, aside):
                     shown = torch.where(marked, 0.5 * photo + 0.5 * tint, photo)  # [H, W, 3]

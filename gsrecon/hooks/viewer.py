@@ -131,7 +131,7 @@ class ViewerHook(Hook):
         self.viewer.set_scene(params, trainer.model.active_sh_degree(trainer.step), trainer.step, sky=sky)
         if trainer.views:  # the training cameras where the per-view modules place them (pose refinement)
             frames = trainer.datapipeline.scene.train
-            given = torch.stack([frame.viewmat for frame in frames]).float().to(trainer.device)  # [F, 4, 4]
+            given = trainer.datapipeline.scene.train_cameras.viewmats.float().to(trainer.device)  # [F, 4, 4]
             with torch.no_grad():
                 self.viewer.set_camera_poses(trainer.views.camera_poses(given, [frame.name for frame in frames]))
         self._shown_step, self._shown_time = trainer.step, time.perf_counter()

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from gsrecon.atomic import write_json
@@ -42,6 +41,7 @@ from gsrecon.engine.tuning import place_start, tuning_config
 from gsrecon.errors import InputError
 from gsrecon.export.lod.merge import halve
 from gsrecon.export.lod.site import CameraRegion
+from gsrecon.geometry import camera_centers
 from gsrecon.lod.config import LodConfig
 from gsrecon.logging.console import Logger
 from gsrecon.losses.ssim import WINDOW
@@ -194,7 +194,7 @@ def _build_levels(
         if trainer.stop_reason:
             return LodOutcome(records, f"level {level} stopped: {trainer.stop_reason}", trainer.stop_signal)
         if region is None:
-            centers = torch.stack([frame.camera_center for frame in trainer.datapipeline.scene.train])  # [F, 3]
+            centers = camera_centers(trainer.datapipeline.scene.train_cameras.viewmats)  # [F, 3]
             region = dataclasses.asdict(CameraRegion.of(centers.cpu()))
         params = {name: value.detach().cpu() for name, value in trainer.model.params.items()}
         records.append(

@@ -108,7 +108,7 @@ def random_start_center(scene: Scene) -> Tensor:
     of it; for captures whose optical axes are parallel (no such point) it is the mean camera position.
     """
     try:
-        return focus_point(torch.stack([frame.viewmat for frame in scene.train])).float()
+        return focus_point(scene.train_cameras.viewmats).float()
     except ValueError:
         return scene.center
 

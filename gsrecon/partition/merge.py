@@ -20,6 +20,7 @@ from torch import Tensor
 from gsrecon.atomic import atomic_paths
 from gsrecon.cameras import Cameras
 from gsrecon.cameras.model import CameraModel
+from gsrecon.cameras.rays import camera_rays
 from gsrecon.component import RunSetup
 from gsrecon.data.blocks import Partition, cell_box, image_coverage
 from gsrecon.distributed import DistributedContext
@@ -45,7 +46,7 @@ from gsrecon.model import ops
 from gsrecon.model.views.base import ViewModules, build_views
 from gsrecon.model.views.environment import environment_module, merge_skies, set_sky, trained_sky
 from gsrecon.partition.folder import PLAN_FILE
-from gsrecon.render.environment import camera_rays, texel_coverage
+from gsrecon.render.environment import texel_coverage
 
 if TYPE_CHECKING:
     from gsrecon.data.pipeline import DataPipeline

@@ -6,7 +6,7 @@ An environment is a cube map: six square faces of ``R x R`` RGB texels, one per 
 opacity lets through of the environment seen along the pixel's ray, ``image + (1 - alpha) (env(d) - background)``
 (:func:`composite`): the renderer composited its background there, which the environment replaces. Every renderer
 returns ``alpha`` with its gradient, so the same code serves all of them, outside the rasterisers. The rays go
-through each camera's lens (:func:`camera_rays`: pinhole or fisheye).
+through each camera's lens (:func:`~gsrecon.cameras.rays.camera_rays`: pinhole or fisheye).
 
 A trained environment is a :class:`Sky`: its cube map and its horizon, drawn along any directions by one function
 (:meth:`Sky.draw`), which a run's renders, a viewer's baked cube map (:meth:`Sky.baked`) and the far sphere of the
@@ -22,8 +22,6 @@ import math
 import torch
 from torch import Tensor
 
-from gsrecon.cameras import Cameras
-from gsrecon.cameras.lens import fisheye_angle
 from gsrecon.render.base import RenderOutput
 from gsrecon.sh import rgb_to_sh
 
@@ -32,31 +30,6 @@ HORIZON_BAND = 0.1  # radians (about 6 degrees) over which the environment fades
 # Face f looks along _FACE_AXES[f]; a direction on it is axis + s * first tangent + t * second tangent, s, t in [-1, 1].
 _FACE_AXES = ((0, 1, 2), (0, 1, 2), (1, 2, 0), (1, 2, 0), (2, 0, 1), (2, 0, 1))  # (axis, tangent s, tangent t)
 _FACE_SIGNS = (1.0, -1.0, 1.0, -1.0, 1.0, -1.0)
-
-
-def camera_rays(cameras: Cameras) -> Tensor:
-    """[C, H, W, 3] unit world-space directions of the rays through the centres of the ``cameras``' pixels, through
-    each camera's lens (a pinhole, or a fisheye lens: the inverse of its polynomial)."""
-    device, dtype = cameras.viewmats.device, cameras.viewmats.dtype
-    ys, xs = torch.meshgrid(
-        torch.arange(cameras.height, device=device, dtype=dtype) + 0.5,
-        torch.arange(cameras.width, device=device, dtype=dtype) + 0.5,
-        indexing="ij",
-    )  # [H, W] each
-    Ks = cameras.Ks.to(dtype)
-    x = (xs[None] - Ks[:, 0, 2, None, None]) / Ks[:, 0, 0, None, None]  # [C, H, W]
-    y = (ys[None] - Ks[:, 1, 2, None, None]) / Ks[:, 1, 1, None, None]
-    if cameras.model.kind == "fisheye":
-        theta_d = torch.sqrt(x * x + y * y)  # [C, H, W]
-        coeffs = cameras.model.coeffs.to(device, dtype)  # [C, 4]
-        theta = fisheye_angle(theta_d.flatten(1), coeffs).view_as(theta_d)
-        scale = torch.where(theta_d > 1e-12, torch.sin(theta) / theta_d.clamp_min(1e-12), torch.ones_like(theta))
-        local = torch.stack([x * scale, y * scale, torch.cos(theta)], dim=-1)  # [C, H, W, 3]
-    else:
-        local = torch.stack([x, y, torch.ones_like(x)], dim=-1)
-    rotations = cameras.viewmats[:, :3, :3].to(dtype)  # [C, 3, 3] world to camera
-    world = torch.einsum("cji,chwj->chwi", rotations, local)  # R^T applied to each ray
-    return world / world.norm(dim=-1, keepdim=True)
 
 
 def cube_faces(directions: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -29,12 +29,13 @@ import viser
 from torch import Tensor
 
 from gsrecon.cameras.paths import focus_point, mean_up
+from gsrecon.cameras.rays import camera_rays
 from gsrecon.data.formats.images import to_uint8
 from gsrecon.data.scene import Scene
 from gsrecon.geometry import camera_centers
 from gsrecon.render.base import Renderer, RendererConfig, RenderOutput
 from gsrecon.render.colormap import depth_image
-from gsrecon.render.environment import Sky, camera_rays, composite, far_sphere_gaussians
+from gsrecon.render.environment import Sky, composite, far_sphere_gaussians
 from gsrecon.viewer import DISPLAYS, RESOLUTIONS, check_view_settings
 from gsrecon.viewer.convert import SPLAT_KEYS, Pose, pose_of, splat_arrays, thumbnail, vertical_fov, view_of
 
@@ -248,7 +249,7 @@ class SceneViewer:
         self.pause_button.on_click(lambda _: self.set_paused(not self.paused))
 
     def _add_cameras(self, scene: Scene) -> None:
-        viewmats = torch.stack([f.viewmat for f in scene.train]).double().cpu()  # [F, 4, 4]
+        viewmats = scene.train_cameras.viewmats.double().cpu()  # [F, 4, 4]
         self._sky_center = camera_centers(viewmats).mean(dim=0).float()  # [3]
         self._sky_radius = SKY_RADIUS * scene.extent
         self.server.scene.set_up_direction(tuple(mean_up(viewmats).tolist()))

@@ -38,6 +38,7 @@ from gsrecon.registry import VIEW_REGISTRY
 
 if TYPE_CHECKING:
     from gsrecon.data.pipeline import Batch
+    from gsrecon.render.base import RenderOutput
 
 APPEARANCE_EVALS = ("identity", "fit_left")
 AFFINE_MATRICES = ("full", "diagonal")
@@ -131,7 +132,8 @@ class AppearanceModule(ViewModule):
         offsets = state_dict["offsets"]
         if not torch.equal(self.masked(offsets), offsets):
             raise InputError(
-                "the checkpoint's appearance transforms mix colour channels: resume it with appearance.matrix=full"
+                "the checkpoint's appearance transforms mix colour channels: resume it with "
+                "views.appearance.matrix=full"
             )
         return super().load_state_dict(state_dict, strict, assign)
 
@@ -253,13 +255,13 @@ class AffineAppearance(AppearanceModule):
         channels = torch.arange(3)
         self.offsets[rows[:, None], channels, channels] = (gains - 1).to(self.offsets)
 
-    def adjust_image(self, image: Tensor, batch: Batch) -> Tensor:
+    def adjust_image(self, image: Tensor, batch: Batch, out: RenderOutput) -> Tensor:
         """The rendered ``image`` [B, H, W, 3] as the training images ``batch.names`` saw them."""
         if not self.corrects_any(batch):
             return image
         return apply_affine(image, self.transforms()[self.rows(batch.names, self.offsets.device)])
 
-    def regularization(self) -> Tensor | None:
+    def regularization(self, out: RenderOutput, batch: Batch) -> Tensor | None:
         """``reg`` × the mean squared distance of the transforms from the identity; None where no photo is corrected."""
         if not self.corrected().any():
             return None

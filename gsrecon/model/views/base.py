@@ -5,7 +5,10 @@ exposure, a camera's pose error). It owns its parameters, its optimiser (and sch
 that joins the loss, its checkpoint state, and a policy for test views, which it has no parameters for. It acts
 in one or both places of a step: on the cameras before the render (:meth:`ViewModule.adjust_cameras`) and on the
 rendered image before the loss (:meth:`ViewModule.adjust_image`); and on a test view's camera before it is scored
-(:meth:`ViewModule.eval_cameras`).
+(:meth:`ViewModule.eval_cameras`). A step's values reach a module as arguments and leave it as return values (the
+render as it reaches a module's composite is given to :meth:`ViewModule.render_term`; the step's render, after what the
+modules draw besides the Gaussians, to :meth:`ViewModule.adjust_image` and :meth:`ViewModule.regularization`): no
+module keeps one call's values for a later call.
 
 A run's modules are :data:`~gsrecon.registry.VIEW_REGISTRY` entries of one shape, ``{name, ...options}``, in the
 ``views:`` entry map (``{key: {name, ...options}}``): ``views.appearance`` and ``views.pose_opt`` each take only
@@ -111,12 +114,20 @@ class ViewModule(torch.nn.Module, RunChecked):
         Gaussians (training and test views and any other camera alike; before :meth:`adjust_image`)."""
         return out
 
-    def adjust_image(self, image: Tensor, batch: Batch) -> Tensor:
-        """The rendered ``image`` [B, H, W, 3] of training ``batch`` as its photos saw it (before the loss)."""
+    def render_term(self, out: RenderOutput) -> Tensor | None:
+        """The module's weighted regularisation term of a training step's render ``out`` as it reaches the module's
+        :meth:`composite` (a term of the Gaussians' own render, e.g. of its opacity), or None; it joins the module's
+        :meth:`regularization`."""
+        return None
+
+    def adjust_image(self, image: Tensor, batch: Batch, out: RenderOutput) -> Tensor:
+        """The rendered ``image`` [B, H, W, 3] of training ``batch`` as its photos saw it (before the loss); ``out`` is
+        the step's render of ``batch`` (after the modules' :meth:`composite`: its alpha, its depth)."""
         return image
 
-    def regularization(self) -> Tensor | None:
-        """The module's weighted regularisation term, or None."""
+    def regularization(self, out: RenderOutput, batch: Batch) -> Tensor | None:
+        """The module's weighted regularisation term of the training step whose render of ``batch`` is ``out`` (after
+        the modules' :meth:`composite`), or None."""
         return None
 
     def eval_adjust(self) -> EvalAdjust | None:
@@ -161,15 +172,36 @@ class ViewModules:
             out = module.composite(out, batch.cameras, batch.backgrounds)
         return out
 
-    def adjust_image(self, image: Tensor, batch: Batch) -> Tensor:
+    def draw(self, out: RenderOutput, batch: Batch) -> tuple[RenderOutput, dict[str, Tensor]]:
+        """A training step's :meth:`composite` of ``out``, with the modules' terms of the render as each module's
+        composite receives it (``{key: term}``, :meth:`ViewModule.render_term`; for :meth:`regularization`)."""
+        terms = {}
+        for key, module in self.modules.items():
+            if (term := module.render_term(out)) is not None:
+                terms[key] = term
+            out = module.composite(out, batch.cameras, batch.backgrounds)
+        return out, terms
+
+    def adjust_image(self, image: Tensor, batch: Batch, out: RenderOutput, until: ViewModule | None = None) -> Tensor:
+        """The rendered ``image`` [B, H, W, 3] of training ``batch`` as the modules adjust it in order (see
+        :meth:`ViewModule.adjust_image`; ``out``: the step's render of ``batch``); with ``until``, as that module
+        sees it: adjusted by the modules before it only."""
         for module in self.modules.values():
-            image = module.adjust_image(image, batch)
+            if module is until:
+                break
+            image = module.adjust_image(image, batch, out)
         return image
 
-    def regularization(self) -> dict[str, Tensor]:
-        """``{key: term}`` of the modules that have one (the loss's ``train/loss/<key>``)."""
-        terms = {key: module.regularization() for key, module in self.modules.items()}
-        return {key: term for key, term in terms.items() if term is not None}
+    def regularization(self, out: RenderOutput, batch: Batch, drawn: dict[str, Tensor]) -> dict[str, Tensor]:
+        """``{key: term}`` of the modules that have one in the training step whose render of ``batch`` is ``out`` (the
+        loss's ``train/loss/<key>``): each module's term of the render ``drawn`` (:meth:`draw`) and its
+        :meth:`ViewModule.regularization`, summed."""
+        terms = {}
+        for key, module in self.modules.items():
+            parts = [term for term in (drawn.get(key), module.regularization(out, batch)) if term is not None]
+            if parts:
+                terms[key] = parts[0] if len(parts) == 1 else sum(parts)
+        return terms
 
     def step(self, names: list[str], dist: DistributedContext) -> None:
         """After ``backward`` of a step on the training views ``names``: sum the gradients over torchrun processes,
@@ -323,12 +355,13 @@ def build_views(
         try:
             modules[key] = VIEW_REGISTRY.build(entry, train_names=train_names).to(device)
         except ValueError as exc:
-            raise ConfigError(f"{source}: key '{key}': {exc}") from exc
+            raise ConfigError(f"{source}: key 'views.{key}': {exc}") from exc
         except (MemoryError, RuntimeError) as exc:
             if not is_out_of_memory(exc):
                 raise
+            off = f"views.{key}.name=none" if key in VIEW_SECTIONS else f"views.{key}=null"
             raise ConfigError(
-                f"{source}: key '{key}': out of memory for its {len(train_names)} training images ({last_line(exc)}); "
-                f"give it fewer cells or parameters, or turn it off ({key}.name=none)"
+                f"{source}: key 'views.{key}': out of memory for its {len(train_names)} training images "
+                f"({last_line(exc)}); give it fewer cells or parameters, or turn it off ({off})"
             ) from None
     return ViewModules(modules)

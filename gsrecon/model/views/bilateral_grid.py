@@ -29,6 +29,7 @@ from gsrecon.registry import VIEW_REGISTRY
 
 if TYPE_CHECKING:
     from gsrecon.data.pipeline import Batch
+    from gsrecon.render.base import RenderOutput
 
 LUMA_WEIGHTS = (0.299, 0.587, 0.114)  # ITU-R BT.601 luminance of an RGB colour: the grid's third axis
 MAX_GRID_CELLS = 256  # per axis
@@ -79,13 +80,13 @@ class BilateralGridAppearance(AppearanceModule):
     def start_from_gains(self, rows: Tensor, gains: Tensor) -> None:
         self.offsets[rows[:, None], list(GAIN_ENTRIES)] = (gains - 1)[..., None, None, None].to(self.offsets)
 
-    def adjust_image(self, image: Tensor, batch: Batch) -> Tensor:
+    def adjust_image(self, image: Tensor, batch: Batch, out: RenderOutput) -> Tensor:
         """The rendered ``image`` [B, H, W, 3] as the training images ``batch.names`` saw them."""
         if not self.corrects_any(batch):
             return image
         return slice_grids(self.grids(self.rows(batch.names, self.offsets.device)), image)
 
-    def regularization(self) -> Tensor | None:
+    def regularization(self, out: RenderOutput, batch: Batch) -> Tensor | None:
         """``reg`` × the grids' total variation; None where no photo is corrected."""
         if not self.corrected().any():
             return None

@@ -36,11 +36,12 @@ import torch
 from torch import Tensor
 
 from gsrecon.cameras.paths import mean_up
+from gsrecon.cameras.rays import camera_rays
 from gsrecon.component import RunFacts, RunSetup
 from gsrecon.data.prefetch import host_memory_room
 from gsrecon.model.views.base import ViewModule, ViewModules, build_views, view_entries
 from gsrecon.registry import VIEW_REGISTRY
-from gsrecon.render.environment import Sky, camera_rays, composite
+from gsrecon.render.environment import Sky, composite
 
 if TYPE_CHECKING:
     from gsrecon.cameras import Cameras
@@ -101,10 +102,6 @@ class Environment(ViewModule):
         self.texels = torch.nn.Parameter(torch.full((6, res, res, 3), logit))  # [6, R, R, 3] pre-sigmoid
         if cfg.horizon:  # [3] world-space up, the training cameras' mean (setup); zero: not yet known
             self.register_buffer("up", torch.zeros(3))
-        self._entropy: Tensor | None = None  # the opacity's entropy in the last render with gradients
-        # The last such render's alpha [C, H, W, 1], environment [C, H, W, 3] and its share above the horizon
-        self._drawn: tuple[Tensor, Tensor, Tensor | None] | None = None
-        self._prior: Tensor | None = None  # the sky prior's term of the last training step
 
     def check(self, run: RunFacts) -> None:
         if run.config["data"]["background"] == "random":
@@ -115,7 +112,7 @@ class Environment(ViewModule):
 
     def setup(self, run: RunSetup) -> None:
         if self.cfg.horizon and run.data is not None:
-            viewmats = torch.stack([frame.viewmat for frame in run.data.scene.train])  # [F, 4, 4]
+            viewmats = run.data.scene.train_cameras.viewmats  # [F, 4, 4]
             self.up.copy_(mean_up(viewmats.double()).to(self.up))
 
     def colors(self) -> Tensor:
@@ -130,34 +127,25 @@ class Environment(ViewModule):
         return None  # one cube map for every view
 
     def composite(self, out: RenderOutput, cameras: Cameras, backgrounds: Tensor) -> RenderOutput:
-        rays = camera_rays(cameras)  # [C, H, W, 3]
-        drawn = self.sky()
-        environment = drawn.draw(rays, backgrounds[:, None, None, :])  # [C, H, W, 3]
-        if self.cfg.opacity_reg > 0.0 and torch.is_grad_enabled():
-            alpha = out.alpha.clamp(1e-6, 1.0 - 1e-6)  # [C, H, W, 1]
-            self._entropy = -(alpha * alpha.log() + (1.0 - alpha) * (1.0 - alpha).log()).mean()
-        if self.cfg.sky_prior > 0.0 and torch.is_grad_enabled():
-            self._drawn = out.alpha, environment.detach(), drawn.above(rays)
+        environment = self.sky().draw(camera_rays(cameras), backgrounds[:, None, None, :])  # [C, H, W, 3]
         return composite(out, environment, backgrounds)
 
-    def adjust_image(self, image: Tensor, batch: Batch) -> Tensor:
-        if self._drawn is not None:
-            alpha, environment, sky = self._drawn  # [C, H, W, 1], [C, H, W, 3], [C, H, W, 1] or None
-            self._drawn = None
-            difference = (environment - batch.images[..., :3]).square().mean(dim=-1, keepdim=True)  # [C, H, W, 1]
-            match = torch.exp(-difference / self.cfg.sky_match**2)
-            self._prior = (alpha * (match if sky is None else match * sky)).mean()
-        return image
+    def render_term(self, out: RenderOutput) -> Tensor | None:
+        if self.cfg.opacity_reg == 0.0:
+            return None
+        alpha = out.alpha.clamp(1e-6, 1.0 - 1e-6)  # [C, H, W, 1]
+        return self.cfg.opacity_reg * -(alpha * alpha.log() + (1.0 - alpha) * (1.0 - alpha).log()).mean()
 
-    def regularization(self) -> Tensor | None:
-        terms = []
-        entropy, self._entropy = self._entropy, None
-        if entropy is not None:
-            terms.append(self.cfg.opacity_reg * entropy)
-        prior, self._prior = self._prior, None
-        if prior is not None:
-            terms.append(self.cfg.sky_prior * prior)
-        return sum(terms) if terms else None
+    def regularization(self, out: RenderOutput, batch: Batch) -> Tensor | None:
+        if self.cfg.sky_prior == 0.0:
+            return None
+        with torch.no_grad():
+            rays, sky = camera_rays(batch.cameras), self.sky()  # [C, H, W, 3]
+            environment = sky.draw(rays, batch.backgrounds[:, None, None, :])  # [C, H, W, 3]
+            above = sky.above(rays)  # [C, H, W, 1] or None: drawn everywhere
+        difference = (environment - batch.images[..., :3]).square().mean(dim=-1, keepdim=True)  # [C, H, W, 1]
+        match = torch.exp(-difference / self.cfg.sky_match**2)
+        return self.cfg.sky_prior * (out.alpha * (match if above is None else match * above)).mean()
 
 
 def sky_key(resolved: Mapping[str, Any]) -> str | None:

@@ -245,7 +245,7 @@ class PoseCorrection(ViewModule):
             poses = poses.detach()  # no twist here learns: the renderer skips the cameras' gradients
         return dataclasses.replace(batch, cameras=cameras.with_viewmats(poses))
 
-    def regularization(self) -> Tensor:
+    def regularization(self, out: RenderOutput, batch: Batch) -> Tensor:
         """``reg`` × the mean over training images of the squared length of their twists."""
         return self.cfg.reg * self.twists.square().sum(-1).mean()
 

@@ -38,7 +38,7 @@ the check it cost PSNR everywhere, setting aside what the young scene had not le
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -47,10 +47,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gsrecon.cameras.lens import project_points
+from gsrecon.cameras.rays import camera_rays
 from gsrecon.geometry import camera_centers
-from gsrecon.model.views.base import ViewModule
+from gsrecon.model.views.base import RenderFn, ViewModule, ViewModules
 from gsrecon.registry import VIEW_REGISTRY
-from gsrecon.render.environment import camera_rays
 
 if TYPE_CHECKING:
     from gsrecon.cameras import Cameras
@@ -193,13 +193,6 @@ class TransientWeights(ViewModule):
         self.register_buffer("steps", torch.zeros((), dtype=torch.int64))  # training steps seen (checkpointed)
         # each training photo as last seen (not checkpointed: a resumed run sees them again within an epoch)
         self.seen: dict[str, Seen] = {}
-        self.depth: tuple[Cameras, Tensor] | None = None  # the last render's cameras and expected depth [B, H, W, 1]
-
-    def composite(self, out: RenderOutput, cameras: Cameras, backgrounds: Tensor) -> RenderOutput:
-        """``out`` unchanged; its expected depth is kept for :meth:`set_aside` of the same cameras."""
-        if self.cfg.check_views:
-            self.depth = (cameras, out.depth.detach())
-        return out
 
     def others(self, names: list[str], cameras: Cameras) -> list[list[Seen]]:
         """Per view of ``names``, the ``check_views`` other training photos seen so far nearest to its camera."""
@@ -214,15 +207,12 @@ class TransientWeights(ViewModule):
             chosen.append(order[: self.cfg.check_views])
         return chosen
 
-    def set_aside(self, image: Tensor, batch: Batch) -> Tensor:
-        """[B, H, W, 1] bool: the pixels of ``batch``'s photos set aside from the render ``image`` [B, H, W, 3] (with
-        ``check_views``, where the last render was of ``batch``'s cameras: nothing otherwise)."""
+    def set_aside(self, image: Tensor, batch: Batch, depth: Tensor) -> Tensor:
+        """[B, H, W, 1] bool: the pixels of ``batch``'s photos set aside from the render ``image`` [B, H, W, 3] whose
+        expected depth is ``depth`` [B, H, W, 1] (with ``check_views``: the surface looked up in the other photos)."""
         cfg = self.cfg
         contradicted = None
         if cfg.check_views:
-            if self.depth is None or self.depth[0] is not batch.cameras:
-                return torch.zeros_like(image[..., :1], dtype=torch.bool)
-            depth = self.depth[1]
 
             def contradicted(candidates: Tensor) -> Tensor:
                 others = self.others(batch.names, batch.cameras)
@@ -234,11 +224,11 @@ class TransientWeights(ViewModule):
             image, batch.images, cfg.factor, cfg.min_residual, cfg.patch, cfg.patch_fraction, batch.masks, contradicted
         )
 
-    def adjust_image(self, image: Tensor, batch: Batch) -> Tensor:
-        """``image`` [B, H, W, 3] with the photo's values where :meth:`set_aside` sets pixels aside, once the module
-        has seen ``start`` training steps (this is called once a step)."""
+    def adjust_image(self, image: Tensor, batch: Batch, out: RenderOutput) -> Tensor:
+        """``image`` [B, H, W, 3] with the photo's values where :meth:`set_aside` sets pixels aside (from the depth of
+        ``out``), once the module has seen ``start`` training steps (this is called once a step)."""
         self.steps += 1
-        aside = None if self.steps <= self.cfg.start else self.set_aside(image, batch)
+        aside = None if self.steps <= self.cfg.start else self.set_aside(image, batch, out.depth.detach())
         self.remember(batch)
         return image if aside is None else torch.where(aside, batch.images, image)
 
@@ -248,3 +238,17 @@ class TransientWeights(ViewModule):
             for index, name in enumerate(batch.names):
                 photo = (batch.images[index].detach() * 255).round().to(torch.uint8)  # [H, W, 3]
                 self.seen[name] = Seen(photo, batch.cameras[index])
+
+    def set_aside_in(
+        self, views: ViewModules, batches: Callable[[], Iterable[Batch]], render: RenderFn
+    ) -> Iterator[tuple[Batch, Tensor]]:
+        """Each batch of the training views ``batches()`` (cameras as ``views`` place them) with the pixels [B, H, W,
+        1] bool the module sets aside in its photos from the scene as ``render`` draws it (the image after the modules
+        of ``views`` before this one), every photo seen first for the check of the others."""
+        for batch in batches():
+            self.remember(views.adjust_cameras(batch))
+        for batch in batches():
+            batch = views.adjust_cameras(batch)
+            out = render(batch)
+            image = views.adjust_image(out.image, batch, out, until=self)  # [B, H, W, 3] as this module sees it
+            yield batch, self.set_aside(image, batch, out.depth.detach())
