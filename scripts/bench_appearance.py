@@ -33,7 +33,7 @@ from gsrecon.engine.trainer import DefaultTrainer  # noqa: E402
 def test_psnr(mode: str, seed: int, steps: int, lr: float, evaluation: str, work: Path, cache: Path) -> float:
     """Mean test-view PSNR of one run trained on perturbed photos."""
     top = benchmark_config(mode, cache, steps)
-    top["appearance"].update({"lr": lr, "eval": evaluation})
+    top["views"]["appearance"].update({"lr": lr, "eval": evaluation})
     cfg = parse_structured(DefaultTrainer.Config, tiny_config(work / f"{mode}_{evaluation}_{seed}", cache, **top))
     trainer = DefaultTrainer(cfg)
     perturb_training_images(trainer, seed)
