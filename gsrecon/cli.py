@@ -163,7 +163,7 @@ def _load_scene(args: argparse.Namespace, overrides: Sequence[str] | None = None
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from gsrecon.engine.inference import default_eval_dir, evaluate, evaluation_report
+    from gsrecon.engine.scene_eval import default_eval_dir, evaluate, evaluation_report
 
     out = args.out or default_eval_dir(args.exp_dir, args.checkpoint)
     print("\n".join(evaluation_report(evaluate(_load_scene(args), out, device=args.device), out)))

@@ -83,7 +83,7 @@ def sky_gaussians(
     if not math.isfinite(radii):
         logger.warning("lod.env_threshold=inf: the site has no environment, so the trained sky is left out of it")
         return None
-    run = scene_run(scene, "export", "cpu", logger)
+    run = scene_run(scene, "cpu", logger)
     radius = radii * max(region.radius, 1e-3)
     colors = trained_sky(run.views, run.datapipeline.fixed_background()).cpu()  # [6, R, R, 3]
     gaussians = far_sphere_gaussians(colors, torch.tensor(region.center), radius)

@@ -23,6 +23,7 @@ from gsrecon.cameras.model import CameraModel
 from gsrecon.component import RunSetup
 from gsrecon.data.blocks import Partition, cell_box, image_coverage
 from gsrecon.distributed import DistributedContext
+from gsrecon.engine.build import build_scene_renderer, build_view_modules
 from gsrecon.engine.checkpoints import (
     load_checkpoint_file,
     non_finite,
@@ -31,7 +32,7 @@ from gsrecon.engine.checkpoints import (
     write_checkpoint,
 )
 from gsrecon.engine.evaluator import build_metrics, evaluate_views
-from gsrecon.engine.inference import TrainedScene, scene_renderer
+from gsrecon.engine.inference import TrainedScene, batch_renderer
 from gsrecon.engine.resolve import resolve_views_config, structural_keys
 from gsrecon.engine.run_dir import RunDir
 from gsrecon.engine.signals import stop_at_step_boundary
@@ -41,7 +42,7 @@ from gsrecon.export import export_gaussians
 from gsrecon.logging.console import Logger
 from gsrecon.metrics import mean_metrics
 from gsrecon.model import ops
-from gsrecon.model.views.base import ViewModules, build_views
+from gsrecon.model.views.base import ViewModules
 from gsrecon.model.views.environment import Environment, merge_skies, set_sky, trained_sky
 from gsrecon.partition.folder import PLAN_FILE
 from gsrecon.render.environment import camera_rays, texel_coverage
@@ -226,7 +227,9 @@ def _merged_sky(
     weighted by how much the block's training views read it), set up for the whole capture (its horizon); None
     where the run has no sky. Raises InputError naming the blocks that kept no sky, or one of another resolution."""
     exp_dir = Path(cfg.exp_dir)
-    views = build_views(resolve_views_config(cfg, str(exp_dir)), [f.name for f in pipeline.scene.train], "cpu")
+    views = build_view_modules(
+        resolve_views_config(cfg, str(exp_dir)), pipeline.scene, torch.device("cpu"), str(exp_dir)
+    )
     keys = [key for key, module in views.modules.items() if isinstance(module, Environment)]
     if not keys:
         return None
@@ -278,7 +281,7 @@ def _score(
     if pipeline.num_val == 0:
         return []
     scene = TrainedScene(cfg, params, step, str(cfg.exp_dir))
-    render = scene_renderer(scene, pipeline.device, logger, views=sky)
+    render = batch_renderer(scene, build_scene_renderer(cfg, pipeline.device, logger), pipeline.device, sky)
     metrics = build_metrics(cfg.metrics, pipeline.device, logger)
     views = evaluate_views(render, itertools.takewhile(lambda _: not stopped(), pipeline.val_batches()), metrics)
     seen = {frame.name: _cells_seen(frame, partition) for frame in pipeline.scene.test}

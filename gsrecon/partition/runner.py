@@ -26,7 +26,7 @@ from rich.console import Console
 from gsrecon.atomic import write_json
 from gsrecon.config import ConfigError, load_config, save_yaml, to_container
 from gsrecon.data.blocks import Partition, plan_partition
-from gsrecon.data.pipeline import DataPipeline, read_scene
+from gsrecon.data.pipeline import read_scene
 from gsrecon.distributed import DistributedContext
 from gsrecon.engine import build, resolve
 from gsrecon.engine.checkpoints import changed_settings
@@ -103,8 +103,7 @@ def train_blocks(cfg: resolve.RunConfig, source: str, overwrite: bool = False) -
     logger = Logger(console=None if dist.rank == 0 else Console(quiet=True))
     resume = bool(cfg.resume)
     run_dir = RunDir(cfg.exp_dir, source)
-    block_run = build.build_run(cfg, "block", source, logger, dist)
-    device, resolved = block_run.device, block_run.resolved
+    device, resolved = build.resolve_run(cfg, source, dist)
     group = _wait_group(dist)
     partition, error = None, None
     try:
@@ -125,7 +124,7 @@ def train_blocks(cfg: resolve.RunConfig, source: str, overwrite: bool = False) -
         if group is not None:
             torch_dist.barrier(group)
         if dist.rank == 0:
-            pipeline = DataPipeline(dataclasses.replace(cfg.data, cache="disk"), device, cfg.seed, source=source)
+            pipeline = build.build_datapipeline(dataclasses.replace(cfg.data, cache="disk"), device, cfg.seed, source)
             outcome.merged = merge_blocks(cfg, resolved, partition, pipeline, logger, dist.local_rank)
             outcome.stop_reason, outcome.stop_signal = outcome.merged.stop_reason, outcome.merged.stop_signal
         return outcome
@@ -183,9 +182,8 @@ def merge_run(exp_dir: str | Path, device: str = "auto", overrides: Sequence[str
     machine = [f"exp_dir={exp_dir}", *([f"device={device}"] if device != "auto" else [])]
     cfg, source = resolve.load_run_config(str(config), [*machine, *overrides])
     import_plugins(cfg.imports, source)
-    run = build.build_run(cfg, "block", source)
-    torch_device, resolved = run.device, run.resolved
-    pipeline = DataPipeline(dataclasses.replace(cfg.data, cache="disk"), torch_device, cfg.seed, source=source)
+    torch_device, resolved = build.resolve_run(cfg, source)
+    pipeline = build.build_datapipeline(dataclasses.replace(cfg.data, cache="disk"), torch_device, cfg.seed, source)
     partition = plan_partition(pipeline.scene, cfg.partition)
     _check_plan(exp_dir / PLAN_FILE, partition)
     run_dir = RunDir(exp_dir, source)

@@ -24,7 +24,7 @@ def view(args: argparse.Namespace) -> int:
         imports=args.imports,
     )
     logger = Logger()
-    run = scene_run(scene, "view", args.device, logger, median_depth=True)
+    run = scene_run(scene, args.device, logger, median_depth=True)
     pipeline, device = run.datapipeline, run.device
     viewer = SceneViewer(
         run.renderer,
