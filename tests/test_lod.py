@@ -18,7 +18,7 @@ from PIL import Image
 from gsrecon.cli import main
 from gsrecon.config import parse_structured
 from gsrecon.engine.checkpoints import load_checkpoint_file
-from gsrecon.engine.inference import load_trained_scene, scene_renderer
+from gsrecon.engine.inference import load_trained_scene, scene_run
 from gsrecon.engine.run_dir import RunDir
 from gsrecon.engine.trainer import DefaultTrainer
 from gsrecon.export.lod.merge import halve, merge_pairs, neighbour_pairs
@@ -254,12 +254,12 @@ def test_playcanvas_in_chromium_draws_the_site_as_gsrecon_renders_it(lod_run: Pa
     out = tmp_path / "site" / "lod-meta.json"
     assert main(["export", "--exp-dir", str(lod_run), "--format", "lod", "--out", str(out)]) == 0
     scene = load_trained_scene(exp_dir=str(lod_run))
-    from gsrecon.data.pipeline import DataPipeline
-
-    pipeline = DataPipeline(scene.cfg.data, torch.device("cpu"), scene.cfg.seed)
+    run = scene_run(scene, "cpu", Logger())
+    pipeline = run.datapipeline
     batch = next(iter(pipeline.val_batches()))
     frame = pipeline.scene.test[0]
-    expected = scene_renderer(scene, torch.device("cpu"), Logger())(batch).image[0].clamp(0, 1).numpy()
+    params = {name: value for name, value in scene.params.items()}
+    expected = run.renderer.render_batch(params, batch, scene.sh_degree).image[0].clamp(0, 1).numpy()
     background = tuple(pipeline.fixed_background().tolist())
     shot = draw_site(
         chromium, web_readers, out.parent, frame.viewmat.numpy(), frame.K.numpy(), frame.width, frame.height,

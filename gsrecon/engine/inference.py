@@ -26,7 +26,7 @@ from gsrecon.engine.checkpoints import first_readable, load_checkpoint_file
 from gsrecon.engine.resolve import RunConfig, resolve_views_config
 from gsrecon.engine.run_dir import RunDir
 from gsrecon.errors import InputError
-from gsrecon.export import ExportContext, export_gaussians
+from gsrecon.export import ExportContext, TrainedRun, export_gaussians
 from gsrecon.logging.console import Logger, ProgressLogger
 from gsrecon.model.scene_file import load_gaussians
 from gsrecon.model.views.base import ViewModules, current_shape, export_notes
@@ -231,21 +231,27 @@ def export(
     device: str = "auto",
     logger: Logger | None = None,
     options: dict[str, Any] | None = None,
+    exp_dir: str | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """Write the Gaussians in the registered export format ``fmt`` with its ``options`` (e.g. the mesh's
     ``voxel``), recording the render mode where the format can, and warning when the scene needs a viewer with
     Mip-Splatting's compensation.
 
     The training views and the renderer (on ``device``, with the median depth) are loaded only for a format
-    that needs them.
+    that needs them; a format made from the run folder (``lod``) gets ``exp_dir``, the scene's, and may replace what
+    a previous export left at ``out`` with ``overwrite``.
     """
     logger = logger or Logger()
-    context = ExportContext()
-    if EXPORT_REGISTRY.get(fmt).needs:
-        run = scene_run(scene, device, logger, median_depth=True)
-        pipeline = run.datapipeline
-        render = batch_renderer(scene, run.renderer, run.device)
-        context = ExportContext(train_batches=pipeline.train_batches, render=torch.no_grad()(render))
+    needs = EXPORT_REGISTRY.get(fmt).needs
+    if "run" in needs and not exp_dir:
+        raise InputError(f"--format {fmt} needs --exp-dir: it is built from and kept in a run folder")
+    run = TrainedRun(Path(exp_dir), scene, logger, device) if exp_dir else None
+    context = ExportContext(run=run, overwrite=overwrite)
+    if {"train_batches", "render"} & set(needs):
+        drawn = scene_run(scene, device, logger, median_depth=True)
+        render = torch.no_grad()(batch_renderer(scene, drawn.renderer, drawn.device))
+        context = replace(context, train_batches=drawn.datapipeline.train_batches, render=render)
     path = export_gaussians(scene.params, out, fmt, antialiased=scene.antialiased, context=context, options=options)
     for note in export_notes(resolve_views_config(scene.cfg, scene.source)):
         logger.info(f"{path}: {note}")

@@ -124,15 +124,23 @@ def level_factor(base: int, scale: int, level: int, shortest: int) -> int:
 
 
 def build_levels(
-    scene: TrainedScene, exp_dir: str | Path, lod: LodConfig, device: str = "auto", logger: Logger | None = None
+    scene: TrainedScene,
+    exp_dir: str | Path,
+    lod: LodConfig,
+    device: str = "auto",
+    logger: Logger | None = None,
+    held: bool = False,
 ) -> LodOutcome:
     """Build (or keep, or resume) levels 1..``lod.levels`` of the run in ``exp_dir`` whose trained scene is ``scene``
-    (see the module docstring).
+    (see the module docstring), holding the run's lock meanwhile (unless the caller ``held`` it: the run's training,
+    exporting the site when it ends).
 
     Raises InputError for a ``device`` this machine lacks, or a run another process holds (its lock), before
     anything is written."""
     cfg = scene.cfg if device == "auto" else dataclasses.replace(scene.cfg, device=device)
     resolve_device(cfg.device, DistributedContext())
+    if held:
+        return _build_levels(scene, exp_dir, lod, cfg, logger or Logger())
     run_dir = RunDir(exp_dir, "gsrecon lod")
     run_dir.lock()
     try:

@@ -36,7 +36,7 @@ from gsrecon.errors import InputError
 from gsrecon.logging.console import Logger
 from gsrecon.metrics import describe_metrics
 from gsrecon.model.views.environment import trained_sky
-from gsrecon.partition.folder import PLAN_FILE, read_plan
+from gsrecon.partition.folder import PLAN_FILE, read_plan, refuse_plain_resume
 from gsrecon.partition.merge import (
     BLOCK_RESULT,
     BLOCKS_DIR,
@@ -89,6 +89,21 @@ def merge_report(merged: MergeResult, exp_dir: str | Path) -> list[str]:
     if merged.stop_reason:
         return [f"{merged.stop_reason}; continue with: gsrecon merge --exp-dir {exp_dir}"]
     return [describe_merge(merged), f"outputs: {exp_dir} (checkpoints/last.pt, point_cloud.ply, metrics.json)"]
+
+
+def train_config(
+    cfg: resolve.RunConfig, source: str, overwrite: bool = False
+) -> tuple[list[str], str | None, int | None]:
+    """``gsrecon train`` of ``cfg``: its blocks (``partition.blocks`` without ``partition.block``:
+    :func:`train_blocks`) or one run. Returns what the command line says, why training stopped early (None: it did
+    not) and the signal that stopped it."""
+    if cfg.partition.enabled and cfg.partition.block is None:
+        outcome = train_blocks(cfg, source, overwrite)
+        return outcome.report(cfg), outcome.stop_reason, outcome.stop_signal
+    refuse_plain_resume(cfg, source)
+    trainer = DefaultTrainer(cfg, source=source, overwrite=overwrite)
+    trainer.train()
+    return trainer.report(), trainer.stop_reason, trainer.stop_signal
 
 
 def train_blocks(cfg: resolve.RunConfig, source: str, overwrite: bool = False) -> BlocksOutcome:
