@@ -35,7 +35,6 @@ from gsrecon.plugins import import_plugins
 from gsrecon.registry import DATASET_REGISTRY, EXPORT_REGISTRY, MODEL_REGISTRY, RENDERER_REGISTRY
 from gsrecon.render.base import Renderer, RenderOutput
 from gsrecon.render.colormap import DEPTH_KINDS, depth_image
-from gsrecon.render.video import VideoWriter
 
 MIN_SEEN = 0.5  # a PLY whose Gaussians a capture's training views see less of was likely trained on another one
 
@@ -186,6 +185,8 @@ def render_path_video(
         raise InputError(f"--frames must be at least 2, got {frames}")
     if Path(out).suffix.lower() != ".mp4":
         raise InputError(f"--out must be an .mp4 file, got {out}")
+    from gsrecon.render.video import VideoWriter  # ffmpeg only where a video is written
+
     logger = logger or Logger()
     run = scene_run(scene, device, logger, median_depth=depth == "median")
     pipeline, torch_device, renderer = run.datapipeline, run.device, run.renderer

@@ -190,7 +190,7 @@ def _build_levels(
             )
         level_cfg = tuning_config(
             cfg, folder / f"level_{level}" / "merged.ply", run, lod.steps, resume,
-            data=dataclasses.replace(cfg.data, factor=factor),
+            data=dataclasses.replace(cfg.data, factor=factor), hooks=_level_hooks(cfg.hooks),
         )  # fmt: skip
         source = f"{exp_dir} (level of detail {level})"
         trainer = DefaultTrainer(level_cfg, source, overwrite=not resume, logger=logger)
@@ -219,6 +219,17 @@ def _build_levels(
         logger.info(f"level {level}: {len(params['means'])} Gaussians at data.factor {factor}")
         _write_levels(exp_dir, scene, region, records, lod)
     return LodOutcome(records)
+
+
+def _level_hooks(hooks: Any) -> Any:
+    """A level's hooks: the run's, less an ``ExportHook`` writing the ``lod`` site (a level is part of the site the run
+    exports, not a run with levels of its own)."""
+    if not isinstance(hooks, dict):
+        return hooks
+    return {
+        key: None if entry and entry.get("name", key) == "ExportHook" and entry.get("format") == "lod" else entry
+        for key, entry in hooks.items()
+    }
 
 
 def _stopped_at(run: Path) -> tuple[int, int | None] | None:
