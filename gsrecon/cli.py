@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from rich.console import Console
 from rich.markup import escape
 
-from gsrecon.errors import InputError, is_out_of_memory, last_line
+from gsrecon.errors import InputError, is_out_of_memory
 from gsrecon.heap import describe_heap_setting, unmap_large_blocks
 
 EXIT_BUG = 1  # an error gsrecon did not raise on purpose: a bug in gsrecon or a plugin
@@ -32,7 +32,6 @@ _console = Console(stderr=True, soft_wrap=True)
 
 def _train(args: argparse.Namespace) -> int:
     from gsrecon.engine.resolve import load_run_config
-    from gsrecon.engine.trainer import DefaultTrainer
 
     config, overrides = args.config, args.overrides
     if args.data:
@@ -48,17 +47,9 @@ def _train(args: argparse.Namespace) -> int:
     cfg, source = load_run_config(config, overrides)
     if args.resume:
         cfg.resume = True
-    if cfg.partition.enabled and cfg.partition.block is None:
-        from gsrecon.partition.runner import train_blocks
+    from gsrecon.partition.runner import train_config
 
-        outcome = train_blocks(cfg, source, args.overwrite)
-        return _finished(outcome.report(cfg), outcome.stop_reason, outcome.stop_signal)
-    from gsrecon.partition.folder import refuse_plain_resume
-
-    refuse_plain_resume(cfg, source)
-    trainer = DefaultTrainer(cfg, source=source, overwrite=args.overwrite)
-    trainer.train()
-    return _finished(trainer.report(), trainer.stop_reason, trainer.stop_signal)
+    return _finished(*train_config(cfg, source, args.overwrite))
 
 
 def _finished(report: list[str], stop_reason: str | None, signum: int | None) -> int:
@@ -163,7 +154,7 @@ def _load_scene(args: argparse.Namespace, overrides: Sequence[str] | None = None
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from gsrecon.engine.inference import default_eval_dir, evaluate, evaluation_report
+    from gsrecon.engine.scene_eval import default_eval_dir, evaluate, evaluation_report
 
     out = args.out or default_eval_dir(args.exp_dir, args.checkpoint)
     print("\n".join(evaluation_report(evaluate(_load_scene(args), out, device=args.device), out)))
@@ -228,43 +219,18 @@ def _add_render(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_render)
 
 
-LOD_SUMMARY = (
-    "a run's levels of detail (gsrecon lod; built first where it has none) as PlayCanvas streamed SOG, with options "
-    "lod.chunk_count=512 (thousands of Gaussians per chunk), lod.chunk_extent=16, lod.chunk_min=8, "
-    "lod.env_threshold=8 (the environment: farther than this many camera radii) and lod.levels_ply=true; --exp-dir only"
-)
-
-
 def _lod(args: argparse.Namespace) -> int:
-    from gsrecon.engine.inference import load_trained_scene
-    from gsrecon.lod.config import LodConfig
-    from gsrecon.lod.levels import build_levels
+    from gsrecon.lod.cli import build_levels_of
 
-    lod = LodConfig(args.levels, args.steps, args.scale)  # refuses bad values before loading anything
-    scene = load_trained_scene(exp_dir=args.exp_dir, overrides=args.overrides, imports=args.imports)
-    outcome = build_levels(scene, args.exp_dir, lod, device=args.device)
+    outcome = build_levels_of(args)
     return _finished(outcome.report(), outcome.stop_reason, outcome.stop_signal)
 
 
 def _add_lod(sub: argparse._SubParsersAction) -> None:
-    from gsrecon.lod.config import LodConfig
+    from gsrecon.lod.cli import DESCRIPTION, SUMMARY, add_lod_arguments
 
-    p = _command(
-        sub, "lod", "build levels of detail of a trained run, each trained on the photos",
-        "Build levels 1..K below a run's trained scene in <exp_dir>/lod/: each merges neighbouring pairs of the "
-        "level above (moment matching: mass, mean, covariance and colour kept), then trains alone on the training "
-        "photos at --scale times the resolution divisor of the level above, with the run's renderer, device, "
-        "threads, loss and per-view modules (no densification). Run again to resume; levels already built with the "
-        "same settings are kept (a level trained past --steps or at another resolution is trained anew). The run's "
-        "lock is held meanwhile. gsrecon export --format lod writes them for streaming.",
-    )  # fmt: skip
-    p.add_argument("--exp-dir", required=True, help="the trained run's folder (a merged block run too)")
-    p.add_argument("--levels", type=int, default=LodConfig.levels, help="levels below the trained scene, each half")
-    p.add_argument("--steps", type=int, default=LodConfig.steps, help="training steps of each level")
-    p.add_argument("--scale", type=int, default=LodConfig.scale, help="resolution divisor over the level above")
-    p.add_argument("--device", default="auto", help="auto (the run's) | cpu | cuda | cuda:N")
-    p.add_argument("--imports", action="append", default=[], help="a plugin to import first (as for export)")
-    p.add_argument("overrides", nargs="*", help="key=value changes of the run's config, e.g. data.path=...")
+    p = _command(sub, "lod", SUMMARY, DESCRIPTION)
+    add_lod_arguments(p)
     p.set_defaults(func=_lod)
 
 
@@ -283,27 +249,21 @@ def _export(args: argparse.Namespace) -> int:
     given = [item.removeprefix(prefix) for item in [*aliases, *args.overrides] if item.startswith(prefix)]
     options = apply_overrides({}, given, f"--format {args.format} options")
     scene = _load_scene(args, [item for item in args.overrides if not item.startswith(prefix)])
-    if args.format == "lod":  # a run's levels, not one scene's Gaussians: gsrecon.lod
-        from gsrecon.lod.export import export_lod
-
-        print(f"wrote {export_lod(scene, args.exp_dir, args.out, options, args.overwrite, args.device)}")
-        return 0
-    print(f"wrote {export(scene, args.out, args.format, device=args.device, options=options)}")
+    path = export(
+        scene, args.out, args.format, args.device, options=options, exp_dir=args.exp_dir, overwrite=args.overwrite
+    )
+    print(f"wrote {path}")
     return 0
 
 
 class _RegisteredExportFormats:
-    """The built-in export formats with their file endings and summaries, read from EXPORT_REGISTRY only when
+    """The registered export formats for ``--help`` (:func:`~gsrecon.export.base.describe_formats`), read only when
     ``--help`` shows them (importing the formats takes seconds, which every command would pay)."""
 
     def __str__(self) -> str:
-        from gsrecon.registry import EXPORT_REGISTRY
+        from gsrecon.export.base import describe_formats
 
-        entries = {name: EXPORT_REGISTRY.get(name) for name in EXPORT_REGISTRY.names()}
-        return "; ".join(
-            [f"{name} ({' or '.join(e.suffixes)}): {e.summary().rstrip('.')}" for name, e in entries.items()]
-            + [f"lod (lod-meta.json): {LOD_SUMMARY}"]
-        )
+        return describe_formats()
 
 
 def _add_export(sub: argparse._SubParsersAction) -> None:
@@ -322,7 +282,9 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     )
     fmt.registered = _RegisteredExportFormats()  # type: ignore[attr-defined]  # filled in by --help only
     p.add_argument("--out", required=True, help="output file")
-    p.add_argument("--overwrite", action="store_true", help="--format lod: replace the site in --out's folder")
+    p.add_argument(
+        "--overwrite", action="store_true", help="a format of several files (lod): replace them in --out's folder"
+    )
     mesh = p.add_argument_group("aliases of mesh options (--format mesh: TSDF fusion of the views' depth)")
     mesh.add_argument("--voxel", type=float, help="mesh.voxel: voxel size in scene units (default: longest side / 256)")
     mesh.add_argument("--keep-parts", type=int, help="mesh.keep_parts: keep this many largest parts (default: all)")
@@ -338,16 +300,10 @@ def _merge(args: argparse.Namespace) -> int:
 
 
 def _add_merge(sub: argparse._SubParsersAction) -> None:
-    p = _command(
-        sub, "merge", "merge the trained blocks of a block-training run into one scene",
-        "Merge the blocks of a run trained with partition.blocks and partition.only (one block per call, e.g. the "
-        "tasks of a Slurm job array) into one scene in the run folder: each block's Gaussians inside its own cell, "
-        "fine-tuned for partition.merge_steps steps when the config asks, scored on every test view. Refuses a run "
-        "whose blocks have not all finished, naming them.",
-    )  # fmt: skip
-    p.add_argument("--exp-dir", required=True, help="the block-training run folder (holds partition.json)")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
-    p.add_argument("overrides", nargs="*", help="key=value changes of the run's config.yaml: partition.merge_steps=500")
+    from gsrecon.partition.cli import DESCRIPTION, SUMMARY, add_merge_arguments
+
+    p = _command(sub, "merge", SUMMARY, DESCRIPTION)
+    add_merge_arguments(p)
     p.set_defaults(func=_merge)
 
 
@@ -358,24 +314,11 @@ def _view(args: argparse.Namespace) -> int:
 
 
 def _add_view(sub: argparse._SubParsersAction) -> None:
-    from gsrecon.viewer import DISPLAYS, INSTALL_HINT
+    from gsrecon.viewer.cli import DESCRIPTION, SUMMARY, add_view_arguments
 
-    p = _command(
-        sub, "view", "open a trained scene in the browser viewer",
-        "Serve a trained scene to a web browser (viser): Gaussians drawn by the browser or rendered exactly by "
-        "gsrecon on this machine, training cameras as frustums. Prints the URL; runs until Ctrl-C. Needs the "
-        f"viewer extra: {INSTALL_HINT}",
-    )  # fmt: skip
+    p = _command(sub, "view", SUMMARY, DESCRIPTION)
     _add_source_args(p)
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: all interfaces)")
-    p.add_argument("--port", type=int, default=8080, help="port to listen on (the next free one if busy; 0: any)")
-    p.add_argument(
-        "--display",
-        default=next(iter(DISPLAYS)),
-        choices=list(DISPLAYS),
-        help="what the page shows first: splats drawn by the browser, or gsrecon's exact render from this machine",
-    )
-    p.add_argument("--resolution", type=int, default=512, help="longer side in pixels of gsrecon's renders")
+    add_view_arguments(p)
     p.set_defaults(func=_view)
 
 
@@ -479,7 +422,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             _console.print(f"[bold red]error:[/bold red] {_message(exc)}", highlight=False, markup=True)
             return EXIT_USAGE
         if any(is_out_of_memory(e) for e in (exc, exc.__cause__) if e is not None):
-            _console.print(f"[bold red]error:[/bold red] {_out_of_memory(exc)}", highlight=False, markup=True)
+            from gsrecon.data.prefetch import out_of_memory_line
+
+            _console.print(f"[bold red]error:[/bold red] {escape(out_of_memory_line(exc))}", highlight=False)
             return EXIT_USAGE
         kind = type(exc.__cause__ or exc).__name__
         _console.print(
@@ -495,15 +440,6 @@ def _is_user_error(exc: BaseException) -> bool:
     """Whether ``exc``, or the exception it wraps (a hook's, in a ``HookError``), is input the user can fix:
     an :class:`InputError` gsrecon raised on purpose, or an ``OSError`` (missing file, permissions, full disk)."""
     return any(isinstance(e, (InputError, OSError)) for e in (exc, exc.__cause__))
-
-
-def _out_of_memory(exc: BaseException) -> str:
-    """One line for an allocation that failed past gsrecon's checks: what failed and the room the process had."""
-    from gsrecon.data.prefetch import host_memory_room
-
-    free, bound = host_memory_room()
-    what = str(exc) if str(exc).startswith("out of memory") else f"out of memory ({last_line(exc)})"
-    return escape(f"{what}; this process may take {free / 2**30:.1f} GiB more ({bound})")
 
 
 def _message(exc: BaseException) -> str:

@@ -130,4 +130,4 @@ VIEW_REGISTRY: Registry = Registry(
         "gsrecon.model.views.environment",
     ),
 )
-EXPORT_REGISTRY: Registry = Registry("export format", locations=("gsrecon.export",))
+EXPORT_REGISTRY: Registry = Registry("export format", locations=("gsrecon.export", "gsrecon.lod.export"))

@@ -16,7 +16,7 @@ from bench_render import make_scene
 from torch import Tensor
 
 from gsrecon.cameras import Cameras
-from gsrecon.data.pipeline import DataPipeline
+from gsrecon.engine.build import build_datapipeline
 from gsrecon.engine.inference import load_trained_scene
 from gsrecon.kernels.build import load_kernels
 from gsrecon.render.base import RendererConfig
@@ -89,7 +89,7 @@ def main() -> None:
     print("| scene | " + " | ".join(COLUMNS) + " |\n|---|" + "---:|" * len(COLUMNS))
     if args.exp_dir:
         scene = load_trained_scene(exp_dir=args.exp_dir)
-        pipeline = DataPipeline(scene.cfg.data, torch.device("cpu"), scene.cfg.seed)
+        pipeline = build_datapipeline(scene.cfg.data, torch.device("cpu"), scene.cfg.seed, scene.source)
         totals = [0] * len(COLUMNS)
         for step in range(args.views):
             counts = count(scene.params, pipeline.next_train(step).cameras, scene.sh_degree)

@@ -23,7 +23,7 @@ import torch
 
 from gsrecon.cameras import Cameras
 from gsrecon.component import RunSetup
-from gsrecon.data.pipeline import DataPipeline
+from gsrecon.engine.build import build_datapipeline
 from gsrecon.engine.inference import load_trained_scene
 from gsrecon.engine.resolve import resolve_renderer_entry
 from gsrecon.logging.console import Logger
@@ -123,7 +123,7 @@ def bench_trained(
     training views (the run and its views are loaded once)."""
     scene = load_trained_scene(exp_dir=exp_dir)
     params = {k: v.to(device).requires_grad_(True) for k, v in scene.params.items()}
-    pipeline = DataPipeline(scene.cfg.data, device, scene.cfg.seed)
+    pipeline = build_datapipeline(scene.cfg.data, device, scene.cfg.seed, scene.source)
     batches = [pipeline.next_train(step) for step in range(views)]
     results = []
     for tile_size in tile_sizes:

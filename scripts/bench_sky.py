@@ -84,13 +84,13 @@ def analyse(scene: str, exp_dir: Path) -> tuple[dict, dict]:
     from scipy import ndimage
 
     from gsrecon.cameras.lens import project_points
-    from gsrecon.data.pipeline import DataPipeline
+    from gsrecon.engine.build import build_datapipeline
     from gsrecon.engine.inference import batch_renderer, load_trained_scene, scene_run
     from gsrecon.logging.console import Logger
     from gsrecon.render.torch_renderer import TorchRenderer
 
     trained = load_trained_scene(exp_dir=str(exp_dir))
-    pipeline = DataPipeline(trained.cfg.data, torch.device("cpu"), trained.cfg.seed)
+    pipeline = build_datapipeline(trained.cfg.data, torch.device("cpu"), trained.cfg.seed, trained.source)
     params = trained.params
     renderer = TorchRenderer(TorchRenderer.Config(far_plane=1e6))
     test, train_batches = list(pipeline.val_batches()), list(pipeline.train_batches())
@@ -105,7 +105,7 @@ def analyse(scene: str, exp_dir: Path) -> tuple[dict, dict]:
             if not mask.all():
                 scene_alphas.append(float(alpha[~mask].mean()))
             if not picture:
-                run = scene_run(trained, "eval", "cpu", Logger())
+                run = scene_run(trained, "cpu", Logger())
                 final = batch_renderer(trained, run.renderer, run.device, run.views)
                 picture = {"alpha": alpha, "depth": out.depth[0, ..., 0].numpy(), "gt": batch.images[0].numpy()}
                 picture["final"] = final(batch).image[0].numpy()  # as the run renders it: the sky where on

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # the Chromium drivers the viewer's and
 from lod_browser import draw_site  # noqa: E402
 from test_viewer import Chromium, _view_in_chromium, _white, wait_for  # noqa: E402
 
-from gsrecon.data.pipeline import DataPipeline  # noqa: E402
+from gsrecon.engine.build import build_datapipeline  # noqa: E402
 from gsrecon.engine.inference import load_trained_scene  # noqa: E402
 
 DOCS = ROOT / "docs"
@@ -153,7 +153,7 @@ def lod_site(exp_dir: Path, work: Path) -> None:
     site = work / "site"
     gsrecon("export", "--exp-dir", str(exp_dir), "--format", "lod", "--out", str(site / "lod-meta.json"), "--overwrite")
     scene = load_trained_scene(exp_dir=str(exp_dir))
-    pipeline = DataPipeline(scene.cfg.data, torch.device("cpu"), scene.cfg.seed)
+    pipeline = build_datapipeline(scene.cfg.data, torch.device("cpu"), scene.cfg.seed, scene.source)
     frame = pipeline.scene.test[0]
     K = frame.K.numpy().copy()
     K[:2] *= ZOOM

@@ -1,8 +1,12 @@
-"""Building a run: one build_run for every purpose, and the rules between two components refused before anything is
-built (one line, exit 2, naming both keys)."""
+"""Building a run: the builders every command assembles from (a training run, a trained scene's run, a resolved
+config), each run checked by its components, the cpu kernels built only after the run folder is claimed, and the
+rules between two components refused before anything is built (one line, exit 2, naming both keys)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,9 +16,12 @@ from conftest import write_yaml
 from gsrecon.cli import main
 from gsrecon.component import RunFacts, RunSetup
 from gsrecon.config import ConfigError, parse_structured
-from gsrecon.engine.build import SCENE_PURPOSES, build_run
+from gsrecon.distributed import DistributedContext
+from gsrecon.engine.build import build_scene_run, build_training_run, resolve_run
 from gsrecon.engine.hook import Hook
 from gsrecon.engine.resolve import RunConfig
+from gsrecon.engine.run_dir import RunDir
+from gsrecon.logging.console import Logger
 from gsrecon.losses.base import LossTerm
 from gsrecon.model.views.base import ViewModule
 from gsrecon.registry import LOSS_REGISTRY, VIEW_REGISTRY
@@ -50,17 +57,51 @@ def test_the_rules_let_a_pinhole_or_mcmc_run_through(make_config, tmp_path: Path
         assert resolved["renderer"]["packed"] is True
 
 
-def test_a_scene_purpose_builds_data_renderer_and_views_only(make_config) -> None:
-    cfg = parse_structured(RunConfig, make_config())
-    for purpose in SCENE_PURPOSES:
-        run = build_run(cfg, purpose, "c.yaml", device="cpu")
-        assert run.datapipeline is not None and run.renderer is not None and run.views is not None
-        assert run.model is None and run.strategy is None and run.hooks == {}
-        assert run.resolved["renderer"]["name"] == "torch" and run.device == torch.device("cpu")
-    block = build_run(cfg, "block", "c.yaml")
-    assert block.datapipeline is None and block.resolved["hooks"]["ExportHook"] is not None
-    with pytest.raises(ValueError, match="unknown purpose 'paint'"):
-        build_run(cfg, "paint")
+def test_a_scene_run_builds_data_renderer_and_views_only(make_config) -> None:
+    cfg = parse_structured(RunConfig, make_config(views={"appearance": {"name": "affine"}}))
+    run = build_scene_run(cfg, "c.yaml", Logger(), num_gaussians=300, device="cpu")
+    assert len(run.datapipeline.scene.train) == 7 and run.device == torch.device("cpu")
+    assert run.resolved["renderer"]["name"] == "torch" and set(run.views.modules) == {"appearance"}
+    assert not hasattr(run, "model") and not hasattr(run, "hooks")
+    device, resolved = resolve_run(cfg, "c.yaml")  # the block runner's: the config resolved, nothing built
+    assert device == torch.device("cpu") and resolved["hooks"]["ExportHook"] is not None
+
+
+def test_a_scene_run_is_checked_by_its_components_as_training_is(make_config) -> None:
+    raw = make_config(views={"environment": {}}, data={**make_config()["data"], "background": "random"})
+    cfg = parse_structured(RunConfig, raw)
+    for build in (
+        lambda: build_training_run(cfg, "c.yaml", Logger(), DistributedContext()),
+        lambda: build_scene_run(cfg, "c.yaml", Logger(), num_gaussians=300, device="cpu"),
+    ):
+        with pytest.raises(ConfigError, match=r"c.yaml: key 'views.environment': .*data.background=random"):
+            build()
+
+
+def test_the_training_state_is_built_with_the_run(make_config) -> None:
+    cfg = parse_structured(RunConfig, make_config(strategy={"name": "default"}))
+    run = build_training_run(cfg, "c.yaml", Logger(), DistributedContext())
+    assert set(run.state.optimizers) == set(run.model.params) and set(run.state.schedulers) <= set(run.model.params)
+    assert all(group["params"][0] is run.model.params[name] for name, o in run.state.optimizers.items() for group in
+               o.param_groups)  # fmt: skip
+    assert run.state.strategy_state.keys() == run.strategy.initialize_state(run.datapipeline.scene.extent).keys()
+
+
+def test_a_locked_run_folder_is_refused_before_the_cpu_kernels_are_built(make_config, tmp_path: Path) -> None:
+    """``renderer.name: auto`` on the CPU builds the kernels only once the run folder is claimed: with an empty kernel
+    cache, a folder another process trains in is refused at once, and nothing was built."""
+    config = write_yaml(tmp_path / "c.yaml", make_config(renderer={"name": "auto"}))
+    holder = RunDir(tmp_path / "run")
+    holder.prepare(overwrite=False, resume=False)  # this process holds the lock: "another process" to the command
+    cache = tmp_path / "cache"
+    env = {**os.environ, "GSRECON_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "gsrecon", "train", "--config", str(config), "--overwrite"]
+    try:
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        holder.release()
+    assert result.returncode == 2 and "is in use by gsrecon pid" in result.stderr, result.stderr
+    assert not (cache / "cpu_kernels").exists()
 
 
 def _views(raw: dict, notices: list[str] | None = None) -> dict:
@@ -176,7 +217,7 @@ def test_every_component_is_set_up_once_with_the_run_after_every_check(make_conf
     hook_registry.register()(RecordedHook)
     EVENTS.clear()
     raw = make_config(loss={"recorded": {}}, views={"extra": {"name": "recorded"}}, hooks={"RecordedHook": {}})
-    run = build_run(parse_structured(RunConfig, raw), "train", "c.yaml", device="cpu")
+    run = build_training_run(parse_structured(RunConfig, raw), "c.yaml", Logger(), DistributedContext())
     names = ["RecordedTerm", "RecordedView", "RecordedHook"]
     assert [(kind, name) for kind, name, _ in EVENTS] == [("check", n) for n in names] + [("setup", n) for n in names]
     assert all(setup.data is run.datapipeline for kind, _, setup in EVENTS if kind == "setup")

@@ -42,7 +42,8 @@ def _unit(quats: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def test_export_refuses_an_unknown_format(tmp_path):
-    message = "^unknown export format 'obj'; known export formats: compressed_ply, glb, mesh, ply, sog, splat, spz$"
+    known = "compressed_ply, glb, lod, mesh, ply, sog, splat, spz"
+    message = f"^unknown export format 'obj'; known export formats: {known}$"
     with pytest.raises(RegistryError, match=message):
         export_gaussians(_params(), tmp_path / "scene.obj", "obj")
     assert list(tmp_path.iterdir()) == []

@@ -81,7 +81,7 @@ def test_example_plugin_format_from_the_cli(run: Path, plugin: Path, tmp_path: P
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
     assert "unknown export format 'xyz'" in err
-    assert "known export formats: compressed_ply, glb, mesh, ply, sog, splat, spz" in err
+    assert "known export formats: compressed_ply, glb, lod, mesh, ply, sog, splat, spz" in err
     assert not out.exists()
 
     assert main([*args, "--imports", str(plugin)]) == 0, capsys.readouterr().err

@@ -17,7 +17,7 @@ from PIL import Image
 from gsrecon.cli import main
 from gsrecon.config import parse_structured
 from gsrecon.engine.checkpoints import load_checkpoint_file
-from gsrecon.engine.inference import load_trained_scene, scene_renderer
+from gsrecon.engine.inference import load_trained_scene, scene_run
 from gsrecon.engine.run_dir import RunDir
 from gsrecon.engine.trainer import DefaultTrainer
 from gsrecon.export.lod.merge import halve, merge_pairs, neighbour_pairs
@@ -252,12 +252,11 @@ def test_playcanvas_in_chromium_draws_the_site_as_gsrecon_renders_it(
     out = tmp_path / "site" / "lod-meta.json"
     assert main(["export", "--exp-dir", str(lod_run), "--format", "lod", "--out", str(out)]) == 0
     scene = load_trained_scene(exp_dir=str(lod_run))
-    from gsrecon.data.pipeline import DataPipeline
-
-    pipeline = DataPipeline(scene.cfg.data, torch.device("cpu"), scene.cfg.seed)
+    run = scene_run(scene, "cpu", Logger())
+    pipeline = run.datapipeline
     batch = next(iter(pipeline.val_batches()))
     frame = pipeline.scene.test[0]
-    expected = scene_renderer(scene, torch.device("cpu"), Logger())(batch).image[0].clamp(0, 1).numpy()
+    expected = run.renderer.render_batch(scene.params, batch, scene.sh_degree).image[0].clamp(0, 1).numpy()
     background = tuple(pipeline.fixed_background().tolist())
     shot = draw_site(
         chromium, web_readers, out.parent, frame.viewmat.numpy(), frame.K.numpy(), frame.width, frame.height,
@@ -326,3 +325,33 @@ def test_a_run_with_a_sky_carries_it_in_the_sites_environment_as_far_gaussians(m
     meta = json.loads(out.read_text())
     assert meta["environment"] == "env/meta.json"
     assert _chunk_count(out.parent / "env" / "meta.json") >= 6 * 4 * 4  # the sky, and any far Gaussians of level 0
+
+
+def test_export_hook_writes_the_lod_site_that_gsrecon_export_writes(make_config, tmp_path: Path, capsys) -> None:
+    config = write_yaml(tmp_path / "run.yaml", make_config("run", max_steps=4, val_interval=4))
+    exp_dir = tmp_path / "run"
+    assert main(["train", "--config", str(config)]) == 0
+    assert main(["lod", "--exp-dir", str(exp_dir), "--levels", "1", "--steps", "2"]) == 0
+    exported = tmp_path / "exported" / "lod-meta.json"
+    assert main(["export", "--exp-dir", str(exp_dir), "--format", "lod", "--out", str(exported)]) == 0
+    hook = ["hooks.ExportHook.format=lod", "hooks.ExportHook.path=site/lod-meta.json"]
+    assert main(["train", "--config", str(config), "--resume", *hook]) == 0  # at max_steps: the hook runs at once
+    written = exp_dir / "site"
+    files = sorted(path.relative_to(exported.parent) for path in exported.parent.rglob("*") if path.is_file())
+    assert files == sorted(path.relative_to(written) for path in written.rglob("*") if path.is_file())
+    assert all((written / name).read_bytes() == (exported.parent / name).read_bytes() for name in files)
+    capsys.readouterr()
+    bad = "hooks.ExportHook.format=lod"  # its path stays point_cloud.ply
+    assert main(["train", "--config", str(config), "--overwrite", bad]) == 2
+    err = capsys.readouterr().err
+    assert "hooks.ExportHook" in err and "lod-meta.json" in err and len(err.strip().splitlines()) == 1
+    assert (exp_dir / "site" / "lod-meta.json").is_file()  # refused before the run folder was replaced
+
+
+@pytest.mark.slow  # trains two levels for the default 100 steps each inside the run's ExportHook
+def test_export_hook_builds_the_levels_under_the_runs_own_lock(make_config, tmp_path: Path) -> None:
+    hooks = {**make_config()["hooks"], "ExportHook": {"format": "lod", "path": "site/lod-meta.json"}}
+    config = write_yaml(tmp_path / "run.yaml", make_config("run", max_steps=4, val_interval=4, hooks=hooks))
+    assert main(["train", "--config", str(config)]) == 0
+    assert json.loads((tmp_path / "run" / "site" / "lod-meta.json").read_text())["lodLevels"] == 3
+    assert len(read_levels(tmp_path / "run")["levels"]) == 2

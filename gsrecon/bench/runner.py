@@ -166,9 +166,10 @@ def _train_gsrecon(run: SuiteRun, scene: str, logger: Logger) -> tuple[dict[str,
     import torch
 
     from gsrecon.bench.scoring import reference_scores
-    from gsrecon.engine.inference import evaluate, load_trained_scene
+    from gsrecon.engine.inference import load_trained_scene
     from gsrecon.engine.resolve import load_run_config
     from gsrecon.engine.run_dir import RunDir
+    from gsrecon.engine.scene_eval import evaluate
     from gsrecon.engine.trainer import DefaultTrainer
 
     cfg, source = load_run_config(run.config, _gsrecon_overrides(run, scene))
@@ -221,7 +222,8 @@ def _train_gsplat(run: SuiteRun, scene: str) -> dict[str, Any]:
 def _train_opensplat(run: SuiteRun, scene: str, logger: Logger) -> dict[str, Any]:
     """OpenSplat on the scene's training views, scored by gsrecon on the protocol's test views from its PLY (with
     the config of the scene's gsrecon run, which holds the protocol's data settings)."""
-    from gsrecon.engine.inference import evaluate, load_trained_scene
+    from gsrecon.engine.inference import load_trained_scene
+    from gsrecon.engine.scene_eval import evaluate
 
     gsrecon_run = json.loads((run.out / scene / "gsrecon.json").read_text())
     eval_names = {path.stem for path in (run.out / scene / "eval" / "gt").glob("*.png")}

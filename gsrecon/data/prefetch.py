@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from gsrecon.data.scene import Frame, PixelFile
+from gsrecon.errors import last_line
 
 CACHE_MODES = ("device", "cpu", "disk", "auto")
 MAX_DECODE_THREADS = 4
@@ -124,6 +125,14 @@ def decoded_bytes(frames: Sequence[Frame]) -> int:
 def available_host_bytes() -> int:
     """Memory this process may still take (see :func:`host_memory_room`)."""
     return host_memory_room()[0]
+
+
+def out_of_memory_line(exc: BaseException) -> str:
+    """One line for an allocation that failed past gsrecon's checks: what failed and the room this process had
+    (:func:`host_memory_room`)."""
+    free, bound = host_memory_room()
+    what = str(exc) if str(exc).startswith("out of memory") else f"out of memory ({last_line(exc)})"
+    return f"{what}; this process may take {free / 2**30:.1f} GiB more ({bound})"
 
 
 def host_memory_room() -> tuple[int, str]:

@@ -1,9 +1,10 @@
-"""A run built for a purpose from its config: :func:`build_run`, the one way training, ``eval``, ``export``,
-``render``, ``view``, ``lod`` and the block runner assemble one. The config is resolved first
-(:mod:`gsrecon.engine.resolve`), the device and threads set (:mod:`gsrecon.engine.runtime`), then the components are
-built: the data pipeline, the renderer and the per-view modules for every purpose that draws a scene; for training
-also the model, the loss, the strategy and the hooks, and the checks every component makes of the built run
-(:func:`check_run`) and their set-up (:func:`setup_run`): the one protocol of every component."""
+"""The builders of a run, one per concern, from which every command assembles one: the data
+(:func:`build_datapipeline`), the renderer (:func:`build_renderer`, :func:`build_scene_renderer`), the per-view modules
+(:func:`build_view_modules`), the model, the loss, the strategy, the hooks and the training state (optimisers,
+schedulers and the strategy's state: :func:`build_training_state`). :func:`build_training_run` assembles a training run
+and :func:`build_scene_run` a trained scene's (``eval``, ``export``, ``render``, ``view``, ``lod``), both checked by
+their components (:func:`check_run`); :func:`resolve_run` resolves a config only (the block runner and the merge). The
+config is resolved first (:mod:`gsrecon.engine.resolve`), the device and threads set (:mod:`gsrecon.engine.runtime`)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import torch
 
 from gsrecon.component import RunChecked, RunFacts, RunSetup
 from gsrecon.config import ConfigError, parse_structured
-from gsrecon.data.blocks import block_scene, plan_partition
+from gsrecon.data.blocks import PartitionConfig, block_scene, plan_partition
 from gsrecon.data.pipeline import Batch, DataPipeline
 from gsrecon.data.scene import Scene
 from gsrecon.distributed import DistributedContext
@@ -24,136 +25,160 @@ from gsrecon.engine.hook import Hook
 from gsrecon.engine.resolve import (
     RunConfig,
     old_views_notice,
+    resolve_data_config,
     resolve_renderer_entry,
     resolve_run_config,
     resolve_strategy_entry,
     resolve_views_config,
+    settle_auto_renderer,
     view_key,
 )
 from gsrecon.engine.runtime import resolve_device, set_cpu_threads
 from gsrecon.logging.console import Logger
 from gsrecon.losses.base import Loss, build_loss
+from gsrecon.model.optim import Optimizers, Schedulers, build_optimizers, build_schedulers
 from gsrecon.model.views.base import ViewModules, build_views
 from gsrecon.registry import HOOK_REGISTRY, MODEL_REGISTRY, RENDERER_REGISTRY, STRATEGY_REGISTRY
 from gsrecon.render.base import Renderer
 from gsrecon.render.choice import renderer_on_device
 
-# What a run is built for: training (everything), drawing a trained scene (its data, renderer and per-view modules)
-# or the block runner (the config resolved: each block is then built for training).
-SCENE_PURPOSES = ("eval", "export", "render", "view", "lod")
-PURPOSES = ("train", *SCENE_PURPOSES, "block")
+
+@dataclass
+class TrainingState:
+    """What training changes besides the Gaussians and the per-view modules: the optimisers (by parameter group),
+    their schedulers and the strategy's state; one owner (the trainer) holds it."""
+
+    optimizers: Optimizers
+    schedulers: Schedulers
+    strategy_state: dict[str, Any]
 
 
 @dataclass
-class Run:
-    """A run's pieces, built for ``purpose`` (what a purpose leaves unbuilt is None or empty)."""
+class TrainingRun:
+    """A training run's pieces (:func:`build_training_run`)."""
 
     cfg: RunConfig
-    purpose: str
     source: str  # where the config came from, for messages
     device: torch.device
-    threads: str  # what set_cpu_threads chose and why ("" for blocks: each block's training sets them)
-    resolved: dict[str, Any]  # the resolved config (training, blocks: all of it; a scene: renderer and views)
-    datapipeline: DataPipeline | None = None
-    renderer: Renderer | None = None
-    views: ViewModules | None = None
-    model: torch.nn.Module | None = None
-    loss: Loss | None = None
-    strategy: Any = None
-    hooks: dict[str, Hook] = field(default_factory=dict)
+    threads: str  # what set_cpu_threads chose and why
+    resolved: dict[str, Any]  # the resolved config: what config.yaml holds
+    datapipeline: DataPipeline
+    model: torch.nn.Module
+    loss: Loss
+    renderer: Renderer
+    views: ViewModules
+    strategy: Any
+    state: TrainingState
+    hooks: dict[str, Hook]
     notices: list[str] = field(default_factory=list)  # warnings for the run's log once it is open (old config keys)
 
 
-def build_run(
+@dataclass
+class SceneRun:
+    """What draws a trained scene (:func:`build_scene_run`): its capture's data, a renderer and its per-view modules."""
+
+    cfg: RunConfig
+    source: str
+    device: torch.device
+    resolved: dict[str, Any]  # the resolved data, renderer and views sections
+    datapipeline: DataPipeline
+    renderer: Renderer
+    views: ViewModules
+
+
+def resolve_run(cfg: RunConfig, source: str, dist: DistributedContext | None = None) -> tuple[torch.device, dict]:
+    """``cfg``'s device and its config resolved (:func:`~gsrecon.engine.resolve.resolve_run_config`), nothing
+    built: what the block runner and the merge need before each block's training builds its own run."""
+    device = resolve_device(cfg.device, dist or DistributedContext())
+    return device, resolve_run_config(cfg, device, source)
+
+
+def build_training_run(
     cfg: RunConfig,
-    purpose: str,
-    source: str = "config",
-    logger: Logger | None = None,
-    dist: DistributedContext | None = None,
-    device: str = "auto",
-    claim: Callable[[dict[str, Any]], None] | None = None,
-    views_state: dict[str, Any] | None = None,
-    median_depth: bool = False,
-) -> Run:
-    """``cfg``'s run built for ``purpose`` (one of :data:`PURPOSES`) on ``device`` (``auto``: ``cfg.device``).
-
-    Training resolves the whole config first (unknown names and bad arguments fail before any work), builds the
-    hooks, calls ``claim`` with the resolved config (the trainer takes its run folder there, before anything slow),
-    then the data pipeline (the partition's block where ``partition.block`` is set), the model, the loss, the
-    renderer, the per-view modules, the strategy, lets every component check the run, then sets each up
-    (:func:`setup_run`). A trained scene's purposes build the whole capture's data pipeline, the renderer that draws
-    it on the device (:func:`~gsrecon.render.choice.renderer_on_device`, rendering the median depth too with
-    ``median_depth``; set up without the run's data) and the per-view modules holding ``views_state`` (on the CPU;
-    not set up: they only render); the threads line goes to ``logger``. ``block`` resolves the config only.
-    """
-    if purpose not in PURPOSES:
-        raise ValueError(f"unknown purpose '{purpose}'; one of {', '.join(PURPOSES)}")
-    logger = logger or Logger()
-    dist = dist or DistributedContext()
-    torch_device = resolve_device(device if device != "auto" else cfg.device, dist)
-    if purpose == "block":  # each block's training sets the threads (and says so in its log)
-        return Run(cfg, purpose, source, torch_device, "", resolve_run_config(cfg, torch_device, source))
-    threads = set_cpu_threads(cfg.num_threads)
-    if purpose in SCENE_PURPOSES:
-        logger.info(threads)
-        return _scene_run(cfg, purpose, source, logger, torch_device, threads, views_state or {}, median_depth)
-    run = Run(cfg, purpose, source, torch_device, threads, resolve_run_config(cfg, torch_device, source, logger.info))
-    run.hooks = build_hooks(run.resolved["hooks"], source)
-    if claim is not None:
-        claim(run.resolved)
-    torch.manual_seed(cfg.seed)
-    random.seed(cfg.seed)
-    run.datapipeline = build_datapipeline(cfg, torch_device, dist, source)
-    from gsrecon.data.prepare.triangulate import attach_triangulation  # training only: inference stays light
-
-    attach_triangulation(run.datapipeline.scene)
-    run.model = build_model(run.resolved["model"], run.datapipeline.scene, cfg.seed, source, logger)
-    run.model.to(torch_device)
-    dist.broadcast_params(run.model.params)
-    run.loss = build_loss(run.resolved["loss"], source)
-    run.renderer = RENDERER_REGISTRY.build(run.resolved["renderer"])
-    train_names = [frame.name for frame in run.datapipeline.scene.train]
-    run.views = build_views(run.resolved, train_names, torch_device, source)
-    run.strategy = build_strategy(cfg, run.resolved, run.model, source)
-    facts = run_facts(run.resolved, run.model, run.datapipeline.scene)
-    components = run_components(cfg, run.model, run.renderer, run.strategy, run.loss, run.views, run.hooks)
-    check_run(components, facts, source)
-    setup_run(components, RunSetup(logger.info, run.datapipeline, training_draw(run), run.renderer.compiled))
-    run.notices = [notice for notice in (old_views_notice(cfg, source),) if notice is not None]
-    return run
-
-
-def training_draw(run: Run) -> Callable[[Mapping[str, torch.Tensor], Batch, int], torch.Tensor]:
-    """``run``'s image of a batch as its loss sees it at a step (:attr:`~gsrecon.component.RunSetup.draw`): the
-    cameras adjusted by the per-view modules, the renderer at the step's SH degree, the modules' composite and image
-    adjustment (the trainer's own step draws the same)."""
-
-    def draw(params: Mapping[str, torch.Tensor], batch: Batch, step: int) -> torch.Tensor:
-        batch = run.views.adjust_cameras(batch)
-        out = run.views.composite(run.renderer.render_batch(params, batch, run.model.active_sh_degree(step)), batch)
-        return run.views.adjust_image(out.image, batch, out)
-
-    return draw
-
-
-def _scene_run(
-    cfg: RunConfig,
-    purpose: str,
     source: str,
     logger: Logger,
-    device: torch.device,
-    threads: str,
-    views_state: dict[str, Any],
-    median_depth: bool,
-) -> Run:
-    """:func:`build_run` for a trained scene's purposes."""
-    pipeline = DataPipeline(cfg.data, device, cfg.seed, source=source)
-    entry = scene_renderer_entry(cfg, device, logger, median_depth)
+    dist: DistributedContext,
+    claim: Callable[[dict[str, Any]], None] | None = None,
+) -> TrainingRun:
+    """``cfg``'s training run on ``cfg.device``: the whole config resolved first (unknown names and bad arguments fail
+    before any work), the hooks, then ``claim`` called with the resolved config (the trainer takes its run folder
+    there, before anything slow: the ``cpu`` renderer's kernels are built only after it,
+    :func:`~gsrecon.engine.resolve.settle_auto_renderer`), then the data pipeline, the model, the loss, the renderer,
+    the per-view modules, the strategy and the training state; every component checks the run, then each is set up
+    (:func:`setup_run`)."""
+    device = resolve_device(cfg.device, dist)
+    threads = set_cpu_threads(cfg.num_threads)
+    resolved = resolve_run_config(cfg, device, source, logger.info)
+    hooks = build_hooks(resolved["hooks"], source)
+    if claim is not None:
+        claim(resolved)
+    resolved["renderer"] = settle_auto_renderer(cfg, resolved, source, logger.info)
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    pipeline = build_datapipeline(cfg.data, device, cfg.seed, source, dist, cfg.partition)
+    from gsrecon.data.prepare.triangulate import attach_triangulation  # training only: inference stays light
+
+    attach_triangulation(pipeline.scene)
+    model = build_model(resolved["model"], pipeline.scene, cfg.seed, source, logger)
+    model.to(device)
+    dist.broadcast_params(model.params)
+    loss = build_loss(resolved["loss"], source)
+    renderer = RENDERER_REGISTRY.build(resolved["renderer"])
+    views = build_view_modules(resolved, pipeline.scene, device, source)
+    strategy = build_strategy(cfg, resolved, model, source)
+    components = {
+        "model": model, "renderer": renderer, "strategy": strategy,
+        **{f"loss.{key}": term for key, term in loss.terms.items()},
+        **view_components(cfg, views), **{f"hooks.{key}": hook for key, hook in hooks.items()},
+    }  # fmt: skip
+    check_run(components, run_facts(resolved, model.num_gaussians, pipeline.scene), source)
+    setup_run(components, RunSetup(logger.info, pipeline, training_draw(renderer, views, model), renderer.compiled))
+    state = build_training_state(cfg, model, renderer, strategy, pipeline.scene.extent, dist.world_size)
+    notices = [notice for notice in (old_views_notice(cfg, source),) if notice is not None]
+    return TrainingRun(
+        cfg, source, device, threads, resolved, pipeline, model, loss, renderer, views, strategy, state, hooks, notices
+    )
+
+
+def build_scene_run(
+    cfg: RunConfig,
+    source: str,
+    logger: Logger,
+    num_gaussians: int,
+    device: str = "auto",
+    views_state: dict[str, Any] | None = None,
+    median_depth: bool = False,
+) -> SceneRun:
+    """The run that draws a scene of ``num_gaussians`` trained with ``cfg`` on ``device`` (``auto``: ``cfg.device``):
+    the whole capture's data pipeline, the renderer that draws it there (:func:`build_scene_renderer`, rendering the
+    median depth too with ``median_depth``) and the per-view modules holding ``views_state`` (on the CPU; not set up:
+    they only render), checked by each of them as a training run is (:func:`check_run`); the threads line goes to
+    ``logger``."""
+    torch_device = resolve_device(device if device != "auto" else cfg.device, DistributedContext())
+    logger.info(set_cpu_threads(cfg.num_threads))
+    pipeline = build_datapipeline(cfg.data, torch_device, cfg.seed, source)
+    entry = scene_renderer_entry(cfg, torch_device, logger, median_depth)
     renderer = build_renderer(entry, logger)
-    resolved = {"renderer": entry, **resolve_views_config(cfg, source)}
-    views = build_views(resolved, [frame.name for frame in pipeline.scene.train], torch.device("cpu"), source)
-    views.load_state_dict(views_state)
-    return Run(cfg, purpose, source, device, threads, resolved, pipeline, renderer, views)
+    resolved = {"data": resolve_data_config(cfg.data, source), "renderer": entry, **resolve_views_config(cfg, source)}
+    views = build_view_modules(resolved, pipeline.scene, torch.device("cpu"), source, views_state)
+    components = {"renderer": renderer, **view_components(cfg, views)}
+    check_run(components, run_facts(resolved, num_gaussians, pipeline.scene), source)
+    return SceneRun(cfg, source, torch_device, resolved, pipeline, renderer, views)
+
+
+def training_draw(
+    renderer: Renderer, views: ViewModules, model: torch.nn.Module
+) -> Callable[[Mapping[str, torch.Tensor], Batch, int], torch.Tensor]:
+    """A training run's image of a batch as its loss sees it at a step (:attr:`~gsrecon.component.RunSetup.draw`):
+    the cameras adjusted by the per-view modules ``views``, ``renderer`` at ``model``'s SH degree of the step, the
+    modules' composite and image adjustment (the trainer's own step draws the same)."""
+
+    def draw(params: Mapping[str, torch.Tensor], batch: Batch, step: int) -> torch.Tensor:
+        batch = views.adjust_cameras(batch)
+        out = views.composite(renderer.render_batch(params, batch, model.active_sh_degree(step)), batch)
+        return views.adjust_image(out.image, batch, out)
+
+    return draw
 
 
 def scene_renderer_entry(
@@ -166,39 +191,56 @@ def scene_renderer_entry(
     return {**entry, "median_depth": True} if median_depth else entry
 
 
-def build_renderer(entry: dict[str, Any], logger: Logger) -> Renderer:
-    """The renderer of a resolved ``entry``, set up (its kernels built or loaded, saying so through ``logger``)."""
+def build_renderer(entry: dict[str, Any], logger: Logger, data: DataPipeline | None = None) -> Renderer:
+    """The renderer of a resolved ``entry``, set up (its kernels built or loaded, saying so through ``logger``; the
+    run's ``data`` where it has one)."""
     renderer = RENDERER_REGISTRY.build(entry)
-    renderer.setup(RunSetup(logger.info))
+    renderer.setup(RunSetup(logger.info, data))
     return renderer
 
 
-def run_facts(resolved: dict[str, Any], model: torch.nn.Module, scene: Scene) -> RunFacts:
+def build_scene_renderer(cfg: RunConfig, device: torch.device, logger: Logger, median_depth: bool = False) -> Renderer:
+    """The renderer, set up, that draws a scene trained with ``cfg`` on ``device`` (:func:`scene_renderer_entry`)."""
+    return build_renderer(scene_renderer_entry(cfg, device, logger, median_depth), logger)
+
+
+def build_view_modules(
+    resolved: dict[str, Any],
+    scene: Scene,
+    device: torch.device,
+    source: str,
+    state: Mapping[str, Any] | None = None,
+) -> ViewModules:
+    """The per-view modules of a resolved config (its ``views``) for ``scene``'s training views, on ``device``,
+    holding a checkpoint's ``state`` where given."""
+    views = build_views(resolved, [frame.name for frame in scene.train], device, source)
+    if state is not None:
+        views.load_state_dict(dict(state))
+    return views
+
+
+def build_training_state(
+    cfg: RunConfig, model: torch.nn.Module, renderer: Renderer, strategy: Any, scene_extent: float, world_size: int
+) -> TrainingState:
+    """Fresh optimisers for ``model``'s parameters (row-sparse Adam when the renderer gives sparse gradients; the
+    learning rates of a batch over ``world_size`` processes), their schedulers and the strategy's state."""
+    global_batch = cfg.data.batch_size * world_size
+    optimizers = build_optimizers(model.params, cfg.optimizer, scene_extent, global_batch, renderer.sparse_grad)
+    schedulers = build_schedulers(optimizers, cfg.scheduler, cfg.max_steps)
+    return TrainingState(optimizers, schedulers, strategy.initialize_state(scene_extent))
+
+
+def run_facts(resolved: dict[str, Any], num_gaussians: int, scene: Scene) -> RunFacts:
     """What the components of a run built from ``resolved`` check it against (:func:`check_run`)."""
     return RunFacts(
-        resolved, model.num_gaussians, sfm_tracks=bool(scene.observed),
+        resolved, num_gaussians, sfm_tracks=bool(scene.observed),
         depth_maps=any(frame.depth is not None for frame in scene.train),
     )  # fmt: skip
 
 
-def run_components(
-    cfg: RunConfig,
-    model: RunChecked,
-    renderer: RunChecked,
-    strategy: RunChecked,
-    loss: Loss,
-    views: ViewModules,
-    hooks: Mapping[str, RunChecked],
-) -> dict[str, RunChecked]:
-    """A built run's components by the config key that configures each (what :func:`check_run` names)."""
-    return {
-        "model": model,
-        "renderer": renderer,
-        "strategy": strategy,
-        **{f"loss.{key}": term for key, term in loss.terms.items()},
-        **{view_key(cfg, key): module for key, module in views.modules.items()},
-        **{f"hooks.{key}": hook for key, hook in hooks.items()},
-    }
+def view_components(cfg: RunConfig, views: ViewModules) -> dict[str, RunChecked]:
+    """A run's per-view modules by the config key that configures each (what :func:`check_run` names)."""
+    return {view_key(cfg, key): module for key, module in views.modules.items()}
 
 
 def check_run(components: Mapping[str, RunChecked], run: RunFacts, source: str) -> None:
@@ -251,17 +293,26 @@ def build_strategy(cfg: RunConfig, resolved: dict[str, Any], model: torch.nn.Mod
     return STRATEGY_REGISTRY.build(resolved["strategy"])
 
 
-def build_datapipeline(cfg: RunConfig, device: torch.device, dist: DistributedContext, source: str) -> DataPipeline:
-    """The run's datapipeline: the whole scene, or for a block of a partition (``partition.block``) its part."""
-    if cfg.partition.block is None:
-        return DataPipeline(cfg.data, device, cfg.seed, dist.rank, dist.world_size, source=source)
-    index, count = cfg.partition.block, cfg.partition.num_blocks
+def build_datapipeline(
+    data: DataPipeline.Config,
+    device: torch.device,
+    seed: int,
+    source: str,
+    dist: DistributedContext | None = None,
+    partition: PartitionConfig | None = None,
+) -> DataPipeline:
+    """The data pipeline of ``data`` (``dist``: the process's share of the training views): the whole scene, or where
+    ``partition.block`` is set that block's part."""
+    dist = dist or DistributedContext()
+    if partition is None or partition.block is None:
+        return DataPipeline(data, device, seed, dist.rank, dist.world_size, source=source)
+    index, count = partition.block, partition.num_blocks
 
     def select(scene: Scene) -> tuple[Scene, str]:
-        block = plan_partition(scene, cfg.partition).blocks[index]
+        block = plan_partition(scene, partition).blocks[index]
         return block_scene(scene, block), f"one of {count} blocks of the capture: {block.describe()}"
 
-    return DataPipeline(cfg.data, device, cfg.seed, dist.rank, dist.world_size, select, source)
+    return DataPipeline(data, device, seed, dist.rank, dist.world_size, select, source)
 
 
 def build_model(

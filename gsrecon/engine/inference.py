@@ -1,37 +1,33 @@
-"""Using a trained scene: load it (checkpoint, run folder or PLY), evaluate the test split, render camera-path
-videos and export it in any registered format (with that format's options)."""
+"""Using a trained scene: load it (checkpoint, run folder or PLY), the run that draws it, camera-path videos and
+exports in any registered format (with that format's options); its test split is scored in
+:mod:`gsrecon.engine.scene_eval`."""
 
 from __future__ import annotations
 
 import copy
-import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from gsrecon.atomic import write_json
 from gsrecon.cameras import Cameras
 from gsrecon.cameras.lens import pinhole_project
 from gsrecon.cameras.paths import CAMERA_PATHS, focus_point, interp_path
 from gsrecon.config import ConfigError, apply_overrides, load_config, parse_structured
-from gsrecon.data.formats.images import to_uint8, write_png
+from gsrecon.data.formats.images import to_uint8
 from gsrecon.data.pipeline import Batch, read_scene
 from gsrecon.data.scene import Frame
-from gsrecon.engine.build import Run, build_renderer, build_run, scene_renderer_entry
+from gsrecon.engine.build import SceneRun, build_scene_run
 from gsrecon.engine.checkpoints import first_readable, load_checkpoint_file
-from gsrecon.engine.evaluator import build_metrics, evaluate_views
 from gsrecon.engine.resolve import RunConfig, resolve_views_config
 from gsrecon.engine.run_dir import RunDir
 from gsrecon.errors import InputError
-from gsrecon.export import ExportContext, export_gaussians
+from gsrecon.export import ExportContext, TrainedRun, export_gaussians
 from gsrecon.logging.console import Logger, ProgressLogger
-from gsrecon.metrics import describe_metrics, mean_metrics
 from gsrecon.model.scene_file import load_gaussians
 from gsrecon.model.views.base import ViewModules, current_shape, export_notes
 from gsrecon.params import check_params
@@ -39,7 +35,6 @@ from gsrecon.plugins import import_plugins
 from gsrecon.registry import DATASET_REGISTRY, EXPORT_REGISTRY, MODEL_REGISTRY, RENDERER_REGISTRY
 from gsrecon.render.base import Renderer, RenderOutput
 from gsrecon.render.colormap import DEPTH_KINDS, depth_image
-from gsrecon.render.video import VideoWriter
 
 MIN_SEEN = 0.5  # a PLY whose Gaussians a capture's training views see less of was likely trained on another one
 
@@ -112,20 +107,19 @@ def load_trained_scene(
     return scene
 
 
-def scene_run(scene: TrainedScene, purpose: str, device: str, logger: Logger, median_depth: bool = False) -> Run:
-    """``scene``'s run built for ``purpose`` on ``device`` (:func:`~gsrecon.engine.build.build_run`): its capture's
-    data pipeline, the renderer that draws it there (the median depth too with ``median_depth``) and its per-view
-    modules holding the checkpoint's state.
+def scene_run(scene: TrainedScene, device: str, logger: Logger, median_depth: bool = False) -> SceneRun:
+    """``scene``'s run on ``device`` (:func:`~gsrecon.engine.build.build_scene_run`): its capture's data pipeline,
+    the renderer that draws it there (the median depth too with ``median_depth``) and its per-view modules holding the
+    checkpoint's state.
 
     A PLY has no such state: its modules start untrained (training cameras at their given poses), and their
     test-view policies (``appearance.eval``, ``pose_opt.eval``), which fit each test view afresh, apply as configured.
     """
-    return build_run(
-        scene.cfg, purpose, scene.source, logger, device=device, views_state=scene.views, median_depth=median_depth
-    )
+    count = int(scene.params["means"].shape[0])
+    return build_scene_run(scene.cfg, scene.source, logger, count, device, scene.views, median_depth)
 
 
-def training_cameras(run: Run) -> Tensor:
+def training_cameras(run: SceneRun) -> Tensor:
     """The training cameras [F, 4, 4] (world-to-camera, in ``run.datapipeline.scene.train`` order) where a trained
     scene's run (:func:`scene_run`) places them: their given poses, moved by the per-view modules that correct them
     (``pose_opt``)."""
@@ -153,19 +147,6 @@ def _check_registered(cfg: RunConfig, stored_imports: list[str], source: str) ->
             raise ConfigError(f"{source}: key '{key}': unknown {registry.name} '{name}'{hint}")
 
 
-def scene_renderer(
-    scene: TrainedScene,
-    device: torch.device,
-    logger: Logger,
-    median_depth: bool = False,
-    views: ViewModules | None = None,
-) -> Callable[[Batch], RenderOutput]:
-    """A function rendering the scene on ``device`` from a batch's cameras, with the renderer a run built for it
-    draws with (:func:`~gsrecon.engine.build.scene_renderer_entry`), in front of what ``views`` draw behind it."""
-    renderer = build_renderer(scene_renderer_entry(scene.cfg, device, logger, median_depth), logger)
-    return batch_renderer(scene, renderer, device, views)
-
-
 def batch_renderer(
     scene: TrainedScene, renderer: Renderer, device: torch.device, views: ViewModules | None = None
 ) -> Callable[[Batch], RenderOutput]:
@@ -178,106 +159,6 @@ def batch_renderer(
         return out if views is None else views.composite(out, batch)
 
     return render
-
-
-def evaluate(
-    scene: TrainedScene, out_dir: str | Path, device: str = "auto", logger: Logger | None = None, fps_repeats: int = 3
-) -> dict[str, Any]:
-    """Render the test split; write ``renders/test/<name>.png``, ``gt/<name>.png``, ``metrics.json`` and
-    ``cameras.json``.
-
-    Test views are scored as validation scores them, by the test-view policies of the scene's per-view modules
-    (:func:`scene_run`): ``pose_opt.eval: fit`` renders each from a pose fitted to its photo first,
-    ``appearance.eval: fit_left`` fits a colour transform on its left half and scores (and writes) the right half.
-
-    ``metrics.json`` holds PSNR, SSIM and LPIPS per image and their means (and the depth errors ``depth_abs_rel``
-    and ``depth_rmse`` of the views with a depth map, their means over those views), the LPIPS network and
-    version, the resolution, the number of Gaussians and the rendering speed (frames per second,
-    the median over ``fps_repeats`` renders of the whole split; the metrics pass before them warms up).
-    ``cameras.json`` lists the rendered test views (``split: test``), so that another tool can render the same
-    ones, then the training cameras (``split: train``) where the trained scene places them (moved by pose
-    refinement, ``pose_opt``; ``given_world_to_camera`` is then the capture's pose): ``name``, ``world_to_camera``
-    (4×4, OpenCV axes: x right, y down, z forward), ``K`` (3×3, pixels), ``width`` and ``height``, and for a view
-    seen through a fisheye lens (``data.fisheye: lens``) its OpenCV fisheye coefficients ``fisheye_k1_k4``.
-    """
-    logger = logger or Logger()
-    out_dir = Path(out_dir)
-    run = scene_run(scene, "eval", device, logger)
-    pipeline, torch_device, view_modules = run.datapipeline, run.device, run.views
-    if pipeline.num_val == 0:
-        raise InputError(
-            f"{scene.source}: the dataset has no test views (data.eval_split is "
-            f"'{scene.cfg.data.eval_split}'); set data.eval_split=every_8"
-        )
-    render = batch_renderer(scene, run.renderer, torch_device, view_modules)
-    metrics = build_metrics(scene.cfg.metrics, torch_device, logger, run.renderer.compiled)
-    batches = list(pipeline.val_batches())
-
-    def write_view(index: int, outputs: dict[str, Any]) -> None:
-        write_png(out_dir / "renders" / "test" / f"{outputs['name']}.png", outputs["render"])
-        write_png(out_dir / "gt" / f"{outputs['name']}.png", outputs["gt"])
-
-    images = evaluate_views(
-        render,
-        batches,
-        metrics,
-        after_view=write_view,
-        adjust=view_modules.eval_adjust(),
-        fit_cameras=view_modules.eval_cameras,
-    )
-    test_cameras = [_camera_entry("test", frame) for frame in pipeline.scene.test]
-    placed = training_cameras(run)  # [F, 4, 4]
-    train_cameras = [_camera_entry("train", frame, viewmat) for frame, viewmat in zip(pipeline.scene.train, placed)]
-    write_json(out_dir / "cameras.json", test_cameras + train_cameras)
-    with torch.no_grad():
-        fps = _measure_fps(render, batches, torch_device, fps_repeats)
-    mean = mean_metrics(images)
-    result = {
-        "source": scene.source,
-        "step": scene.step,
-        "num_gaussians": int(scene.params["means"].shape[0]),
-        "resolution": sorted({f"{b.cameras.width}x{b.cameras.height}" for b in batches}),
-        "mean": mean,
-        "images": images,
-        "lpips": metrics.lpips_info,
-        "render_fps": fps,
-        "device": str(torch_device),
-    }
-    write_json(out_dir / "metrics.json", result)
-    return result
-
-
-def default_eval_dir(exp_dir: str | None, checkpoint: str | None) -> str:
-    """Where ``gsrecon eval`` writes unless told: ``<exp_dir>/eval`` for a run (also when given one of its
-    checkpoints), else ``./eval``."""
-    if exp_dir:
-        return str(Path(exp_dir) / "eval")
-    if checkpoint:
-        return str(Path(checkpoint).resolve().parent.parent / "eval")
-    return "eval"
-
-
-def evaluation_report(result: dict[str, Any], out: str | Path) -> list[str]:
-    """What ``gsrecon eval`` says of an :func:`evaluate` ``result`` written to ``out``."""
-    scores = f"{describe_metrics(result['mean'])}; {result['render_fps']:.3g} FPS on {result['device']}"
-    return [
-        f"{len(result['images'])} test views: {scores}",
-        f"wrote {out}/metrics.json, {out}/cameras.json, {out}/renders/test/, {out}/gt/",
-    ]
-
-
-def _camera_entry(split: str, frame: Frame, viewmat: Tensor | None = None) -> dict[str, Any]:
-    """``frame``'s ``cameras.json`` entry, seen from ``viewmat`` [4, 4] (None: its given pose; where pose refinement
-    moved it, the given one follows as ``given_world_to_camera``)."""
-    given = frame.viewmat.float().cpu()
-    viewmat = given if viewmat is None else viewmat
-    lens = frame.camera_model
-    return (
-        {"name": frame.name, "split": split, "world_to_camera": viewmat.tolist()}
-        | ({"given_world_to_camera": given.tolist()} if not torch.equal(viewmat.cpu(), given) else {})
-        | {"K": frame.K.tolist(), "width": frame.width, "height": frame.height}
-        | ({"fisheye_k1_k4": lens.coeffs.tolist()} if lens.kind == "fisheye" else {})
-    )
 
 
 def render_path_video(
@@ -304,8 +185,10 @@ def render_path_video(
         raise InputError(f"--frames must be at least 2, got {frames}")
     if Path(out).suffix.lower() != ".mp4":
         raise InputError(f"--out must be an .mp4 file, got {out}")
+    from gsrecon.render.video import VideoWriter  # ffmpeg only where a video is written
+
     logger = logger or Logger()
-    run = scene_run(scene, "render", device, logger, median_depth=depth == "median")
+    run = scene_run(scene, device, logger, median_depth=depth == "median")
     pipeline, torch_device, renderer = run.datapipeline, run.device, run.renderer
     train = pipeline.scene.train
     train_viewmats = pipeline.scene.train_cameras.viewmats.float()  # [N, 4, 4]
@@ -349,21 +232,27 @@ def export(
     device: str = "auto",
     logger: Logger | None = None,
     options: dict[str, Any] | None = None,
+    exp_dir: str | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """Write the Gaussians in the registered export format ``fmt`` with its ``options`` (e.g. the mesh's
     ``voxel``), recording the render mode where the format can, and warning when the scene needs a viewer with
     Mip-Splatting's compensation.
 
     The training views and the renderer (on ``device``, with the median depth) are loaded only for a format
-    that needs them.
+    that needs them; a format made from the run folder (``lod``) gets ``exp_dir``, the scene's, and may replace what
+    a previous export left at ``out`` with ``overwrite``.
     """
     logger = logger or Logger()
-    context = ExportContext()
-    if EXPORT_REGISTRY.get(fmt).needs:
-        run = scene_run(scene, "export", device, logger, median_depth=True)
-        pipeline = run.datapipeline
-        render = batch_renderer(scene, run.renderer, run.device)
-        context = ExportContext(train_batches=pipeline.train_batches, render=torch.no_grad()(render))
+    needs = EXPORT_REGISTRY.get(fmt).needs
+    if "run" in needs and not exp_dir:
+        raise InputError(f"--format {fmt} needs --exp-dir: it is built from and kept in a run folder")
+    run = TrainedRun(Path(exp_dir), scene, logger, device) if exp_dir else None
+    context = ExportContext(run=run, overwrite=overwrite)
+    if {"train_batches", "render"} & set(needs):
+        drawn = scene_run(scene, device, logger, median_depth=True)
+        render = torch.no_grad()(batch_renderer(scene, drawn.renderer, drawn.device))
+        context = replace(context, train_batches=drawn.datapipeline.train_batches, render=render)
     path = export_gaussians(scene.params, out, fmt, antialiased=scene.antialiased, context=context, options=options)
     for note in export_notes(resolve_views_config(scene.cfg, scene.source)):
         logger.info(f"{path}: {note}")
@@ -405,21 +294,3 @@ def seen_fraction(means: Tensor, frames: Sequence[Frame]) -> float:
         inside = (pixels.pixel_x >= 0) & (pixels.pixel_x < frame.width) & (pixels.pixel_y >= 0)
         seen |= (z > 0) & inside & (pixels.pixel_y < frame.height)
     return float(seen.float().mean()) if len(means) else 1.0
-
-
-def _measure_fps(
-    render: Callable[[Batch], RenderOutput], batches: list[Batch], device: torch.device, repeats: int
-) -> float:
-    def synchronize() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    times = []
-    for _ in range(max(1, repeats)):
-        synchronize()
-        start = time.perf_counter()
-        for batch in batches:
-            render(batch)
-        synchronize()
-        times.append(time.perf_counter() - start)
-    return float(len(batches) / np.median(times))

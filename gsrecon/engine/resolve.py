@@ -1,7 +1,7 @@
 """A run's config resolved: :class:`RunConfig` (the schema of a run's YAML), its layers (a YAML on top of the default
 hooks and loss, plus ``key=value`` overrides), every registry entry with its defaults filled in (unknown names and bad
-arguments refused before any work, each error naming the key and the file), the per-view modules' aliases and the
-rules between two components (:func:`check_rules`). What ``<exp_dir>/config.yaml`` holds comes from here.
+arguments refused before any work, each error naming the key and the file), the per-view modules' aliases, checked
+by the rules between two components (:mod:`gsrecon.engine.rules`). What ``<exp_dir>/config.yaml`` holds comes from here.
 
 Nothing here imports the trainer, the built-in hooks or the strategies: a registry imports its built-ins when an
 entry is first looked up, so ``gsrecon eval/export/render`` stay light.
@@ -19,14 +19,14 @@ from gsrecon.config import ConfigError, entry_map, load_config, parse_structured
 from gsrecon.data.blocks import PartitionConfig
 from gsrecon.data.pipeline import DataPipeline
 from gsrecon.engine.hook import get_priority
+from gsrecon.engine.rules import check_rules, with_strategy_absgrad
 from gsrecon.losses.base import DEFAULT_LOSS
 from gsrecon.lpips_weights import LPIPS_NETS
 from gsrecon.metrics import MetricsConfig
 from gsrecon.model.optim import OptimizerConfig, SchedulerConfig
-from gsrecon.model.views.base import VIEW_SECTIONS, fold_view_section, view_entries
+from gsrecon.model.views.base import VIEW_SECTIONS, fold_view_section
 from gsrecon.registry import (
     DATASET_REGISTRY,
-    EXPORT_REGISTRY,
     HOOK_REGISTRY,
     LOSS_REGISTRY,
     MODEL_REGISTRY,
@@ -37,7 +37,7 @@ from gsrecon.registry import (
     Registry,
     RegistryError,
 )
-from gsrecon.render.choice import auto_renderer
+from gsrecon.render.choice import auto_renderer, cpu_or_torch, preferred_renderer
 
 # The hooks of a run whose YAML lists none; a YAML's `hooks:` adds to, reconfigures or removes (null) these.
 DEFAULT_HOOKS: dict[str, dict[str, Any]] = {
@@ -105,45 +105,6 @@ def load_run_config(path: str, overrides: Sequence[str] = ()) -> tuple[RunConfig
     source = str(path) + (" + command line" if overrides else "")
     raw = load_config(path, overrides, defaults={"hooks": DEFAULT_HOOKS, "loss": DEFAULT_LOSS})
     return parse_structured(RunConfig, raw, source=source), source
-
-
-def check_rules(resolved: dict[str, Any], source: str, cfg: RunConfig) -> None:
-    """Refuse a resolved run config that breaks a rule between two of its components, before anything is built: one
-    ConfigError naming both keys (the strategy's ``absgrad`` and the renderer: :func:`with_strategy_absgrad`).
-
-    gsplat renders a fisheye lens (``data.fisheye: lens``) through its unscented transform, which has no packed
-    mode, no median depth, and no gradients of the Gaussians' screen-space centres or of the camera poses. A
-    per-view module is named by the key ``cfg`` wrote it under (:func:`view_key`).
-    """
-    if resolved["renderer"]["name"] != "gsplat" or resolved["data"]["fisheye"] != "lens":
-        return
-    lens = "gsplat renders a fisheye lens (data.fisheye: lens) through its unscented transform, which has"
-    instead = "data.fisheye=undistort or renderer.name=torch"
-    for key, what in (("packed", "no packed mode"), ("median_depth", "no median depth")):
-        if resolved["renderer"].get(key):
-            raise ConfigError(f"{source}: key 'renderer.{key}': {lens} {what}: set renderer.{key}=false, {instead}")
-    strategy = resolved["strategy"]["name"]
-    if STRATEGY_REGISTRY.get(strategy).screen_gradients:
-        raise ConfigError(
-            f"{source}: key 'strategy.name': '{strategy}' densifies from the screen-space gradients of the Gaussians' "
-            f"centres; {lens} none (renderer.name: gsplat): use strategy.name=mcmc, {instead}"
-        )
-    for key, entry in (resolved.get("hooks") or {}).items():
-        name = entry.get("name", key) if entry is not None else None
-        fmt = entry.get("format") if name == "ExportHook" else None
-        if fmt in EXPORT_REGISTRY and "render" in EXPORT_REGISTRY.get(fmt).needs:
-            raise ConfigError(
-                f"{source}: key 'hooks.{key}.format': '{fmt}' is made from renders with the median depth; {lens} "
-                f"none (renderer.name: gsplat): use hooks.{key}.format=ply, {instead}"
-            )
-    for key, entry in view_entries(resolved).items():
-        if VIEW_REGISTRY.get(entry["name"]).moves_cameras:
-            where = view_key(cfg, key)
-            off = f"{where}.name=none" if key in VIEW_SECTIONS else f"{where}=null"
-            raise ConfigError(
-                f"{source}: key '{where}': needs gradients of the camera poses, which gsplat does not give through "
-                f"a fisheye lens (data.fisheye: lens): use data.fisheye=undistort, renderer.name=torch or {off}"
-            )
 
 
 def resolve_entry(
@@ -223,8 +184,10 @@ def resolve_hooks(hooks: Any, source: str, max_steps: int | None = None) -> dict
 def resolve_run_config(
     cfg: RunConfig, device: torch.device, source: str, log: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
-    """The run's config as plain data with every registry entry resolved: what ``config.yaml`` holds (``log``
-    hears how ``renderer.name: auto`` was resolved where that needs saying)."""
+    """The run's config as plain data with every registry entry resolved: what ``config.yaml`` holds, ``renderer.name:
+    auto`` as the renderer it prefers on ``device`` (:func:`~gsrecon.render.choice.preferred_renderer`: nothing is
+    built here; :func:`settle_auto_renderer` builds the ``cpu`` renderer's kernels once the run folder is claimed).
+    ``log`` hears what resolving an entry needs to say."""
     resolved = to_container(cfg)
     for key in ("resume", *VIEW_SECTIONS):  # the old shape's sections: read into views
         resolved.pop(key)
@@ -233,14 +196,29 @@ def resolve_run_config(
         MODEL_REGISTRY, cfg.model, source, "model", max_steps=cfg.max_steps, device=device
     )
     resolved["strategy"] = resolve_strategy_entry(cfg, source)
-    renderer = resolve_renderer_entry(cfg.renderer, device, source, log)
+    auto = cfg.renderer.get("name", "auto") == "auto"
+    planned = {**cfg.renderer, "name": preferred_renderer(device)} if auto else cfg.renderer
+    renderer = resolve_renderer_entry(planned, device, source, log)
     resolved["renderer"] = with_strategy_absgrad(renderer, resolved["strategy"], cfg.renderer, source)
     resolved["writers"] = [resolve_entry(WRITER_REGISTRY, w, source, f"writers.{i}") for i, w in enumerate(cfg.writers)]
     resolved["hooks"] = resolve_hooks(cfg.hooks, source, cfg.max_steps)
     resolved["loss"] = resolve_entry_map(LOSS_REGISTRY, cfg.loss, DEFAULT_LOSS, source, "loss", cfg.max_steps)
     resolved.update(resolve_views_config(cfg, source))
-    check_rules(resolved, source, cfg)
+    check_rules(resolved, source, lambda key: view_key(cfg, key))
     return resolved
+
+
+def settle_auto_renderer(
+    cfg: RunConfig, resolved: dict[str, Any], source: str, log: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """The renderer entry of :func:`resolve_run_config`'s ``resolved``, settled: where ``renderer.name: auto`` planned
+    the ``cpu`` renderer, its kernels built (or loaded) now, and where they cannot be the torch renderer in its place
+    (:func:`~gsrecon.render.choice.cpu_or_torch`; ``log`` hears the build and why)."""
+    planned = resolved["renderer"]
+    if cfg.renderer.get("name", "auto") != "auto" or planned["name"] != "cpu" or cpu_or_torch(log) == "cpu":
+        return planned
+    torch_entry = resolve_renderer_entry({**cfg.renderer, "name": "torch"}, torch.device("cpu"), source)
+    return with_strategy_absgrad(torch_entry, resolved["strategy"], cfg.renderer, source)
 
 
 def resolve_views_config(cfg: RunConfig, source: str) -> dict[str, Any]:
@@ -346,31 +324,6 @@ def check_off_section(options: dict[str, Any], source: str, key: str, kind: str,
 
 def _article(word: str) -> str:
     return "an" if word[:1] in "aeiou" else "a"
-
-
-def with_strategy_absgrad(
-    renderer: dict[str, Any], strategy: dict[str, Any], written: dict[str, Any], source: str
-) -> dict[str, Any]:
-    """The resolved ``renderer`` entry computing the absolute screen-space gradients (AbsGS) exactly when the
-    resolved ``strategy`` entry's ``absgrad`` reads them: the strategy's option is the one place that decides.
-
-    ``written`` is the renderer entry as the config wrote it: an ``absgrad`` there that the strategy contradicts,
-    or a strategy asking for gradients a renderer without that option cannot give, is a ConfigError.
-    """
-    absgrad = bool(strategy.get("absgrad", False))
-    if "absgrad" in written and written["absgrad"] != absgrad:
-        raise ConfigError(
-            f"{source}: key 'renderer.absgrad': follows strategy.absgrad (the strategy reads the gradients; "
-            f"{str(absgrad).lower()} here); remove it"
-        )
-    if "absgrad" in renderer:
-        return {**renderer, "absgrad": absgrad}
-    if absgrad:
-        raise ConfigError(
-            f"{source}: key 'strategy.absgrad': renderer '{renderer['name']}' gives no absolute screen-space "
-            f"gradients; use renderer.name=gsplat (CUDA) or cpu, or strategy.absgrad=false"
-        )
-    return renderer
 
 
 def resolve_data_config(data: DataPipeline.Config, source: str) -> dict[str, Any]:

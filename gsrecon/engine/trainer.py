@@ -27,7 +27,6 @@ from gsrecon.logging.writers import Writers
 from gsrecon.losses.base import LossInputs
 from gsrecon.metrics import ImageMetrics, describe_metrics, mean_metrics
 from gsrecon.model.ops import GaussianEditor
-from gsrecon.model.optim import build_optimizers, build_schedulers
 from gsrecon.params import PARAM_NAMES
 from gsrecon.plugins import import_plugins
 from gsrecon.render.base import RenderOutput
@@ -75,12 +74,12 @@ class DefaultTrainer:
                 cfg.resume, self.run_dir, model, resolve.structural_keys(model), source, self.logger.warning
             )
 
-        run = build.build_run(cfg, "train", source, self.logger, self.dist, claim=claim)
+        run = build.build_training_run(cfg, source, self.logger, self.dist, claim)
         self.device, self.resolved_config, self.hooks = run.device, run.resolved, run.hooks
         self.datapipeline, self.model, self.loss, self.renderer = run.datapipeline, run.model, run.loss, run.renderer
         self.views, self.strategy = run.views, run.strategy
-        self._build_optimizers()
-        self.strategy_state = self.strategy.initialize_state(self.scene_extent)
+        self.optimizers, self.schedulers = run.state.optimizers, run.state.schedulers
+        self.strategy_state = run.state.strategy_state
         # Everything is built: only now may a previous run be replaced and outputs be written.
         self.writers = Writers([])
         if self.is_main:
@@ -105,14 +104,6 @@ class DefaultTrainer:
     @property
     def scene_extent(self) -> float:
         return self.datapipeline.scene.extent
-
-    def _build_optimizers(self) -> None:
-        """Fresh optimisers (row-sparse Adam when the renderer gives sparse gradients) and schedulers."""
-        global_batch = self.cfg.data.batch_size * self.dist.world_size
-        self.optimizers = build_optimizers(
-            self.model.params, self.cfg.optimizer, self.scene_extent, global_batch, self.renderer.sparse_grad
-        )
-        self.schedulers = build_schedulers(self.optimizers, self.cfg.scheduler, self.cfg.max_steps)
 
     def call_hook(self, fn_name: str, **kwargs: Any) -> None:
         """Call ``fn_name(self, **kwargs)`` on every hook that has it, in priority order.
@@ -264,14 +255,16 @@ class DefaultTrainer:
         checkpoints.check_version(checkpoint)
         for name in PARAM_NAMES:
             self.model.params[name] = torch.nn.Parameter(checkpoint["params"][name].to(self.device))
-        self._build_optimizers()
+        state = build.build_training_state(
+            self.cfg, self.model, self.renderer, self.strategy, self.scene_extent, self.dist.world_size
+        )
+        self.optimizers, self.schedulers = state.optimizers, state.schedulers
         step = int(checkpoint["step"])
         changed = checkpoints.restore_optimization(checkpoint, self.optimizers, self.schedulers, step)
         if changed:
             self.logger.info(f"resuming with this config's learning-rate schedule for {', '.join(changed)}")
         self.views.load_state_dict(checkpoint.get("views", {}))
-        fresh = self.strategy.initialize_state(self.scene_extent)
-        self.strategy_state = checkpoints.restore_strategy_state(checkpoint, fresh, self.device)
+        self.strategy_state = checkpoints.restore_strategy_state(checkpoint, state.strategy_state, self.device)
         checkpoints.restore_hooks(checkpoint, self.hooks)
         checkpoints.restore_rng(checkpoint)
         self.step = step

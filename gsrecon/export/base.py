@@ -9,11 +9,12 @@ a plugin module named in ``imports:`` or ``--imports`` registers its own the sam
 from __future__ import annotations
 
 import abc
+import dataclasses
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from torch import Tensor
 
@@ -22,7 +23,20 @@ from gsrecon.registry import EXPORT_REGISTRY
 
 if TYPE_CHECKING:
     from gsrecon.data.pipeline import Batch
+    from gsrecon.logging.console import Logger
     from gsrecon.render.base import RenderOutput
+
+
+@dataclass(frozen=True)
+class TrainedRun:
+    """The run folder a trained scene comes from, for a format made of more than its Gaussians (``lod``: the run's
+    levels of detail, built and kept in the folder)."""
+
+    folder: Path
+    scene: Any  # the run's trained scene (a gsrecon.engine.inference.TrainedScene: config, step, per-view state)
+    logger: Logger  # the caller's log
+    device: str = "auto"  # where the format trains what it needs (auto: the run's device)
+    held: bool = False  # whether the caller holds the folder's lock (ExportHook: the training process does)
 
 
 @dataclass(frozen=True)
@@ -32,10 +46,14 @@ class ExportContext:
     ``train_batches``: every training view once, a batch each (cameras, images, backgrounds).
     ``render``: the trained scene rendered from a batch's cameras with the renderer and settings it
     was trained with, without gradients, and with the median depth (``RenderOutput.median_depth``).
+    ``run``: the run folder the scene was trained in (:class:`TrainedRun`).
+    ``overwrite``: whether a format writing several files may replace what a previous export left at the path.
     """
 
     train_batches: Callable[[], Iterable[Batch]] | None = None
     render: Callable[[Batch], RenderOutput] | None = None
+    run: TrainedRun | None = None
+    overwrite: bool = False
 
     def missing(self, needs: Iterable[str]) -> list[str]:
         """The names in ``needs`` this context does not give (a name that is none of its fields included)."""
@@ -62,6 +80,24 @@ class ExportFormat(abc.ABC):
     def summary(cls) -> str:
         """The first line of the format's docstring."""
         return (cls.__doc__ or "").strip().split("\n")[0]
+
+    @classmethod
+    def check_path(cls, path: Path) -> None:
+        """Raise ValueError for a ``path`` this format cannot write, before anything is trained or written (the
+        default takes any)."""
+
+
+def describe_formats() -> str:
+    """The registered export formats for ``--help``: each with its file endings, its summary and its options (the
+    fields of its ``Config``, ``<name>.<field>=<default>``)."""
+    described = []
+    for name in EXPORT_REGISTRY.names():
+        entry = EXPORT_REGISTRY.get(name)
+        config = getattr(entry, "Config", None)
+        options = [f"{name}.{f.name}={f.default}" for f in dataclasses.fields(config)] if config else []
+        text = f"{name} ({' or '.join(entry.suffixes)}): {entry.summary().rstrip('.')}"
+        described.append(text + (f", options {' '.join(options)}" if options else ""))
+    return "; ".join(described)
 
 
 def export_gaussians(

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
-from gsrecon.component import RunSetup
+from gsrecon.config import parse_structured
+from gsrecon.engine.build import build_renderer
 from gsrecon.engine.hook import Hook, Priority
-from gsrecon.export import ExportContext, export_gaussians
+from gsrecon.engine.inference import TrainedScene
+from gsrecon.engine.resolve import RunConfig
+from gsrecon.export import ExportContext, TrainedRun, export_gaussians
 from gsrecon.model.views.base import export_notes
-from gsrecon.registry import EXPORT_REGISTRY, HOOK_REGISTRY, RENDERER_REGISTRY, RegistryError
+from gsrecon.registry import EXPORT_REGISTRY, HOOK_REGISTRY, RegistryError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -24,8 +28,9 @@ if TYPE_CHECKING:
 @HOOK_REGISTRY.register()
 class ExportHook(Hook):
     """When training ends (also after Ctrl-C, not after a failure), writes the Gaussians to
-    ``<exp_dir>/<path>`` in ``format`` (any name in ``EXPORT_REGISTRY``, a plugin's included), recording
-    the renderer's antialiased mode where the format can. Only the main process writes."""
+    ``<exp_dir>/<path>`` in ``format`` (any name in ``EXPORT_REGISTRY``, a plugin's included; ``lod``: the run's levels
+    of detail, built first, as a site whose ``path`` ends in ``lod-meta.json``), recording the renderer's antialiased
+    mode where the format can. Only the main process writes."""
 
     priority = Priority.LOWEST
 
@@ -38,7 +43,7 @@ class ExportHook(Hook):
         if not cfg.path:
             raise ValueError("path is empty; remove the hook (hooks.ExportHook=null) to export nothing")
         try:
-            EXPORT_REGISTRY.get(cfg.format)
+            EXPORT_REGISTRY.get(cfg.format).check_path(Path(cfg.path))
         except RegistryError as exc:
             raise ValueError(f"format: {exc}") from None
         self.cfg = cfg
@@ -51,8 +56,10 @@ class ExportHook(Hook):
             return
         path = trainer.exp_dir / self.cfg.path
         antialiased = bool(trainer.resolved_config["renderer"].get("antialiased", False))
-        render = _surface_render(trainer) if "render" in EXPORT_REGISTRY.get(self.cfg.format).needs else None
-        context = ExportContext(train_batches=trainer.datapipeline.train_batches, render=render)
+        needs = EXPORT_REGISTRY.get(self.cfg.format).needs
+        render = _surface_render(trainer) if "render" in needs else None
+        run = _trained_run(trainer) if "run" in needs else None
+        context = ExportContext(trainer.datapipeline.train_batches, render, run, overwrite=True)
         export_gaussians(trainer.model.params, path, self.cfg.format, antialiased=antialiased, context=context)
         trainer.logger.info(f"wrote {path} ({trainer.model.num_gaussians} Gaussians)")
         for note in export_notes(trainer.resolved_config):
@@ -62,11 +69,21 @@ class ExportHook(Hook):
 def _surface_render(trainer: TrainerView) -> Callable[[Batch], RenderOutput]:
     """The trainer's model rendered from a batch's cameras by its renderer, with the median depth, without
     gradients (what `ExportContext.render` gives)."""
-    renderer = RENDERER_REGISTRY.build({**trainer.resolved_config["renderer"], "median_depth": True})
-    renderer.setup(RunSetup(trainer.logger.info, trainer.datapipeline))
+    entry = {**trainer.resolved_config["renderer"], "median_depth": True}
+    renderer = build_renderer(entry, trainer.logger, trainer.datapipeline)
 
     @torch.no_grad()
     def render(batch: Batch) -> RenderOutput:
         return renderer.render_batch(trainer.model.params, batch, trainer.model.active_sh_degree(trainer.step))
 
     return render
+
+
+def _trained_run(trainer: TrainerView) -> TrainedRun:
+    """The trainer's run folder with its scene as trained so far (what `ExportContext.run` gives), the folder's lock
+    held by the trainer."""
+    source = str(trainer.exp_dir)
+    cfg = parse_structured(RunConfig, trainer.resolved_config, source)  # what its checkpoints store
+    params = {name: value.detach().cpu().float() for name, value in trainer.model.params.items()}
+    scene = TrainedScene(cfg, params, trainer.step, source, trainer.views.state_dict())
+    return TrainedRun(trainer.exp_dir, scene, trainer.logger, str(trainer.device), held=True)

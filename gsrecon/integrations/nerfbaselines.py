@@ -26,7 +26,7 @@ from gsrecon.cameras import Cameras
 from gsrecon.data.formats.images import write_png
 from gsrecon.data.prepare.detect import CONFIGS_DIR
 from gsrecon.data.readers.transforms import OPENGL_TO_OPENCV
-from gsrecon.engine.build import build_renderer, scene_renderer_entry
+from gsrecon.engine.build import build_scene_renderer
 from gsrecon.engine.checkpoints import capture
 from gsrecon.engine.inference import load_trained_scene
 from gsrecon.engine.resolve import load_run_config
@@ -95,7 +95,7 @@ class GsreconMethod:
         else:
             self._start(train_dataset, dict(config_overrides or {}))
         self._device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self._renderer = build_renderer(scene_renderer_entry(self._cfg, self._device, self._logger), self._logger)
+        self._renderer = build_scene_renderer(self._cfg, self._device, self._logger)
 
     def _start(self, dataset: dict[str, Any], overrides: dict[str, Any]) -> None:
         self._workdir = tempfile.TemporaryDirectory(prefix="gsrecon-nerfbaselines-")

@@ -1,49 +1,70 @@
-"""``gsrecon export --format lod``: a run's levels of detail as a PlayCanvas streamed SOG site, the levels built
-first where the run has none."""
+"""The ``lod`` export format (``gsrecon export --format lod``, ``ExportHook``): a run's levels of detail as a PlayCanvas
+streamed SOG site, the levels built first where the run has none."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor
 
-from gsrecon.config import parse_structured
 from gsrecon.data.blocks import cell_index, plan_cells
 from gsrecon.data.pipeline import fixed_background
 from gsrecon.engine.inference import TrainedScene
 from gsrecon.engine.resolve import resolve_views_config
 from gsrecon.errors import InputError
-from gsrecon.export.lod.site import CameraRegion, CellOf, LodSiteConfig, check_site_path, write_lod_site
+from gsrecon.export.base import ExportContext, ExportFormat
+from gsrecon.export.lod.site import META_NAME, CameraRegion, CellOf, LodSiteConfig, check_site_path, write_lod_site
 from gsrecon.lod.levels import LodConfig, build_levels, built_levels, camera_region, level_loaders
 from gsrecon.logging.console import Logger
 from gsrecon.model.views.environment import stored_sky
 from gsrecon.partition.folder import PLAN_FILE, read_plan
+from gsrecon.registry import EXPORT_REGISTRY
 from gsrecon.render.environment import far_sphere_gaussians
+
+
+@EXPORT_REGISTRY.register("lod")
+class LodFormat(ExportFormat):
+    """A run's levels of detail (gsrecon lod; built first where it has none) as PlayCanvas streamed SOG; from a run
+    folder only (--exp-dir)."""
+
+    suffixes = (META_NAME,)
+    needs = ("run",)
+    Config = LodSiteConfig
+
+    def __init__(self, cfg: LodSiteConfig | None = None) -> None:
+        self.cfg = cfg if cfg is not None else LodSiteConfig()
+
+    @classmethod
+    def check_path(cls, path: Path) -> None:
+        if path.name != META_NAME:
+            raise ValueError(f"the lod format writes a site folder's {META_NAME}: the path must end in it, got {path}")
+
+    def write(self, path: Path, params: Mapping[str, Tensor], *, antialiased: bool, context: ExportContext) -> None:
+        run = context.run
+        assert run is not None  # export_gaussians gives what `needs` names
+        export_lod(run.scene, run.folder, path, self.cfg, context.overwrite, run.device, run.logger, run.held)
 
 
 def export_lod(
     scene: TrainedScene,
-    exp_dir: str | None,
+    exp_dir: str | Path,
     out: str | Path,
-    options: Mapping[str, Any],
+    cfg: LodSiteConfig,
     overwrite: bool = False,
     device: str = "auto",
     logger: Logger | None = None,
+    held: bool = False,
 ) -> Path:
     """Write the levels of the run in ``exp_dir`` (``scene``: its trained scene, level 0) as the site whose
-    ``lod-meta.json`` is ``out``, with the site ``options`` (:class:`LodSiteConfig`); a run without levels gets
-    them first (:class:`LodConfig`'s defaults), saying so. Returns ``out``.
+    ``lod-meta.json`` is ``out``, with the site options ``cfg``; a run without levels gets them first
+    (:class:`LodConfig`'s defaults, the run's lock taken unless the caller ``held`` it), saying so. Returns ``out``.
 
-    Raises InputError without ``exp_dir``, for bad options, or for an ``out`` the site may not be written to
-    (:func:`check_site_path`), before building anything."""
+    Raises InputError for an ``out`` the site may not be written to (:func:`check_site_path`), before building
+    anything."""
     logger = logger or Logger()
-    cfg = parse_structured(LodSiteConfig, dict(options), source="--format lod options")
-    if not exp_dir:
-        raise InputError("--format lod needs --exp-dir: the levels of detail are built from and kept in a run folder")
     out = check_site_path(out, overwrite)
     count = built_levels(exp_dir, scene.step)
     if count == 0:
@@ -52,7 +73,7 @@ def export_lod(
             f"{exp_dir} has no levels of detail yet: building {lod.levels} first ({lod.steps} steps each; "
             f"gsrecon lod --exp-dir {exp_dir} builds them with other settings)"
         )
-        outcome = build_levels(scene, exp_dir, lod, device, logger)
+        outcome = build_levels(scene, exp_dir, lod, device, logger, held)
         if outcome.stop_reason:
             raise InputError(f"{outcome.stop_reason}; nothing was exported")
         count = len(outcome.records)

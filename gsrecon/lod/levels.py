@@ -124,15 +124,23 @@ def level_factor(base: int, scale: int, level: int, shortest: int) -> int:
 
 
 def build_levels(
-    scene: TrainedScene, exp_dir: str | Path, lod: LodConfig, device: str = "auto", logger: Logger | None = None
+    scene: TrainedScene,
+    exp_dir: str | Path,
+    lod: LodConfig,
+    device: str = "auto",
+    logger: Logger | None = None,
+    held: bool = False,
 ) -> LodOutcome:
     """Build (or keep, or resume) levels 1..``lod.levels`` of the run in ``exp_dir`` whose trained scene is ``scene``
-    (see the module docstring).
+    (see the module docstring), holding the run's lock meanwhile (unless the caller ``held`` it: the run's training,
+    exporting the site when it ends).
 
     Raises InputError for a ``device`` this machine lacks, or a run another process holds (its lock), before
     anything is written."""
     cfg = scene.cfg if device == "auto" else dataclasses.replace(scene.cfg, device=device)
     resolve_device(cfg.device, DistributedContext())
+    if held:
+        return _build_levels(scene, exp_dir, lod, cfg, logger or Logger())
     run_dir = RunDir(exp_dir, "gsrecon lod")
     run_dir.lock()
     try:
@@ -182,7 +190,7 @@ def _build_levels(
             )
         level_cfg = tuning_config(
             cfg, folder / f"level_{level}" / "merged.ply", run, lod.steps, resume,
-            data=dataclasses.replace(cfg.data, factor=factor),
+            data=dataclasses.replace(cfg.data, factor=factor), hooks=_level_hooks(cfg.hooks),
         )  # fmt: skip
         source = f"{exp_dir} (level of detail {level})"
         trainer = DefaultTrainer(level_cfg, source, overwrite=not resume, logger=logger)
@@ -211,6 +219,17 @@ def _build_levels(
         logger.info(f"level {level}: {len(params['means'])} Gaussians at data.factor {factor}")
         _write_levels(exp_dir, scene, region, records, lod)
     return LodOutcome(records)
+
+
+def _level_hooks(hooks: Any) -> Any:
+    """A level's hooks: the run's, less an ``ExportHook`` writing the ``lod`` site (a level is part of the site the run
+    exports, not a run with levels of its own)."""
+    if not isinstance(hooks, dict):
+        return hooks
+    return {
+        key: None if entry and entry.get("name", key) == "ExportHook" and entry.get("format") == "lod" else entry
+        for key, entry in hooks.items()
+    }
 
 
 def _stopped_at(run: Path) -> tuple[int, int | None] | None:

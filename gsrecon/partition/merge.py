@@ -24,7 +24,7 @@ from gsrecon.cameras.rays import camera_rays
 from gsrecon.component import RunSetup
 from gsrecon.data.blocks import Partition, cell_box, image_coverage
 from gsrecon.distributed import DistributedContext
-from gsrecon.engine.build import build_renderer, scene_renderer_entry
+from gsrecon.engine.build import build_scene_renderer, build_view_modules
 from gsrecon.engine.checkpoints import (
     load_checkpoint_file,
     non_finite,
@@ -43,7 +43,7 @@ from gsrecon.export import export_gaussians
 from gsrecon.logging.console import Logger
 from gsrecon.metrics import mean_metrics
 from gsrecon.model import ops
-from gsrecon.model.views.base import ViewModules, build_views
+from gsrecon.model.views.base import ViewModules
 from gsrecon.model.views.environment import environment_module, merge_skies, set_sky, trained_sky
 from gsrecon.partition.folder import PLAN_FILE
 from gsrecon.render.environment import texel_coverage
@@ -228,7 +228,9 @@ def _merged_sky(
     weighted by how much the block's training views read it), set up for the whole capture (its horizon); None
     where the run has no sky. Raises InputError naming the blocks that kept no sky, or one of another resolution."""
     exp_dir = Path(cfg.exp_dir)
-    views = build_views(resolve_views_config(cfg, str(exp_dir)), [f.name for f in pipeline.scene.train], "cpu")
+    views = build_view_modules(
+        resolve_views_config(cfg, str(exp_dir)), pipeline.scene, torch.device("cpu"), str(exp_dir)
+    )
     found = environment_module(views)
     if found is None:
         return None
@@ -280,7 +282,7 @@ def _score(
     if pipeline.num_val == 0:
         return []
     scene = TrainedScene(cfg, params, step, str(cfg.exp_dir))
-    renderer = build_renderer(scene_renderer_entry(cfg, pipeline.device, logger), logger)
+    renderer = build_scene_renderer(cfg, pipeline.device, logger)
     render = batch_renderer(scene, renderer, pipeline.device, sky)
     metrics = build_metrics(cfg.metrics, pipeline.device, logger, renderer.compiled)
     views = evaluate_views(render, itertools.takewhile(lambda _: not stopped(), pipeline.val_batches()), metrics)

@@ -26,7 +26,7 @@ from rich.console import Console
 from gsrecon.atomic import write_json
 from gsrecon.config import ConfigError, load_config, save_yaml, to_container
 from gsrecon.data.blocks import Partition, plan_partition
-from gsrecon.data.pipeline import DataPipeline, read_scene
+from gsrecon.data.pipeline import read_scene
 from gsrecon.distributed import DistributedContext
 from gsrecon.engine import build, resolve
 from gsrecon.engine.checkpoints import changed_settings
@@ -36,7 +36,7 @@ from gsrecon.errors import InputError
 from gsrecon.logging.console import Logger
 from gsrecon.metrics import describe_metrics
 from gsrecon.model.views.environment import trained_sky
-from gsrecon.partition.folder import PLAN_FILE, read_plan
+from gsrecon.partition.folder import PLAN_FILE, read_plan, refuse_plain_resume
 from gsrecon.partition.merge import (
     BLOCK_RESULT,
     BLOCKS_DIR,
@@ -91,6 +91,21 @@ def merge_report(merged: MergeResult, exp_dir: str | Path) -> list[str]:
     return [describe_merge(merged), f"outputs: {exp_dir} (checkpoints/last.pt, point_cloud.ply, metrics.json)"]
 
 
+def train_config(
+    cfg: resolve.RunConfig, source: str, overwrite: bool = False
+) -> tuple[list[str], str | None, int | None]:
+    """``gsrecon train`` of ``cfg``: its blocks (``partition.blocks`` without ``partition.block``:
+    :func:`train_blocks`) or one run. Returns what the command line says, why training stopped early (None: it did
+    not) and the signal that stopped it."""
+    if cfg.partition.enabled and cfg.partition.block is None:
+        outcome = train_blocks(cfg, source, overwrite)
+        return outcome.report(cfg), outcome.stop_reason, outcome.stop_signal
+    refuse_plain_resume(cfg, source)
+    trainer = DefaultTrainer(cfg, source=source, overwrite=overwrite)
+    trainer.train()
+    return trainer.report(), trainer.stop_reason, trainer.stop_signal
+
+
 def train_blocks(cfg: resolve.RunConfig, source: str, overwrite: bool = False) -> BlocksOutcome:
     """Train the blocks of ``cfg.partition`` this process has (all, its torchrun rank's share, or
     ``partition.only``) and, unless ``only`` is set, merge them into ``cfg.exp_dir`` (rank 0, after every rank has
@@ -103,8 +118,7 @@ def train_blocks(cfg: resolve.RunConfig, source: str, overwrite: bool = False) -
     logger = Logger(console=None if dist.rank == 0 else Console(quiet=True))
     resume = bool(cfg.resume)
     run_dir = RunDir(cfg.exp_dir, source)
-    block_run = build.build_run(cfg, "block", source, logger, dist)
-    device, resolved = block_run.device, block_run.resolved
+    device, resolved = build.resolve_run(cfg, source, dist)
     group = _wait_group(dist)
     partition, error = None, None
     try:
@@ -125,7 +139,7 @@ def train_blocks(cfg: resolve.RunConfig, source: str, overwrite: bool = False) -
         if group is not None:
             torch_dist.barrier(group)
         if dist.rank == 0:
-            pipeline = DataPipeline(dataclasses.replace(cfg.data, cache="disk"), device, cfg.seed, source=source)
+            pipeline = build.build_datapipeline(dataclasses.replace(cfg.data, cache="disk"), device, cfg.seed, source)
             outcome.merged = merge_blocks(cfg, resolved, partition, pipeline, logger, dist.local_rank)
             outcome.stop_reason, outcome.stop_signal = outcome.merged.stop_reason, outcome.merged.stop_signal
         return outcome
@@ -183,9 +197,8 @@ def merge_run(exp_dir: str | Path, device: str = "auto", overrides: Sequence[str
     machine = [f"exp_dir={exp_dir}", *([f"device={device}"] if device != "auto" else [])]
     cfg, source = resolve.load_run_config(str(config), [*machine, *overrides])
     import_plugins(cfg.imports, source)
-    run = build.build_run(cfg, "block", source)
-    torch_device, resolved = run.device, run.resolved
-    pipeline = DataPipeline(dataclasses.replace(cfg.data, cache="disk"), torch_device, cfg.seed, source=source)
+    torch_device, resolved = build.resolve_run(cfg, source)
+    pipeline = build.build_datapipeline(dataclasses.replace(cfg.data, cache="disk"), torch_device, cfg.seed, source)
     partition = plan_partition(pipeline.scene, cfg.partition)
     _check_plan(exp_dir / PLAN_FILE, partition)
     run_dir = RunDir(exp_dir, source)

@@ -1,6 +1,7 @@
 """Which renderer a run uses: what ``renderer.name: auto`` means on a device, and which renderer draws a trained scene
 on a device its own renderer cannot use. Choosing ``cpu`` builds its kernels (once per process: the renderer's
-``setup`` then finds them loaded)."""
+``setup`` then finds them loaded); :func:`preferred_renderer` chooses without building, for a run that builds them
+only once its folder is claimed."""
 
 from __future__ import annotations
 
@@ -15,13 +16,23 @@ from gsrecon.render.base import RendererConfig
 
 
 def auto_renderer(device: torch.device, log: Callable[[str], None] | None = None) -> str:
-    """The renderer ``auto`` picks: gsplat on CUDA (when installed), the compiled ``cpu`` renderer on the CPU (its
-    kernels built first if not cached; the torch renderer where they cannot be, with one line through ``log``
-    saying why), and the torch renderer elsewhere (e.g. ``mps``)."""
+    """The renderer ``auto`` picks on ``device``: :func:`preferred_renderer`'s, where it is ``cpu`` only once its
+    kernels are built (:func:`cpu_or_torch`)."""
+    name = preferred_renderer(device)
+    return cpu_or_torch(log) if name == "cpu" else name
+
+
+def preferred_renderer(device: torch.device) -> str:
+    """The renderer ``auto`` prefers on ``device``, nothing built: gsplat on CUDA (when installed), the compiled
+    ``cpu`` renderer on the CPU and the torch renderer elsewhere (e.g. ``mps``)."""
     if device.type == "cuda" and "gsplat" in RENDERER_REGISTRY:
         return "gsplat"
-    if device.type != "cpu":
-        return "torch"
+    return "cpu" if device.type == "cpu" else "torch"
+
+
+def cpu_or_torch(log: Callable[[str], None] | None = None) -> str:
+    """``cpu`` once the cpu renderer's kernels are loaded (built first if not cached, saying so through ``log``), else
+    ``torch`` with one line through ``log`` saying why they cannot be built here."""
     from gsrecon.kernels.build import kernels_unavailable
 
     why = kernels_unavailable(log)

@@ -1,8 +1,29 @@
-"""``gsrecon view``: a trained scene in the browser, until Ctrl-C."""
+"""``gsrecon view``: a trained scene in the browser, until Ctrl-C (its options here; gsrecon/cli.py dispatches)."""
 
 from __future__ import annotations
 
 import argparse
+
+from gsrecon.viewer import DISPLAYS, INSTALL_HINT
+
+SUMMARY = "open a trained scene in the browser viewer"
+DESCRIPTION = (
+    "Serve a trained scene to a web browser (viser): Gaussians drawn by the browser or rendered exactly by "
+    "gsrecon on this machine, training cameras as frustums. Prints the URL; runs until Ctrl-C. Needs the "
+    f"viewer extra: {INSTALL_HINT}"
+)
+
+
+def add_view_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: all interfaces)")
+    p.add_argument("--port", type=int, default=8080, help="port to listen on (the next free one if busy; 0: any)")
+    p.add_argument(
+        "--display",
+        default=next(iter(DISPLAYS)),
+        choices=list(DISPLAYS),
+        help="what the page shows first: splats drawn by the browser, or gsrecon's exact render from this machine",
+    )
+    p.add_argument("--resolution", type=int, default=512, help="longer side in pixels of gsrecon's renders")
 
 
 def view(args: argparse.Namespace) -> int:
@@ -24,7 +45,7 @@ def view(args: argparse.Namespace) -> int:
         imports=args.imports,
     )
     logger = Logger()
-    run = scene_run(scene, "view", args.device, logger, median_depth=True)
+    run = scene_run(scene, args.device, logger, median_depth=True)
     pipeline, device = run.datapipeline, run.device
     viewer = SceneViewer(
         run.renderer,
