@@ -86,7 +86,9 @@ class SceneRun:
     views: ViewModules
 
 
-def resolve_run(cfg: RunConfig, source: str, dist: DistributedContext | None = None) -> tuple[torch.device, dict]:
+def resolve_run(
+    cfg: RunConfig, source: str, dist: DistributedContext | None = None
+) -> tuple[torch.device, dict[str, Any]]:
     """``cfg``'s device and its config resolved (:func:`~gsrecon.engine.resolve.resolve_run_config`), nothing
     built: what the block runner and the merge need before each block's training builds its own run."""
     device = resolve_device(cfg.device, dist or DistributedContext())

@@ -94,7 +94,10 @@ def describe_formats() -> str:
     for name in EXPORT_REGISTRY.names():
         entry = EXPORT_REGISTRY.get(name)
         config = getattr(entry, "Config", None)
-        options = [f"{name}.{f.name}={f.default}" for f in dataclasses.fields(config)] if config else []
+        fields = dataclasses.fields(config) if config else ()
+        options = [
+            f"{name}.{f.name}={str(f.default).lower() if isinstance(f.default, bool) else f.default}" for f in fields
+        ]
         text = f"{name} ({' or '.join(entry.suffixes)}): {entry.summary().rstrip('.')}"
         described.append(text + (f", options {' '.join(options)}" if options else ""))
     return "; ".join(described)

@@ -27,8 +27,7 @@ from gsrecon.render.environment import far_sphere_gaussians
 
 @EXPORT_REGISTRY.register("lod")
 class LodFormat(ExportFormat):
-    """A run's levels of detail (gsrecon lod; built first where it has none) as PlayCanvas streamed SOG; from a run
-    folder only (--exp-dir)."""
+    """A run's levels of detail (gsrecon lod, built first where it has none) as PlayCanvas streamed SOG (--exp-dir)."""
 
     suffixes = (META_NAME,)
     needs = ("run",)
