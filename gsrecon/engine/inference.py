@@ -113,7 +113,8 @@ def scene_run(scene: TrainedScene, device: str, logger: Logger, median_depth: bo
     checkpoint's state.
 
     A PLY has no such state: its modules start untrained (training cameras at their given poses), and their
-    test-view policies (``appearance.eval``, ``pose_opt.eval``), which fit each test view afresh, apply as configured.
+    test-view policies (``views.appearance.eval``, ``views.pose_opt.eval``), which fit each test view afresh, apply
+    as configured.
     """
     count = int(scene.params["means"].shape[0])
     return build_scene_run(scene.cfg, scene.source, logger, count, device, scene.views, median_depth)

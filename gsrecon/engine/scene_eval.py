@@ -30,8 +30,9 @@ def evaluate(
     ``cameras.json``.
 
     Test views are scored as validation scores them, by the test-view policies of the scene's per-view modules
-    (:func:`scene_run`): ``pose_opt.eval: fit`` renders each from a pose fitted to its photo first,
-    ``appearance.eval: fit_left`` fits a colour transform on its left half and scores (and writes) the right half.
+    (:func:`scene_run`): ``views.pose_opt.eval: fit`` renders each from a pose fitted to its photo first,
+    ``views.appearance.eval: fit_left`` fits a colour transform on its left half and scores (and writes) the right
+    half.
 
     ``metrics.json`` holds PSNR, SSIM and LPIPS per image and their means (and the depth errors ``depth_abs_rel``
     and ``depth_rmse`` of the views with a depth map, their means over those views), the LPIPS network and
