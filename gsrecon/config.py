@@ -227,11 +227,13 @@ def check_imports(value: Any) -> list[str]:
     return value
 
 
-def entry_map(value: Any, key: str = "hooks") -> dict[str, dict[str, Any] | None]:
-    """A ``hooks:`` value as the mapping ``{entry key: arguments or None (remove)}``.
+def entry_map(value: Any, key: str = "hooks", source: str = "") -> dict[str, dict[str, Any] | None]:
+    """A ``hooks:`` value as the mapping ``{entry key: arguments or None (remove)}``; a ConfigError names ``source``
+    (the file and the command line) where it is given.
 
     A list of ``{name: ..., **arguments}`` entries is keyed by name (``Name-2`` for a second one).
     """
+    at = f"{source}: " if source else ""
     if value is None:
         return {}
     if isinstance(value, list):
@@ -239,28 +241,28 @@ def entry_map(value: Any, key: str = "hooks") -> dict[str, dict[str, Any] | None
         for index, item in enumerate(value):
             if isinstance(item, str):
                 raise ConfigError(
-                    f"key '{key}.{index}': '{item}' is a bare name; write `- name: {item}` "
+                    f"{at}key '{key}.{index}': '{item}' is a bare name; write `- name: {item}` "
                     f"(or as a mapping, `{key}: {{{item}: {{}}}}`)"
                 )
             if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-                raise ConfigError(f"key '{key}.{index}': an entry is a mapping with a 'name', got {item!r}")
+                raise ConfigError(f"{at}key '{key}.{index}': an entry is a mapping with a 'name', got {item!r}")
             entry_key, count = item["name"], 1
             while entry_key in entries:
                 count += 1
                 entry_key = f"{item['name']}-{count}"
             entries[entry_key] = item
-        return entry_map(entries, key)
+        return entry_map(entries, key, source)
     if not isinstance(value, dict):
-        raise ConfigError(f"key '{key}': must be a mapping of entry name to arguments, got {value!r}")
+        raise ConfigError(f"{at}key '{key}': must be a mapping of entry name to arguments, got {value!r}")
     entries = {}
     for entry_key, item in value.items():
         if item is not None and not isinstance(item, dict):
             raise ConfigError(
-                f"key '{key}.{entry_key}': an entry is a mapping of its arguments ({{}} for its defaults) or "
+                f"{at}key '{key}.{entry_key}': an entry is a mapping of its arguments ({{}} for its defaults) or "
                 f"null to remove it, got {item!r}"
             )
         if item is not None and "name" in item and not isinstance(item["name"], str):
-            raise ConfigError(f"key '{key}.{entry_key}.name': must be a registry name, got {item['name']!r}")
+            raise ConfigError(f"{at}key '{key}.{entry_key}.name': must be a registry name, got {item['name']!r}")
         if item is not None and item.get("name") == entry_key:  # implied, so that it merges with `LogHook: {...}`
             item = {k: v for k, v in item.items() if k != "name"}
         entries[entry_key] = item

@@ -113,6 +113,7 @@ def test_random_init_trains_a_colmap_scene_without_points(capsys, make_config, t
         ("model.sh_degree=-1", "model.sh_degree must be between 0 and 3, got -1"),  # issue 60: an exit 1 in init
         ("model.sh_degree=4", "model.sh_degree must be between 0 and 3, got 4"),
         ("model.sh_degree_interval=0", "model.sh_degree_interval must be >= 1, got 0"),
+        ("views.pose_opt=[se3]", "key 'views.pose_opt': an entry is a mapping of its arguments"),  # named no file
     ],
 )
 def test_values_out_of_range_are_one_line_and_exit_2(

@@ -157,7 +157,7 @@ def resolve_hooks(hooks: Any, source: str, max_steps: int | None = None) -> dict
     ``{name (when it differs from the key), priority, **arguments}``; a default hook the config
     removed follows as ``key: None``, so that the resolved config, read again, removes it again.
     """
-    entries = DEFAULT_HOOKS if hooks is None else entry_map(hooks)
+    entries = DEFAULT_HOOKS if hooks is None else entry_map(hooks, "hooks", source)
     resolved: list[tuple[int, int, str, dict[str, Any]]] = []
     for index, (key, args) in enumerate(entries.items()):
         if args is None:
@@ -226,7 +226,7 @@ def resolve_views_config(cfg: RunConfig, source: str) -> dict[str, Any]:
     :data:`VIEW_SECTIONS` (``appearance``, ``pose_opt``) always appear (``name: none`` when off) and take a module of
     their kind. The old shape's top-level sections of those names are read for one release (``mode``: ``name``'s
     alias), merged with the ``views:`` entry of the same key (:func:`fold_view_section`, :func:`old_views_notice`)."""
-    views = entry_map(cfg.views, "views") if cfg.views is not None else {}
+    views = entry_map(cfg.views, "views", source) if cfg.views is not None else {}
     old = [section for section in VIEW_SECTIONS if getattr(cfg, section)]
     resolved = {}
     for section, kind in VIEW_SECTIONS.items():
@@ -265,7 +265,7 @@ def resolve_entry_map(
     """An entry map (``loss:``, ``views:``; None: ``defaults``) with every entry's defaults filled in, in listing
     order; a default entry the config removed follows as ``key: None``, so that the resolved config, read again,
     removes it again."""
-    entries = defaults if value is None else entry_map(value, key)
+    entries = defaults if value is None else entry_map(value, key, source)
     resolved: dict[str, dict[str, Any] | None] = {}
     for entry_key, args in entries.items():
         if args is not None:
