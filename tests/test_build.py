@@ -171,6 +171,7 @@ def test_a_checkpoint_of_the_old_views_shape_resumes_exactly(make_config, make_t
     resumed = make_trainer("resumed", views={"appearance": same}, resume=str(old))
     resumed.train()
     log = (resumed.exp_dir / "train.log").read_text()
+    assert "old_shape.pt's config has the old top-level appearance:/pose_opt: sections: read as views:" in log
     changed = [line for line in log.splitlines() if "resuming with changed settings" in line]
     assert (
         len(changed) == 1 and "exp_dir" in changed[0] and "appearance" not in changed[0] and "views" not in changed[0]

@@ -221,8 +221,11 @@ def check_resumable(
 def resume_notes(path: Path, checkpoint: dict[str, Any], config: dict[str, Any], max_steps: int) -> list[str]:
     """The log lines of a resume from ``path``: where it goes on, what changed since, whether steps are left."""
     step = int(checkpoint["step"])
-    old = current_shape(checkpoint.get("config", {}))  # a checkpoint of the old views shape compares as the new
+    stored = checkpoint.get("config", {})
+    old = current_shape(stored)  # a checkpoint of the old views shape compares as the new
     lines = [f"resumed from {path} at step {step}", *describe_changes(old, config)]
+    if old is not stored:
+        lines.append(f"{path}'s config has the old top-level appearance:/pose_opt: sections: read as views: entries")
     if step >= max_steps:
         lines.append(f"the checkpoint is already at max_steps ({max_steps}); raise max_steps to go on")
     return lines
