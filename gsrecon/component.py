@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from gsrecon.data.pipeline import Batch, DataPipeline
+    from gsrecon.render.base import Renderer
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,9 @@ class RunSetup:
     # Draws a batch as the loss of a training step sees it: draw(params, batch, step) -> image [B, H, W, 3] (the
     # renderer at the step's SH degree, behind the per-view modules); None where the run does not train.
     draw: Callable[[Mapping[str, Tensor], Batch, int], Tensor] | None = None
+    # The run's renderer, for a component that draws Gaussians of its own (per-view distractors); None where the run
+    # does not train.
+    renderer: Renderer | None = None
 
 
 class RunChecked:

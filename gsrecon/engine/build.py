@@ -118,7 +118,7 @@ def build_run(
     facts = run_facts(run.resolved, run.model, run.datapipeline.scene)
     components = run_components(cfg, run.model, run.renderer, run.strategy, run.loss, run.views, run.hooks)
     check_run(components, facts, source)
-    setup_run(components, RunSetup(logger.info, run.datapipeline, training_draw(run)))
+    setup_run(components, RunSetup(logger.info, run.datapipeline, training_draw(run), run.renderer))
     run.notices = [notice for notice in (old_views_notice(cfg, source),) if notice is not None]
     return run
 
