@@ -181,8 +181,8 @@ class DistractorGaussians(ViewModule):
         own_frame = torch.eye(4, device=cameras.viewmats.device)[None]  # [1, 4, 4]: they live in the camera's frame
         black = cameras.viewmats.new_zeros(1, 3)
         images, alphas = [], []
-        for index, row in enumerate(self.rows(batch.names, torch.device("cpu")).tolist()):
-            params = {name: value.to(cameras.viewmats.device) for name, value in self.gaussians(row).items()}
+        for index, name in enumerate(batch.names):
+            params = {key: value.to(cameras.viewmats.device) for key, value in self.gaussians(self.index[name]).items()}
             out = self.renderer.render(params, cameras[index].with_viewmats(own_frame), 0, black)
             images.append(out.image)
             alphas.append(out.alpha)
