@@ -174,6 +174,18 @@ def test_distractors_from_the_command_line_train_resume_exactly_evaluate_and_are
     assert torch.equal(torch.from_numpy(vertex["x"].copy()), reference["params"]["means"][:, 0])
 
 
+def test_a_run_resumes_without_the_distractors_and_with_them_added(make_config, tmp_path: Path) -> None:
+    path = write_yaml(tmp_path / "run.yaml", make_config("run", views=DISTRACTORS, max_steps=3))
+    assert main(["train", "--config", str(path)]) == 0
+    exp_dir = tmp_path / "run"
+    assert main(["train", "--config", str(path), "resume=true", "max_steps=5", "views.distractors=null"]) == 0
+    assert "views.distractors" in (exp_dir / "train.log").read_text().split("resumed from")[-1]
+    assert "distractors" not in load_checkpoint_file(exp_dir / "checkpoints" / "last.pt")["views"]
+    assert main(["train", "--config", str(path), "resume=true", "max_steps=6"]) == 0  # added back: starts afresh
+    saved = load_checkpoint_file(exp_dir / "checkpoints" / "last.pt")["views"]["distractors"]["module"]
+    assert saved["means"].shape == (7, 60, 3) and (saved["means"][..., 2] > 0).all()
+
+
 @pytest.mark.slow
 def test_a_distractor_pasted_into_one_photo_is_drawn_by_that_photos_gaussians(make_trainer) -> None:
     """What only one training photo shows is where its distractor Gaussians grow opaque (150 steps, ~20 s)."""
