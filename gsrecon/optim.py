@@ -340,6 +340,8 @@ class LambdaLR(LRScheduler):
 
     def __init__(self, optimizer: Any, lr_lambda: Callable[[int], float] | list[Callable[[int], float]]) -> None:
         self.lr_lambdas = list(lr_lambda) if isinstance(lr_lambda, list) else [lr_lambda] * len(optimizer.param_groups)
+        if len(self.lr_lambdas) != len(optimizer.param_groups):
+            raise ValueError(f"{len(self.lr_lambdas)} lr_lambdas for {len(optimizer.param_groups)} parameter groups")
         super().__init__(optimizer)
 
     def get_lr(self) -> list[float]:

@@ -17,6 +17,7 @@ from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.io.ply import read_ply
 from gsrecon.model.views.base import ViewModules
 from gsrecon.model.views.distractors import DistractorGaussians
+from gsrecon.optim import LambdaLR
 from gsrecon.registry import RENDERER_REGISTRY
 from tests.conftest import SCRIPTS, write_yaml
 
@@ -242,3 +243,12 @@ def test_a_renderer_with_sparse_gradients_is_refused() -> None:
     facts = RunFacts({"renderer": {"name": "gsplat", "packed": True, "sparse_grad": True}}, 10, False, False)
     with pytest.raises(ValueError, match="renderer.sparse_grad"):
         module.check(facts)
+
+
+def test_a_schedule_takes_one_function_per_group_and_refuses_a_list_of_another_length() -> None:
+    optimizer = DistractorGaussians(DistractorGaussians.Config(), NAMES).build_optimizer()
+    scheduler = LambdaLR(optimizer, [lambda step: 0.5**step] + [lambda step: 1.0] * 4)
+    scheduler.step()
+    assert [group["lr"] for group in optimizer.param_groups] == [0.8e-4, 0.05, 0.01, 0.05, 0.025]
+    with pytest.raises(ValueError, match="2 lr_lambdas for 5 parameter groups"):
+        LambdaLR(optimizer, [lambda step: 1.0] * 2)
