@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from gsrecon.data.pipeline import Batch, DataPipeline
+    from gsrecon.render.base import Renderer
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,9 @@ class RunSetup:
     # Whether the run takes the compiled path (its renderer draws with gsrecon's compiled CPU kernels, renderer cpu):
     # then the terms and metrics that have a compiled form use the kernels too; False: their torch code.
     compiled: bool = False
+    # The run's renderer, for a component that draws Gaussians of its own (per-view distractors); None where the run
+    # does not train.
+    renderer: Renderer | None = None
 
 
 class RunChecked:

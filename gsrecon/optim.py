@@ -335,11 +335,13 @@ class ExponentialLR(LRScheduler):
 
 
 class LambdaLR(LRScheduler):
-    """The rate of step ``t`` is each group's initial rate times ``lr_lambda(t)`` (torch's ``LambdaLR`` with one
-    function for every group; the function is not saved)."""
+    """The rate of step ``t`` is each group's initial rate times ``lr_lambda(t)`` (torch's ``LambdaLR``: one function
+    for every group, or a list of one per group; the functions are not saved)."""
 
-    def __init__(self, optimizer: Any, lr_lambda: Callable[[int], float]) -> None:
-        self.lr_lambdas = [lr_lambda] * len(optimizer.param_groups)
+    def __init__(self, optimizer: Any, lr_lambda: Callable[[int], float] | list[Callable[[int], float]]) -> None:
+        self.lr_lambdas = list(lr_lambda) if isinstance(lr_lambda, list) else [lr_lambda] * len(optimizer.param_groups)
+        if len(self.lr_lambdas) != len(optimizer.param_groups):
+            raise ValueError(f"{len(self.lr_lambdas)} lr_lambdas for {len(optimizer.param_groups)} parameter groups")
         super().__init__(optimizer)
 
     def get_lr(self) -> list[float]:

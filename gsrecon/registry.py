@@ -128,6 +128,7 @@ VIEW_REGISTRY: Registry = Registry(
         "gsrecon.model.views.pose",
         "gsrecon.model.views.transients",
         "gsrecon.model.views.environment",
+        "gsrecon.model.views.distractors",
     ),
 )
 EXPORT_REGISTRY: Registry = Registry("export format", locations=("gsrecon.export", "gsrecon.lod.export"))

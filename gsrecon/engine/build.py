@@ -134,7 +134,8 @@ def build_training_run(
         **view_components(cfg, views), **{f"hooks.{key}": hook for key, hook in hooks.items()},
     }  # fmt: skip
     check_run(components, run_facts(resolved, model.num_gaussians, pipeline.scene), source)
-    setup_run(components, RunSetup(logger.info, pipeline, training_draw(renderer, views, model), renderer.compiled))
+    draw = training_draw(renderer, views, model)
+    setup_run(components, RunSetup(logger.info, pipeline, draw, renderer.compiled, renderer))
     state = build_training_state(cfg, model, renderer, strategy, pipeline.scene.extent, dist.world_size)
     notices = [notice for notice in (old_views_notice(cfg, source),) if notice is not None]
     return TrainingRun(
