@@ -181,3 +181,14 @@ def test_growth_is_held_back_while_a_module_sets_transients_aside(make_trainer, 
     for held in (counts[("robust",)], counts[("transients",)]):
         assert all(count <= 300 for count in held[:8])  # nothing grown before step 8 (pruning goes on)
         assert held[8] > held[7]  # grown at step 8
+
+
+def test_the_rule_trains_beside_the_sky_module(make_trainer) -> None:
+    views = {"sky": {"name": "environment"}, "robust": {}}
+    trainer = make_trainer("sky", loss=ROBUST_LOSS, views=views)
+    texels = trainer.views.modules["sky"].state_dict()
+    texels = {key: value.clone() for key, value in texels.items()}
+    trainer.train()
+    robust = trainer.views.modules["robust"]
+    assert int(robust.steps) == 6 and 0 < float(robust.threshold) < 1
+    assert any(not torch.equal(value, trainer.views.modules["sky"].state_dict()[key]) for key, value in texels.items())
