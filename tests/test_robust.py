@@ -16,7 +16,7 @@ from gsrecon.engine.checkpoints import load_checkpoint_file
 from gsrecon.hooks import Hook
 from gsrecon.model.views.robust import RobustFilter, inlier_mask, percentile_of, warmup_share
 
-ROBUST_LOSS = {"l1": {"weight": 1.0}, "ssim": None}  # the papers' loss: the masked L1 alone
+ROBUST_LOSS = {"l1": {"weight": 1.0}, "ssim": {"weight": 0.0}}  # the papers' loss: the masked L1 alone
 COUNTS: list[int] = []
 
 

@@ -123,7 +123,7 @@ class RobustFilter(ViewModule):
             if entry is not None and entry.get("name", key) == "ssim" and entry.get("weight", 0) > 0:
                 raise ValueError(
                     f"the rule's loss is the masked L1 alone (SpotLessSplats: SSIM weight 0), but loss.{key} weighs "
-                    f"SSIM: add loss.{key}=null (and loss.l1.weight=1.0 for the papers' scale)"
+                    f"SSIM: set loss.{key}.weight=0 loss.l1.weight=1.0 (the papers' loss)"
                 )
         strategy, steps = run.config.get("strategy") or {}, run.config.get("max_steps", 0)
         reset_every = strategy.get("reset_every")
