@@ -127,6 +127,7 @@ VIEW_REGISTRY: Registry = Registry(
         "gsrecon.model.views.bilateral_grid",
         "gsrecon.model.views.pose",
         "gsrecon.model.views.transients",
+        "gsrecon.model.views.robust",
         "gsrecon.model.views.environment",
         "gsrecon.model.views.distractors",
     ),

@@ -21,10 +21,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gsrecon.component import RunChecked
+from gsrecon.component import RunChecked, RunFacts
 from gsrecon.distributed import DistributedContext
+from gsrecon.errors import InputError
 from gsrecon.model.ops import Optimizers, Params
-from gsrecon.registry import STRATEGY_REGISTRY
+from gsrecon.model.views.base import view_entries
+from gsrecon.registry import STRATEGY_REGISTRY, VIEW_REGISTRY
 
 SINGLE_PROCESS = DistributedContext()
 
@@ -37,6 +39,20 @@ def opacity_scale_penalty(params: Params, opacity_reg: float, scale_reg: float) 
     return opacity_reg * torch.sigmoid(params["opacities"]).mean() + scale_reg * torch.exp(params["scales"]).mean()
 
 
+def growth_start(run: RunFacts, delayed: int) -> int:
+    """The first step at which a strategy grows Gaussians in ``run``: ``delayed`` where one of its per-view modules
+    sets transients aside (RobustSplat's delayed growth: the scene's structure first, so that no Gaussian is grown
+    for a distractor before the mask has settled), 0 otherwise."""
+    modules = [VIEW_REGISTRY.get(entry["name"]) for entry in view_entries(dict(run.config)).values()]
+    return delayed if any(module.sets_transients_aside for module in modules) else 0
+
+
+def check_growth_start(steps: int) -> None:
+    """Refuse a ``strategy.transient_growth_start`` that is not a whole number of steps >= 0."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise InputError(f"strategy.transient_growth_start must be a whole number of steps >= 0, got {steps!r}")
+
+
 class Strategy(RunChecked):
     """Base class: keeps the Gaussians as they are."""
 
@@ -46,6 +62,8 @@ class Strategy(RunChecked):
     # Whether the strategy reads the screen-space gradients of the Gaussians' centres (``info["means2d"].grad``),
     # which gsplat does not give through a fisheye lens (a rule checked before a run is built).
     screen_gradients: bool = False
+    # The first step at which the strategy may grow Gaussians: check() sets it from the run (growth_start)
+    growth_from: int = 0
 
     @dataclass
     class Config:

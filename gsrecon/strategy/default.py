@@ -23,7 +23,15 @@ from gsrecon.errors import InputError
 from gsrecon.geometry import quat_to_rotmat
 from gsrecon.model.ops import append_rows, remove_rows, reset_opacities
 from gsrecon.registry import STRATEGY_REGISTRY
-from gsrecon.strategy.base import SINGLE_PROCESS, Optimizers, Params, Strategy, opacity_scale_penalty
+from gsrecon.strategy.base import (
+    SINGLE_PROCESS,
+    Optimizers,
+    Params,
+    Strategy,
+    check_growth_start,
+    growth_start,
+    opacity_scale_penalty,
+)
 
 
 @STRATEGY_REGISTRY.register("default")
@@ -66,6 +74,10 @@ class DefaultStrategy(Strategy):
         # costs starts from points up to 0.5 dB ("Floaters and haze" in BENCHMARKS.md).
         opacity_reg: float = per_start(random=0.01, points=0.0)
         scale_reg: float = 0.0  # > 0: L1 on scales
+        # Where a per-view module sets transients aside (views: transients, robust), no Gaussian is cloned or split
+        # before this step (pruning goes on): RobustSplat's delayed growth, a third of the run. 0: growth from
+        # refine_start as without one
+        transient_growth_start: int = run_steps(10_000, minimum=0)
 
     per_gaussian_state = ("grad2d", "count", "radii")
 
@@ -74,8 +86,10 @@ class DefaultStrategy(Strategy):
         for name in ("refine_every", "reset_every"):
             if getattr(cfg, name) < 1:
                 raise InputError(f"strategy.{name} must be >= 1, got {getattr(cfg, name)}")
+        check_growth_start(cfg.transient_growth_start)
 
     def check(self, run: RunFacts) -> None:
+        self.growth_from = growth_start(run, self.cfg.transient_growth_start)
         n = run.num_gaussians
         if self.cfg.cap_max and n > self.cfg.cap_max:
             raise ValueError(f"the model starts with {n} Gaussians, more than strategy.cap_max={self.cfg.cap_max}")
@@ -118,7 +132,8 @@ class DefaultStrategy(Strategy):
             and step % cfg.refine_every == 0
             and step % cfg.reset_every >= cfg.pause_refine_after_reset
         ):
-            self._grow(params, optimizers, state, step, self.growth_gate(params, step, dist))
+            if step >= self.growth_from:
+                self._grow(params, optimizers, state, step, self.growth_gate(params, step, dist))
             self._prune(params, optimizers, state, step)
             for key in self.per_gaussian_state:
                 if state[key] is not None:

@@ -22,7 +22,15 @@ from gsrecon.errors import InputError
 from gsrecon.geometry import quat_scale_to_factor
 from gsrecon.model.ops import append_rows, replace_rows
 from gsrecon.registry import STRATEGY_REGISTRY
-from gsrecon.strategy.base import SINGLE_PROCESS, Optimizers, Params, Strategy, opacity_scale_penalty
+from gsrecon.strategy.base import (
+    SINGLE_PROCESS,
+    Optimizers,
+    Params,
+    Strategy,
+    check_growth_start,
+    growth_start,
+    opacity_scale_penalty,
+)
 
 N_MAX = 51  # largest number of copies one relocation step accounts for (as gsplat)
 
@@ -50,6 +58,9 @@ class MCMCStrategy(Strategy):
         grow_rate: float = 1.05
         opacity_reg: float = 0.01
         scale_reg: float = 0.01
+        # Where a per-view module sets transients aside (views: transients, robust), no Gaussian is added before this
+        # step (dead ones are still relocated): RobustSplat's delayed growth, a third of the run. 0: no delay
+        transient_growth_start: int = run_steps(10_000, minimum=0)
 
     def __init__(self, cfg: Config) -> None:
         super().__init__(cfg)
@@ -59,9 +70,11 @@ class MCMCStrategy(Strategy):
             raise InputError(f"strategy.cap_ratio must be 0 (off) or a finite number >= 1, got {cfg.cap_ratio}")
         if cfg.refine_every < 1:
             raise InputError(f"strategy.refine_every must be >= 1, got {cfg.refine_every}")
+        check_growth_start(cfg.transient_growth_start)
         self.binoms = binomial_table(N_MAX)
 
     def check(self, run: RunFacts) -> None:
+        self.growth_from = growth_start(run, self.cfg.transient_growth_start)
         n = run.num_gaussians
         if n > self.cfg.cap_max:
             raise ValueError(
@@ -86,8 +99,9 @@ class MCMCStrategy(Strategy):
         state.setdefault("initial_gaussians", params["means"].shape[0])  # at step 0: the starting model
         if cfg.refine_start < step < cfg.refine_stop and step % cfg.refine_every == 0:
             self._relocate_dead(params, optimizers, state)
-            n = params["means"].shape[0]
-            self._add(params, optimizers, state, max(0, min(self.cap(state), int(cfg.grow_rate * n)) - n))
+            if step >= self.growth_from:
+                n = params["means"].shape[0]
+                self._add(params, optimizers, state, max(0, min(self.cap(state), int(cfg.grow_rate * n)) - n))
         inject_position_noise(params, optimizers["means"].param_groups[0]["lr"] * cfg.noise_lr)
 
     def cap(self, state: dict[str, Any]) -> int:

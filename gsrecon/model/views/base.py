@@ -55,6 +55,7 @@ class ViewModule(torch.nn.Module, RunChecked):
     kind = ""  # the kind of module: the section of that kind takes it (VIEW_SECTIONS); "": only views: entries
     moves_cameras = False  # whether adjust_cameras moves the cameras (then the renderer must give their gradients)
     export_note = ""  # what an export of the Gaussians leaves out of the module ("": nothing it draws)
+    sets_transients_aside = False  # whether it sets transients aside from the loss (the strategies then delay growth)
 
     @dataclass
     class Config:

@@ -156,6 +156,8 @@ class TransientWeights(ViewModule):
     """Sets aside, in each training photo, the patches where the render and the photo disagree (see the module
     docstring); the render keeps the photo's values there, so the loss ignores them."""
 
+    sets_transients_aside = True
+
     @dataclass
     class Config(ViewModule.Config):
         lr: float = 0.0  # no parameters to learn
