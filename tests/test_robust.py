@@ -65,7 +65,7 @@ def test_the_warmup_mixes_in_all_ones_at_the_papers_rate() -> None:
     photo = torch.zeros(1, 64, 64, 3)
     image = torch.full_like(photo, 0.5).requires_grad_()
     torch.manual_seed(0)
-    kept = module.adjust_image(image, batch_of(photo)) != photo  # the render where kept
+    kept = module.adjust_image(image, batch_of(photo), None) != photo  # the render where kept
     assert kept.all(-1).float().mean() == pytest.approx(warmup_share(3e-3, 1000), abs=0.02)
 
 
@@ -73,11 +73,11 @@ def test_a_training_step_learns_the_threshold_and_gives_set_aside_pixels_no_grad
     module = RobustFilter(RobustFilter.Config(warmup_rate=0.0, bins=100), ["a"])
     photo = torch.zeros(1, 20, 20, 3)
     residuals = torch.linspace(0.0, 0.99, 400).reshape(1, 20, 20, 1).expand(1, 20, 20, 3)
-    first = module.adjust_image(residuals.clone().requires_grad_(), batch_of(photo))
+    first = module.adjust_image(residuals.clone().requires_grad_(), batch_of(photo), None)
     assert torch.equal(first, residuals)  # the first step keeps every pixel (the threshold starts at 1)
     assert float(module.threshold) == pytest.approx(0.69, abs=0.011) and int(module.steps) == 1
     image = residuals.clone().requires_grad_()
-    adjusted = module.adjust_image(image, batch_of(photo))
+    adjusted = module.adjust_image(image, batch_of(photo), None)
     adjusted.sum().backward()
     aside = residuals[..., 0] >= module.threshold  # the bottom 30 % of rows, minus the vote at their top edge
     assert 0.25 < aside.float().mean() < 0.32
@@ -85,7 +85,7 @@ def test_a_training_step_learns_the_threshold_and_gives_set_aside_pixels_no_grad
     assert (image.grad[..., 0][~aside] == 1).all()  # inliers keep their gradient
     assert int(module.steps) == 2
     with torch.no_grad():  # a render without gradients (the multiview strategy's scoring) leaves the state alone
-        module.adjust_image(residuals, batch_of(photo))
+        module.adjust_image(residuals, batch_of(photo), None)
     assert int(module.steps) == 2
 
 
@@ -96,7 +96,7 @@ def test_pixels_ignored_by_masks_from_files_are_left_out_of_the_histogram_and_ne
     image[:, :, 5:] = 0.9  # the right half far off, and ignored by the mask
     masks = torch.ones(1, 10, 10, 1)
     masks[:, :, 5:] = 0
-    module.adjust_image(image.clone().requires_grad_(), batch_of(photo, masks))
+    module.adjust_image(image.clone().requires_grad_(), batch_of(photo, masks), None)
     assert float(module.histogram.sum()) == 50 and float(module.threshold) == pytest.approx(0.2)
     aside = module.set_aside(image, batch_of(photo, masks))
     assert not aside[:, :, 5:].any()
@@ -154,7 +154,7 @@ def test_a_distractor_is_set_aside_once_the_histogram_has_seen_the_photos() -> N
     render = (photos + 0.05 * torch.rand(photos.shape, generator=generator)).clamp(0, 1)  # a scene learnt to ~0.03
     photos[1, 8:20, 10:24] = torch.tensor([1.0, 0.0, 1.0])  # a distractor in one photo
     for _ in range(5):
-        module.adjust_image(render.clone().requires_grad_(), batch_of(photos))
+        module.adjust_image(render.clone().requires_grad_(), batch_of(photos), None)
     aside = module.set_aside(render, batch_of(photos))[..., 0]  # [4, 32, 32]
     assert aside[1, 8:20, 10:24].all()
     outside = aside.clone()

@@ -43,6 +43,7 @@ from gsrecon.registry import VIEW_REGISTRY
 
 if TYPE_CHECKING:
     from gsrecon.data.pipeline import Batch
+    from gsrecon.render.base import RenderOutput
 
 MAX_BINS = 1_000_000  # histogram bins: 1e-6 of a colour's range, finer than any 16-bit photo
 
@@ -142,7 +143,7 @@ class RobustFilter(ViewModule):
             aside &= batch.masks[..., 0] > 0
         return aside[..., None]
 
-    def adjust_image(self, image: Tensor, batch: Batch) -> Tensor:
+    def adjust_image(self, image: Tensor, batch: Batch, out: RenderOutput) -> Tensor:
         """``image`` [B, H, W, 3] with the photo's values where the rule sets pixels aside; a render with gradients (a
         training step's) takes the warm-up draw and adds its residuals to the histogram."""
         aside = self.set_aside(image, batch)  # [B, H, W, 1]
