@@ -1,6 +1,6 @@
 """The protocol of every component a run builds (model, renderer, strategy, loss terms, per-view modules, hooks): each
 may refuse the run it is part of through one method, :meth:`RunChecked.check`, given the :class:`RunFacts`
-(``build_run`` turns a refusal into one line naming the component's key and the config file), and, once every
+(the builders turn a refusal into one line naming the component's key and the config file), and, once every
 component accepted the run, prepares for it through one method, :meth:`RunChecked.setup`, given the
 :class:`RunSetup`."""
 
@@ -14,7 +14,6 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from gsrecon.data.pipeline import Batch, DataPipeline
-    from gsrecon.render.base import Renderer
 
 
 @dataclass(frozen=True)
@@ -41,9 +40,10 @@ class RunSetup:
     # Whether the run takes the compiled path (its renderer draws with gsrecon's compiled CPU kernels, renderer cpu):
     # then the terms and metrics that have a compiled form use the kernels too; False: their torch code.
     compiled: bool = False
-    # The run's renderer, for a component that draws Gaussians of its own (per-view distractors); None where the run
-    # does not train.
-    renderer: Renderer | None = None
+    # The run's renderer's render(params, cameras, sh_degree, backgrounds) -> RenderOutput, for a component that draws
+    # Gaussians of its own (per-view distractors); None where the run does not train. (A callable, not the Renderer:
+    # this floor is below render/.)
+    render: Callable[..., Any] | None = None
 
 
 class RunChecked:

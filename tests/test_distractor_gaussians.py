@@ -35,7 +35,7 @@ def _module(renderer: str = "torch", **options) -> DistractorGaussians:
     torch.manual_seed(0)
     module = DistractorGaussians(DistractorGaussians.Config(**{"count": 60, **options}), NAMES)
     data = SimpleNamespace(train_frames=[_frame(name) for name in reversed(NAMES)])
-    module.setup(RunSetup(print, data, renderer=RENDERER_REGISTRY.build({"name": renderer})))
+    module.setup(RunSetup(print, data, render=RENDERER_REGISTRY.build({"name": renderer}).render))
     return module
 
 

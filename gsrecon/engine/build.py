@@ -135,7 +135,7 @@ def build_training_run(
     }  # fmt: skip
     check_run(components, run_facts(resolved, model.num_gaussians, pipeline.scene), source)
     draw = training_draw(renderer, views, model)
-    setup_run(components, RunSetup(logger.info, pipeline, draw, renderer.compiled, renderer))
+    setup_run(components, RunSetup(logger.info, pipeline, draw, renderer.compiled, renderer.render))
     state = build_training_state(cfg, model, renderer, strategy, pipeline.scene.extent, dist.world_size)
     notices = [notice for notice in (old_views_notice(cfg, source),) if notice is not None]
     return TrainingRun(

@@ -25,6 +25,7 @@ and never exported: an export holds only the scene's Gaussians.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -43,7 +44,7 @@ from gsrecon.sh import rgb_to_sh
 if TYPE_CHECKING:
     from gsrecon.data.pipeline import Batch
     from gsrecon.data.scene import Frame
-    from gsrecon.render.base import Renderer, RenderOutput
+    from gsrecon.render.base import RenderOutput
 
 MAX_COUNT = 100_000  # distractor Gaussians per view: DeSplat starts with 1,000 and grows a few times that
 START_OPACITY = 0.1  # DeSplat's (and 3DGS's) starting opacity
@@ -99,7 +100,7 @@ class DistractorGaussians(ViewModule):
         self.quats = torch.nn.Parameter(torch.zeros(views, count, 4))  # [V, K, 4]
         self.opacities = torch.nn.Parameter(torch.zeros(views, count))  # [V, K] logit
         self.colors = torch.nn.Parameter(torch.zeros(views, count, 3))  # [V, K, 3] RGB
-        self.renderer: Renderer | None = None  # the run's renderer (setup)
+        self.render: Callable[..., RenderOutput] | None = None  # the run's renderer's render (setup)
 
     def check(self, run: RunFacts) -> None:
         renderer = run.config["renderer"]
@@ -116,7 +117,7 @@ class DistractorGaussians(ViewModule):
             )
 
     def setup(self, run: RunSetup) -> None:
-        self.renderer = run.renderer
+        self.render = run.render
         if run.data is not None:
             self.place(self.frames_by_row(run.data))
 
@@ -172,7 +173,7 @@ class DistractorGaussians(ViewModule):
     def draw(self, batch: Batch) -> tuple[Tensor, Tensor]:
         """The training ``batch``'s views' distractors, each drawn by its own Gaussians from its camera: colour
         [B, H, W, 3] (over black) and opacity [B, H, W, 1]."""
-        if self.renderer is None:
+        if self.render is None:
             raise RuntimeError("the distractor Gaussians are drawn with the run's renderer, given in setup")
         cameras = batch.cameras
         own_frame = torch.eye(4, device=cameras.viewmats.device)[None]  # [1, 4, 4]: they live in the camera's frame
@@ -180,7 +181,7 @@ class DistractorGaussians(ViewModule):
         images, alphas = [], []
         for index, name in enumerate(batch.names):
             params = {key: value.to(cameras.viewmats.device) for key, value in self.gaussians(self.index[name]).items()}
-            out = self.renderer.render(params, cameras[index].with_viewmats(own_frame), 0, black)
+            out = self.render(params, cameras[index].with_viewmats(own_frame), 0, black)
             images.append(out.image)
             alphas.append(out.alpha)
         return torch.cat(images), torch.cat(alphas)
