@@ -67,6 +67,7 @@ def register_interrupt_hook() -> None:
                 os.kill(os.getpid(), signal.SIGINT)
 
 
+@pytest.mark.slow  # 15 s on the 2 loaded cores: CI's slow run (the default run stays under 5 min)
 def test_suite_is_interrupted_resumed_and_tabled_beside_the_published_numbers(tmp_path, synthetic_cache, capsys):
     register_interrupt_hook()
     data = suite_folder(tmp_path / "scenes", synthetic_cache, ("lego", "chair"))

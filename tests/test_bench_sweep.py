@@ -39,6 +39,7 @@ def run_sweep(out: Path) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=300)
 
 
+@pytest.mark.slow  # 12 s on the 2 loaded cores: CI's slow run (the default run stays under 5 min)
 def test_a_run_already_recorded_by_this_commit_and_recipe_is_not_run_again(tmp_path: Path) -> None:
     write_row(tmp_path)
     result = run_sweep(tmp_path)
@@ -48,6 +49,7 @@ def test_a_run_already_recorded_by_this_commit_and_recipe_is_not_run_again(tmp_p
     assert not (tmp_path / "work").exists()
 
 
+@pytest.mark.slow  # 37 s on the 2 loaded cores: CI's slow run (the default run stays under 5 min)
 @pytest.mark.parametrize(
     "changes, said",
     [
@@ -67,6 +69,7 @@ def test_a_row_of_another_commit_or_recipe_under_the_same_labels_is_refused(
     assert not (tmp_path / "work").exists()  # refused before training anything
 
 
+@pytest.mark.slow  # 11 s on the 2 loaded cores: CI's slow run (the default run stays under 5 min)
 def test_a_runs_file_without_the_commit_and_recipe_columns_is_refused(tmp_path: Path) -> None:
     (tmp_path / "runs.csv").write_text("scene,variant,length,seed,psnr\nsynthetic,other,5,0,20.0\n")
     result = run_sweep(tmp_path)

@@ -139,6 +139,7 @@ def test_read_gsplat_stats(tmp_path):
         bench.read_gsplat(tmp_path, 100)
 
 
+@pytest.mark.slow  # 16 s on the 2 loaded cores: CI's slow run (the default run stays under 5 min)
 def test_real_gsrecon_run_and_summary(tmp_path, synthetic_cache):
     config = tmp_path / "tiny.yaml"
     config.write_text(yaml.safe_dump(tiny_config(tmp_path / "unused", synthetic_cache)))

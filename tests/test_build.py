@@ -87,6 +87,7 @@ def test_the_training_state_is_built_with_the_run(make_config) -> None:
     assert run.state.strategy_state.keys() == run.strategy.initialize_state(run.datapipeline.scene.extent).keys()
 
 
+@pytest.mark.slow  # 18 s on the 2 loaded cores: CI's slow run (the default run stays under 5 min)
 def test_a_locked_run_folder_is_refused_before_the_cpu_kernels_are_built(make_config, tmp_path: Path) -> None:
     """``renderer.name: auto`` on the CPU builds the kernels only once the run folder is claimed: with an empty kernel
     cache, a folder another process trains in is refused at once, and nothing was built."""

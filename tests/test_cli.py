@@ -150,6 +150,7 @@ def test_resume_flag_continues_and_config_yaml_reproduces_the_run(capsys, make_c
     assert copy["mean"] == original["mean"]
 
 
+@pytest.mark.slow  # 28 s on the 2 loaded cores: CI's slow run (the default run stays under 5 min)
 def test_python_dash_m_entry_point(make_config, tmp_path: Path) -> None:
     config = write_yaml(tmp_path / "c.yaml", make_config(max_steps=1))
     result = subprocess.run(
@@ -198,6 +199,7 @@ def test_every_subcommand_help_has_a_description_and_shows_defaults(capsys, comm
     assert "(default: None)" not in out and "(default: False)" not in out
 
 
+@pytest.mark.slow  # 17 s on the 2 loaded cores: CI's slow run (the default run stays under 5 min)
 def test_training_needs_no_ffmpeg(make_config, tmp_path: Path) -> None:
     """imageio-ffmpeg is for videos only: a run (validation panels, depth colouring, export) trains without it."""
     config = write_yaml(tmp_path / "c.yaml", make_config(max_steps=3))
@@ -209,6 +211,7 @@ def test_training_needs_no_ffmpeg(make_config, tmp_path: Path) -> None:
     assert "finished 3 steps" in result.stdout
 
 
+@pytest.mark.slow  # 13 s on the 2 loaded cores: CI's slow run (the default run stays under 5 min)
 def test_the_package_needs_imageio_only_for_its_tests() -> None:
     """imageio is a dev dependency: no gsrecon module imports it (videos go through imageio-ffmpeg)."""
     import tomllib

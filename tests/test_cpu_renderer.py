@@ -180,6 +180,7 @@ def test_the_renderers_refuse_sh_degree_4_in_one_line():
             renderer.render(params, Cameras(viewmats, Ks, WIDTH, HEIGHT), 3)
 
 
+@pytest.mark.slow  # 12 s on the 2 loaded cores: CI's slow run (the default run stays under 5 min)
 def test_garden_points_match_the_torch_renderer(shared_data):
     """The Mip-NeRF 360 garden's SfM points (138k, stretched and turned at random) seen by its three cameras at 1/8
     of their resolution, classic and antialiased."""
@@ -327,6 +328,7 @@ STRATEGIES = {
 }
 
 
+@pytest.mark.slow  # 19 s on the 2 loaded cores: CI's slow run (the default run stays under 5 min)
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 def test_strategies_grow_as_many_gaussians_as_with_the_torch_renderer(make_trainer, strategy: str):
     counts = {}
@@ -445,6 +447,7 @@ def test_absgrad_densification_reads_the_cpu_renderers_absolute_gradients(make_t
     assert counts[True] > counts[False] > 300, counts
 
 
+@pytest.mark.slow  # 10 s on the 2 loaded cores: CI's slow run (the default run stays under 5 min)
 def test_a_cache_folder_that_cannot_be_written_makes_auto_fall_back_to_torch(tmp_path):
     blocker = tmp_path / "not_a_folder"
     blocker.write_text("")
@@ -460,6 +463,7 @@ def test_a_cache_folder_that_cannot_be_written_makes_auto_fall_back_to_torch(tmp
     assert "cannot be created: Not a directory" in why
 
 
+@pytest.mark.slow  # 16 s on the 2 loaded cores: CI's slow run (the default run stays under 5 min)
 def test_these_tests_fail_rather_than_skip_where_a_compiler_exists_and_the_build_fails(tmp_path):
     """A compiler that fails every build (``false``) with an empty cache: collecting this module is an error, so CI
     cannot stay green while users get the torch renderer."""

@@ -129,6 +129,7 @@ def _disparity_error(trainer: DefaultTrainer) -> float:
     return float(torch.stack(errors).mean())
 
 
+@pytest.mark.slow  # 36 s on the 2 loaded cores: CI's slow run (the default run stays under 5 min)
 def test_the_prior_pulls_rendered_depth_to_the_points(tmp_path: Path, make_config) -> None:
     root = _make_scene(tmp_path / "scene")[0]  # random pixels: the photos say nothing about depth, the points do
     errors = {}

@@ -55,6 +55,7 @@ def _train(
     return trainer
 
 
+@pytest.mark.slow  # 22 s on the 2 loaded cores: CI's slow run (the default run stays under 5 min)
 def test_disk_trains_bit_identically_to_cpu_with_few_decoded_frames_alive(tmp_path: Path, capture: Path) -> None:
     cpu = _train(tmp_path / "cpu", capture, "cpu")
     disk = _train(tmp_path / "disk", capture, "disk", prefetch=3)
@@ -83,6 +84,7 @@ def test_disk_trains_bit_identically_to_cpu_with_few_decoded_frames_alive(tmp_pa
     assert disk_eval["images"] == cpu_eval["images"] and len(disk_eval["images"]) == pipeline.num_val
 
 
+@pytest.mark.slow  # 18 s on the 2 loaded cores: CI's slow run (the default run stays under 5 min)
 def test_disk_resumes_where_it_stopped(tmp_path: Path, capture: Path) -> None:
     runs = {}
     for cache in ("cpu", "disk"):

@@ -81,6 +81,7 @@ def _train_on_two_processes(config: Path, exp_dir: Path) -> dict[str, torch.Tens
     return rank0
 
 
+@pytest.mark.slow  # 22 s on the 2 loaded cores: CI's slow run (the default run stays under 5 min)
 def test_two_gloo_processes_match_each_other_and_one_process_with_batch_2(make_config, tmp_path: Path) -> None:
     config = write_yaml(tmp_path / "dist.yaml", _config(make_config, tmp_path, "dist", batch_size=1))
     rank0 = _train_on_two_processes(config, tmp_path / "dist")

@@ -71,6 +71,7 @@ def quickstart() -> list[list[str]]:
     return [shlex.split(line, comments=True) for line in block.group(1).splitlines() if line.strip()]
 
 
+@pytest.mark.slow  # 14 s on the 2 loaded cores: CI's slow run (the default run stays under 5 min)
 def test_the_site_builds_with_warnings_as_errors(tmp_path: Path) -> None:
     pytest.importorskip("mkdocs")
     pytest.importorskip("mkdocstrings")
@@ -130,6 +131,7 @@ def _get(url: str) -> bytes:
         return response.read()
 
 
+@pytest.mark.slow  # 24 s on the 2 loaded cores: CI's slow run (the default run stays under 5 min)
 def test_the_readme_quickstart_runs(
     tmp_path: Path, synthetic_cache: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

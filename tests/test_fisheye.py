@@ -240,6 +240,7 @@ def write_synthetic_capture(root: Path, fisheye: bool, cache: Path) -> None:
     )
 
 
+@pytest.mark.slow  # 9 s on the 2 loaded cores: CI's slow run (the default run stays under 5 min)
 def test_the_synthetic_fisheye_capture_undistorts_to_its_pinhole_twin(tmp_path: Path) -> None:
     """The fisheye capture, read and undistorted, shows what the pinhole capture shows (the training test's premise)."""
     for fisheye in (True, False):

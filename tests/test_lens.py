@@ -160,6 +160,7 @@ def _capture_config(tmp_path: Path, make_config, capture: Path, **data) -> Path:
     return write_yaml(tmp_path / "capture.yaml", cfg)
 
 
+@pytest.mark.slow  # 44 s on the 2 loaded cores: CI's slow run (the default run stays under 5 min)
 def test_cli_trains_and_evaluates_a_fisheye_capture_through_its_lens(
     tmp_path: Path, make_config, capsys: pytest.CaptureFixture
 ) -> None:

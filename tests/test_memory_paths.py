@@ -135,6 +135,7 @@ def test_encoding_in_blocks_writes_the_same_bytes(tmp_path, monkeypatch, module,
     assert blocks.read_bytes() == whole.read_bytes()
 
 
+@pytest.mark.slow  # 9 s on the 2 loaded cores: CI's slow run (the default run stays under 5 min)
 def test_exporting_imports_no_image_metrics():
     """lpips, torchvision and torchmetrics' image package cost 0.4 GB of memory; only metrics need them."""
     code = "import sys, gsrecon.engine.inference, gsrecon.engine.trainer; print(sorted(sys.modules))"

@@ -216,6 +216,7 @@ def test_blocks_train_as_runs_of_their_own_and_merge_into_one_scene_that_eval_re
     assert main(["export", "--exp-dir", str(exp_dir), "--format", "splat", "--out", str(tmp_path / "m.splat")]) == 0
 
 
+@pytest.mark.slow  # 14 s on the 2 loaded cores: CI's slow run (the default run stays under 5 min)
 def test_a_half_trained_set_of_blocks_resumes_where_each_block_stopped(make_config, tmp_path: Path) -> None:
     plugin = tmp_path / "stop_in_block.py"
     plugin.write_text(
@@ -245,6 +246,7 @@ def test_a_half_trained_set_of_blocks_resumes_where_each_block_stopped(make_conf
         torch.testing.assert_close(value, _merged_params(tmp_path / "reference")[name], rtol=0, atol=0)
 
 
+@pytest.mark.slow  # 9 s on the 2 loaded cores: CI's slow run (the default run stays under 5 min)
 def test_blocks_of_a_job_array_merge_only_when_all_have_finished(make_config, tmp_path: Path, capsys) -> None:
     config = _blocks_config(make_config, tmp_path, partition={"blocks": 2})
     exp_dir = tmp_path / "blocks"
@@ -372,6 +374,7 @@ def test_skies_merge_texel_by_texel_weighted_by_what_each_run_saw() -> None:
     torch.testing.assert_close(merged[2, 0, 0], torch.tensor([0.5, 0.0, 0.5]))  # by neither: their mean
 
 
+@pytest.mark.slow  # 10 s on the 2 loaded cores: CI's slow run (the default run stays under 5 min)
 def test_torchrun_ranks_with_different_configs_are_refused_before_training(make_config, tmp_path: Path) -> None:
     config = _blocks_config(make_config, tmp_path)
     with socket.socket() as probe:  # a port no other test's process group uses

@@ -277,6 +277,7 @@ def test_captures_it_cannot_read_are_one_line_and_exit_2(
     assert not out and not (tmp_path / "outputs").exists()
 
 
+@pytest.mark.slow  # 10 s on the 2 loaded cores: CI's slow run (the default run stays under 5 min)
 @pytest.mark.skipif(importlib.util.find_spec("pycolmap") is None, reason="pycolmap not installed")
 def test_a_phone_capture_with_its_own_split_files_trains_from_triangulated_points_with_its_split(
     tmp_path: Path, synthetic_cache: Path, capsys: pytest.CaptureFixture[str]

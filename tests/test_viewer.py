@@ -502,6 +502,7 @@ def _show_server_render(url: str, frame: Frame) -> None:
     page.close()
 
 
+@pytest.mark.slow  # 27 s on the 2 loaded cores: CI's slow run (the default run stays under 5 min)
 def test_gsrecon_view_draws_the_scene_in_chromium(make_config, tmp_path, chromium: str) -> None:
     config = make_config(max_steps=3)
     trainer = DefaultTrainer(parse_structured(DefaultTrainer.Config, config))
