@@ -61,6 +61,7 @@ def test_the_docs_list_exactly_the_registered_formats_with_their_file_endings() 
         assert tuple(endings) == EXPORT_REGISTRY.get(name).suffixes, name
 
 
+@pytest.mark.slow  # 6 s on a quiet 2-core machine: CI's slow run (the default run stays under 5 min)
 def test_export_help_lists_the_registered_formats_without_slowing_other_commands(capsys) -> None:
     with pytest.raises(SystemExit):
         main(["export", "--help"])

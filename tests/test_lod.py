@@ -268,6 +268,7 @@ def test_playcanvas_in_chromium_draws_the_site_as_gsrecon_renders_it(
     assert psnr >= 25.0, f"PlayCanvas's picture is {psnr:.2f} dB from gsrecon's ({tmp_path})"
 
 
+@pytest.mark.slow  # 3 s on a quiet 2-core machine: CI's slow run (the default run stays under 5 min)
 def test_a_merged_block_run_gets_levels_and_a_site(make_config, tmp_path: Path) -> None:
     cfg = make_config("blocks", max_steps=6, val_interval=6, partition={"blocks": 2})
     assert main(["train", "--config", str(write_yaml(tmp_path / "blocks.yaml", cfg))]) == 0

@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
+
+@pytest.mark.slow  # 4 s on a quiet 2-core machine: CI's slow run (the default run stays under 5 min)
 def test_weights_without_an_index_exit_2_in_one_line(tmp_path: Path) -> None:
     env = {**os.environ, "GSRECON_CACHE": str(tmp_path / "cache"), "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": ""}
     result = subprocess.run(

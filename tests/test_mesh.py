@@ -152,6 +152,7 @@ def test_keep_parts_keeps_the_largest_connected_parts(tmp_path: Path) -> None:
     assert np.linalg.norm(np.asarray(one.vertices) - CENTRE.numpy(), axis=-1).max() < RADIUS + 0.05  # the big one
 
 
+@pytest.mark.slow  # 4 s on a quiet 2-core machine: CI's slow run (the default run stays under 5 min)
 def test_the_median_depth_makes_a_closer_surface_than_the_expected_depth(tmp_path: Path) -> None:
     """Half-transparent Gaussians in front of the sphere: the expected depth blends them with it."""
     params = _sphere_gaussians()

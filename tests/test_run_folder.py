@@ -126,6 +126,7 @@ def test_a_corrupt_last_checkpoint_falls_back_to_the_newest_intact_one(make_trai
     assert resumed.step == 7
 
 
+@pytest.mark.slow  # 5 s on a quiet 2-core machine: CI's slow run (the default run stays under 5 min)
 def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_checkpoint(make_trainer) -> None:
     first = make_trainer("run", max_steps=3)
     first.train()

@@ -78,6 +78,7 @@ def _write_views(folder: Path) -> None:
         Image.fromarray(_render(eye, TARGET)).save(folder / f"view_{i:02d}.png")
 
 
+@pytest.mark.slow  # 4 s on a quiet 2-core machine: CI's slow run (the default run stays under 5 min)
 @needs_pycolmap
 def test_sfm_reconstructs_synthetic_views_and_load_colmap_reads_them(tmp_path: Path) -> None:
     _write_views(tmp_path / "photos")
@@ -113,6 +114,7 @@ def test_sfm_reconstructs_synthetic_views_and_load_colmap_reads_them(tmp_path: P
 SMALL_W, SMALL_H, SMALL_FOCAL = 256, 200, 230.0  # a second "device": other size, aspect and focal length
 
 
+@pytest.mark.slow  # 4 s on a quiet 2-core machine: CI's slow run (the default run stays under 5 min)
 @needs_pycolmap
 def test_photos_of_two_sizes_get_one_camera_per_size_and_pycolmap_stays_quiet(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
@@ -142,6 +144,7 @@ def test_photos_of_two_sizes_get_one_camera_per_size_and_pycolmap_stays_quiet(
         assert 0.85 * focals[frame.name] < frame.K[0, 0].item() < 1.15 * focals[frame.name]
 
 
+@pytest.mark.slow  # 4 s on a quiet 2-core machine: CI's slow run (the default run stays under 5 min)
 @needs_pycolmap
 def test_per_image_camera_mode_gives_each_photo_its_own_camera(tmp_path: Path) -> None:
     _write_views(tmp_path / "photos")

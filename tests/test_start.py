@@ -32,6 +32,7 @@ def _train(*argv: str) -> str:
     return result.stdout
 
 
+@pytest.mark.slow  # 4 s on a quiet 2-core machine: CI's slow run (the default run stays under 5 min)
 def test_a_run_with_every_optimiser_schedule_and_metric_never_imports_dynamo(tmp_path: Path) -> None:
     """The synthetic scene's config with the per-view modules (the poses' row-wise Adam and schedule, the colours'),
     test-time pose fitting (the fits' Adam), validation with LPIPS and a checkpoint."""

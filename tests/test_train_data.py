@@ -303,6 +303,7 @@ def test_a_phone_capture_with_its_own_split_files_trains_from_triangulated_point
     assert sorted(p.relative_to(root) for p in root.rglob("*")) == listing  # nothing written into the capture
 
 
+@pytest.mark.slow  # 6 s on a quiet 2-core machine: CI's slow run (the default run stays under 5 min)
 @pytest.mark.skipif(importlib.util.find_spec("pycolmap") is None, reason="pycolmap not installed")
 def test_a_folder_of_photos_goes_through_structure_from_motion_into_the_cache_once(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -346,6 +347,7 @@ def test_the_nerf_synthetic_config_on_a_phone_capture_points_to_the_phone_config
     assert "eval_split 'dataset' needs 'test_filenames' or 'train_filenames'" in err and "configs/phone.yaml" in err
 
 
+@pytest.mark.slow  # 4 s on a quiet 2-core machine: CI's slow run (the default run stays under 5 min)
 @pytest.mark.skipif(importlib.util.find_spec("pycolmap") is None, reason="pycolmap not installed")
 def test_a_video_goes_through_structure_from_motion_and_trains(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -365,6 +367,7 @@ def test_a_video_goes_through_structure_from_motion_and_trains(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "outputs", "walk.mp4"]  # nothing beside the video
 
 
+@pytest.mark.slow  # 4 s on a quiet 2-core machine: CI's slow run (the default run stays under 5 min)
 def test_data_on_a_scene_folder_needs_no_ffmpeg(tmp_path: Path) -> None:
     """imageio-ffmpeg is for videos only: detecting and training a COLMAP folder works without it."""
     root = capture_layouts.colmap(tmp_path / "scene", tmp_path)

@@ -189,6 +189,7 @@ def test_bad_transients_config_is_one_line_and_exit_2(
     assert message in err and len(err.strip().splitlines()) == 1, err
 
 
+@pytest.mark.slow  # 4 s on a quiet 2-core machine: CI's slow run (the default run stays under 5 min)
 def test_distractors_pasted_into_training_photos_are_set_aside_and_shown_and_a_run_resumes_without_it(
     make_config, tmp_path: Path, capsys
 ) -> None:

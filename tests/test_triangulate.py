@@ -145,6 +145,7 @@ def test_triangulated_points_lie_on_the_synthetic_surfaces_and_training_reads_th
     assert "pose_opt: refining 0 of 31 training views; within trust_px 1: 31 keep their given poses" in err
 
 
+@pytest.mark.slow  # 10 s on a quiet 2-core machine: CI's slow run (the default run stays under 5 min)
 def test_training_a_capture_without_points_triangulates_them_once_and_leaves_the_folder_alone(
     tmp_path: Path, synthetic_cache: Path, make_config, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from conftest import write_yaml
 
@@ -84,6 +85,7 @@ def test_yaml_alias_bomb_fails_fast(tmp_path: Path) -> None:
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow  # 4 s on a quiet 2-core machine: CI's slow run (the default run stays under 5 min)
 def test_checkpoint_with_a_deeply_shared_config_fails_fast(make_trainer, tmp_path: Path) -> None:
     checkpoint = torch.load(_trained_checkpoint(make_trainer), weights_only=True)
     nested: list = [0] * 10
