@@ -140,10 +140,10 @@ def test_init_names_are_checked_before_any_data_is_loaded(make_trainer) -> None:
         make_trainer(model={"init": "sfmm"}, data={"dataset": "colmap", "path": "/does/not/exist"})
 
 
-def test_the_fast_recipe_is_a_budgeted_mcmc_run_whose_window_follows_max_steps() -> None:
+def test_the_fast_recipe_grows_where_the_views_agree_in_a_window_that_follows_max_steps() -> None:
     fast = _resolved(REPO / "configs" / "fast.yaml", "data.path=/x", "max_steps=2000")
-    assert fast["strategy"]["name"] == "mcmc" and fast["strategy"]["cap_ratio"] == 1.5
-    assert fast["strategy"]["refine_stop"] == 1667 and fast["strategy"]["refine_start"] == 33
+    assert fast["strategy"]["name"] == "multiview" and fast["strategy"]["grow_score"] == 5
+    assert fast["strategy"]["refine_stop"] == 1000 and fast["strategy"]["refine_start"] == 33
 
 
 def test_random_start_size_follows_the_device_unless_set(make_trainer) -> None:

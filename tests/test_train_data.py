@@ -220,7 +220,7 @@ def test_config_and_data_together_set_data_path(
     assert code == 0, err
     assert "using " not in out  # the config given is used, as given
     resolved = _resolved(tmp_path / "run")
-    assert resolved["data"]["path"] == str(root) and resolved["strategy"]["name"] == "mcmc"
+    assert resolved["data"]["path"] == str(root) and resolved["strategy"]["name"] == "multiview"
 
 
 @pytest.mark.parametrize(
