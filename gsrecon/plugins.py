@@ -9,6 +9,8 @@ from pathlib import Path
 
 from gsrecon.config import ConfigError
 
+PLUGIN_PREFIX = "gsrecon_plugin_"  # the module name of a plugin imported from a file starts with it
+
 
 def import_plugins(entries: list[str], source: str = "config") -> None:
     """Import each entry: a dotted module name, or a ``.py`` file (relative to the working directory).
@@ -30,7 +32,7 @@ def _import_file(path: Path, source: str) -> None:
     path = path.resolve()
     if not path.is_file():
         raise ConfigError(f"{source}: key 'imports': file not found: {path}")
-    module_name = f"gsrecon_plugin_{path.stem}_{abs(hash(str(path))):x}"
+    module_name = f"{PLUGIN_PREFIX}{path.stem}_{abs(hash(str(path))):x}"
     if module_name in sys.modules:
         return
     spec = importlib.util.spec_from_file_location(module_name, path)

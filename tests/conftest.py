@@ -17,6 +17,7 @@ import yaml
 
 from gsrecon.config import parse_structured
 from gsrecon.engine.trainer import DefaultTrainer
+from gsrecon.plugins import PLUGIN_PREFIX
 from gsrecon.registry import HOOK_REGISTRY, LOSS_REGISTRY, VIEW_REGISTRY, Registry
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -62,9 +63,13 @@ def tiny_config(exp_dir: Path, cache_dir: Path, **top: Any) -> dict[str, Any]:
 @pytest.fixture(autouse=True)
 def hook_registry() -> Registry:
     """The hook registry, scoped to one test: what a test (or a plugin it imports) registers is undone after it
-    (so are the loss-term and per-view module registries)."""
+    (so are the loss-term and per-view module registries), and the plugin files it imported through ``imports:`` are
+    forgotten, so the next test naming one imports it afresh and finds its registrations."""
+    plugins_before = {name for name in sys.modules if name.startswith(PLUGIN_PREFIX)}
     with HOOK_REGISTRY.scoped() as registry, LOSS_REGISTRY.scoped(), VIEW_REGISTRY.scoped():
         yield registry
+    for name in [name for name in sys.modules if name.startswith(PLUGIN_PREFIX) and name not in plugins_before]:
+        del sys.modules[name]
 
 
 @pytest.fixture

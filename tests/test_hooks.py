@@ -140,6 +140,27 @@ def test_user_hook_registered_from_a_file_through_imports(make_trainer, tmp_path
         make_trainer("other", imports=[str(plugin)], hooks=[{"name": "CountStepsHook", "nope": 1}])
 
 
+@pytest.fixture(scope="module")
+def shared_plugin(tmp_path_factory) -> Path:
+    """One plugin file that two tests import through ``imports:``, as two tests of the suite import a script."""
+    plugin = tmp_path_factory.mktemp("plugin") / "shared_hooks.py"
+    plugin.write_text(
+        "from gsrecon.hooks import Hook\n"
+        "from gsrecon.registry import HOOK_REGISTRY\n\n"
+        "@HOOK_REGISTRY.register()\n"
+        "class SharedPluginHook(Hook):\n"
+        "    pass\n"
+    )
+    return plugin
+
+
+@pytest.mark.parametrize("turn", ["first", "second"])
+def test_a_plugin_file_registers_its_hooks_in_every_test_that_imports_it(make_trainer, shared_plugin, turn) -> None:
+    """The registry is scoped to a test, so the plugin is imported afresh by the next test that names it."""
+    trainer = make_trainer(turn, imports=[str(shared_plugin)], max_steps=1, hooks=[{"name": "SharedPluginHook"}])
+    assert [type(hook).__name__ for hook in trainer.hooks.values()] == ["SharedPluginHook"]
+
+
 def test_missing_import_is_a_config_error(make_trainer) -> None:
     with pytest.raises(ValueError, match=r"imports.*not_a_module_xyz"):
         make_trainer(imports=["not_a_module_xyz"])
