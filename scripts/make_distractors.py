@@ -34,6 +34,8 @@ from PIL import Image
 from torch import Tensor
 
 from gsrecon.cameras.paths import mean_up
+from gsrecon.data.formats.colmap_model import find_sparse_dir, read_model
+from gsrecon.data.formats.lens import Distortion, camera_intrinsics, undistort_points
 from gsrecon.data.readers.colmap import load_colmap
 from gsrecon.data.scene import Frame, Scene
 
@@ -53,22 +55,45 @@ class Box:
     source: str
 
 
-def pixel_rays(frame: Frame) -> tuple[Tensor, Tensor]:
-    """The camera centre [3] and the unit world directions [H, W, 3] of the pinhole ``frame``'s pixel centres."""
-    height, width = frame.height, frame.width
-    K, viewmat = frame.K.double(), frame.viewmat.double()
-    v, u = torch.meshgrid(
-        torch.arange(height, dtype=torch.float64), torch.arange(width, dtype=torch.float64), indexing="ij"
-    )
-    camera = torch.stack([(u + 0.5 - K[0, 2]) / K[0, 0], (v + 0.5 - K[1, 2]) / K[1, 1], torch.ones_like(u)], -1)
+@dataclass
+class Lens:
+    """A photo's camera as its file was taken: ``K`` [3, 3] and the lens's distortion (all zero: a pinhole)."""
+
+    K: np.ndarray
+    distortion: Distortion
+    width: int
+    height: int
+
+
+def lenses(scene_dir: Path) -> dict[str, Lens]:
+    """The camera of each photo of the COLMAP model in ``scene_dir``, by frame name (the file name without its
+    extension), as the photo's file was taken (the loaded frames are undistorted)."""
+    model = read_model(find_sparse_dir(scene_dir))
+    found = {}
+    for image in model.images.values():
+        camera = model.cameras[image.camera_id]
+        K, distortion = camera_intrinsics(camera, str(scene_dir / "sparse"))
+        found[Path(image.name).stem] = Lens(K, distortion, camera.width, camera.height)
+    return found
+
+
+def pixel_rays(frame: Frame, lens: Lens) -> tuple[Tensor, Tensor]:
+    """The camera centre [3] and the unit world directions [H, W, 3] of the centres of the pixels of ``frame``'s
+    photo file, taken through ``lens`` (its distortion undone)."""
+    v, u = np.meshgrid(np.arange(lens.height, dtype=np.float64), np.arange(lens.width, dtype=np.float64), indexing="ij")
+    xd, yd = (u + 0.5 - lens.K[0, 2]) / lens.K[0, 0], (v + 0.5 - lens.K[1, 2]) / lens.K[1, 1]
+    x, y = (xd, yd) if lens.distortion.is_zero else undistort_points(xd, yd, lens.distortion)
+    camera = torch.from_numpy(np.stack([x, y, np.ones_like(x)], -1))  # [H, W, 3]
+    viewmat = frame.viewmat.double()
     directions = camera @ viewmat[:3, :3]  # R^T d per pixel: camera to world
     return -viewmat[:3, :3].T @ viewmat[:3, 3], directions / directions.norm(dim=-1, keepdim=True)
 
 
-def draw_boxes(pixels: Tensor, frame: Frame, boxes: list[Box]) -> Tensor:
-    """[H, W] bool where ``boxes`` cover the photo of ``frame``, drawn into its uint8 ``pixels`` [H, W, 3] in place:
-    each pixel takes the nearest box its ray enters (a camera inside a box does not see it)."""
-    origin, directions = pixel_rays(frame)
+def draw_boxes(pixels: Tensor, frame: Frame, lens: Lens, boxes: list[Box]) -> Tensor:
+    """[H, W] bool where ``boxes`` cover the photo of ``frame`` taken through ``lens``, drawn into its uint8
+    ``pixels`` [H, W, 3] in place: each pixel takes the nearest box its ray enters (a camera inside a box does not
+    see it)."""
+    origin, directions = pixel_rays(frame, lens)
     nearest = torch.full(directions.shape[:2], math.inf, dtype=torch.float64)  # [H, W]
     for box in boxes:
         rotation, half = box.rotation.double(), box.half.double()
@@ -101,26 +126,33 @@ def training_run(train: list[Frame], fraction: float, generator: torch.Generator
 
 
 def place_boxes(
-    scene: Scene, run: list[Frame], count: int, sizes: tuple[float, float], kind: str, generator: torch.Generator
+    scene: Scene,
+    run: list[Frame],
+    lens: dict[str, Lens],
+    count: int,
+    sizes: tuple[float, float],
+    kind: str,
+    generator: torch.Generator,
 ) -> list[Box]:
     """``count`` boxes in front of the scene where the run's middle photo sees them (see the module docstring), none
     enclosing or touching a camera of the run."""
     middle = run[len(run) // 2]
-    origin, directions = pixel_rays(middle)
+    origin, directions = pixel_rays(middle, lens[middle.name])
+    height, width = directions.shape[:2]
     seen = scene.points.double() if scene.points.numel() else origin[None] + directions.reshape(-1, 3)
-    depths = (seen - origin) @ directions[middle.height // 2, middle.width // 2]
+    depths = (seen - origin) @ directions[height // 2, width // 2]
     depth = float(depths[depths > 0].median()) if (depths > 0).any() else scene.extent
     up = mean_up(torch.stack([frame.viewmat for frame in scene.train])).double()
     in_run = {frame.name for frame in run}
     textures = [frame for frame in scene.train if frame.name not in in_run] or scene.train
     viewmats = torch.stack([frame.viewmat for frame in run]).double()  # [R, 4, 4]
-    centres = torch.stack([pixel_rays(frame)[0] for frame in run])  # [R, 3]
-    ahead = max(0.0, float(((centres - origin) @ directions[middle.height // 2, middle.width // 2]).max()))
+    centres = -(viewmats[:, :3, :3].transpose(1, 2) @ viewmats[:, :3, 3:])[..., 0]  # [R, 3]
+    ahead = max(0.0, float(((centres - origin) @ directions[height // 2, width // 2]).max()))
     boxes: list[Box] = []
     while len(boxes) < count:
         for _ in range(1000):
-            row = int(middle.height * (0.3 + 0.4 * float(torch.rand(1, generator=generator))))
-            col = int(middle.width * (0.2 + 0.6 * float(torch.rand(1, generator=generator))))
+            row = int(height * (0.3 + 0.4 * float(torch.rand(1, generator=generator))))
+            col = int(width * (0.2 + 0.6 * float(torch.rand(1, generator=generator))))
             distance = ahead + depth * (0.3 + 0.3 * float(torch.rand(1, generator=generator)))
             side = scene.extent * (sizes[0] + (sizes[1] - sizes[0]) * float(torch.rand(1, generator=generator)))
             centre = origin + distance * directions[row, col]
@@ -173,7 +205,7 @@ def image_path(scene_dir: Path, name: str) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("scene", type=Path, help="a COLMAP scene folder (images/, sparse/), pinhole cameras")
+    parser.add_argument("scene", type=Path, help="a COLMAP scene folder (images/, sparse/)")
     parser.add_argument("out", type=Path, help="the capture folder to write (must not exist)")
     parser.add_argument("--objects", type=int, default=2, help="boxes placed (default 2)")
     parser.add_argument("--kind", choices=("box", "billboard"), default="box")
@@ -187,13 +219,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.out.exists():
         raise SystemExit(f"error: {args.out} exists: give a new folder")
     scene = load_colmap(str(args.scene), factor=1, eval_split="every_8")
-    if any(frame.camera_model.coeffs is not None or "undistorted" in frame.source for frame in scene.train):
-        raise SystemExit(
-            "error: the boxes are drawn through pinhole cameras without distortion; this capture has a lens"
-        )
+    lens = lenses(args.scene)
     generator = torch.Generator().manual_seed(args.seed)
     run = training_run(scene.train, args.fraction, generator)
-    boxes = place_boxes(scene, run, args.objects, (args.min_size, args.max_size), args.kind, generator)
+    boxes = place_boxes(scene, run, lens, args.objects, (args.min_size, args.max_size), args.kind, generator)
     (args.out / "images").mkdir(parents=True)
     shutil.copytree(args.scene / "sparse", args.out / "sparse")
     covered, in_run = {}, {frame.name for frame in run}
@@ -202,8 +231,9 @@ def main(argv: list[str] | None = None) -> int:
         if frame.name not in in_run:
             shutil.copyfile(source, args.out / "images" / source.name)
             continue
-        pixels = frame.image[..., :3].clone()
-        covered[frame.name] = float(draw_boxes(pixels, frame, boxes).double().mean())
+        with Image.open(source) as photo:
+            pixels = torch.from_numpy(np.array(photo.convert("RGB")))
+        covered[frame.name] = float(draw_boxes(pixels, frame, lens[frame.name], boxes).double().mean())
         Image.fromarray(pixels.numpy()).save(args.out / "images" / source.name, quality=95)
     record = {
         "run": [frame.name for frame in run],
