@@ -7,9 +7,11 @@ import math
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from conftest import script_module, write_yaml
+from PIL import Image
 
 from gsrecon.cli import main
 from gsrecon.engine.checkpoints import load_checkpoint_file
@@ -192,3 +194,26 @@ def test_the_rule_trains_beside_the_sky_module(make_trainer) -> None:
     robust = trainer.views.modules["robust"]
     assert int(robust.steps) == 6 and 0 < float(robust.threshold) < 1
     assert any(not torch.equal(value, trainer.views.modules["sky"].state_dict()[key]) for key, value in texels.items())
+
+
+def test_transient_images_show_what_the_rule_sets_aside_under_its_last_threshold(make_trainer) -> None:
+    hooks = [{"name": "TransientImages"}, {"name": "LogHook", "progress": False}]
+    trainer = make_trainer("images", loss=ROBUST_LOSS, views={"robust": {"warmup_rate": 0.0}}, hooks=hooks)
+    trainer.train()
+    batches = list(trainer.datapipeline.train_batches())
+    written = {path.stem: path for path in (trainer.exp_dir / "transients").glob("*.png")}
+    assert sorted(written) == sorted(name for batch in batches for name in batch.names)
+    aside_total = pixels = 0
+    with torch.no_grad():
+        for batch in batches:
+            expected = trainer.views.modules["robust"].set_aside(trainer.render(batch).image, batch)[
+                ..., 0
+            ]  # [B, H, W]
+            aside_total, pixels = aside_total + int(expected.sum()), pixels + expected.numel()
+            for name, aside in zip(batch.names, expected):
+                shown = torch.from_numpy(np.array(Image.open(written[name]))).float()  # [H, 2W, 3]: photo | tinted
+                photo, tinted = shown.chunk(2, dim=1)
+                assert torch.equal((tinted - photo).abs().amax(-1) > 1, aside), name
+    assert 0 < aside_total < pixels  # the last threshold sets some pixels aside, not all
+    share = f"transients: {100 * aside_total / pixels:.1f} % of the training pixels set aside from the trained scene"
+    assert share in (trainer.exp_dir / "train.log").read_text()

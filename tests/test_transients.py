@@ -175,7 +175,10 @@ def test_what_the_module_sets_aside_in_the_trained_scene_is_asked_of_it_in_one_c
         ),
         ("views.transients.agree=0", "key 'views.transients': agree must be in (0, 1] (colours are in [0, 1]), got 0"),
         ("views.transients.agree=.nan", "agree must be in (0, 1] (colours are in [0, 1]), got nan"),
-        ("hooks.TransientImages={}", "key 'hooks.TransientImages': it shows what the per-view module 'transients'"),
+        (
+            "hooks.TransientImages={}",
+            "key 'hooks.TransientImages': it shows what a per-view module that sets transients aside",
+        ),
     ],
 )
 def test_bad_transients_config_is_one_line_and_exit_2(

@@ -1,4 +1,5 @@
-"""TransientImages: what the ``transients`` per-view module sets aside in each training photo, as images."""
+"""TransientImages: what the per-view module that sets transients aside (``transients``, ``robust``) sets aside in
+each training photo, as images."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from gsrecon.component import RunFacts
 from gsrecon.data.formats.images import write_png
 from gsrecon.engine.hook import Hook
 from gsrecon.model.views.base import view_entries
-from gsrecon.model.views.transients import TransientWeights
 from gsrecon.registry import HOOK_REGISTRY, VIEW_REGISTRY
 
 if TYPE_CHECKING:
@@ -23,8 +23,9 @@ TINT = (1.0, 0.0, 1.0)  # magenta: what marks a set-aside pixel
 @HOOK_REGISTRY.register()
 class TransientImages(Hook):
     """After training, renders each training view and writes ``<folder>/<name>.png``: the photo, and beside it the
-    photo with the pixels the run's ``transients`` module sets aside from the trained scene tinted magenta; logs the
-    share of pixels set aside. A run without that module is refused when it is built."""
+    photo with the pixels the run's module that sets transients aside (``transients`` or ``robust``) sets aside from
+    the trained scene tinted magenta; logs the share of pixels set aside. A run without such a module is refused when
+    it is built."""
 
     @dataclass
     class Config:
@@ -37,17 +38,18 @@ class TransientImages(Hook):
         return [self.cfg.folder]
 
     def check(self, run: RunFacts) -> None:
-        """Refuse a run without a ``transients`` per-view module: there is nothing to show."""
+        """Refuse a run without a per-view module that sets transients aside: there is nothing to show."""
         names = [entry["name"] for entry in view_entries(dict(run.config)).values()]
-        if not any(issubclass(VIEW_REGISTRY.get(name), TransientWeights) for name in names):
+        if not any(VIEW_REGISTRY.get(name).sets_transients_aside for name in names):
             raise ValueError(
-                "it shows what the per-view module 'transients' sets aside: add views.transients.name=transients"
+                "it shows what a per-view module that sets transients aside sets aside: add views.transients={} or "
+                "views.robust={}"
             )
 
     def after_train(self, trainer: TrainerView) -> None:
         if not trainer.is_main or trainer.failed:
             return
-        module = next(m for m in trainer.views.modules.values() if isinstance(m, TransientWeights))
+        module = next(m for m in trainer.views.modules.values() if m.sets_transients_aside)
         aside_total = pixels = 0
         tint = torch.tensor(TINT, device=trainer.device)
         with torch.no_grad():

@@ -20,7 +20,7 @@ release (:func:`fold_view_section`). The trainer sees the modules only through :
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -131,6 +131,14 @@ class ViewModule(torch.nn.Module, RunChecked):
         the modules' :meth:`composite`), or None."""
         return None
 
+    def set_aside_in(
+        self, views: ViewModules, batches: Callable[[], Iterable[Batch]], render: RenderFn
+    ) -> Iterator[tuple[Batch, Tensor]]:
+        """Each batch of the training views ``batches()`` (cameras as ``views`` place them) with the pixels [B, H, W,
+        1] bool the module sets aside in its photos from the scene as ``render`` draws it: a module that sets
+        transients aside (``sets_transients_aside``) says which."""
+        raise NotImplementedError(f"{type(self).__name__} sets no pixel aside")
+
     def eval_adjust(self) -> EvalAdjust | None:
         """How a test view is scored, having no parameters of its own: None scores the render as it is."""
         return None
@@ -192,6 +200,16 @@ class ViewModules:
                 break
             image = module.adjust_image(image, batch, out)
         return image
+
+    def seen_by(
+        self, module: ViewModule, batches: Callable[[], Iterable[Batch]], render: RenderFn
+    ) -> Iterator[tuple[Batch, Tensor, RenderOutput]]:
+        """Each batch of ``batches()`` with its cameras as the modules place them, its render's image [B, H, W, 3] as
+        ``module`` sees it (adjusted by the modules before it) and the render."""
+        for batch in batches():
+            batch = self.adjust_cameras(batch)
+            out = render(batch)
+            yield batch, self.adjust_image(out.image, batch, out, until=module), out
 
     def regularization(self, out: RenderOutput, batch: Batch, drawn: dict[str, Tensor]) -> dict[str, Tensor]:
         """``{key: term}`` of the modules that have one in the training step whose render of ``batch`` is ``out`` (the

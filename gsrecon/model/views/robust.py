@@ -42,7 +42,10 @@ from gsrecon.model.views.base import ViewModule
 from gsrecon.registry import VIEW_REGISTRY
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Iterator
+
     from gsrecon.data.pipeline import Batch
+    from gsrecon.model.views.base import RenderFn, ViewModules
     from gsrecon.render.base import RenderOutput
 
 MAX_BINS = 1_000_000  # histogram bins: 1e-6 of a colour's range, finer than any 16-bit photo
@@ -142,6 +145,13 @@ class RobustFilter(ViewModule):
         if batch.masks is not None:
             aside &= batch.masks[..., 0] > 0
         return aside[..., None]
+
+    def set_aside_in(
+        self, views: ViewModules, batches: Callable[[], Iterable[Batch]], render: RenderFn
+    ) -> Iterator[tuple[Batch, Tensor]]:
+        """See :meth:`ViewModule.set_aside_in`: under the threshold the run ended with."""
+        for batch, image, _ in views.seen_by(self, batches, render):
+            yield batch, self.set_aside(image, batch)
 
     def adjust_image(self, image: Tensor, batch: Batch, out: RenderOutput) -> Tensor:
         """``image`` [B, H, W, 3] with the photo's values where the rule sets pixels aside; a render with gradients (a

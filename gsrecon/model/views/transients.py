@@ -244,13 +244,8 @@ class TransientWeights(ViewModule):
     def set_aside_in(
         self, views: ViewModules, batches: Callable[[], Iterable[Batch]], render: RenderFn
     ) -> Iterator[tuple[Batch, Tensor]]:
-        """Each batch of the training views ``batches()`` (cameras as ``views`` place them) with the pixels [B, H, W,
-        1] bool the module sets aside in its photos from the scene as ``render`` draws it (the image after the modules
-        of ``views`` before this one), every photo seen first for the check of the others."""
+        """See :meth:`ViewModule.set_aside_in`; every photo is seen first, for the check of the others."""
         for batch in batches():
             self.remember(views.adjust_cameras(batch))
-        for batch in batches():
-            batch = views.adjust_cameras(batch)
-            out = render(batch)
-            image = views.adjust_image(out.image, batch, out, until=self)  # [B, H, W, 3] as this module sees it
+        for batch, image, out in views.seen_by(self, batches, render):
             yield batch, self.set_aside(image, batch, out.depth.detach())
