@@ -6,6 +6,7 @@
 # comparison's tables land in $OUT (else outputs/gpu_session). GPU_PROGRAM=bench runs issue 58's program instead, the
 # whole time: `gsrecon bench llff` on horns beside gsplat, default and MCMC, 7k and 30k steps, MCMC at cap_max 1M as the
 # >= 1M-Gaussian memory run (scripts/gpu_bench.sh; arguments: which "STEPS STRATEGY" suites, in order).
+# GPU_PROGRAM=transients runs issue 62's (scripts/gpu_transients.sh: lund with boxes, the transients module on gsplat).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
@@ -13,6 +14,10 @@ deadline="${DEADLINE_S:-560}"
 out="${OUT:-outputs/gpu_session}"
 mkdir -p "$out"
 export MAX_JOBS=16
+if [ "${GPU_PROGRAM:-vs_gsplat}" = transients ]; then  # issue 62: lund with and without boxes, off / transients
+  OUT="$out/gpu_transients" timeout "$deadline" bash scripts/gpu_transients.sh 2>&1 | tee "$out/gpu_transients.log"
+  exit "${PIPESTATUS[0]}"
+fi
 if [ "${GPU_PROGRAM:-vs_gsplat}" = bench ]; then
   OUT="$out/gpu_bench" GPU_BENCH_SECONDS="$deadline" bash scripts/gpu_bench.sh "$@" 2>&1 | tee "$out/gpu_bench.log"
   exit "${PIPESTATUS[0]}"

@@ -341,3 +341,52 @@ def test_blocks_of_a_street_train_with_gsplat_and_each_holds_less_gpu_memory_tha
     single = json.loads((tmp_path / "single" / "metrics.json").read_text())
     assert merged["mean"]["psnr"] > single["mean"]["psnr"] - 1.0
     assert peaks["blocks"] < peaks["single"]  # the largest block (or the merge) below the whole scene
+
+
+def test_gsplat_draws_each_views_distractor_gaussians_as_torch_does(renderers) -> None:
+    """Issue 62: the per-view distractor Gaussians go through the run's renderer's own render call, gsplat's too."""
+    from types import SimpleNamespace
+
+    from gsrecon.data.pipeline import Batch
+    from gsrecon.model.views.distractors import DistractorGaussians
+
+    K = torch.tensor([[30.0, 0.0, 16.0], [0.0, 30.0, 12.0], [0.0, 0.0, 1.0]])
+    names = ["a", "b"]
+    frames = [SimpleNamespace(name=name, K=K, width=32, height=24) for name in names]
+    viewmats = torch.eye(4).repeat(2, 1, 1)
+    viewmats[:, 2, 3] = 4.0
+    batch = Batch(
+        torch.rand(2, 24, 32, 3).cuda(),
+        Cameras(viewmats, K.repeat(2, 1, 1), 32, 24).to("cuda"),
+        torch.zeros(2, 3).cuda(),
+        names,
+    )
+    drawn = []
+    for renderer in renderers:
+        torch.manual_seed(0)
+        module = DistractorGaussians(DistractorGaussians.Config(count=60), names)
+        module.setup(RunSetup(print, SimpleNamespace(train_frames=frames), render=renderer.render))
+        with torch.no_grad():
+            drawn.append(module.draw(batch))
+    (gsplat_color, gsplat_alpha), (torch_color, torch_alpha) = drawn
+    assert gsplat_alpha.mean() > 0.05  # they cover the views
+    torch.testing.assert_close(gsplat_color, torch_color, atol=2e-3, rtol=0)
+    torch.testing.assert_close(gsplat_alpha, torch_alpha, atol=2e-3, rtol=0)
+
+
+def test_training_with_distractor_gaussians_and_transients_on_the_gpu(make_trainer) -> None:
+    data = {"dataset": "synthetic", "synthetic": {"width": 64, "height": 48, "num_views": 17, "num_points": 1500}}
+    views = {"distractors": {"name": "distractors", "count": 200}, "transients": {"start": 100}}
+    trainer = make_trainer(
+        device="cuda",
+        renderer={"name": "gsplat"},
+        max_steps=300,
+        val_interval=300,
+        data=data,
+        views=views,
+        hooks=[{"name": "LogHook", "progress": False}],
+    )
+    before = trainer.validation()["psnr"]
+    trainer.train()
+    assert trainer.val_metrics["psnr"] > before + 3.0
+    assert trainer.views.modules["distractors"].means.device.type == "cuda"
