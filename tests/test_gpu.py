@@ -148,8 +148,15 @@ def test_mcmc_relocation_matches_gsplat_kernel() -> None:
     torch.testing.assert_close(ours[1], theirs[1].cpu(), rtol=1e-3, atol=1e-6)
 
 
-@pytest.mark.parametrize("strategy", ["default", "mcmc"])
-def test_training_completes_on_the_gpu(make_trainer, strategy: str) -> None:
+DISTRACTORS_AND_TRANSIENTS = {"distractors": {"name": "distractors", "count": 200}, "transients": {"start": 100}}
+
+
+@pytest.mark.parametrize(
+    ("strategy", "views"),
+    [("default", {}), ("mcmc", {}), ("default", DISTRACTORS_AND_TRANSIENTS)],
+    ids=["default", "mcmc", "distractors_and_transients"],
+)
+def test_training_completes_on_the_gpu(make_trainer, strategy: str, views: dict) -> None:
     cfg = {"name": strategy, "refine_start": 100, "refine_every": 100}
     if strategy == "mcmc":
         cfg["cap_max"] = 3000
@@ -161,12 +168,14 @@ def test_training_completes_on_the_gpu(make_trainer, strategy: str) -> None:
         val_interval=600,
         data=data,
         strategy=cfg,
+        views=views,
         hooks=[{"name": "LogHook", "progress": False}],
     )
     assert all(optimizer.defaults["fused"] for optimizer in trainer.optimizers.values())
     before = trainer.validation()["psnr"]
     trainer.train()
     assert trainer.val_metrics["psnr"] > before + 5.0
+    assert all(p.is_cuda for module in trainer.views.modules.values() for p in module.parameters())  # issue 62
 
 
 def test_one_gpu_with_batch_2_matches_cpu_quality(make_trainer) -> None:
@@ -372,21 +381,3 @@ def test_gsplat_draws_each_views_distractor_gaussians_as_torch_does(renderers) -
     assert gsplat_alpha.mean() > 0.05  # they cover the views
     torch.testing.assert_close(gsplat_color, torch_color, atol=2e-3, rtol=0)
     torch.testing.assert_close(gsplat_alpha, torch_alpha, atol=2e-3, rtol=0)
-
-
-def test_training_with_distractor_gaussians_and_transients_on_the_gpu(make_trainer) -> None:
-    data = {"dataset": "synthetic", "synthetic": {"width": 64, "height": 48, "num_views": 17, "num_points": 1500}}
-    views = {"distractors": {"name": "distractors", "count": 200}, "transients": {"start": 100}}
-    trainer = make_trainer(
-        device="cuda",
-        renderer={"name": "gsplat"},
-        max_steps=300,
-        val_interval=300,
-        data=data,
-        views=views,
-        hooks=[{"name": "LogHook", "progress": False}],
-    )
-    before = trainer.validation()["psnr"]
-    trainer.train()
-    assert trainer.val_metrics["psnr"] > before + 3.0
-    assert trainer.views.modules["distractors"].means.device.type == "cuda"
