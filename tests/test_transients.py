@@ -177,7 +177,7 @@ def test_what_the_module_sets_aside_in_the_trained_scene_is_asked_of_it_in_one_c
         ("views.transients.agree=.nan", "agree must be in (0, 1] (colours are in [0, 1]), got nan"),
         (
             "hooks.TransientImages={}",
-            "key 'hooks.TransientImages': it shows what a per-view module that sets transients aside",
+            "key 'hooks.TransientImages': it shows the pixels a per-view module sets aside as transients",
         ),
     ],
 )

@@ -42,8 +42,8 @@ class TransientImages(Hook):
         names = [entry["name"] for entry in view_entries(dict(run.config)).values()]
         if not any(VIEW_REGISTRY.get(name).sets_transients_aside for name in names):
             raise ValueError(
-                "it shows what a per-view module that sets transients aside sets aside: add views.transients={} or "
-                "views.robust={}"
+                "it shows the pixels a per-view module sets aside as transients, and this run has none: add "
+                "views.transients={} or views.robust={}"
             )
 
     def after_train(self, trainer: TrainerView) -> None:

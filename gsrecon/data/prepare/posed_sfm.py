@@ -37,11 +37,11 @@ from gsrecon.data.formats.transforms_json import image_path, read_transforms, tr
 from gsrecon.data.prepare.sfm import (
     MATCHERS,
     MIN_FEATURES,
-    SFM_SEED,
     database_counts,
     exit_on_signal,
     import_pycolmap,
     listing,
+    mapping_options,
     match_features,
     pycolmap_logging,
     remove_partial,
@@ -138,8 +138,7 @@ def triangulate_frames(
             report_stage("matching", f"{matcher} matching")
             match_features(pycolmap, database, matcher, device)
             report_stage("triangulation", "points from the matches, cameras and poses held fixed")
-            options = pycolmap.IncrementalPipelineOptions()
-            options.random_seed = SFM_SEED
+            options = mapping_options(pycolmap)
             model_dir.mkdir()
             reconstruction = pycolmap.triangulate_points(
                 reconstruction, database, images_dir, model_dir, options=options
