@@ -330,13 +330,12 @@ def test_video_to_registered_frames_to_trained_scene(
 
 
 @pytest.mark.slow  # 17 s on a quiet 2-core machine
-def test_video_frames_map_into_one_model_where_keeping_small_models_split_them(
+def test_video_frames_map_into_one_model_with_colmaps_min_model_size(
     tmp_path: Path, synthetic_cache: Path
 ) -> None:
-    """The 60 frames of the clip above (a few hundred SIFT features each), their features extracted on one thread (a
-    fixed image order, one that split them before): keeping models of 3 photos (as gsrecon did) splits them into
-    several, the largest of a few frames; the mapping options map them whole. (On several threads the order of the
-    images, and so whether they split, changed from run to run: CI registered 10 of 60 once.)"""
+    """The 60 frames of the clip above (a few hundred SIFT features each): the mapping options map them into one
+    model, and keeping models of 3 photos (as gsrecon did) never does better. (The image order, and so whether the
+    small models split them, changes from run to run: CI registered 10 of 60 once.)"""
     pycolmap = pytest.importorskip("pycolmap")
     clip = _clip(tmp_path / "clip.mp4", _renders(synthetic_cache, 240, 180, 180, 120.0), fps=30)
     frames = tmp_path / "input"
@@ -360,4 +359,6 @@ def test_video_frames_map_into_one_model_where_keeping_small_models_split_them(
     for name, options in (("small models kept", small_models), ("mapping options", mapping_options(pycolmap))):
         reconstructions = pycolmap.incremental_mapping(database, frames, tmp_path / name, options=options)
         registered[name] = max(reconstruction.num_reg_images() for reconstruction in reconstructions.values())
-    assert registered["small models kept"] < 30 and registered["mapping options"] >= 58, registered
+    # keeping small models split these frames into six, the largest of 9, in some image orders (BENCHMARKS.md), not in
+    # every one: the mapping options map them whole in each
+    assert registered["mapping options"] >= max(58, registered["small models kept"]), registered
