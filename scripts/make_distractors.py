@@ -42,6 +42,7 @@ from gsrecon.data.formats.colmap_model import find_sparse_dir, read_model
 from gsrecon.data.formats.lens import Distortion, camera_intrinsics, undistort_points
 from gsrecon.data.readers.colmap import load_colmap
 from gsrecon.data.scene import Frame, Scene
+from gsrecon.geometry import camera_centers
 
 TEXTURE = 256  # texels along a texture's side (a crop of a photo resized to it)
 SHADES = (1.0, 0.85, 0.7)  # brightness of the faces across the box's x, y and z axes
@@ -90,7 +91,7 @@ def pixel_rays(frame: Frame, lens: Lens) -> tuple[Tensor, Tensor]:
     camera = torch.from_numpy(np.stack([x, y, np.ones_like(x)], -1))  # [H, W, 3]
     viewmat = frame.viewmat.double()
     directions = camera @ viewmat[:3, :3]  # R^T d per pixel: camera to world
-    return -viewmat[:3, :3].T @ viewmat[:3, 3], directions / directions.norm(dim=-1, keepdim=True)
+    return camera_centers(viewmat), directions / directions.norm(dim=-1, keepdim=True)
 
 
 def draw_boxes(pixels: Tensor, frame: Frame, lens: Lens, boxes: list[Box]) -> Tensor:
@@ -150,7 +151,7 @@ def place_boxes(
     in_run = {frame.name for frame in run}
     textures = [frame for frame in scene.train if frame.name not in in_run] or scene.train
     viewmats = torch.stack([frame.viewmat for frame in run]).double()  # [R, 4, 4]
-    centres = -(viewmats[:, :3, :3].transpose(1, 2) @ viewmats[:, :3, 3:])[..., 0]  # [R, 3]
+    centres = camera_centers(viewmats)  # [R, 3]
     ahead = max(0.0, float(((centres - origin) @ directions[height // 2, width // 2]).max()))
     boxes: list[Box] = []
     while len(boxes) < count:
