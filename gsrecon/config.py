@@ -85,7 +85,8 @@ def named_section(selector: str, siblings: Callable[[], list[str]] | None = None
 def _check_containers(schema: Any, data: Any, source: str, prefix: str) -> None:
     """A ConfigError naming the key where ``data`` gives a single value or a mapping for a list field of the
     dataclass ``schema`` (or a single value or a list for a mapping field), which OmegaConf words in its own terms
-    ("AnyNode is not a ListConfig") or fails on."""
+    ("AnyNode is not a ListConfig") or fails on, or a number for a boolean field, which OmegaConf would take as true
+    unless 0."""
     if not isinstance(data, Mapping) or not dataclasses.is_dataclass(schema):
         return
     try:
@@ -101,6 +102,8 @@ def _check_containers(schema: Any, data: Any, source: str, prefix: str) -> None:
         key = ".".join(p for p in (prefix, f.name) if p)
         if wanted and not isinstance(value, (list, tuple) if wanted == "a list" else Mapping):
             raise ConfigError(f"{source}: key '{key}': must be {wanted}, got {value!r}")
+        if hint is bool and isinstance(value, (int, float)) and not isinstance(value, bool):
+            raise ConfigError(f"{source}: key '{key}': must be true or false, got {value!r}")
         if dataclasses.is_dataclass(hint):
             _check_containers(hint, value, source, key)
 

@@ -200,9 +200,15 @@ def nice_ticks(lo: float, hi: float, count: int = 6) -> list[float]:
 
 
 def plot(
-    curves: dict[str, list[tuple[float, float]]], title: str, path: Path, size: tuple[int, int] = (720, 440)
+    curves: dict[str, list[tuple[float, float]]],
+    title: str,
+    path: Path,
+    size: tuple[int, int] = (720, 440),
+    lines: bool = True,
+    x_label: str = "training seconds",
 ) -> None:
-    """A line plot of dB against training seconds with axes, ticks and a legend, drawn with PIL."""
+    """A plot of dB against training seconds with axes, ticks and a legend, drawn with PIL: a line per curve, or with
+    ``lines`` False a dot per point (one run each)."""
     width, height = size
     left, right, top, bottom = 60, 20, 30, 45
     points = [p for curve in curves.values() for p in curve]
@@ -227,16 +233,17 @@ def plot(
         draw.line((px - 4, py, width - right, py), fill=(225, 225, 225))
         draw.text((px - 34, py - 6), f"{y:g}", fill="black")
     draw.rectangle((left, top, width - right, height - bottom), outline="black")
-    draw.text((width // 2 - 40, height - 18), "training seconds", fill="black")
+    draw.text((width // 2 - 40, height - 18), x_label, fill="black")
     draw.text((6, top - 22), "dB", fill="black")
     draw.text((left, top - 22), title, fill="black")
     for i, (label, curve) in enumerate(curves.items()):
         color = PALETTE[i % len(PALETTE)]
         xy = [to_px(x, y) for x, y in sorted(curve)]
-        if len(xy) > 1:
+        if lines and len(xy) > 1:
             draw.line(xy, fill=color, width=2)
-        for px, py in xy if len(xy) <= 60 else ():  # dots only where they do not hide the line
-            draw.ellipse((px - 2, py - 2, px + 2, py + 2), fill=color)
+        r = 2 if lines else 4
+        for px, py in xy if len(xy) <= 60 or not lines else ():  # dots only where they do not hide the line
+            draw.ellipse((px - r, py - r, px + r, py + r), fill=color)
         legend_y = height - bottom - 16 * (len(curves) - i)
         draw.line((width - right - 300, legend_y + 6, width - right - 280, legend_y + 6), fill=color, width=3)
         draw.text((width - right - 274, legend_y), label, fill="black")

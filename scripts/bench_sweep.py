@@ -30,7 +30,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_quality import load_average, run
+from bench_quality import load_average, plot, run
+from PIL import Image
 
 FIELDS = (
     *("scene", "variant", "length", "seed", "psnr", "ssim", "lpips", "gaussians", "cpu_seconds", "load1"),
@@ -145,6 +146,29 @@ def markdown(summary: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def plot_runs(rows: list[dict], out: Path) -> list[Path]:
+    """PSNR against CPU seconds of training, a dot per run and a colour per variant: one plot per scene and length
+    (``<out>/psnr_vs_cpu_<scene>_<length>.png``) and all of them on one sheet, a row per scene and a column per
+    length (``<out>/psnr_vs_cpu.png``)."""
+    panels: dict[tuple[str, int], dict[str, list[tuple[float, float]]]] = {}
+    for row in rows:
+        curves = panels.setdefault((row["scene"], int(row["length"])), {})
+        curves.setdefault(row["variant"], []).append((row["cpu_seconds"], row["psnr"]))
+    scenes = sorted({scene for scene, _ in panels})
+    lengths = sorted({length for _, length in panels})
+    size = (560, 380)
+    sheet = Image.new("RGB", (size[0] * len(lengths), size[1] * len(scenes)), "white")
+    paths = []
+    for (scene, length), curves in panels.items():
+        path = out / f"psnr_vs_cpu_{scene}_{length}.png"
+        title = f"{scene}, {length} steps: test PSNR vs CPU s (a dot per seed)"
+        plot(curves, title, path, size=size, lines=False, x_label="CPU seconds of training")
+        sheet.paste(Image.open(path), (size[0] * lengths.index(length), size[1] * scenes.index(scene)))
+        paths.append(path)
+    sheet.save(out / "psnr_vs_cpu.png", optimize=True)
+    return [*paths, out / "psnr_vs_cpu.png"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scene", action="append", type=parse_named, required=True, help="LABEL=CONFIG [k=v ...]")
@@ -153,6 +177,7 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (num_threads)")
     parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--plot", action="store_true", help="also draw PSNR against CPU seconds (psnr_vs_cpu*.png)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     variants = args.variant or [("default", [])]
@@ -197,6 +222,8 @@ def main() -> None:
     load = " ".join(f"{v:.2f}" for v in load_average())
     print(f"\nthreads {args.threads} (torch {torch.__version__}), load average at the end {load}\n")
     print(markdown(summarize(read_runs(runs_csv))))
+    if args.plot:
+        print("\nwrote " + ", ".join(str(path) for path in plot_runs(read_runs(runs_csv), args.out)))
 
 
 if __name__ == "__main__":

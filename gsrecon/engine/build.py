@@ -21,6 +21,7 @@ from gsrecon.data.blocks import PartitionConfig, block_scene, plan_partition
 from gsrecon.data.pipeline import Batch, DataPipeline
 from gsrecon.data.scene import Scene
 from gsrecon.distributed import DistributedContext
+from gsrecon.engine.forward import TrainingForward
 from gsrecon.engine.hook import Hook
 from gsrecon.engine.resolve import (
     RunConfig,
@@ -70,6 +71,7 @@ class TrainingRun:
     strategy: Any
     state: TrainingState
     hooks: dict[str, Hook]
+    forward: TrainingForward  # a step's render and loss terms
     notices: list[str] = field(default_factory=list)  # warnings for the run's log once it is open (old config keys)
 
 
@@ -107,7 +109,8 @@ def build_training_run(
     there, before anything slow: the ``cpu`` renderer's kernels are built only after it,
     :func:`~gsrecon.engine.resolve.settle_auto_renderer`), then the data pipeline, the model, the loss, the renderer,
     the per-view modules, the strategy and the training state; every component checks the run, then each is set up
-    (:func:`setup_run`)."""
+    (:func:`setup_run`), and a step's forward is put together from them
+    (:class:`~gsrecon.engine.forward.TrainingForward`)."""
     device = resolve_device(cfg.device, dist)
     threads = set_cpu_threads(cfg.num_threads)
     resolved = resolve_run_config(cfg, device, source, logger.info)
@@ -138,9 +141,11 @@ def build_training_run(
     setup_run(components, RunSetup(logger.info, pipeline, draw, renderer.compiled, renderer.render))
     state = build_training_state(cfg, model, renderer, strategy, pipeline.scene.extent, dist.world_size)
     notices = [notice for notice in (old_views_notice(cfg, source),) if notice is not None]
+    forward = TrainingForward(renderer, views, loss, pipeline)
     return TrainingRun(
-        cfg, source, device, threads, resolved, pipeline, model, loss, renderer, views, strategy, state, hooks, notices
-    )
+        cfg, source, device, threads, resolved, pipeline, model, loss, renderer, views, strategy, state, hooks,
+        forward, notices,
+    )  # fmt: skip
 
 
 def build_scene_run(

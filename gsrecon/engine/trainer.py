@@ -24,7 +24,6 @@ from gsrecon.engine.signals import stop_at_step_boundary
 from gsrecon.errors import InputError
 from gsrecon.logging.console import Logger
 from gsrecon.logging.writers import Writers
-from gsrecon.losses.base import LossInputs
 from gsrecon.metrics import ImageMetrics, describe_metrics, mean_metrics
 from gsrecon.model.ops import GaussianEditor
 from gsrecon.params import PARAM_NAMES
@@ -77,7 +76,7 @@ class DefaultTrainer:
         run = build.build_training_run(cfg, source, self.logger, self.dist, claim)
         self.device, self.resolved_config, self.hooks = run.device, run.resolved, run.hooks
         self.datapipeline, self.model, self.loss, self.renderer = run.datapipeline, run.model, run.loss, run.renderer
-        self.views, self.strategy = run.views, run.strategy
+        self.views, self.strategy, self.forward = run.views, run.strategy, run.forward
         self.optimizers, self.schedulers = run.state.optimizers, run.state.schedulers
         self.strategy_state = run.state.strategy_state
         # Everything is built: only now may a previous run be replaced and outputs be written.
@@ -185,13 +184,9 @@ class DefaultTrainer:
         start = time.perf_counter()
         batch = self.views.adjust_cameras(self.datapipeline.next_train(self.step))
         data_time = time.perf_counter() - start
-        out, drawn = self.views.draw(
-            self.renderer.render_batch(params, batch, self.model.active_sh_degree(self.step)), batch
-        )
+        forward = self.forward(params, batch, self.model.active_sh_degree(self.step))
+        out, losses = forward.out, forward.losses
         self.strategy.step_pre_backward(params, self.optimizers, state, self.step, out.info)
-        image = self.views.adjust_image(out.image, batch, out)  # [B, H, W, 3]
-        losses = self.loss(LossInputs(image, out, batch, self.datapipeline, params, self.renderer))
-        losses.update(self.views.regularization(out, batch, drawn))
         regularization = self.strategy.regularization(params, state, out.info)
         if regularization is not None:
             losses["strategy"] = regularization

@@ -27,7 +27,7 @@ from gsrecon.atomic import atomic_path
 from gsrecon.cache import cache_dir
 from gsrecon.errors import InputError, last_line
 
-SOURCES = ("bindings.cpp", "project.cpp", "rasterize.cpp", "image_loss.cpp")
+SOURCES = ("bindings.cpp", "project.cpp", "rasterize.cpp", "image_loss.cpp", "train_step.cpp")
 _CURRENT = "current"  # the file naming the published build's folder
 _BUILD_PREFIX = "build-"
 _BUILD_NAME = re.compile(re.escape(_BUILD_PREFIX) + "[A-Za-z0-9_]+")  # the names tempfile.mkdtemp gives builds

@@ -1,7 +1,7 @@
-// The CPU renderer's kernels (project.cpp, rasterize.cpp) and the photometric loss of a CPU step (image_loss.cpp;
-// all bound to Python in bindings.cpp): their declarations, the types they share and the constants of the model
-// they render, which are the torch renderer's (gsrecon/render/torch_renderer.py; tests/test_cpu_renderer.py checks
-// that they are equal).
+// The CPU renderer's kernels (project.cpp, rasterize.cpp), the photometric loss of a CPU step (image_loss.cpp) and
+// a whole training step in two calls (train_step.cpp), all bound to Python in bindings.cpp: their declarations, the
+// types they share and the constants of the model they render, which are the torch renderer's
+// (gsrecon/render/torch_renderer.py; tests/test_cpu_renderer.py checks that they are equal).
 //
 // Every entry point checks its tensors (float32 or int32/int64 as declared, contiguous, on the CPU, shaped as
 // documented) and raises ValueError naming the argument otherwise. Standard C++17: no C++20 feature.
@@ -141,6 +141,47 @@ struct LossTerm {
 LossTerm l1_loss(const ImagePair& images, bool with_grad);
 // The mean SSIM over the kept pixels' channels, the window's borders reflected (image_loss.cpp).
 LossTerm ssim_loss(const ImagePair& images, const SsimSettings& settings, bool with_grad);
+
+// A training step's photos: [C, H, W, 3], the pixels that count ([C, H, W], 1 keeps a pixel; undefined: all) and the
+// colour [C, 3] each render is composited over (train_step.cpp).
+struct Photos {
+  at::Tensor images;
+  at::Tensor mask;
+  at::Tensor backgrounds;
+};
+
+// The loss terms a training step computes: L1 and SSIM, either or both.
+struct StepTerms {
+  bool l1;
+  bool ssim;
+  SsimSettings ssim_settings;
+};
+
+// A training step's forward: the projection and rasterization its backward needs, the image over the backgrounds
+// ([C, H, W, 3]; alpha is raster.image's last channel), its expected depth ([C, H, W, 1], 0 where alpha is 0), and
+// each term asked: its value and its gradient in the image (undefined where not asked).
+struct StepForward {
+  Projection projection;
+  Raster raster;
+  at::Tensor image;
+  at::Tensor depth;
+  LossTerm l1;
+  LossTerm ssim;
+};
+
+// The gradients of l1_weight x L1 + ssim_weight x SSIM: the Gaussians' (no pose), and of the centres in screen space
+// with their AbsGS sum, [C, N, 2] each (what the strategies read).
+struct StepGrads {
+  GaussianGrads gaussians;
+  at::Tensor means2d;
+  at::Tensor abs_means2d;
+};
+
+StepForward step_forward(const Gaussians& gaussians, const PinholeCameras& cameras, const ProjectSettings& project,
+                         const RasterSettings& raster, const Photos& photos, const StepTerms& terms);
+StepGrads step_backward(const Gaussians& gaussians, const PinholeCameras& cameras, const ProjectSettings& project,
+                        const RasterSettings& raster, const at::Tensor& backgrounds, const StepForward& forward,
+                        double l1_weight, double ssim_weight);
 
 // Buffers from kHugeFrom bytes on are aligned to kHugePage and advised as huge pages (where the system backs them
 // so): glibc maps a block that large afresh on every allocation, which then faults in 2 MiB at a time instead of

@@ -43,7 +43,7 @@ def _kernels() -> ModuleType:
     return load_kernels()
 
 
-def _call(kernel: str, **arguments: Any) -> dict[str, Tensor]:
+def call_kernel(kernel: str, **arguments: Any) -> dict[str, Tensor]:
     """The kernel ``kernel`` called with ``arguments``; its checks' ValueError as a one-line KernelInputError."""
     try:
         return getattr(_kernels(), kernel)(**arguments)
@@ -57,7 +57,7 @@ _GAUSSIANS = ("means", "quats", "log_scales", "logits", "sh0", "shN")
 class _Project(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, means, quats, log_scales, logits, sh0, shN, viewmats, Ks, settings):
-        out = _call(
+        out = call_kernel(
             "project_forward", **dict(zip(_GAUSSIANS, (means, quats, log_scales, logits, sh0, shN))),
             viewmats=viewmats, Ks=Ks, **settings,
         )  # fmt: skip
@@ -80,7 +80,7 @@ class _Project(torch.autograd.Function):
         grads = {k: g.contiguous() if g is not None else radii.new_zeros(s, dtype=torch.float32)
                  for k, (g, s) in wanted.items()}  # fmt: skip
         pose_grad = ctx.needs_input_grad[6]
-        out = _call(
+        out = call_kernel(
             "project_backward", **dict(zip(_GAUSSIANS, gaussians)), viewmats=viewmats, Ks=Ks, **ctx.settings,
             radii=radii, **grads, pose_grad=pose_grad,
         )  # fmt: skip
@@ -123,7 +123,7 @@ class _Rasterize(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, means2d, conics, log_opacities, colors, depths, radii, settings, absgrad_of):
         splats = dict(zip(_SPLATS, (means2d, conics, log_opacities, colors, depths)))
-        out = _call("rasterize_forward", **splats, radii=radii, **settings)
+        out = call_kernel("rasterize_forward", **splats, radii=radii, **settings)
         ctx.save_for_backward(means2d, conics, log_opacities, colors, depths, radii, *(out[k] for k in _BINNING))
         ctx.settings = {k: v for k, v in settings.items() if k != "median_depth"}
         ctx.absgrad_of = absgrad_of
@@ -134,7 +134,7 @@ class _Rasterize(torch.autograd.Function):
     def backward(ctx: Any, grad_image, _grad_median):
         saved = ctx.saved_tensors
         inputs = dict(zip((*_SPLATS, "radii", *_BINNING), saved))
-        out = _call("rasterize_backward", **inputs, grad_image=grad_image.contiguous(), **ctx.settings)
+        out = call_kernel("rasterize_backward", **inputs, grad_image=grad_image.contiguous(), **ctx.settings)
         target = ctx.absgrad_of() if ctx.absgrad_of is not None else None
         if target is not None:
             target.absgrad = out["abs_means2d"]  # read by the strategies as gsplat's means2d.absgrad

@@ -33,6 +33,9 @@ class CpuRenderer(Renderer):
     class Config(RendererConfig):
         alpha_max: float = 0.99  # per-Gaussian alpha clamp (the torch renderer's)
         absgrad: bool = False  # also accumulate |grad| of means2d (AbsGS): set from strategy.absgrad by the builder
+        # A training step whose loss is the L1 and SSIM terms (no per-view module) in two compiled calls, forward and
+        # backward (gsrecon.render.cpu.step); false: the render, then the terms, as on every renderer.
+        fused_step: bool = True
 
         def __post_init__(self) -> None:
             super().__post_init__()
