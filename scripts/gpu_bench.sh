@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU machine: the LLFF protocol on horns with `gsrecon bench --peer gsplat` (gsplat's simple_trainer.py on the
 # same scene, steps, images and test views; both with the 3DGS schedule scaled to the steps), one suite per
-# "STEPS STRATEGY" argument, in order (default: 7000 default, 30000 mcmc, 7000 mcmc, 30000 default). MCMC runs with
+# "STEPS STRATEGY [KEY=VALUE ...]" argument, in order (default: 7000 default, 30000 mcmc, 7000 mcmc, 30000 default);
+# STRATEGY is gsplat's, the KEY=VALUE pairs go to gsrecon's run alone ("7000 default strategy.name=multiview": gsrecon's
+# multiview strategy beside gsplat's default, in $OUT/default_7000_multiview). MCMC runs with
 # cap_max 1M: horns' 5,650 SfM points grow 5 % per refinement and pass 1M Gaussians near step 11k of a 30k run,
 # which makes the 30000-step MCMC suite the >= 1M-Gaussian peak-memory comparison. A suite starts only while the
 # time left of GPU_BENCH_SECONDS (this script's whole time, the builds included; default 540) holds its estimate;
@@ -31,8 +33,10 @@ fi
 mkdir -p "$out" "$work"
 status=0
 for run in "${runs[@]}"; do
-  read -r steps strategy <<< "$run"
+  read -r steps strategy extra <<< "$run"
+  overrides=(${extra:-})
   name="${strategy}_${steps}"
+  [ -z "${extra:-}" ] || name="${name}_$(printf '%s' "${extra##*=}" | tr -c 'A-Za-z0-9_' '_')"
   left=$((budget - ($(date +%s) - start) - 10))
   if [ "$left" -lt "${estimate[$steps]:-330}" ]; then
     echo "skipped $name: about ${estimate[$steps]:-330} s needed, $left s left" | tee -a "$out/skipped.txt"
@@ -41,7 +45,7 @@ for run in "${runs[@]}"; do
   rm -rf "${work:?}/$name"
   timeout --kill-after=5 "$left" "${PYTHON:-python3}" -m gsrecon bench llff --data "$data" --scenes horns --out "$work/$name" \
     --steps "$((steps / divisor))" --strategy "$strategy" --cap-max 1000000 --schedule 3dgs "${peer[@]}" \
-    2>&1 | tee "$out/$name.log" || status=$?
+    "${overrides[@]}" 2>&1 | tee "$out/$name.log" || status=$?
   mkdir -p "$out/$name"
   cp "$work/$name"/results.* "$work/$name"/psnr_time.png "$work/$name"/horns/*.json "$out/$name"/ 2>/dev/null || true
   cp "$work/$name"/horns/*.log "$work/$name"/horns/gsrecon/config.yaml "$out/$name"/ 2>/dev/null || true

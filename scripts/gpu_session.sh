@@ -7,6 +7,8 @@
 # whole time: `gsrecon bench llff` on horns beside gsplat, default and MCMC, 7k and 30k steps, MCMC at cap_max 1M as the
 # >= 1M-Gaussian memory run (scripts/gpu_bench.sh; arguments: which "STEPS STRATEGY" suites, in order).
 # GPU_PROGRAM=transients runs issue 62's (scripts/gpu_transients.sh: lund with boxes, the transients module on gsplat).
+# GPU_PROGRAM=multiview runs issue 57's: gsrecon's multiview strategy beside gsplat's default, and gsrecon's and
+# gsplat's MCMC, on horns at 7000 then 30000 steps (scripts/gpu_bench.sh's suites; arguments replace that list).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
@@ -16,6 +18,12 @@ mkdir -p "$out"
 export MAX_JOBS=16
 if [ "${GPU_PROGRAM:-vs_gsplat}" = transients ]; then  # issue 62: lund with and without boxes, off / transients
   OUT="$out/gpu_transients" timeout "$deadline" bash scripts/gpu_transients.sh 2>&1 | tee "$out/gpu_transients.log"
+  exit "${PIPESTATUS[0]}"
+fi
+if [ "${GPU_PROGRAM:-vs_gsplat}" = multiview ]; then
+  [ "$#" -gt 0 ] || set -- "7000 default strategy.name=multiview" "7000 mcmc" "30000 default strategy.name=multiview" \
+    "30000 mcmc"
+  OUT="$out/gpu_multiview" GPU_BENCH_SECONDS="$deadline" bash scripts/gpu_bench.sh "$@" 2>&1 | tee "$out/gpu_multiview.log"
   exit "${PIPESTATUS[0]}"
 fi
 if [ "${GPU_PROGRAM:-vs_gsplat}" = bench ]; then

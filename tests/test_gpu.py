@@ -153,8 +153,8 @@ DISTRACTORS_AND_TRANSIENTS = {"distractors": {"name": "distractors", "count": 20
 
 @pytest.mark.parametrize(
     ("strategy", "views"),
-    [("default", {}), ("mcmc", {}), ("default", DISTRACTORS_AND_TRANSIENTS)],
-    ids=["default", "mcmc", "distractors_and_transients"],
+    [("default", {}), ("mcmc", {}), ("multiview", {}), ("default", DISTRACTORS_AND_TRANSIENTS)],
+    ids=["default", "mcmc", "multiview", "distractors_and_transients"],
 )
 def test_training_completes_on_the_gpu(make_trainer, strategy: str, views: dict) -> None:
     cfg = {"name": strategy, "refine_start": 100, "refine_every": 100}

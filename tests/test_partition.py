@@ -429,3 +429,19 @@ def test_blocks_of_a_capture_with_masks_train_on_their_masked_photos(
         views = len(block["train"]) + len(block["test"])  # the training photos have masks, the test views none
         assert f"masks: {len(block['train'])} of {views} images have one" in first
         assert set(block["train"]) <= set(trained)
+
+
+def test_blocks_train_with_the_multiview_strategy_and_merge(make_config, tmp_path: Path) -> None:
+    """The strategy that grows where the views agree, in block training: each block's run grows with it (scoring the
+    views of its own block: its run's data) and the blocks merge into one scene."""
+    growing = {"name": "multiview", "refine_start": 1, "refine_every": 2, "grow_grad2d": 1e-5, "grow_score": 0.0}
+    config = _blocks_config(make_config, tmp_path, strategy=growing)
+    assert main(["train", "--config", str(config)]) == 0
+    exp_dir = tmp_path / "blocks"
+    plan = json.loads((exp_dir / "partition.json").read_text())
+    for block in plan["blocks"]:
+        folder = exp_dir / "blocks" / str(block["index"])
+        assert "name: multiview" in (folder / "config.yaml").read_text()
+        trained = load_checkpoint_file(folder / "block.pt")["params"]["means"]
+        assert len(trained) > block["points"]  # grown from the block's SfM points
+    assert 0 < len(_merged_params(exp_dir)["means"])

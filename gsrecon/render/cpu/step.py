@@ -145,7 +145,7 @@ class FusedStep:
         arguments = {"forward": {**shared, **photos}, "backward": {**shared, "backgrounds": backgrounds}}
         screen = _ScreenGrads()
         screen.absgrad = cfg.absgrad
-        inputs = [params[name] for name in _PARAMS]
+        inputs = [params[name].contiguous() for name in _PARAMS]
         l1, ssim, image, alpha, depth, means2d, radii, depths = _TrainStep.apply(*inputs, arguments, screen)
         means2d = means2d.requires_grad_()  # a leaf: backward sets its .grad (and .absgrad), as a render's has
         screen.means2d = weakref.ref(means2d)
