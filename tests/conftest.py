@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import functools
 import importlib.util
+import math
 import os
 import shutil
 import sys
@@ -13,6 +14,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+import torch
 import yaml
 
 from gsrecon.config import parse_structured
@@ -21,6 +23,22 @@ from gsrecon.plugins import PLUGIN_PREFIX
 from gsrecon.registry import HOOK_REGISTRY, LOSS_REGISTRY, VIEW_REGISTRY, Registry
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def random_gaussians(n: int = 5000, sh_degree: int = 3, seed: int = 0, scale: float = 0.04) -> dict[str, torch.Tensor]:
+    """``n`` random Gaussians about 4 units down +z (in front of a camera at the origin), sizes about ``scale``, all
+    SH bands non-zero."""
+    g = torch.Generator().manual_seed(seed)
+    n_rest = (sh_degree + 1) ** 2 - 1
+    means = torch.randn(n, 3, generator=g) * torch.tensor([1.2, 0.9, 0.8]) + torch.tensor([0.0, 0.0, 4.0])
+    return {
+        "means": means,
+        "scales": math.log(scale) + 0.5 * torch.randn(n, 3, generator=g),
+        "quats": torch.randn(n, 4, generator=g),
+        "opacities": torch.randn(n, generator=g),
+        "sh0": 0.6 * torch.randn(n, 1, 3, generator=g),
+        "shN": 0.2 * torch.randn(n, n_rest, 3, generator=g),
+    }
 
 
 def tiny_config(exp_dir: Path, cache_dir: Path, **top: Any) -> dict[str, Any]:

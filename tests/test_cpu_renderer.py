@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import write_yaml
+from conftest import random_gaussians, write_yaml
 from torch import Tensor
 
 from gsrecon.cameras import CameraModel, Cameras
@@ -38,17 +38,7 @@ WIDTH, HEIGHT = 64, 48
 
 def _scene(n: int = 5000, sh_degree: int = 3, seed: int = 0) -> dict[str, Tensor]:
     """``n`` random Gaussians in front of two cameras, all SH bands non-zero."""
-    g = torch.Generator().manual_seed(seed)
-    n_rest = (sh_degree + 1) ** 2 - 1
-    means = torch.randn(n, 3, generator=g) * torch.tensor([1.2, 0.9, 0.8]) + torch.tensor([0.0, 0.0, 4.0])
-    return {
-        "means": means,
-        "scales": math.log(0.04) + 0.5 * torch.randn(n, 3, generator=g),
-        "quats": torch.randn(n, 4, generator=g),
-        "opacities": torch.randn(n, generator=g),
-        "sh0": 0.6 * torch.randn(n, 1, 3, generator=g),
-        "shN": 0.2 * torch.randn(n, n_rest, 3, generator=g),
-    }
+    return random_gaussians(n, sh_degree, seed)
 
 
 def _cameras(n_cams: int = 2) -> tuple[Tensor, Tensor]:

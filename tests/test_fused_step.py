@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 import yaml
+from conftest import random_gaussians
 from torch import Tensor
 
 from gsrecon.cameras import CameraModel, Cameras
@@ -36,16 +37,7 @@ WIDTH, HEIGHT = 64, 48
 
 def _scene(n: int = 3000, seed: int = 0) -> dict[str, Tensor]:
     """``n`` random Gaussians at SH degree 3 in front of the cameras of :func:`_batch`."""
-    g = torch.Generator().manual_seed(seed)
-    means = torch.randn(n, 3, generator=g) * torch.tensor([1.2, 0.9, 0.8]) + torch.tensor([0.0, 0.0, 4.0])
-    return {
-        "means": means,
-        "scales": math.log(0.05) + 0.5 * torch.randn(n, 3, generator=g),
-        "quats": torch.randn(n, 4, generator=g),
-        "opacities": torch.randn(n, generator=g),
-        "sh0": 0.6 * torch.randn(n, 1, 3, generator=g),
-        "shN": 0.2 * torch.randn(n, 15, 3, generator=g),
-    }
+    return random_gaussians(n, 3, seed, scale=0.05)
 
 
 def _batch(n_cams: int = 2, masked: bool = False, model: CameraModel | None = None, size=(WIDTH, HEIGHT)) -> Batch:

@@ -330,9 +330,7 @@ def test_video_to_registered_frames_to_trained_scene(
 
 
 @pytest.mark.slow  # 17 s on a quiet 2-core machine
-def test_video_frames_map_into_one_model_with_colmaps_min_model_size(
-    tmp_path: Path, synthetic_cache: Path
-) -> None:
+def test_video_frames_map_into_one_model_with_colmaps_min_model_size(tmp_path: Path, synthetic_cache: Path) -> None:
     """The 60 frames of the clip above (a few hundred SIFT features each): the mapping options map them into one
     model, and keeping models of 3 photos (as gsrecon did) never does better. (The image order, and so whether the
     small models split them, changes from run to run: CI registered 10 of 60 once.)"""

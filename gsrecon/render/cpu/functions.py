@@ -103,7 +103,12 @@ def project_pinhole(
     bands come as the model stores them: no [N, K, 3] copy forward, no split of its gradient backward."""
     inputs = [t.float().contiguous() for t in (means, quats, log_scales, logits, sh0, shN)]
     viewmats, Ks = cameras.viewmats.float().contiguous(), cameras.Ks.detach().float().contiguous()
-    settings = {
+    return Projection(*_Project.apply(*inputs, viewmats, Ks, projection_settings(cameras, sh_degree, cfg)))
+
+
+def projection_settings(cameras: Cameras, sh_degree: int, cfg: RendererConfig) -> dict[str, Any]:
+    """The projection kernels' settings (besides the tensors) for ``cameras`` at ``sh_degree``."""
+    return {
         "width": cameras.width,
         "height": cameras.height,
         "sh_degree": sh_degree,
@@ -112,7 +117,6 @@ def project_pinhole(
         "eps2d": cfg.eps2d,
         "antialiased": cfg.antialiased,
     }
-    return Projection(*_Project.apply(*inputs, viewmats, Ks, settings))
 
 
 _SPLATS = ("means2d", "conics", "log_opacities", "colors", "depths")

@@ -22,7 +22,7 @@ from torch import Tensor
 from gsrecon.data.pipeline import Batch
 from gsrecon.params import check_params
 from gsrecon.render.base import RenderOutput
-from gsrecon.render.cpu.functions import call_kernel
+from gsrecon.render.cpu.functions import call_kernel, projection_settings
 from gsrecon.render.cpu.renderer import CpuRenderer
 
 _INPUTS = ("means", "quats", "log_scales", "logits", "sh0", "shN")
@@ -122,13 +122,7 @@ class FusedStep:
         shared = {
             "viewmats": cameras.viewmats.float().contiguous(),
             "Ks": cameras.Ks.float().contiguous(),
-            "width": cameras.width,
-            "height": cameras.height,
-            "sh_degree": sh_degree,
-            "near_plane": cfg.near_plane,
-            "far_plane": cfg.far_plane,
-            "eps2d": cfg.eps2d,
-            "antialiased": cfg.antialiased,
+            **projection_settings(cameras, sh_degree, cfg),
             "tile_size": cfg.tile_size,
             "alpha_max": cfg.alpha_max,
         }
