@@ -16,6 +16,10 @@
 
 #include "kernels.h"
 
+// The composite and its adjoint round every product and sum as the render-then-terms path's torch operations do (no
+// fused multiply-add), so that a step gives that path's losses and gradients bit for bit.
+#pragma GCC optimize("fp-contract=off")
+
 namespace gsrecon {
 namespace {
 

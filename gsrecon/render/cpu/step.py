@@ -3,8 +3,8 @@ projects, rasterizes, composites over the backgrounds and scores the image again
 its gradient in the image); backward weighs the two gradients by autograd's and goes back through the composite,
 the rasterizer and the projection (``gsrecon/kernels/train_step.cpp``).
 
-That is the same arithmetic as the render (`gsrecon.render.cpu.renderer`) followed by the compiled terms
-(`gsrecon.losses.compiled`), without the graph of tensor operations between them (the composite, the depth, the
+That is the arithmetic of the render (`gsrecon.render.cpu.renderer`) followed by the compiled terms
+(`gsrecon.losses.compiled`), bit for bit, without the graph of tensor operations between them (the composite, the depth, the
 terms' weights, and their backward); the step is what the trainer's forward (`gsrecon.engine.forward`) calls where
 it applies (:meth:`FusedStep.__call__`).
 """
