@@ -4,9 +4,9 @@ its gradient in the image); backward weighs the two gradients by autograd's and 
 the rasterizer and the projection (``gsrecon/kernels/train_step.cpp``).
 
 That is the arithmetic of the render (`gsrecon.render.cpu.renderer`) followed by the compiled terms
-(`gsrecon.losses.compiled`), bit for bit, without the graph of tensor operations between them (the composite, the depth, the
-terms' weights, and their backward); the step is what the trainer's forward (`gsrecon.engine.forward`) calls where
-it applies (:meth:`FusedStep.__call__`).
+(`gsrecon.losses.compiled`), bit for bit, without the graph of tensor operations between them (the composite, the
+depth, the terms' weights, and their backward); the step is what the trainer's forward (`gsrecon.engine.forward`)
+calls where it applies (:meth:`FusedStep.__call__`).
 """
 
 from __future__ import annotations
