@@ -1,6 +1,6 @@
 """A training step's forward pass: the render of its batch, what the per-view modules draw and adjust, and the loss
 terms of that render; where the ``cpu`` renderer computes the run's whole loss itself (its L1 and SSIM terms, no
-per-view module), one compiled call instead (`gsrecon.render.cpu.step`).
+per-view module), its two compiled calls instead (`gsrecon.render.cpu.step`).
 """
 
 from __future__ import annotations

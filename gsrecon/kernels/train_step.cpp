@@ -25,9 +25,7 @@ namespace {
 
 constexpr int kRgb = 3;
 
-// f(row) for each row of pixels, rows shared among the threads. A row is the unit whatever the split, so that the
-// compiler's vector loop and its remainder (which may contract a * b + c differently) meet the same pixels at every
-// thread count.
+// f(row) for each row of pixels, rows shared among the threads (each pixel's values depend on that pixel alone).
 template <class F>
 void for_rows(int64_t rows, const F& f) {
   at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {

@@ -49,9 +49,9 @@ class StepTerms:
 class _ScreenGrads:
     """Where backward puts the gradients of the screen-space centres: the ``means2d`` the strategies read."""
 
-    def __init__(self) -> None:
-        self.means2d: weakref.ref[Tensor] | None = None
-        self.absgrad = False
+    def __init__(self, absgrad: bool) -> None:
+        self.means2d: weakref.ref[Tensor] | None = None  # set once the leaf exists, after forward
+        self.absgrad = absgrad  # also set means2d.absgrad (AbsGS)
 
 
 def _weight(grad: Tensor | None) -> float:
@@ -137,8 +137,7 @@ class FusedStep:
             "c2": terms.c2,
         }
         arguments = {"forward": {**shared, **photos}, "backward": {**shared, "backgrounds": backgrounds}}
-        screen = _ScreenGrads()
-        screen.absgrad = cfg.absgrad
+        screen = _ScreenGrads(cfg.absgrad)
         inputs = [params[name].contiguous() for name in _PARAMS]
         l1, ssim, image, alpha, depth, means2d, radii, depths = _TrainStep.apply(*inputs, arguments, screen)
         means2d = means2d.requires_grad_()  # a leaf: backward sets its .grad (and .absgrad), as a render's has
