@@ -146,14 +146,22 @@ def markdown(summary: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def panel_points(rows: list[dict]) -> dict[tuple[str, int], dict[str, list[tuple[float, float]]]]:
+    """Per (scene, length): per variant, the (CPU seconds, PSNR) of its runs. Every panel lists every variant in the
+    order the rows first give them (none where a panel has no run of it), so a variant keeps its colour throughout."""
+    variants = list(dict.fromkeys(row["variant"] for row in rows))
+    panels: dict[tuple[str, int], dict[str, list[tuple[float, float]]]] = {}
+    for row in rows:
+        curves = panels.setdefault((row["scene"], int(row["length"])), {variant: [] for variant in variants})
+        curves[row["variant"]].append((row["cpu_seconds"], row["psnr"]))
+    return panels
+
+
 def plot_runs(rows: list[dict], out: Path) -> list[Path]:
     """PSNR against CPU seconds of training, a dot per run and a colour per variant: one plot per scene and length
     (``<out>/psnr_vs_cpu_<scene>_<length>.png``) and all of them on one sheet, a row per scene and a column per
     length (``<out>/psnr_vs_cpu.png``)."""
-    panels: dict[tuple[str, int], dict[str, list[tuple[float, float]]]] = {}
-    for row in rows:
-        curves = panels.setdefault((row["scene"], int(row["length"])), {})
-        curves.setdefault(row["variant"], []).append((row["cpu_seconds"], row["psnr"]))
+    panels = panel_points(rows)
     scenes = sorted({scene for scene, _ in panels})
     lengths = sorted({length for _, length in panels})
     size = (560, 380)

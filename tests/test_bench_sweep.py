@@ -75,3 +75,18 @@ def test_a_runs_file_without_the_commit_and_recipe_columns_is_refused(tmp_path: 
     result = run_sweep(tmp_path)
     assert result.returncode == 2 and "older bench_sweep.py" in result.stderr and "--out" in result.stderr
     assert not (tmp_path / "work").exists()
+
+
+def test_a_variant_keeps_its_colour_in_every_panel(tmp_path: Path) -> None:
+    """The plot's panels list the variants in one order (a colour each), whichever order a panel's runs came in."""
+
+    def row(length: int, variant: str, psnr: float) -> dict:
+        return {"scene": "s", "length": float(length), "variant": variant, "cpu_seconds": 10.0, "psnr": psnr}
+
+    rows = [row(2000, "default", 20.0), row(2000, "mcmc", 21.0), row(7000, "mcmc", 22.0), row(7000, "multiview", 23.0)]
+    panels = sweep.panel_points(rows)
+    assert [list(curves) for curves in panels.values()] == [["default", "mcmc", "multiview"]] * 2
+    assert panels[("s", 7000)] == {"default": [], "mcmc": [(10.0, 22.0)], "multiview": [(10.0, 23.0)]}
+    paths = sweep.plot_runs(rows, tmp_path)
+    assert [p.name for p in paths] == ["psnr_vs_cpu_s_2000.png", "psnr_vs_cpu_s_7000.png", "psnr_vs_cpu.png"]
+    assert all(p.stat().st_size > 0 for p in paths)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from conftest import write_yaml
@@ -57,6 +59,26 @@ def test_late_pruning_removes_the_transparent_and_the_worst_scored(make_trainer)
     assert opacities.min() >= 0.4
     for name, param in trainer.model.params.items():
         assert trainer.optimizers[name].state[param]["exp_avg"].shape == param.shape
+
+
+@pytest.mark.parametrize(
+    ("strategy", "kept"),
+    [({"name": "multiview"}, True), ({"name": "default"}, False), ({"name": "multiview", "prune_scale3d": 0.1}, False)],
+)
+def test_large_gaussians_are_pruned_for_their_size_by_the_default_only(make_trainer, strategy, kept) -> None:
+    """After the first opacity reset the default prunes Gaussians over ``prune_scale3d`` x the scene's extent; the
+    multiview strategy, whose gate would not regrow the background they cover, keeps them unless asked."""
+    schedule = {"refine_start": 1, "refine_every": 2, "grow_grad2d": 1e9, "reset_every": 2, "refine_stop": 100}
+    trainer = make_trainer(max_steps=5, strategy={**strategy, **schedule})  # refines at 2 and 4, resets at 2 and 4
+    extent = trainer.strategy_state["scene_scale"]
+    with torch.no_grad():
+        trainer.model.params["scales"][:20] = math.log(0.5 * extent)  # 5x the default's limit of 0.1 x the extent
+        trainer.model.params["scales"][20:] = math.log(0.01 * extent)
+        trainer.model.params["opacities"][:] = 3.0  # no Gaussian is pruned for its opacity
+    trainer.train()
+    large = torch.exp(trainer.model.params["scales"]).amax(dim=-1) > 0.1 * extent
+    assert int(large.sum()) == (20 if kept else 0)
+    assert trainer.model.num_gaussians == (300 if kept else 280)
 
 
 def test_a_resumed_run_is_bit_identical(make_trainer) -> None:
