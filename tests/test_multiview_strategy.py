@@ -74,7 +74,7 @@ def test_large_gaussians_are_pruned_for_their_size_by_the_default_only(make_trai
     with torch.no_grad():
         trainer.model.params["scales"][:20] = math.log(0.5 * extent)  # 5x the default's limit of 0.1 x the extent
         trainer.model.params["scales"][20:] = math.log(0.01 * extent)
-        trainer.model.params["opacities"][:] = 3.0  # no Gaussian is pruned for its opacity
+        trainer.model.params["opacities"][:] = 3.0  # the resets leave 0.01, over prune_opa: none pruned for opacity
     trainer.train()
     large = torch.exp(trainer.model.params["scales"]).amax(dim=-1) > 0.1 * extent
     assert int(large.sum()) == (20 if kept else 0)

@@ -10,12 +10,11 @@ colour), so one rule serves ``cpu``, ``torch`` and ``gsplat``.
 
 - Growth: at each refinement of the default schedule, a Gaussian whose screen-space gradient asks for a clone or a
   split grows only where its mean score over the views exceeds ``grow_score``.
-- Pruning: the default's pruning of the transparent Gaussians, but none by world size (``prune_scale3d``: a large
-  Gaussian that fits the background well is not regrown where the views agree it needs nothing). After refinement
-  stops, every ``late_prune_every`` steps before ``late_prune_stop``, the Gaussians whose opacity is under
-  ``late_prune_opa`` are removed, and so are those whose loss-weighted score (the sum over the views of the view's
-  L1 loss times the score, min-max normalised over the Gaussians) exceeds ``prune_score``: those that the views
-  agree draw their worst errors.
+- Pruning: the default's, but none by world size (``prune_scale3d``: a large Gaussian that fits the background well is
+  not regrown where the views agree it needs nothing). After refinement stops, every ``late_prune_every`` steps before
+  ``late_prune_stop``, the Gaussians whose opacity is under ``late_prune_opa`` are removed, and so are those whose
+  loss-weighted score (the sum over the views of the view's L1 loss times the score, min-max normalised over the
+  Gaussians) exceeds ``prune_score``: those that the views agree draw their worst errors.
 """
 
 from __future__ import annotations
